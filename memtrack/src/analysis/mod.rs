@@ -1,0 +1,375 @@
+//! Streaming analysis: totals, peak, live set at the end, per-thread totals.
+//!
+//! # Accounting rules (shared by `memtrack show`, session reports and the trailer)
+//! - The **heap** is the malloc family: `Malloc`, `Calloc`, `Realloc`, `AlignedAlloc`, `Free`.
+//!   Mapped regions (`Mmap`, `Munmap`, `Mremap`) are accounted separately and never mixed into
+//!   heap totals; `Brk` events are only counted.
+//! - An **allocation** is a successful call returning a block (`malloc`, `calloc`, `realloc`,
+//!   aligned family); it adds its size to `bytes_allocated`.
+//! - A `Realloc` counts as one allocation of its new size and a free of its old block (when it
+//!   had one: `realloc(NULL, n)` frees nothing) — the accounting of Valgrind DHAT.
+//! - A **free** releases a block: a `Free` event or the old block of a `Realloc`. A free of a
+//!   block allocated before recording began (unknown address) counts as a free but adds no bytes
+//!   (counted in `unmatched_frees`); `free(NULL)` is not a free.
+//! - **Live** heap bytes change at every allocation and free; `peak_live_bytes` is their maximum
+//!   over the event order (taken after each event, so a `Realloc` moves live bytes in one step).
+//! - Mapped bytes are page-rounded (4 KiB) lengths; `munmap` of part of a mapping splits it.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Event, EventKind, KindTag};
+
+const PAGE: u64 = 4096;
+
+/// Per-kind event counts, keyed by [`KindTag::name`] in JSON.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KindCounts(pub [u64; KindTag::ALL.len()]);
+
+impl KindCounts {
+    /// The count of events of `kind`.
+    pub fn get(&self, kind: KindTag) -> u64 {
+        self.0[kind.index()]
+    }
+}
+
+impl Serialize for KindCounts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(KindTag::ALL.len()))?;
+        for k in KindTag::ALL {
+            m.serialize_entry(k.name(), &self.get(k))?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for KindCounts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let m = BTreeMap::<String, u64>::deserialize(d)?;
+        let mut c = KindCounts::default();
+        for k in KindTag::ALL {
+            c.0[k.index()] = m.get(k.name()).copied().unwrap_or(0);
+        }
+        Ok(c)
+    }
+}
+
+/// Totals of one thread. Frees are attributed to the freeing thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ThreadTotals {
+    /// Events of this thread.
+    pub events: u64,
+    /// Allocations made by this thread.
+    pub allocations: u64,
+    /// Bytes allocated by this thread.
+    pub bytes_allocated: u64,
+    /// Blocks freed by this thread.
+    pub frees: u64,
+    /// Bytes freed by this thread (of blocks allocated while recording).
+    pub bytes_freed: u64,
+}
+
+/// Totals over a sequence of events. See the module docs for the accounting rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Totals {
+    /// Number of events.
+    pub events: u64,
+    /// Events per kind.
+    pub kinds: KindCounts,
+    /// Successful calls returning a heap block (malloc + calloc + realloc + aligned_alloc).
+    pub allocations: u64,
+    /// Heap blocks released (free events and the old blocks of reallocs).
+    pub frees: u64,
+    /// Frees of addresses not allocated while recording (no bytes counted for them).
+    pub unmatched_frees: u64,
+    /// Sum of the sizes of all allocations.
+    pub bytes_allocated: u64,
+    /// Sum of the sizes of the blocks freed (of those allocated while recording).
+    pub bytes_freed: u64,
+    /// Maximum of live heap bytes over the event order.
+    pub peak_live_bytes: u64,
+    /// Timestamp (ns) of the event at which the peak was first reached.
+    pub peak_ts: u64,
+    /// Live heap bytes after the last event.
+    pub live_bytes_at_end: u64,
+    /// Live heap blocks after the last event.
+    pub live_blocks_at_end: u64,
+    /// Maximum of mapped bytes (page-rounded) over the event order.
+    pub mapped_bytes_peak: u64,
+    /// Mapped bytes (page-rounded) after the last event.
+    pub mapped_bytes_at_end: u64,
+    /// Number of distinct threads that produced events.
+    pub threads: u64,
+    /// Timestamp of the first event (ns, CLOCK_MONOTONIC); 0 if there were none.
+    pub first_ts: u64,
+    /// Timestamp of the last event (ns, CLOCK_MONOTONIC); 0 if there were none.
+    pub last_ts: u64,
+    /// Per-thread totals, by tid.
+    pub per_thread: BTreeMap<u32, ThreadTotals>,
+}
+
+/// Computes [`Totals`] from events fed in order.
+#[derive(Default)]
+pub struct Analyzer {
+    t: Totals,
+    live: FxHashMap<u64, u64>,
+    live_bytes: u64,
+    threads: FxHashMap<u32, ThreadTotals>,
+    /// Mapped regions: start -> page-rounded length.
+    maps: BTreeMap<u64, u64>,
+    mapped: u64,
+}
+
+impl Analyzer {
+    /// A fresh analyzer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feeds a slice of events, in order.
+    pub fn update_all(&mut self, events: &[Event]) {
+        for e in events {
+            self.update(e);
+        }
+    }
+
+    /// Feeds one event.
+    #[inline]
+    pub fn update(&mut self, e: &Event) {
+        let t = &mut self.t;
+        if t.events == 0 {
+            t.first_ts = e.ts;
+        }
+        t.events += 1;
+        t.last_ts = e.ts;
+        let tag = e.kind.tag();
+        t.kinds.0[tag.index()] += 1;
+        let th = self.threads.entry(e.tid).or_default();
+        th.events += 1;
+        match e.kind {
+            EventKind::Malloc { addr, size }
+            | EventKind::Calloc { addr, size }
+            | EventKind::AlignedAlloc { addr, size, .. } => {
+                Self::alloc(t, th, &mut self.live, &mut self.live_bytes, addr, size);
+            }
+            EventKind::Realloc {
+                old_addr,
+                new_addr,
+                size,
+            } => {
+                if old_addr != 0 {
+                    Self::free(t, th, &mut self.live, &mut self.live_bytes, old_addr);
+                }
+                if new_addr != 0 {
+                    Self::alloc(t, th, &mut self.live, &mut self.live_bytes, new_addr, size);
+                }
+            }
+            EventKind::Free { addr } => {
+                if addr != 0 {
+                    Self::free(t, th, &mut self.live, &mut self.live_bytes, addr);
+                }
+            }
+            EventKind::Mmap { addr, size } => self.map(addr, size),
+            EventKind::Munmap { addr, size } => self.unmap(addr, size),
+            EventKind::Mremap {
+                old_addr,
+                new_addr,
+                size,
+            } => {
+                let old = self.maps.get(&old_addr).copied().unwrap_or(0);
+                self.unmap(old_addr, old);
+                self.map(new_addr, size);
+            }
+            EventKind::Brk { .. } => {}
+        }
+        if self.live_bytes > self.t.peak_live_bytes {
+            self.t.peak_live_bytes = self.live_bytes;
+            self.t.peak_ts = e.ts;
+        }
+    }
+
+    #[inline]
+    fn alloc(
+        t: &mut Totals,
+        th: &mut ThreadTotals,
+        live: &mut FxHashMap<u64, u64>,
+        live_bytes: &mut u64,
+        addr: u64,
+        size: u64,
+    ) {
+        t.allocations += 1;
+        t.bytes_allocated += size;
+        th.allocations += 1;
+        th.bytes_allocated += size;
+        // A block at an address that is already live means its free was not seen: replace it.
+        if let Some(old) = live.insert(addr, size) {
+            *live_bytes -= old;
+        }
+        *live_bytes += size;
+    }
+
+    #[inline]
+    fn free(
+        t: &mut Totals,
+        th: &mut ThreadTotals,
+        live: &mut FxHashMap<u64, u64>,
+        live_bytes: &mut u64,
+        addr: u64,
+    ) {
+        t.frees += 1;
+        th.frees += 1;
+        match live.remove(&addr) {
+            Some(size) => {
+                t.bytes_freed += size;
+                th.bytes_freed += size;
+                *live_bytes -= size;
+            }
+            None => t.unmatched_frees += 1,
+        }
+    }
+
+    fn map(&mut self, addr: u64, size: u64) {
+        let len = size.div_ceil(PAGE) * PAGE;
+        if len == 0 {
+            return;
+        }
+        // A new mapping replaces whatever it overlaps (MAP_FIXED semantics).
+        self.unmap(addr, len);
+        self.maps.insert(addr, len);
+        self.mapped += len;
+        self.t.mapped_bytes_peak = self.t.mapped_bytes_peak.max(self.mapped);
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) {
+        let end = addr.saturating_add(size.div_ceil(PAGE) * PAGE);
+        if end <= addr {
+            return;
+        }
+        // Regions overlapping [addr, end): the one starting before addr, and those inside.
+        let mut hit = Vec::new();
+        if let Some((&s, &l)) = self.maps.range(..addr).next_back()
+            && s + l > addr
+        {
+            hit.push((s, l));
+        }
+        hit.extend(self.maps.range(addr..end).map(|(&s, &l)| (s, l)));
+        for (s, l) in hit {
+            self.maps.remove(&s);
+            self.mapped -= l;
+            if s < addr {
+                self.maps.insert(s, addr - s);
+                self.mapped += addr - s;
+            }
+            if s + l > end {
+                self.maps.insert(end, s + l - end);
+                self.mapped += s + l - end;
+            }
+        }
+    }
+
+    /// Live heap bytes now.
+    pub fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// The totals so far.
+    pub fn totals(&self) -> Totals {
+        let mut t = self.t.clone();
+        t.live_bytes_at_end = self.live_bytes;
+        t.live_blocks_at_end = self.live.len() as u64;
+        t.mapped_bytes_at_end = self.mapped;
+        t.threads = self.threads.len() as u64;
+        t.per_thread = self.threads.iter().map(|(&k, &v)| (k, v)).collect();
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(tid: u32, kind: EventKind) -> Event {
+        Event::new(0, 1, tid, kind)
+    }
+
+    #[test]
+    fn realloc_is_one_allocation_and_one_free() {
+        let mut a = Analyzer::new();
+        a.update(&ev(
+            1,
+            EventKind::Malloc {
+                addr: 0x10,
+                size: 100,
+            },
+        ));
+        a.update(&ev(
+            1,
+            EventKind::Realloc {
+                old_addr: 0x10,
+                new_addr: 0x20,
+                size: 300,
+            },
+        ));
+        a.update(&ev(
+            2,
+            EventKind::Realloc {
+                old_addr: 0,
+                new_addr: 0x30,
+                size: 5,
+            },
+        ));
+        a.update(&ev(2, EventKind::Free { addr: 0x999 }));
+        a.update(&ev(2, EventKind::Free { addr: 0 }));
+        let t = a.totals();
+        assert_eq!((t.allocations, t.bytes_allocated), (3, 405));
+        assert_eq!((t.frees, t.bytes_freed, t.unmatched_frees), (2, 100, 1));
+        assert_eq!(
+            (t.peak_live_bytes, t.live_bytes_at_end, t.live_blocks_at_end),
+            (305, 305, 2)
+        );
+        assert_eq!(
+            t.per_thread[&1].allocations + t.per_thread[&2].allocations,
+            3
+        );
+        assert_eq!(t.threads, 2);
+    }
+
+    #[test]
+    fn partial_munmap_splits_a_mapping() {
+        let mut a = Analyzer::new();
+        a.update(&ev(
+            1,
+            EventKind::Mmap {
+                addr: 0x10000,
+                size: 5 * PAGE - 1,
+            },
+        ));
+        a.update(&ev(
+            1,
+            EventKind::Munmap {
+                addr: 0x10000 + PAGE,
+                size: PAGE,
+            },
+        ));
+        assert_eq!(a.totals().mapped_bytes_at_end, 4 * PAGE);
+        a.update(&ev(
+            1,
+            EventKind::Mremap {
+                old_addr: 0x10000,
+                new_addr: 0x90000,
+                size: 3 * PAGE,
+            },
+        ));
+        let t = a.totals();
+        assert_eq!(
+            (t.mapped_bytes_peak, t.mapped_bytes_at_end),
+            (6 * PAGE, 6 * PAGE)
+        );
+        assert_eq!(t.live_bytes_at_end, 0);
+    }
+}

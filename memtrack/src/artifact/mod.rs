@@ -1,0 +1,138 @@
+//! The artifact format, version 1: see `FORMAT.md` beside this file for the byte layout.
+//!
+//! ```text
+//! header (magic, version, metadata JSON, CRC)
+//! frame 0 .. frame N-1   (fixed 40-byte frame header + zstd-compressed column payload)
+//! trailer (frame index + final metadata JSON, CRC)
+//! tail    (trailer offset + end magic: 16 bytes)
+//! ```
+
+pub(crate) mod codec;
+mod read;
+mod write;
+
+use serde::{Deserialize, Serialize};
+
+use crate::analysis::Totals;
+
+pub use read::{Completeness, FrameInfo, Reader};
+pub(crate) use write::{FrameScratch, FrameWriter, encode_frame};
+
+/// First 8 bytes of every artifact.
+pub const MAGIC: [u8; 8] = *b"\x89MTRACK\n";
+/// Last 8 bytes of a finished artifact.
+pub const END_MAGIC: [u8; 8] = *b"MTRKEND\n";
+/// First 4 bytes of every frame.
+pub const FRAME_MAGIC: [u8; 4] = *b"MTFR";
+/// First 4 bytes of the trailer.
+pub const TRAILER_MAGIC: [u8; 4] = *b"MTIX";
+/// The format's major version: readers reject any other.
+pub const VERSION_MAJOR: u16 = 1;
+/// The format's minor version: additions readers of the same major version may ignore.
+pub const VERSION_MINOR: u16 = 0;
+/// Size of the fixed part of the header before the metadata JSON.
+pub(crate) const HEADER_FIXED: usize = 20;
+/// Size of a frame header.
+pub(crate) const FRAME_HEADER: usize = 40;
+/// Size of the tail after the trailer.
+pub(crate) const TAIL: usize = 16;
+/// Size of one trailer index entry.
+pub(crate) const INDEX_ENTRY: usize = 32;
+/// Largest event count one frame may hold (bounds the reader's allocations on bad input).
+pub const MAX_FRAME_EVENTS: u32 = 1 << 22;
+/// Largest uncompressed frame payload (bounds the reader's allocations on bad input).
+pub(crate) const MAX_RAW_LEN: u32 = MAX_FRAME_EVENTS * 64;
+
+/// Which recorder produced an artifact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Backend {
+    /// The eBPF tracker (uprobes + syscall tracepoints).
+    Ebpf,
+    /// The in-process recorder of the Rust global allocator.
+    Alloc,
+    /// `memtrack synth`: a seeded model, not a real process.
+    Synth,
+    /// Something else (an external tool's import, a test).
+    Other,
+}
+
+/// Metadata known when recording starts, stored in the header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Metadata {
+    /// The tool that wrote the file, e.g. `memtrack 0.1.0`.
+    pub tool: String,
+    /// The benchmark or session name, if any.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The recorded command line, if a command was spawned.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// The recorded process id.
+    pub pid: u32,
+    /// Wall-clock start, in nanoseconds since the Unix epoch.
+    pub start_unix_ns: u64,
+    /// `CLOCK_MONOTONIC` at start, in nanoseconds: event timestamps are on this clock.
+    pub start_monotonic_ns: u64,
+    /// The clock of the event timestamps; always `"monotonic"` in format 1.
+    pub clock: String,
+    /// Which recorder produced the events.
+    pub backend: Backend,
+}
+
+impl Metadata {
+    /// Metadata for a recording of `pid` by `backend`, starting now.
+    pub fn now(pid: u32, backend: Backend) -> Self {
+        let start_unix_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        Metadata {
+            tool: concat!("memtrack ", env!("CARGO_PKG_VERSION")).to_string(),
+            name: None,
+            command: Vec::new(),
+            pid,
+            start_unix_ns,
+            start_monotonic_ns: monotonic_ns(),
+            clock: "monotonic".to_string(),
+            backend,
+        }
+    }
+
+    /// Sets the benchmark or session name.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Sets the recorded command line.
+    pub fn with_command(mut self, command: Vec<String>) -> Self {
+        self.command = command;
+        self
+    }
+}
+
+/// Metadata known only when recording ends, stored in the trailer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Final {
+    /// Events the recorder could not deliver (ring buffer full); non-zero makes the artifact
+    /// unusable as a comparison baseline.
+    pub lost_events: u64,
+    /// `CLOCK_MONOTONIC` when recording stopped, in nanoseconds.
+    pub end_monotonic_ns: u64,
+    /// Totals over every event of the file, computed by the writer while streaming.
+    pub totals: Totals,
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of every event timestamp.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

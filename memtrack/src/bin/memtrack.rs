@@ -1,0 +1,287 @@
+//! The `memtrack` command-line tool. Run `memtrack --help`.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use memtrack::{
+    Analyzer, Backend, Completeness, Encoder, EncoderOptions, Metadata, Reader, Synth,
+    SynthOptions, Totals, human,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "memtrack",
+    version,
+    about = "Exact memory profiling: record, inspect, verify"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print an artifact's metadata and totals.
+    Show {
+        /// The artifact.
+        file: PathBuf,
+        /// Machine-readable JSON on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Decode every frame and check checksums, counts and the trailer: exit 0 only if all is
+    /// sound, else exit 1 naming the first bad frame.
+    Verify {
+        /// The artifact.
+        file: PathBuf,
+    },
+    /// Write an artifact from a seeded model of a multi-threaded program (no privileges needed).
+    Synth {
+        /// Number of events.
+        #[arg(long)]
+        events: u64,
+        /// Seed of the model: the same seed gives the same trace.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Number of threads in the model.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+        threads: u32,
+        /// Compression threads (default: available cores − 2, at least 1).
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Show { file, json } => show(&file, json),
+        Cmd::Verify { file } => verify(&file),
+        Cmd::Synth {
+            events,
+            seed,
+            threads,
+            workers,
+            output,
+        } => synth(events, seed, threads, workers, &output),
+    };
+    match res {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("memtrack: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Decodes every frame (in parallel, in order) and computes the totals.
+fn analyse(reader: &Reader) -> memtrack::Result<Totals> {
+    let mut a = Analyzer::new();
+    reader.for_each_frame(|_, evs| {
+        a.update_all(evs);
+        Ok(())
+    })?;
+    Ok(a.totals())
+}
+
+fn warn_if_recovered(reader: &Reader) -> bool {
+    match reader.completeness() {
+        Completeness::Complete => false,
+        Completeness::Recovered { reason } => {
+            eprintln!(
+                "memtrack: warning: {}: {reason}. The numbers below cover the recovered frames only.",
+                reader.path().display()
+            );
+            true
+        }
+    }
+}
+
+fn show(path: &Path, json: bool) -> memtrack::Result<ExitCode> {
+    let reader = Reader::open(path)?;
+    let recovered = warn_if_recovered(&reader);
+    let t = analyse(&reader)?;
+    let meta = reader.metadata();
+    let lost = reader.final_metadata().map(|f| f.lost_events);
+    let (major, minor) = reader.version();
+    if json {
+        let v = serde_json::json!({
+            "file": path,
+            "format_version": format!("{major}.{minor}"),
+            "complete": !recovered,
+            "metadata": meta,
+            "events": t.events,
+            "lost_events": lost,
+            "kinds": t.kinds,
+            "allocations": t.allocations,
+            "frees": t.frees,
+            "unmatched_frees": t.unmatched_frees,
+            "bytes_allocated": t.bytes_allocated,
+            "bytes_freed": t.bytes_freed,
+            "peak_live_bytes": t.peak_live_bytes,
+            "live_bytes_at_end": t.live_bytes_at_end,
+            "live_blocks_at_end": t.live_blocks_at_end,
+            "mapped_bytes_peak": t.mapped_bytes_peak,
+            "mapped_bytes_at_end": t.mapped_bytes_at_end,
+            "threads": t.threads,
+            "duration_ns": t.last_ts.saturating_sub(t.first_ts),
+            "frames": reader.frames().len(),
+            "file_bytes": reader.file_bytes(),
+        });
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut o = String::new();
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        o,
+        "{}  (format {major}.{minor}, {}, {} frames{})",
+        path.display(),
+        human::bytes(reader.file_bytes()),
+        human::count(reader.frames().len() as u64),
+        if recovered {
+            ", RECOVERED: incomplete"
+        } else {
+            ""
+        }
+    );
+    let backend = serde_json::to_value(meta.backend).expect("json");
+    let _ = writeln!(
+        o,
+        "  recorded      {} by {}, pid {}{}{}",
+        backend.as_str().unwrap_or("?"),
+        meta.tool,
+        meta.pid,
+        meta.name
+            .as_ref()
+            .map(|n| format!(", name {n}"))
+            .unwrap_or_default(),
+        if meta.command.is_empty() {
+            String::new()
+        } else {
+            format!(", command `{}`", meta.command.join(" "))
+        }
+    );
+    let dur = t.last_ts.saturating_sub(t.first_ts);
+    let _ = writeln!(
+        o,
+        "  events        {} over {:.3} ms, {} threads, lost {}",
+        human::count(t.events),
+        dur as f64 / 1e6,
+        t.threads,
+        lost.map_or("unknown (no trailer)".to_string(), human::count)
+    );
+    let _ = writeln!(
+        o,
+        "  allocations   {} ({})",
+        human::count(t.allocations),
+        human::bytes(t.bytes_allocated)
+    );
+    let _ = writeln!(
+        o,
+        "  frees         {} ({}){}",
+        human::count(t.frees),
+        human::bytes(t.bytes_freed),
+        if t.unmatched_frees > 0 {
+            format!(
+                ", {} of blocks allocated before recording",
+                human::count(t.unmatched_frees)
+            )
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(o, "  peak live     {}", human::bytes(t.peak_live_bytes));
+    let _ = writeln!(
+        o,
+        "  live at end   {} blocks ({})",
+        human::count(t.live_blocks_at_end),
+        human::bytes(t.live_bytes_at_end)
+    );
+    let _ = writeln!(
+        o,
+        "  mapped        peak {}, at end {}",
+        human::bytes(t.mapped_bytes_peak),
+        human::bytes(t.mapped_bytes_at_end)
+    );
+    let kinds: Vec<String> = memtrack::KindTag::ALL
+        .iter()
+        .map(|&k| format!("{} {}", k.name(), human::count(t.kinds.get(k))))
+        .collect();
+    let _ = writeln!(o, "  kinds         {}", kinds.join(", "));
+    print!("{o}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verify(path: &Path) -> memtrack::Result<ExitCode> {
+    let fail = |msg: String| {
+        println!("FAILED {}: {msg}", path.display());
+        Ok(ExitCode::FAILURE)
+    };
+    let reader = match Reader::open(path) {
+        Ok(r) => r,
+        Err(e) => return fail(e.to_string()),
+    };
+    if let Completeness::Recovered { reason } = reader.completeness() {
+        return fail(reason.clone());
+    }
+    let totals = match analyse(&reader) {
+        Ok(t) => t,
+        Err(e) => return fail(e.to_string()),
+    };
+    let fin = reader
+        .final_metadata()
+        .expect("complete files have a trailer");
+    if fin.totals != totals {
+        return fail(
+            "the totals stored in the trailer differ from the totals of the decoded events".into(),
+        );
+    }
+    println!(
+        "OK {}: {} frames, {} events, checksums, counts, index and totals sound",
+        path.display(),
+        human::count(reader.frames().len() as u64),
+        human::count(totals.events)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn synth(
+    events: u64,
+    seed: u64,
+    threads: u32,
+    workers: Option<usize>,
+    output: &Path,
+) -> memtrack::Result<ExitCode> {
+    let model = Synth::new(SynthOptions { seed, threads });
+    let meta = Metadata::now(model.pid(), Backend::Synth)
+        .with_name(format!("synth seed={seed} threads={threads}"))
+        .with_command(std::env::args().collect());
+    let file = File::create(output).map_err(|e| memtrack::Error::Io {
+        what: format!("creating {}", output.display()),
+        source: e,
+    })?;
+    let mut opts = EncoderOptions::new();
+    if let Some(w) = workers {
+        opts = opts.workers(w);
+    }
+    let mut enc = Encoder::new(file, &meta, opts)?;
+    enc.extend(model.take(events as usize))?;
+    let w = enc.finish(0)?;
+    eprintln!(
+        "memtrack: wrote {} events in {} frames to {} ({}, {:.2} bytes/event)",
+        human::count(w.events),
+        w.frames,
+        output.display(),
+        human::bytes(w.bytes),
+        w.bytes as f64 / w.events.max(1) as f64
+    );
+    Ok(ExitCode::SUCCESS)
+}

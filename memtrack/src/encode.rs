@@ -1,0 +1,361 @@
+//! The encoder pipeline: events in, a finished artifact out.
+//!
+//! ```text
+//! producer (push)           writer thread ("memtrack-writer")        rayon pool ("memtrack-enc-N")
+//! fills a frame buffer ──▶ bounded channel ──▶ takes up to `window` ──▶ compresses them in parallel
+//!        ▲                  frames, analyses them in order           (one zstd context per worker)
+//!        └── recycled frame buffers ◀── writes records in input order, then the trailer
+//! ```
+//! Memory is bounded whatever the run length: at most `queue + window + 1` frame buffers exist,
+//! all reused. A writer killed mid-run leaves every complete frame readable (see the reader).
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
+use std::thread::JoinHandle;
+
+use rayon::prelude::*;
+
+use crate::analysis::{Analyzer, Totals};
+use crate::artifact::{Final, FrameWriter, Metadata, encode_frame, monotonic_ns};
+use crate::artifact::{FrameScratch, MAX_FRAME_EVENTS};
+use crate::error::{Error, Result};
+use crate::event::Event;
+
+/// A hook run at the start of every thread the encoder spawns (the tracker uses it to exclude
+/// the encoder's own threads from recording).
+pub type ThreadHook = Arc<dyn Fn() + Send + Sync>;
+
+/// Settings of an [`Encoder`]; checked by [`Encoder::new`].
+#[derive(Clone)]
+pub struct EncoderOptions {
+    workers: usize,
+    frame_events: usize,
+    window: usize,
+    queue: usize,
+    level: i32,
+    on_thread_start: Option<ThreadHook>,
+}
+
+impl Default for EncoderOptions {
+    fn default() -> Self {
+        EncoderOptions {
+            workers: default_workers(),
+            frame_events: 32 * 1024,
+            window: 0,
+            queue: 0,
+            level: 1,
+            on_thread_start: None,
+        }
+    }
+}
+
+/// Available cores − 2 (leave room for the measured program and the producer), at least 1.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .saturating_sub(2)
+        .max(1)
+}
+
+impl EncoderOptions {
+    /// Default settings: [`default_workers`] workers, 32 Ki events per frame, zstd level 1.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Compression threads (at least 1; 0 is rejected by [`Encoder::new`]).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+
+    /// Events per frame (1 ..= 4 Mi). Larger frames compress a little better; a crash loses
+    /// at most the frame being written.
+    pub fn frame_events(mut self, n: usize) -> Self {
+        self.frame_events = n;
+        self
+    }
+
+    /// Frames compressed together (default and minimum: 2 × workers).
+    pub fn window(mut self, n: usize) -> Self {
+        self.window = n;
+        self
+    }
+
+    /// zstd compression level (1 ..= 19). Level 1 is the default: it meets the size target
+    /// at the highest speed (FORMAT.md has the measurements).
+    pub fn level(mut self, level: i32) -> Self {
+        self.level = level;
+        self
+    }
+
+    /// Runs `hook` at the start of every thread the encoder spawns.
+    pub fn on_thread_start(mut self, hook: ThreadHook) -> Self {
+        self.on_thread_start = Some(hook);
+        self
+    }
+
+    fn validate(&mut self) -> Result<()> {
+        if self.workers == 0 {
+            return Err(Error::InvalidOption(
+                "workers must be at least 1 (got 0)".into(),
+            ));
+        }
+        if self.frame_events == 0 || self.frame_events > MAX_FRAME_EVENTS as usize {
+            return Err(Error::InvalidOption(format!(
+                "frame_events must be between 1 and {MAX_FRAME_EVENTS} (got {})",
+                self.frame_events
+            )));
+        }
+        if !(1..=19).contains(&self.level) {
+            return Err(Error::InvalidOption(format!(
+                "level must be between 1 and 19 (got {})",
+                self.level
+            )));
+        }
+        self.window = self.window.max(2 * self.workers);
+        self.queue = self.queue.max(self.window);
+        Ok(())
+    }
+}
+
+/// What [`Encoder::finish`] wrote.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Written {
+    /// Frames written.
+    pub frames: u64,
+    /// Events written.
+    pub events: u64,
+    /// Length of the artifact in bytes.
+    pub bytes: u64,
+    /// Totals over every event, computed while streaming (also stored in the trailer).
+    pub totals: Totals,
+}
+
+struct WriterResult<W> {
+    out: W,
+    written: Written,
+}
+
+/// Streams events into an artifact; see the module docs for the pipeline.
+pub struct Encoder<W: Write + Send + 'static> {
+    current: Vec<Event>,
+    frame_events: usize,
+    tx: Option<SyncSender<Msg>>,
+    recycle: Receiver<Vec<Event>>,
+    thread: Option<JoinHandle<Result<WriterResult<W>>>>,
+}
+
+enum Msg {
+    Frame(Vec<Event>),
+    Finish(u64),
+}
+
+impl<W: Write + Send + 'static> Encoder<W> {
+    /// Starts an encoder writing to `out` (wrap files in a `BufWriter` is not needed: whole
+    /// frames are written at once). Writes the header for `meta` before returning.
+    pub fn new(out: W, meta: &Metadata, mut opts: EncoderOptions) -> Result<Self> {
+        opts.validate()?;
+        let frames = FrameWriter::new(out, meta)?;
+        let hook = opts.on_thread_start.clone();
+        let mut pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.workers)
+            .thread_name(|i| format!("memtrack-enc-{i}"));
+        if let Some(h) = hook.clone() {
+            pool = pool.start_handler(move |_| h());
+        }
+        let pool = pool
+            .build()
+            .map_err(|e| Error::io("starting the encoder pool", std::io::Error::other(e)))?;
+        let (tx, rx) = sync_channel(opts.queue);
+        let (recycle_tx, recycle) = sync_channel(opts.queue + opts.window + 1);
+        let (window, level) = (opts.window, opts.level);
+        let thread = std::thread::Builder::new()
+            .name("memtrack-writer".into())
+            .spawn(move || {
+                if let Some(h) = hook {
+                    h();
+                }
+                writer_loop(frames, pool, rx, recycle_tx, window, level)
+            })
+            .map_err(|e| Error::io("starting the encoder thread", e))?;
+        Ok(Encoder {
+            current: Vec::with_capacity(opts.frame_events),
+            frame_events: opts.frame_events,
+            tx: Some(tx),
+            recycle,
+            thread: Some(thread),
+        })
+    }
+
+    /// Appends one event. Blocks when the writer is `queue` frames behind (backpressure).
+    /// Returns [`Error::EncoderStopped`] if the writer stopped; [`Encoder::finish`] says why.
+    #[inline]
+    pub fn push(&mut self, ev: Event) -> Result<()> {
+        self.current.push(ev);
+        if self.current.len() == self.frame_events {
+            self.ship()?;
+        }
+        Ok(())
+    }
+
+    /// Appends every event of `events`.
+    pub fn extend<I: IntoIterator<Item = Event>>(&mut self, events: I) -> Result<()> {
+        for ev in events {
+            self.push(ev)?;
+        }
+        Ok(())
+    }
+
+    fn ship(&mut self) -> Result<()> {
+        let next = match self.recycle.try_recv() {
+            Ok(mut v) => {
+                v.clear();
+                v
+            }
+            Err(_) => Vec::with_capacity(self.frame_events),
+        };
+        let full = std::mem::replace(&mut self.current, next);
+        let tx = self.tx.as_ref().ok_or(Error::EncoderStopped)?;
+        tx.send(Msg::Frame(full)).map_err(|_| Error::EncoderStopped)
+    }
+
+    /// Writes the last partial frame and the trailer (with `lost_events`, the number of events
+    /// the recorder dropped), waits for the writer and returns what was written.
+    pub fn finish(self, lost_events: u64) -> Result<Written> {
+        self.finish_into(lost_events).map(|(_, w)| w)
+    }
+
+    /// Like [`Encoder::finish`], also giving back the output (e.g. a `Vec<u8>` or a `File`).
+    pub fn finish_into(mut self, lost_events: u64) -> Result<(W, Written)> {
+        let sent = if self.current.is_empty() {
+            Ok(())
+        } else {
+            self.ship()
+        };
+        let tx = self.tx.take().ok_or(Error::EncoderStopped)?;
+        let sent = sent.and_then(|()| {
+            tx.send(Msg::Finish(lost_events))
+                .map_err(|_| Error::EncoderStopped)
+        });
+        drop(tx);
+        let res = self
+            .thread
+            .take()
+            .expect("thread present until finish")
+            .join()
+            .map_err(|_| Error::io("encoder thread", std::io::Error::other("panicked")))?;
+        let r = res?;
+        sent?;
+        Ok((r.out, r.written))
+    }
+}
+
+impl<W: Write + Send + 'static> Drop for Encoder<W> {
+    fn drop(&mut self) {
+        // Dropped without `finish`: stop the writer without a trailer (the file then reads as
+        // unfinished, which it is) and wait for it so no thread outlives the encoder.
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Option<(i32, FrameScratch)>> = const { RefCell::new(None) };
+}
+
+fn compress(events: &[Event], level: i32, out: &mut Vec<u8>) -> Result<()> {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.as_ref().is_none_or(|(l, _)| *l != level) {
+            *s = Some((level, FrameScratch::new(level)?));
+        }
+        let (_, scratch) = s.as_mut().expect("just set");
+        encode_frame(events, scratch, out)
+    })
+}
+
+fn writer_loop<W: Write + Send>(
+    mut frames: FrameWriter<W>,
+    pool: rayon::ThreadPool,
+    rx: Receiver<Msg>,
+    recycle: SyncSender<Vec<Event>>,
+    window: usize,
+    level: i32,
+) -> Result<WriterResult<W>> {
+    let mut batch: Vec<Vec<Event>> = Vec::with_capacity(window);
+    let mut outs: Vec<Vec<u8>> = (0..window).map(|_| Vec::new()).collect();
+    let mut analyzer = Analyzer::new();
+    let mut lost = None;
+    loop {
+        // Block for one frame, then take whatever else is already queued, up to `window`.
+        match rx.recv() {
+            Ok(Msg::Frame(f)) => batch.push(f),
+            Ok(Msg::Finish(l)) => lost = Some(l),
+            Err(_) => {}
+        }
+        while lost.is_none() && batch.len() < window {
+            match rx.try_recv() {
+                Ok(Msg::Frame(f)) => batch.push(f),
+                Ok(Msg::Finish(l)) => lost = Some(l),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        if batch.is_empty() {
+            break;
+        }
+        let outs = &mut outs[..batch.len()];
+        let (compressed, ()) = pool.install(|| {
+            rayon::join(
+                || {
+                    batch
+                        .par_iter()
+                        .zip(outs.par_iter_mut())
+                        .map(|(f, out)| compress(f, level, out))
+                        .collect::<Result<()>>()
+                },
+                || {
+                    for f in &batch {
+                        analyzer.update_all(f);
+                    }
+                },
+            )
+        });
+        compressed?;
+        for out in outs.iter() {
+            frames.write_frame(out)?;
+        }
+        for f in batch.drain(..) {
+            let _ = recycle.try_send(f);
+        }
+        if lost.is_some() {
+            break;
+        }
+    }
+    // No `Finish` means the encoder was dropped: leave the file without a trailer.
+    let Some(lost_events) = lost else {
+        return Err(Error::EncoderStopped);
+    };
+    let totals = analyzer.totals();
+    let fin = Final {
+        lost_events,
+        end_monotonic_ns: monotonic_ns(),
+        totals: totals.clone(),
+    };
+    let (frame_count, events) = (frames.frames(), frames.events());
+    let (out, bytes) = frames.finish(&fin)?;
+    Ok(WriterResult {
+        out,
+        written: Written {
+            frames: frame_count,
+            events,
+            bytes,
+            totals,
+        },
+    })
+}

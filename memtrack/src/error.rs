@@ -1,0 +1,93 @@
+//! The one error type of the `memtrack` crate.
+
+use std::io;
+use std::path::PathBuf;
+
+/// `Result` with [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in memtrack. Each variant carries enough context (path, frame,
+/// byte offset) for its message to say what is wrong and what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O operation failed; `what` says which (with the path, where there is one).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, e.g. "reading /tmp/t.memtrack".
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The input does not start with the memtrack magic bytes.
+    #[error(
+        "{path}: not a memtrack artifact (the file does not start with the memtrack magic bytes)"
+    )]
+    NotAnArtifact {
+        /// The file, or `<memory>`.
+        path: PathBuf,
+    },
+    /// The artifact's major version is not one this build reads.
+    #[error(
+        "{path}: artifact format version {major}.{minor} is not supported: this memtrack ({tool}) \
+         reads format {supported}.x; open it with a memtrack release that writes format {major}"
+    )]
+    UnsupportedVersion {
+        /// The file, or `<memory>`.
+        path: PathBuf,
+        /// Major version found in the file.
+        major: u16,
+        /// Minor version found in the file.
+        minor: u16,
+        /// The major version this build reads.
+        supported: u16,
+        /// This build's version string.
+        tool: &'static str,
+    },
+    /// The header (magic, version, metadata) is damaged.
+    #[error("{path}: corrupt artifact header: {problem}")]
+    CorruptHeader {
+        /// The file, or `<memory>`.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A frame is damaged or cut short.
+    #[error("{path}: corrupt frame {frame} at byte offset {offset}: {problem}")]
+    CorruptFrame {
+        /// The file, or `<memory>`.
+        path: PathBuf,
+        /// Index of the frame (0-based).
+        frame: u64,
+        /// Byte offset of the frame's header in the file.
+        offset: u64,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The trailer (frame index and final metadata) is damaged.
+    #[error("{path}: corrupt trailer at byte offset {offset}: {problem}")]
+    CorruptTrailer {
+        /// The file, or `<memory>`.
+        path: PathBuf,
+        /// Byte offset of the trailer.
+        offset: u64,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A configuration value is out of range; the message names the option and the valid range.
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+    /// The encoder's writer thread stopped early (after an I/O error, reported by `finish`).
+    #[error("the encoder stopped early; `finish()` reports why")]
+    EncoderStopped,
+}
+
+impl Error {
+    pub(crate) fn io(what: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! # memtrack: exact memory profiling for Rust benchmarks
+//!
+//! memtrack records every allocation, free, reallocation and mapping of a process, stores them
+//! in a compact artifact, and turns them into the numbers a performance engineer acts on:
+//! allocations, bytes, peak live heap, what is still live at the end, per thread.
+//!
+//! ```text
+//!  recorder (eBPF tracker, or   ──▶  Encoder  ──▶  artifact file  ──▶  Reader  ──▶  Analyzer
+//!  `synth` for a model trace)        (rayon:        (FORMAT.md)        (stream or    (Totals)
+//!                                     zstd frames)                      parallel)
+//! ```
+//!
+//! ## Writing and reading an artifact
+//! ```
+//! use memtrack::{Backend, Encoder, EncoderOptions, Event, EventKind, Metadata, Reader};
+//!
+//! let meta = Metadata::now(42, Backend::Other).with_name("example");
+//! let mut enc = Encoder::new(Vec::new(), &meta, EncoderOptions::new().workers(1))?;
+//! enc.push(Event::new(1_000, 42, 42, EventKind::Malloc { addr: 0x1000, size: 64 }))?;
+//! enc.push(Event::new(1_500, 42, 42, EventKind::Free { addr: 0x1000 }))?;
+//! let (bytes, written) = enc.finish_into(0)?;
+//! assert_eq!(written.totals.allocations, 1);
+//!
+//! let reader = Reader::from_bytes(bytes)?;
+//! let events: Vec<Event> = reader.events().collect::<Result<_, _>>()?;
+//! assert_eq!(events.len(), 2);
+//! # Ok::<(), memtrack::Error>(())
+//! ```
+//!
+//! The accounting rules of the totals (what counts as an allocation, how `realloc` counts, what
+//! the peak is) are in [`analysis`](Analyzer).
+
+mod analysis;
+mod artifact;
+mod encode;
+mod error;
+mod event;
+pub mod human;
+mod synth;
+
+pub use analysis::{Analyzer, KindCounts, ThreadTotals, Totals};
+pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, Reader};
+pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
+pub use encode::{Encoder, EncoderOptions, ThreadHook, Written, default_workers};
+pub use error::{Error, Result};
+pub use event::{Event, EventKind, KindTag};
+pub use synth::{Synth, SynthOptions};

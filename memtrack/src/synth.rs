@@ -1,0 +1,338 @@
+//! `memtrack synth`: a seeded, realistic model of a multi-threaded program's allocations.
+//!
+//! It exists to exercise the format, the analysis and the tools without privileges, and to be
+//! the "realistic trace" the benchmarks measure. The model follows what real traces show:
+//! - sizes are heavy-tailed: most blocks are 8–64 bytes, a few are megabytes;
+//! - most blocks die young (freed within a few allocations), a live set persists;
+//! - each thread allocates from its own arena; freed blocks are reused LIFO per size class (as
+//!   glibc's tcache does), so addresses repeat; blocks of 128 KiB and more are `mmap`ed (an `Mmap`
+//!   before the `Malloc`, a `Munmap` after the `Free`) and the main arena grows with `Brk`;
+//! - threads run in bursts of events; time advances a few hundred ns per event, with pauses;
+//! - `Vec`-like growth by `Realloc`, a little `Calloc` and aligned allocation, rare explicit
+//!   `Mmap`/`Mremap`/`Munmap` of files or buffers.
+//!
+//! The same seed gives the same events on every platform (xoshiro256++).
+
+use std::collections::VecDeque;
+
+use rand::{Rng, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use rustc_hash::FxHashMap;
+
+use crate::event::{Event, EventKind};
+
+const MMAP_THRESHOLD: u64 = 128 * 1024;
+const BRK_STEP: u64 = 132 * 1024;
+
+/// Settings of a synthetic trace.
+#[derive(Debug, Clone, Copy)]
+pub struct SynthOptions {
+    /// Seed of the random stream.
+    pub seed: u64,
+    /// Number of threads (at least 1).
+    pub threads: u32,
+}
+
+impl Default for SynthOptions {
+    fn default() -> Self {
+        SynthOptions {
+            seed: 1,
+            threads: 4,
+        }
+    }
+}
+
+/// Allocator size classes: 16-byte steps up to 1 KiB, then four classes per power of two (the
+/// scheme of jemalloc and mimalloc), so freed blocks of similar sizes are reused.
+fn size_class(size: u64) -> u64 {
+    if size <= 1024 {
+        return (size + 15).max(32) & !15;
+    }
+    let step = 1u64 << (63 - (size - 1).leading_zeros() - 2);
+    size.div_ceil(step) * step
+}
+
+#[derive(Clone, Copy)]
+struct Block {
+    addr: u64,
+    size: u64,
+    class: u64,
+}
+
+struct Thread {
+    tid: u32,
+    base: u64,
+    bump: u64,
+    target_live: usize,
+    free_lists: FxHashMap<u64, Vec<u64>>,
+    live: Vec<Block>,
+}
+
+/// An endless iterator of synthetic events; `take(n)` what you need.
+pub struct Synth {
+    rng: Xoshiro256PlusPlus,
+    pid: u32,
+    ts: u64,
+    threads: Vec<Thread>,
+    current: usize,
+    burst_left: u32,
+    mmap_cursor: u64,
+    brk: u64,
+    maps: Vec<(u64, u64)>,
+    pending: VecDeque<EventKind>,
+}
+
+impl Synth {
+    /// A model with `opts`; `opts.threads` of 0 is taken as 1.
+    pub fn new(opts: SynthOptions) -> Self {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(opts.seed);
+        let pid = 4000 + (opts.seed % 1000) as u32;
+        let threads = (0..opts.threads.max(1))
+            .map(|i| {
+                let base = if i == 0 {
+                    0x5555_5556_0000
+                } else {
+                    0x7f30_0000_0000 - (i as u64) * 0x4000_0000
+                };
+                Thread {
+                    tid: pid + i,
+                    base,
+                    bump: 0,
+                    target_live: rng.random_range(500..5000),
+                    free_lists: FxHashMap::default(),
+                    live: Vec::new(),
+                }
+            })
+            .collect();
+        Synth {
+            rng,
+            pid,
+            ts: 1_000_000_000_000 + opts.seed % 1_000_000,
+            threads,
+            current: 0,
+            burst_left: 0,
+            mmap_cursor: 0x7f80_0000_0000,
+            brk: 0x5555_5556_0000,
+            maps: Vec::new(),
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// The process id the model's events carry.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    fn size(&mut self) -> u64 {
+        let r = &mut self.rng;
+        let u: f64 = r.random();
+        let log_uniform = |r: &mut Xoshiro256PlusPlus, lo: f64, hi: f64| -> u64 {
+            (lo * (hi / lo).powf(r.random::<f64>())) as u64
+        };
+        if u < 0.55 {
+            8 * r.random_range(1..=8)
+        } else if u < 0.83 {
+            r.random_range(65..=512)
+        } else if u < 0.97 {
+            log_uniform(r, 513.0, 8192.0)
+        } else if u < 0.999 {
+            log_uniform(r, 8193.0, 131_071.0)
+        } else {
+            log_uniform(r, 131_072.0, 8.0 * 1024.0 * 1024.0)
+        }
+    }
+
+    /// Takes a block of `size` bytes for thread `t`, queueing the events that go with it
+    /// (`Brk`, `Mmap`) before the caller's allocation event.
+    fn place(&mut self, t: usize, size: u64) -> Block {
+        if size >= MMAP_THRESHOLD {
+            let len = (size + 16).div_ceil(4096) * 4096;
+            self.mmap_cursor -= len;
+            let map = self.mmap_cursor;
+            self.pending.push_back(EventKind::Mmap {
+                addr: map,
+                size: len,
+            });
+            return Block {
+                addr: map + 16,
+                size,
+                class: u64::MAX,
+            };
+        }
+        let class = size_class(size);
+        let th = &mut self.threads[t];
+        if let Some(addr) = th.free_lists.get_mut(&class).and_then(Vec::pop) {
+            return Block { addr, size, class };
+        }
+        let addr = th.base + th.bump + 16;
+        th.bump += class;
+        if t == 0 && th.base + th.bump > self.brk {
+            self.brk = (th.base + th.bump).div_ceil(BRK_STEP) * BRK_STEP;
+            self.pending.push_back(EventKind::Brk { addr: self.brk });
+        }
+        Block { addr, size, class }
+    }
+
+    fn release(&mut self, t: usize, b: Block) {
+        if b.class == u64::MAX {
+            let len = (b.size + 16).div_ceil(4096) * 4096;
+            self.pending.push_back(EventKind::Munmap {
+                addr: b.addr - 16,
+                size: len,
+            });
+        } else {
+            self.threads[t]
+                .free_lists
+                .entry(b.class)
+                .or_default()
+                .push(b.addr);
+        }
+    }
+
+    fn pick_live(&mut self, t: usize) -> usize {
+        let n = self.threads[t].live.len();
+        if self.rng.random_bool(0.75) {
+            n - 1 - self.rng.random_range(0..n.min(8))
+        } else {
+            self.rng.random_range(0..n)
+        }
+    }
+
+    /// One operation of thread `t`: queues one to three events.
+    fn step(&mut self, t: usize) {
+        let (live, target) = (self.threads[t].live.len(), self.threads[t].target_live);
+        let u: f64 = self.rng.random();
+        if u < 0.0002 {
+            return self.file_mapping();
+        }
+        let alloc = live == 0 || self.rng.random_bool(target as f64 / (target + live) as f64);
+        if !alloc {
+            let i = self.pick_live(t);
+            let b = self.threads[t].live.swap_remove(i);
+            self.pending.push_back(EventKind::Free { addr: b.addr });
+            return self.release(t, b);
+        }
+        if live > 0 && self.rng.random_bool(0.06) {
+            // Vec-like growth (sometimes a shrink) of a live block.
+            let i = self.pick_live(t);
+            let old = self.threads[t].live[i];
+            let size = if self.rng.random_bool(0.85) {
+                (old.size * 2).max(16)
+            } else {
+                (old.size / 2).max(1)
+            };
+            let class = size_class(size);
+            if old.class != u64::MAX && class == old.class {
+                // Fits the block's size class: the allocator resizes in place.
+                self.pending.push_back(EventKind::Realloc {
+                    old_addr: old.addr,
+                    new_addr: old.addr,
+                    size,
+                });
+                self.threads[t].live[i] = Block { size, ..old };
+                return;
+            }
+            // Moves: the allocator's own mmap/brk for the new block come before realloc returns.
+            let b = self.place(t, size);
+            self.pending.push_back(EventKind::Realloc {
+                old_addr: old.addr,
+                new_addr: b.addr,
+                size,
+            });
+            self.release(t, old);
+            self.threads[t].live[i] = b;
+            return;
+        }
+        let size = self.size();
+        let b = self.place(t, size);
+        let v: f64 = self.rng.random();
+        self.pending.push_back(if v < 0.88 {
+            EventKind::Malloc { addr: b.addr, size }
+        } else if v < 0.97 {
+            EventKind::Calloc { addr: b.addr, size }
+        } else {
+            let align = if self.rng.random_bool(0.8) { 64 } else { 4096 };
+            EventKind::AlignedAlloc {
+                addr: b.addr,
+                size,
+                align,
+            }
+        });
+        self.threads[t].live.push(b);
+    }
+
+    /// A file or buffer mapping: map, sometimes grow it, unmap an older one.
+    fn file_mapping(&mut self) {
+        let r: f64 = self.rng.random();
+        if r < 0.5 || self.maps.is_empty() {
+            let len = 4096 * self.rng.random_range(1..256);
+            self.mmap_cursor -= len;
+            self.maps.push((self.mmap_cursor, len));
+            self.pending.push_back(EventKind::Mmap {
+                addr: self.mmap_cursor,
+                size: len,
+            });
+        } else if r < 0.7 {
+            let i = self.rng.random_range(0..self.maps.len());
+            let (old, len) = self.maps[i];
+            let new_len = len * 2;
+            self.mmap_cursor -= new_len;
+            self.maps[i] = (self.mmap_cursor, new_len);
+            self.pending.push_back(EventKind::Mremap {
+                old_addr: old,
+                new_addr: self.mmap_cursor,
+                size: new_len,
+            });
+        } else {
+            let i = self.rng.random_range(0..self.maps.len());
+            let (addr, size) = self.maps.swap_remove(i);
+            self.pending.push_back(EventKind::Munmap { addr, size });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_cover_their_sizes() {
+        assert_eq!(size_class(1), 32);
+        assert_eq!(size_class(1024), 1024);
+        assert_eq!(size_class(1025), 1280);
+        assert_eq!(size_class(1280), 1280);
+        assert_eq!(size_class(1281), 1536);
+        assert_eq!(size_class(100_000), 114_688);
+        for s in 1..200_000 {
+            assert!(size_class(s) >= s);
+        }
+    }
+}
+
+impl Iterator for Synth {
+    type Item = Event;
+
+    fn next(&mut self) -> Option<Event> {
+        while self.pending.is_empty() {
+            if self.burst_left == 0 {
+                self.current = self.rng.random_range(0..self.threads.len());
+                self.burst_left = 1 + (-200.0 * self.rng.random::<f64>().ln()) as u32;
+            }
+            self.burst_left -= 1;
+            self.step(self.current);
+        }
+        let kind = self.pending.pop_front()?;
+        let gap = if self.rng.random_bool(0.005) {
+            self.rng.random_range(5_000..200_000)
+        } else {
+            40 + (-250.0 * self.rng.random::<f64>().ln()) as u64
+        };
+        self.ts += gap;
+        Some(Event::new(
+            self.ts,
+            self.pid,
+            self.threads[self.current].tid,
+            kind,
+        ))
+    }
+}

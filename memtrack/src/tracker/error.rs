@@ -1,0 +1,81 @@
+//! Errors of the tracker, each saying how to fix it.
+
+use std::path::PathBuf;
+
+/// Why the eBPF tracker could not load, attach or record.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrackerError {
+    /// The kernel refused to load BPF programs or create uprobes for lack of privileges.
+    #[error(
+        "{what}: permission denied. memtrack's eBPF tracker needs root, or the capabilities \
+         CAP_BPF and CAP_PERFMON: run it with sudo, or grant them once with \
+         `sudo setcap cap_bpf,cap_perfmon+ep <path to the binary>`"
+    )]
+    NotPrivileged {
+        /// What was refused.
+        what: String,
+    },
+    /// The kernel has no BTF (`/sys/kernel/btf/vmlinux`), which the syscall tracepoints need.
+    #[error(
+        "the kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): memtrack needs a \
+         kernel built with CONFIG_DEBUG_INFO_BTF=y (Linux 5.8 or newer)"
+    )]
+    NoBtf,
+    /// None of the target's loaded objects defines an allocator entry point.
+    #[error(
+        "no allocator symbols (malloc, free, operator new, je_*/mi_* ...) found in {files:?}: \
+         is the program statically linked with a stripped allocator? Build it with symbols"
+    )]
+    NoAllocatorSymbols {
+        /// The files searched.
+        files: Vec<PathBuf>,
+    },
+    /// A file of the target could not be read as ELF.
+    #[error(transparent)]
+    Elf(#[from] memtrack_bpf::Error),
+    /// Another libbpf operation failed.
+    #[error("{what}: {source}")]
+    Bpf {
+        /// What was being done.
+        what: String,
+        /// libbpf's error.
+        #[source]
+        source: libbpf_rs::Error,
+    },
+    /// A recording is already running in this process.
+    #[error("a memtrack recording is already running in this process: stop it first")]
+    AlreadyRecording,
+    /// An option is out of range.
+    #[error("invalid tracker option: {0}")]
+    InvalidOption(String),
+    /// Starting the command to record failed.
+    #[error("cannot run {command:?}: {source}")]
+    Spawn {
+        /// The program.
+        command: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Reading /proc or another system file failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being read.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl TrackerError {
+    /// Wraps a libbpf error, recognising missing privileges.
+    pub(crate) fn bpf(what: impl Into<String>, source: libbpf_rs::Error) -> Self {
+        let what = what.into();
+        if source.kind() == libbpf_rs::ErrorKind::PermissionDenied {
+            return TrackerError::NotPrivileged { what };
+        }
+        TrackerError::Bpf { what, source }
+    }
+}
