@@ -15,8 +15,6 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::thread::JoinHandle;
 
-use rayon::prelude::*;
-
 use crate::analysis::{Analyzer, Totals};
 use crate::artifact::{Final, FrameWriter, Metadata, encode_frame, monotonic_ns};
 use crate::artifact::{FrameScratch, MAX_FRAME_EVENTS};
@@ -143,6 +141,7 @@ struct WriterResult<W> {
 /// Streams events into an artifact; see the module docs for the pipeline.
 pub struct Encoder<W: Write + Send + 'static> {
     current: Vec<Event>,
+    end_ns: Option<u64>,
     frame_events: usize,
     tx: Option<SyncSender<Msg>>,
     recycle: Receiver<Vec<Event>>,
@@ -151,7 +150,8 @@ pub struct Encoder<W: Write + Send + 'static> {
 
 enum Msg {
     Frame(Vec<Event>),
-    Finish(u64),
+    /// Lost-event count and end time for the trailer.
+    Finish(u64, u64),
 }
 
 impl<W: Write + Send + 'static> Encoder<W> {
@@ -184,6 +184,7 @@ impl<W: Write + Send + 'static> Encoder<W> {
             .map_err(|e| Error::io("starting the encoder thread", e))?;
         Ok(Encoder {
             current: Vec::with_capacity(opts.frame_events),
+            end_ns: None,
             frame_events: opts.frame_events,
             tx: Some(tx),
             recycle,
@@ -223,6 +224,12 @@ impl<W: Write + Send + 'static> Encoder<W> {
         tx.send(Msg::Frame(full)).map_err(|_| Error::EncoderStopped)
     }
 
+    /// Sets the end time stored in the trailer (ns, CLOCK_MONOTONIC); by default it is the time
+    /// [`Encoder::finish`] is called. Re-encoding a file with its own end time is byte-identical.
+    pub fn set_end_time(&mut self, end_monotonic_ns: u64) {
+        self.end_ns = Some(end_monotonic_ns);
+    }
+
     /// Writes the last partial frame and the trailer (with `lost_events`, the number of events
     /// the recorder dropped), waits for the writer and returns what was written.
     pub fn finish(self, lost_events: u64) -> Result<Written> {
@@ -238,8 +245,11 @@ impl<W: Write + Send + 'static> Encoder<W> {
         };
         let tx = self.tx.take().ok_or(Error::EncoderStopped)?;
         let sent = sent.and_then(|()| {
-            tx.send(Msg::Finish(lost_events))
-                .map_err(|_| Error::EncoderStopped)
+            tx.send(Msg::Finish(
+                lost_events,
+                self.end_ns.unwrap_or_else(monotonic_ns),
+            ))
+            .map_err(|_| Error::EncoderStopped)
         });
         drop(tx);
         let res = self
@@ -296,13 +306,13 @@ fn writer_loop<W: Write + Send>(
         // Block for one frame, then take whatever else is already queued, up to `window`.
         match rx.recv() {
             Ok(Msg::Frame(f)) => batch.push(f),
-            Ok(Msg::Finish(l)) => lost = Some(l),
+            Ok(Msg::Finish(l, end)) => lost = Some((l, end)),
             Err(_) => {}
         }
         while lost.is_none() && batch.len() < window {
             match rx.try_recv() {
                 Ok(Msg::Frame(f)) => batch.push(f),
-                Ok(Msg::Finish(l)) => lost = Some(l),
+                Ok(Msg::Finish(l, end)) => lost = Some((l, end)),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
@@ -310,22 +320,17 @@ fn writer_loop<W: Write + Send>(
             break;
         }
         let outs = &mut outs[..batch.len()];
-        let (compressed, ()) = pool.install(|| {
-            rayon::join(
-                || {
-                    batch
-                        .par_iter()
-                        .zip(outs.par_iter_mut())
-                        .map(|(f, out)| compress(f, level, out))
-                        .collect::<Result<()>>()
-                },
-                || {
-                    for f in &batch {
-                        analyzer.update_all(f);
-                    }
-                },
-            )
+        let mut results: Vec<Result<()>> = (0..batch.len()).map(|_| Ok(())).collect();
+        // Compression on the pool; meanwhile the totals are computed here, in order.
+        pool.in_place_scope(|s| {
+            for ((f, out), r) in batch.iter().zip(outs.iter_mut()).zip(results.iter_mut()) {
+                s.spawn(move |_| *r = compress(f, level, out));
+            }
+            for f in &batch {
+                analyzer.update_all(f);
+            }
         });
+        let compressed: Result<()> = results.into_iter().collect();
         compressed?;
         for out in outs.iter() {
             frames.write_frame(out)?;
@@ -338,13 +343,13 @@ fn writer_loop<W: Write + Send>(
         }
     }
     // No `Finish` means the encoder was dropped: leave the file without a trailer.
-    let Some(lost_events) = lost else {
+    let Some((lost_events, end_monotonic_ns)) = lost else {
         return Err(Error::EncoderStopped);
     };
     let totals = analyzer.totals();
     let fin = Final {
         lost_events,
-        end_monotonic_ns: monotonic_ns(),
+        end_monotonic_ns,
         totals: totals.clone(),
     };
     let (frame_count, events) = (frames.frames(), frames.events());

@@ -81,6 +81,9 @@ pub enum Error {
     /// The encoder's writer thread stopped early (after an I/O error, reported by `finish`).
     #[error("the encoder stopped early; `finish()` reports why")]
     EncoderStopped,
+    /// The eBPF tracker failed (privileges, BTF, symbols, libbpf); the message says the fix.
+    #[error(transparent)]
+    Tracker(#[from] crate::tracker::TrackerError),
 }
 
 impl Error {

@@ -37,6 +37,7 @@ mod error;
 mod event;
 pub mod human;
 mod synth;
+mod tracker;
 
 pub use analysis::{Analyzer, KindCounts, ThreadTotals, Totals};
 pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, Reader};
@@ -45,3 +46,5 @@ pub use encode::{Encoder, EncoderOptions, ThreadHook, Written, default_workers};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind, KindTag};
 pub use synth::{Synth, SynthOptions};
+pub use tracker::{Counters, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};
+pub use tracker::{RecordOutcome, TrackerError, TrackerOptions, record_command};

@@ -24,6 +24,11 @@ use crate::event::{Event, EventKind, KindTag};
 
 const PAGE: u64 = 4096;
 
+/// `size` rounded up to whole pages, saturating for absurd sizes from damaged input.
+fn pages(size: u64) -> u64 {
+    size.div_ceil(PAGE).saturating_mul(PAGE)
+}
+
 /// Per-kind event counts, keyed by [`KindTag::name`] in JSON.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KindCounts(pub [u64; KindTag::ALL.len()]);
@@ -203,14 +208,14 @@ impl Analyzer {
         size: u64,
     ) {
         t.allocations += 1;
-        t.bytes_allocated += size;
+        t.bytes_allocated = t.bytes_allocated.saturating_add(size);
         th.allocations += 1;
-        th.bytes_allocated += size;
+        th.bytes_allocated = th.bytes_allocated.saturating_add(size);
         // A block at an address that is already live means its free was not seen: replace it.
         if let Some(old) = live.insert(addr, size) {
-            *live_bytes -= old;
+            *live_bytes = live_bytes.saturating_sub(old);
         }
-        *live_bytes += size;
+        *live_bytes = live_bytes.saturating_add(size);
     }
 
     #[inline]
@@ -225,28 +230,28 @@ impl Analyzer {
         th.frees += 1;
         match live.remove(&addr) {
             Some(size) => {
-                t.bytes_freed += size;
-                th.bytes_freed += size;
-                *live_bytes -= size;
+                t.bytes_freed = t.bytes_freed.saturating_add(size);
+                th.bytes_freed = th.bytes_freed.saturating_add(size);
+                *live_bytes = live_bytes.saturating_sub(size);
             }
             None => t.unmatched_frees += 1,
         }
     }
 
     fn map(&mut self, addr: u64, size: u64) {
-        let len = size.div_ceil(PAGE) * PAGE;
+        let len = pages(size).min(u64::MAX - addr);
         if len == 0 {
             return;
         }
         // A new mapping replaces whatever it overlaps (MAP_FIXED semantics).
         self.unmap(addr, len);
         self.maps.insert(addr, len);
-        self.mapped += len;
+        self.mapped = self.mapped.saturating_add(len);
         self.t.mapped_bytes_peak = self.t.mapped_bytes_peak.max(self.mapped);
     }
 
     fn unmap(&mut self, addr: u64, size: u64) {
-        let end = addr.saturating_add(size.div_ceil(PAGE) * PAGE);
+        let end = addr.saturating_add(pages(size));
         if end <= addr {
             return;
         }
@@ -259,15 +264,16 @@ impl Analyzer {
         }
         hit.extend(self.maps.range(addr..end).map(|(&s, &l)| (s, l)));
         for (s, l) in hit {
+            // Stored regions never wrap (`map` caps them), so `s + l` cannot overflow.
             self.maps.remove(&s);
-            self.mapped -= l;
+            self.mapped = self.mapped.saturating_sub(l);
             if s < addr {
                 self.maps.insert(s, addr - s);
-                self.mapped += addr - s;
+                self.mapped = self.mapped.saturating_add(addr - s);
             }
             if s + l > end {
                 self.maps.insert(end, s + l - end);
-                self.mapped += s + l - end;
+                self.mapped = self.mapped.saturating_add(s + l - end);
             }
         }
     }

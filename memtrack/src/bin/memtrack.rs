@@ -264,17 +264,31 @@ fn synth(
     let meta = Metadata::now(model.pid(), Backend::Synth)
         .with_name(format!("synth seed={seed} threads={threads}"))
         .with_command(std::env::args().collect());
-    let file = File::create(output).map_err(|e| memtrack::Error::Io {
-        what: format!("creating {}", output.display()),
-        source: e,
-    })?;
     let mut opts = EncoderOptions::new();
     if let Some(w) = workers {
         opts = opts.workers(w);
     }
-    let mut enc = Encoder::new(file, &meta, opts)?;
-    enc.extend(model.take(events as usize))?;
-    let w = enc.finish(0)?;
+    // Write to a temporary name and rename when finished: `output` is never left half-written.
+    let tmp = output.with_extension("memtrack.partial");
+    let file = File::create(&tmp).map_err(|e| memtrack::Error::Io {
+        what: format!("creating {}", tmp.display()),
+        source: e,
+    })?;
+    let written = Encoder::new(file, &meta, opts).and_then(|mut enc| {
+        enc.extend(model.take(events as usize))?;
+        enc.finish(0)
+    });
+    let w = match written {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&tmp, output).map_err(|e| memtrack::Error::Io {
+        what: format!("renaming {} to {}", tmp.display(), output.display()),
+        source: e,
+    })?;
     eprintln!(
         "memtrack: wrote {} events in {} frames to {} ({}, {:.2} bytes/event)",
         human::count(w.events),

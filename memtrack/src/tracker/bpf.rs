@@ -1,0 +1,243 @@
+//! Loading memtrack-bpf's object for one target process and attaching its probes.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, Object, ObjectBuilder};
+use memtrack_bpf::{RawConfig, RawStats};
+
+use super::TrackerError;
+
+type Result<T, E = TrackerError> = std::result::Result<T, E>;
+
+/// The loaded BPF object of one target process, its maps, and its links.
+pub(crate) struct Bpf {
+    obj: Object,
+    pub(crate) target: u32,
+    /// The 4-byte `.bss`: the runtime switch.
+    bss: Arc<MapHandle>,
+    pub(crate) events: Arc<MapHandle>,
+    stats: Arc<MapHandle>,
+    pub(crate) excluded: Arc<MapHandle>,
+    syscall_links: Vec<Link>,
+    uprobe_links: Vec<Link>,
+    /// (device, inode) of every file probed, so a file mapped twice is probed once.
+    probed: HashSet<(u64, u64)>,
+    /// Probe sites attached, over all files.
+    pub(crate) sites: usize,
+}
+
+fn handle(obj: &Object, pred: impl Fn(&str) -> bool, what: &str) -> Result<Arc<MapHandle>> {
+    let map = obj
+        .maps()
+        .find(|m| pred(&m.name().to_string_lossy()))
+        .ok_or_else(|| TrackerError::InvalidOption(format!("BPF object has no map {what}")))?;
+    MapHandle::try_from(&map)
+        .map(Arc::new)
+        .map_err(|e| TrackerError::bpf(format!("duplicating the {what} map"), e))
+}
+
+impl Bpf {
+    /// Loads the program for process `target` with a ring buffer of `ringbuf_bytes` and
+    /// attaches the syscall tracepoints. Recording stays disabled.
+    pub(crate) fn load(target: u32, ringbuf_bytes: u64) -> Result<Self> {
+        if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+            return Err(TrackerError::NoBtf);
+        }
+        let mut open = ObjectBuilder::default()
+            .open_memory(memtrack_bpf::OBJECT)
+            .map_err(|e| TrackerError::bpf("opening memtrack's BPF object", e))?;
+        let mut config = RawConfig::new(target);
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        config.page_size = u64::try_from(page).unwrap_or(4096);
+        for mut map in open.maps_mut() {
+            let name = map.name().to_string_lossy().into_owned();
+            if name.ends_with(".rodata") {
+                let init = map.initial_value_mut().ok_or_else(|| {
+                    TrackerError::InvalidOption("BPF object's .rodata has no data".into())
+                })?;
+                if init.len() != RawConfig::SIZE {
+                    return Err(TrackerError::InvalidOption(format!(
+                        "BPF object's .rodata is {} bytes, expected {} (memtrack.h and the Rust \
+                         mirror disagree: regenerate the object)",
+                        init.len(),
+                        RawConfig::SIZE
+                    )));
+                }
+                init.copy_from_slice(&config.to_bytes());
+            } else if name == memtrack_bpf::MAP_EVENTS {
+                map.set_max_entries(ringbuf_bytes as u32)
+                    .map_err(|e| TrackerError::bpf("sizing the ring buffer", e))?;
+            }
+        }
+        let obj = open
+            .load()
+            .map_err(|e| TrackerError::bpf("loading memtrack's BPF program", e))?;
+        let bss = handle(&obj, |n| n.ends_with(".bss"), ".bss")?;
+        let events = handle(&obj, |n| n == memtrack_bpf::MAP_EVENTS, "events")?;
+        let stats = handle(&obj, |n| n == memtrack_bpf::MAP_STATS, "stats")?;
+        let excluded = handle(
+            &obj,
+            |n| n == memtrack_bpf::MAP_EXCLUDED_TIDS,
+            "excluded_tids",
+        )?;
+        let mut syscall_links = Vec::new();
+        for name in [memtrack_bpf::PROG_SYS_ENTER, memtrack_bpf::PROG_SYS_EXIT] {
+            let prog = obj
+                .progs_mut()
+                .find(|p| p.name() == name)
+                .ok_or_else(|| TrackerError::InvalidOption(format!("no BPF program {name}")))?;
+            let link = prog
+                .attach()
+                .map_err(|e| TrackerError::bpf(format!("attaching {name} (tp_btf)"), e))?;
+            syscall_links.push(link);
+        }
+        Ok(Self {
+            obj,
+            target,
+            bss,
+            events,
+            stats,
+            excluded,
+            syscall_links,
+            uprobe_links: Vec::new(),
+            probed: HashSet::new(),
+            sites: 0,
+        })
+    }
+
+    /// Attaches the allocator probes of the ELF file `path` for the target process. Returns
+    /// how many sites were attached (0 if it defines no allocator entry point or was already
+    /// probed).
+    pub(crate) fn attach_file(&mut self, path: &Path) -> Result<usize> {
+        let meta = std::fs::metadata(path).map_err(|source| TrackerError::Io {
+            what: format!("reading {}", path.display()),
+            source,
+        })?;
+        if !self.probed.insert((meta.dev(), meta.ino())) {
+            return Ok(0);
+        }
+        let sites = memtrack_bpf::probe_sites(path)?;
+        let pid = self.target as i32;
+        for site in &sites {
+            let attach = |program: &str, ret: bool| -> Result<Link> {
+                let prog = self
+                    .obj
+                    .progs_mut()
+                    .find(|p| p.name() == program)
+                    .ok_or_else(|| {
+                        TrackerError::InvalidOption(format!("no BPF program {program}"))
+                    })?;
+                prog.attach_uprobe(ret, pid, path, site.offset as usize)
+                    .map_err(|e| {
+                        TrackerError::bpf(
+                            format!(
+                                "attaching {program} to {}:{} (+{:#x})",
+                                path.display(),
+                                site.symbol,
+                                site.offset
+                            ),
+                            e,
+                        )
+                    })
+            };
+            let entry = attach(site.program, false)?;
+            self.uprobe_links.push(entry);
+            if let Some(ret) = site.ret_program {
+                let link = attach(ret, true)?;
+                self.uprobe_links.push(link);
+            }
+        }
+        self.sites += sites.len();
+        Ok(sites.len())
+    }
+
+    /// Turns recording on or off (the program's `.bss` switch).
+    pub(crate) fn set_enabled(&self, on: bool) -> Result<()> {
+        self.bss
+            .update(
+                &0u32.to_ne_bytes(),
+                &u32::from(on).to_ne_bytes(),
+                MapFlags::ANY,
+            )
+            .map_err(|e| TrackerError::bpf("flipping the recording switch", e))
+    }
+
+    /// The counters summed over CPUs.
+    pub(crate) fn stats(&self) -> Result<RawStats> {
+        let per_cpu = self
+            .stats
+            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| TrackerError::bpf("reading the counters", e))?
+            .unwrap_or_default();
+        Ok(per_cpu
+            .iter()
+            .filter_map(|b| RawStats::from_bytes(b))
+            .fold(RawStats::default(), RawStats::add))
+    }
+}
+
+/// Never records thread `tid` (memtrack's own threads).
+pub(crate) fn exclude_tid(excluded: &MapHandle, tid: u32) -> Result<()> {
+    excluded
+        .update(&tid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+        .map_err(|e| TrackerError::bpf("excluding a memtrack thread", e))
+}
+
+/// The calling thread's kernel thread id.
+pub(crate) fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() as u32 }
+}
+
+impl Drop for Bpf {
+    /// Detaches the uprobes in parallel: each close waits for an RCU grace period, so
+    /// closing hundreds one after another takes visibly long.
+    fn drop(&mut self) {
+        let links = std::mem::take(&mut self.uprobe_links);
+        let threads = 8.min(links.len());
+        if threads > 1 {
+            let per = links.len().div_ceil(threads);
+            let mut links = links;
+            let mut chunks = Vec::new();
+            while !links.is_empty() {
+                let rest = links.split_off(per.min(links.len()));
+                chunks.push(std::mem::replace(&mut links, rest));
+            }
+            std::thread::scope(|s| {
+                for chunk in chunks {
+                    s.spawn(move || drop(chunk));
+                }
+            });
+        }
+        self.syscall_links.clear();
+    }
+}
+
+/// The distinct ELF files mapped executable into process `pid` (from /proc/PID/maps).
+pub(crate) fn mapped_objects(pid: u32) -> Result<Vec<PathBuf>> {
+    let path = format!("/proc/{pid}/maps");
+    let text = std::fs::read_to_string(&path).map_err(|source| TrackerError::Io {
+        what: format!("reading {path}"),
+        source,
+    })?;
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        // "start-end perms offset dev inode   /path": only the path contains a '/'.
+        let perms = line.split_whitespace().nth(1).unwrap_or("");
+        let Some(file) = line.find('/').map(|i| &line[i..]) else {
+            continue;
+        };
+        if !perms.contains('x') || line.ends_with("(deleted)") {
+            continue;
+        }
+        if seen.insert(file.to_owned()) {
+            out.push(PathBuf::from(file));
+        }
+    }
+    Ok(out)
+}

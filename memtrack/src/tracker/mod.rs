@@ -1,0 +1,279 @@
+//! The eBPF tracker: loads memtrack-bpf's program, attaches it to one process, and streams
+//! what it records into an [`Encoder`].
+//!
+//! ```text
+//! Tracker::attach(pid)            load (BTF, CO-RE) ─ tp_btf sys_enter/exit ─ uprobes (pid-scoped)
+//!   └─ start(out, meta, opts) ──▶ Recording: switch on; poller thread: poll(10 ms)+consume()
+//!        └─ stop() ───────────▶ switch off; drain the tail; Encoder::finish(lost); Recorded
+//! drop(Tracker)                   detach the uprobes in parallel
+//! ```
+//!
+//! Uprobes are attached with the target's pid, never -1: other processes pay nothing for them.
+//! The syscall tracepoints are global but return at once for other syscalls and processes.
+//! In-process, memtrack's own threads (the poller, the encoder's writer and workers) are
+//! excluded in BPF by tid, so the numbers are the user's code alone.
+
+mod bpf;
+mod error;
+mod poll;
+mod record;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use once_cell::sync::OnceCell;
+
+pub use error::TrackerError;
+pub use record::{RecordOutcome, record_command};
+
+use crate::artifact::Metadata;
+use crate::encode::{Encoder, EncoderOptions, Written};
+use bpf::{Bpf, exclude_tid, gettid, mapped_objects};
+use poll::Poller;
+
+/// Default ring buffer: 256 MiB (4 Mi events of 64 bytes in flight).
+pub const DEFAULT_RINGBUF_BYTES: u64 = 256 << 20;
+
+/// Settings fixed when a [`Tracker`] loads.
+#[derive(Debug, Clone)]
+pub struct TrackerOptions {
+    ringbuf_bytes: u64,
+}
+
+impl Default for TrackerOptions {
+    fn default() -> Self {
+        Self {
+            ringbuf_bytes: DEFAULT_RINGBUF_BYTES,
+        }
+    }
+}
+
+impl TrackerOptions {
+    /// Defaults: a [`DEFAULT_RINGBUF_BYTES`] ring buffer.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Ring buffer size in bytes: a power of two from 4 KiB to 1 GiB. Events that find it
+    /// full are lost and counted (see [`Recorded::lost_events`]).
+    pub fn ringbuf_bytes(mut self, bytes: u64) -> Self {
+        self.ringbuf_bytes = bytes;
+        self
+    }
+
+    fn validate(&self) -> Result<(), TrackerError> {
+        let b = self.ringbuf_bytes;
+        if !b.is_power_of_two() || !(4096..=1 << 30).contains(&b) {
+            return Err(TrackerError::InvalidOption(format!(
+                "the ring buffer size must be a power of two between 4 KiB and 1 GiB (got {b} bytes)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Cheap counters kept by the BPF program, readable at any time without the event stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Counters {
+    /// Allocation events (malloc, calloc, realloc, aligned family) since load.
+    pub allocations: u64,
+    /// Their requested sizes, in bytes.
+    pub bytes_allocated: u64,
+    /// Free events since load.
+    pub frees: u64,
+    /// Events lost since load because the ring buffer was full.
+    pub lost_events: u64,
+}
+
+/// The eBPF program loaded and attached to one process.
+pub struct Tracker {
+    bpf: Bpf,
+    recording: Arc<AtomicBool>,
+    in_process: bool,
+}
+
+static GLOBAL: OnceCell<std::sync::Mutex<Tracker>> = OnceCell::new();
+
+impl Tracker {
+    /// The tracker of this process, loaded and attached on first use (later calls ignore
+    /// `opts`). Loading takes tens of milliseconds; keep it for the process's lifetime.
+    pub fn global(
+        opts: &TrackerOptions,
+    ) -> Result<&'static std::sync::Mutex<Tracker>, TrackerError> {
+        GLOBAL.get_or_try_init(|| {
+            Tracker::attach(std::process::id(), opts).map(std::sync::Mutex::new)
+        })
+    }
+
+    /// Loads the program for process `pid` and attaches to every ELF object it has mapped
+    /// now that defines allocator entry points (libraries it loads later are probed too if
+    /// they are among those files, e.g. libc).
+    pub fn attach(pid: u32, opts: &TrackerOptions) -> Result<Self, TrackerError> {
+        let files = mapped_objects(pid)?;
+        Self::attach_files(pid, &files, opts)
+    }
+
+    /// Loads the program for `pid` and attaches to the given ELF files (which the process
+    /// may map later: uprobes follow the file).
+    pub fn attach_files(
+        pid: u32,
+        files: &[PathBuf],
+        opts: &TrackerOptions,
+    ) -> Result<Self, TrackerError> {
+        opts.validate()?;
+        let mut bpf = Bpf::load(pid, opts.ringbuf_bytes)?;
+        for f in files {
+            // A file that vanished or is not ELF (a font, a locale archive) is not an error.
+            match bpf.attach_file(f) {
+                Ok(_) | Err(TrackerError::Elf(_) | TrackerError::Io { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if bpf.sites == 0 {
+            return Err(TrackerError::NoAllocatorSymbols {
+                files: files.to_vec(),
+            });
+        }
+        Ok(Self {
+            bpf,
+            recording: Arc::new(AtomicBool::new(false)),
+            in_process: pid == std::process::id(),
+        })
+    }
+
+    /// Number of probe sites attached.
+    pub fn probe_sites(&self) -> usize {
+        self.bpf.sites
+    }
+
+    /// The BPF program's counters (since load).
+    pub fn counters(&self) -> Result<Counters, TrackerError> {
+        let s = self.bpf.stats()?;
+        Ok(Counters {
+            allocations: s.allocs,
+            bytes_allocated: s.alloc_bytes,
+            frees: s.frees,
+            lost_events: s.drops,
+        })
+    }
+
+    /// Starts recording into a new artifact written to `out`. In-process, the encoder's
+    /// threads are excluded from recording; `opts`'s `on_thread_start` hook is replaced.
+    pub fn start<W: Write + Send + 'static>(
+        &self,
+        out: W,
+        meta: &Metadata,
+        opts: EncoderOptions,
+        workers: usize,
+    ) -> crate::Result<Recording<'_, W>> {
+        if self.recording.swap(true, Ordering::AcqRel) {
+            return Err(TrackerError::AlreadyRecording.into());
+        }
+        let result = self.start_inner(out, meta, opts, workers);
+        if result.is_err() {
+            self.recording.store(false, Ordering::Release);
+        }
+        result
+    }
+
+    fn start_inner<W: Write + Send + 'static>(
+        &self,
+        out: W,
+        meta: &Metadata,
+        opts: EncoderOptions,
+        workers: usize,
+    ) -> crate::Result<Recording<'_, W>> {
+        let exclude = self.in_process.then(|| Arc::clone(&self.bpf.excluded));
+        let registered = Arc::new(AtomicUsize::new(0));
+        let opts = match &exclude {
+            Some(ex) => {
+                let (ex, reg) = (Arc::clone(ex), Arc::clone(&registered));
+                opts.workers(workers).on_thread_start(Arc::new(move || {
+                    if exclude_tid(&ex, gettid()).is_ok() {
+                        reg.fetch_add(1, Ordering::AcqRel);
+                    }
+                }))
+            }
+            None => opts.workers(workers),
+        };
+        let encoder = Encoder::new(out, meta, opts)?;
+        if exclude.is_some() {
+            // The writer thread and `workers` compression threads run the hook as they start:
+            // wait for them so none of their first allocations is recorded.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while registered.load(Ordering::Acquire) < workers + 1 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        let drops_at_start = self.bpf.stats()?.drops;
+        let poller = Poller::spawn(Arc::clone(&self.bpf.events), exclude, encoder)?;
+        self.bpf.set_enabled(true)?;
+        Ok(Recording {
+            tracker: self,
+            poller: Some(poller),
+            drops_at_start,
+        })
+    }
+}
+
+/// A recording in progress; [`Recording::stop`] finishes the artifact. Dropping it without
+/// `stop` stops and finishes too, but the result (and any error) is lost.
+pub struct Recording<'t, W: Write + Send + 'static> {
+    tracker: &'t Tracker,
+    poller: Option<Poller<W>>,
+    drops_at_start: u64,
+}
+
+/// What a recording wrote.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Recorded {
+    /// The artifact's frames, events, bytes and totals.
+    pub written: Written,
+    /// Events lost because the ring buffer was full (also in the artifact's trailer).
+    pub lost_events: u64,
+}
+
+impl<W: Write + Send + 'static> Recording<'_, W> {
+    /// Stops recording: switch off, drain the ring buffer's tail, finish the artifact.
+    pub fn stop(mut self) -> crate::Result<Recorded> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> crate::Result<Recorded> {
+        let Some(poller) = self.poller.take() else {
+            return Err(TrackerError::InvalidOption("recording already stopped".into()).into());
+        };
+        let off = self.tracker.bpf.set_enabled(false);
+        let drained = poller.finish();
+        self.tracker.recording.store(false, Ordering::Release);
+        off?;
+        let drained = drained?;
+        let lost_events = self
+            .tracker
+            .bpf
+            .stats()?
+            .drops
+            .wrapping_sub(self.drops_at_start);
+        let written = drained.encoder.finish(lost_events)?;
+        if let Some(e) = drained.push_error {
+            return Err(e);
+        }
+        Ok(Recorded {
+            written,
+            lost_events,
+        })
+    }
+}
+
+impl<W: Write + Send + 'static> Drop for Recording<'_, W> {
+    fn drop(&mut self) {
+        if self.poller.is_some() {
+            let _ = self.stop_inner();
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The `memtrack` command-line tool, run as a user would: synth, show, verify.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use memtrack::{Analyzer, Synth, SynthOptions};
+
+fn memtrack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memtrack"))
+        .args(args)
+        .output()
+        .expect("run memtrack")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn synth(dir: &Path, events: u64, seed: u64) -> PathBuf {
+    let path = dir.join("t.memtrack");
+    let out = memtrack(&[
+        "synth",
+        "--events",
+        &events.to_string(),
+        "--seed",
+        &seed.to_string(),
+        "--threads",
+        "3",
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    path
+}
+
+#[test]
+fn show_json_reports_exact_totals() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path(), 200_000, 9);
+    let out = memtrack(&["show", "--json", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+
+    // The same model, counted here independently of the file.
+    let mut a = Analyzer::new();
+    for e in Synth::new(SynthOptions {
+        seed: 9,
+        threads: 3,
+    })
+    .take(200_000)
+    {
+        a.update(&e);
+    }
+    let t = a.totals();
+    assert_eq!(v["events"], 200_000);
+    assert_eq!(v["lost_events"], 0);
+    assert_eq!(v["complete"], true);
+    assert_eq!(v["allocations"], t.allocations);
+    assert_eq!(v["frees"], t.frees);
+    assert_eq!(v["bytes_allocated"], t.bytes_allocated);
+    assert_eq!(v["bytes_freed"], t.bytes_freed);
+    assert_eq!(v["peak_live_bytes"], t.peak_live_bytes);
+    assert_eq!(v["live_bytes_at_end"], t.live_bytes_at_end);
+    assert_eq!(v["live_blocks_at_end"], t.live_blocks_at_end);
+    assert_eq!(v["mapped_bytes_peak"], t.mapped_bytes_peak);
+    assert_eq!(v["mapped_bytes_at_end"], t.mapped_bytes_at_end);
+    assert_eq!(v["threads"], 3);
+    assert_eq!(v["file_bytes"], std::fs::metadata(&path).unwrap().len());
+    let kinds: u64 = memtrack::KindTag::ALL
+        .iter()
+        .map(|k| v["kinds"][k.name()].as_u64().expect("every kind is a key"))
+        .sum();
+    assert_eq!(kinds, 200_000);
+    assert!(v["frames"].as_u64().unwrap() >= 200_000 / 32_768);
+
+    let human = memtrack(&["show", path.to_str().unwrap()]);
+    assert!(human.status.success());
+    assert!(text(&human).contains("200,000"), "{}", text(&human));
+}
+
+#[test]
+fn verify_passes_a_sound_file_and_names_the_first_bad_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = synth(dir.path(), 100_000, 1);
+    let out = memtrack(&["verify", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).starts_with("OK "), "{}", text(&out));
+
+    let bytes = std::fs::read(&path).unwrap();
+    let r = memtrack::Reader::open(&path).unwrap();
+    let f1 = r.frames()[1];
+
+    // A flipped bit in frame 1's payload.
+    let flipped = dir.path().join("flipped.memtrack");
+    let mut bad = bytes.clone();
+    bad[(f1.offset + 40 + 10) as usize] ^= 1;
+    std::fs::write(&flipped, &bad).unwrap();
+    let out = memtrack(&["verify", flipped.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("frame 1 at byte offset {}", f1.offset)),
+        "{}",
+        text(&out)
+    );
+
+    // Cut in the middle of frame 1: the writer "died" there.
+    let cut = dir.path().join("cut.memtrack");
+    std::fs::write(&cut, &bytes[..(f1.offset + 100) as usize]).unwrap();
+    let out = memtrack(&["verify", cut.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("trailer is missing"), "{}", text(&out));
+    assert!(text(&out).contains("frame 1 at offset"), "{}", text(&out));
+    // `show` still reads the complete frame, and says the file is incomplete.
+    let out = memtrack(&["show", "--json", cut.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["complete"], false);
+    assert_eq!(v["events"], r.frames()[0].events);
+    assert_eq!(v["lost_events"], serde_json::Value::Null);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning"));
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let not = dir.path().join("not.memtrack");
+    std::fs::write(&not, b"hello, world").unwrap();
+    let out = memtrack(&["show", not.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("not a memtrack artifact"),
+        "{}",
+        text(&out)
+    );
+
+    let out = memtrack(&["show", dir.path().join("missing").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).contains("No such file"), "{}", text(&out));
+
+    let path = synth(dir.path(), 10, 1);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[8] = 9;
+    std::fs::write(&path, &bytes).unwrap();
+    let out = memtrack(&["verify", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("version 9.0 is not supported"),
+        "{}",
+        text(&out)
+    );
+
+    let never = dir.path().join("never.memtrack");
+    let out = memtrack(&[
+        "synth",
+        "--events",
+        "10",
+        "--workers",
+        "0",
+        "-o",
+        never.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out).contains("workers must be at least 1"),
+        "{}",
+        text(&out)
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(!never.exists() && left.len() == 2, "left behind: {left:?}");
+}

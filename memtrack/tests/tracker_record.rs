@@ -1,0 +1,480 @@
+//! The eBPF tracker against the real kernel, through `record_command` (a spawned fixture per
+//! test, so the tests may run in parallel: each loads its own program for its own pid).
+//!
+//! Needs root (or CAP_BPF + CAP_PERFMON) and a C compiler; without them every test prints
+//! why it is skipped. CI runs them as root.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use memtrack::{Event, EventKind, Reader, TrackerOptions, record_command};
+
+// Below glibc's mmap threshold: the markers stay on the heap and add no syscalls.
+const MARK_BEGIN: u64 = 0xbe01;
+const MARK_END: u64 = 0xbe02;
+
+/// Why these tests cannot run here, if they cannot.
+fn missing() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (the tracker needs CAP_BPF + CAP_PERFMON)".into());
+    }
+    if Command::new("cc").arg("--version").output().is_err() {
+        return Some("no C compiler `cc` for the fixtures".into());
+    }
+    None
+}
+
+macro_rules! require_privileges {
+    () => {
+        if let Some(why) = missing() {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// Compiles `src` (in tests/fixtures) into `dir` with `cc` and `args`.
+fn build(dir: &Path, src: &str, out: &str, args: &[&str]) -> PathBuf {
+    let exe = dir.join(out);
+    let cc = if src.ends_with(".cc") { "c++" } else { "cc" };
+    let st = Command::new(cc)
+        .arg("-O1")
+        .arg(fixtures().join(src))
+        .arg("-o")
+        .arg(&exe)
+        .args(args)
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "compiling {src} failed");
+    exe
+}
+
+struct Run {
+    pid: u32,
+    exit_code: i32,
+    events: Vec<Event>,
+    lost: u64,
+}
+
+fn record(dir: &Path, cmd: &[&OsString], opts: &TrackerOptions) -> Run {
+    let path = dir.join(format!("run-{}.memtrack", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    let cmd: Vec<OsString> = cmd.iter().map(|s| (*s).clone()).collect();
+    let out = record_command(&cmd, file, opts).expect("record");
+    let reader = Reader::open(&path).unwrap();
+    let events: Vec<Event> = reader.events().collect::<Result<_, _>>().unwrap();
+    assert_eq!(
+        reader.final_metadata().unwrap().lost_events,
+        out.recorded.lost_events
+    );
+    assert_eq!(events.len() as u64, out.recorded.written.events);
+    Run {
+        pid: out.pid,
+        exit_code: out.exit_code,
+        events,
+        lost: out.recorded.lost_events,
+    }
+}
+
+fn os(s: impl Into<OsString>) -> OsString {
+    s.into()
+}
+
+/// The events of the main thread strictly between the two marker allocations (and their
+/// frees), in order.
+fn between_markers(run: &Run) -> Vec<EventKind> {
+    let main: Vec<&Event> = run.events.iter().filter(|e| e.tid == run.pid).collect();
+    let pos = |size| {
+        main.iter()
+            .position(|e| matches!(e.kind, EventKind::Malloc { size: s, .. } if s == size))
+            .unwrap_or_else(|| panic!("marker {size:#x} missing"))
+    };
+    let (b, e) = (pos(MARK_BEGIN), pos(MARK_END));
+    // Skip the begin marker's free; stop before the end marker's malloc.
+    main[b + 2..e].iter().map(|e| e.kind).collect()
+}
+
+/// [`between_markers`] without the syscall events (the heap may grow with `brk`).
+fn heap_between_markers(run: &Run) -> Vec<EventKind> {
+    between_markers(run)
+        .into_iter()
+        .filter(|k| {
+            !matches!(
+                k,
+                EventKind::Mmap { .. }
+                    | EventKind::Munmap { .. }
+                    | EventKind::Mremap { .. }
+                    | EventKind::Brk { .. }
+            )
+        })
+        .collect()
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+#[test]
+fn libc_family_exact_sequence() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("basic")],
+        &TrackerOptions::new(),
+    );
+    assert_eq!(run.exit_code, 0);
+    assert!(
+        run.events.iter().all(|e| e.pid == run.pid),
+        "an event of another process"
+    );
+    let got = heap_between_markers(&run);
+
+    // Build the expected sequence from the addresses actually returned.
+    let mut exp = Vec::new();
+    let mut it = got.iter();
+    let mut next = || *it.next().expect("sequence too short");
+    for i in 0..1000u64 {
+        let m = next();
+        let EventKind::Malloc { addr, size } = m else {
+            panic!("#{i}: {m:?}")
+        };
+        assert_eq!(size, i % 100 + 1);
+        exp.push(m);
+        let f = next();
+        assert_eq!(f, EventKind::Free { addr }, "#{i}");
+        exp.push(f);
+    }
+    let c = next();
+    let EventKind::Calloc {
+        addr: ca,
+        size: 240,
+    } = c
+    else {
+        panic!("calloc: {c:?}")
+    };
+    assert_eq!(next(), EventKind::Free { addr: ca });
+    let m = next();
+    let EventKind::Malloc { addr: a0, size: 16 } = m else {
+        panic!("malloc 16: {m:?}")
+    };
+    let r1 = next();
+    let EventKind::Realloc {
+        old_addr,
+        new_addr: a1,
+        size: 1024,
+    } = r1
+    else {
+        panic!("{r1:?}")
+    };
+    assert_eq!(old_addr, a0);
+    let r2 = next();
+    let EventKind::Realloc {
+        old_addr,
+        new_addr: a2,
+        size: 8,
+    } = r2
+    else {
+        panic!("{r2:?}")
+    };
+    assert_eq!(old_addr, a1);
+    assert_eq!(
+        next(),
+        EventKind::Free { addr: a2 },
+        "realloc(p, 0) is a free"
+    );
+    let m = next();
+    let EventKind::Malloc { addr: a3, size: 40 } = m else {
+        panic!("realloc(NULL, 40): {m:?}")
+    };
+    assert_eq!(next(), EventKind::Free { addr: a3 });
+    for (size, align) in [(256, 64), (100, 128), (50, 32), (10, 4096), (10, 4096)] {
+        let e = next();
+        let EventKind::AlignedAlloc {
+            addr,
+            size: s,
+            align: al,
+        } = e
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!((s, al), (size, align));
+        assert_eq!(addr % align, 0);
+        assert_eq!(next(), EventKind::Free { addr });
+    }
+    // The failed malloc is absent; reallocarray(NULL, 10, 10) is a malloc of 100.
+    let m = next();
+    let EventKind::Malloc { addr, size: 100 } = m else {
+        panic!("reallocarray: {m:?}")
+    };
+    assert_eq!(next(), EventKind::Free { addr });
+    assert!(
+        it.next().is_none(),
+        "unexpected extra events: {:?}",
+        it.collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn mmap_munmap_mremap() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("maps")],
+        &TrackerOptions::new(),
+    );
+    let got = between_markers(&run);
+    let page = 4096;
+    let maps: Vec<_> = got
+        .iter()
+        .filter(|k| {
+            matches!(
+                k,
+                EventKind::Mmap { .. } | EventKind::Munmap { .. } | EventKind::Mremap { .. }
+            )
+        })
+        .collect();
+    // printf may map its stdout buffer after munmap: look at the first three.
+    let EventKind::Mmap {
+        addr: m,
+        size: 12288,
+    } = *maps[0]
+    else {
+        panic!("{maps:?}")
+    };
+    let EventKind::Mremap {
+        old_addr,
+        new_addr: r,
+        size,
+    } = *maps[1]
+    else {
+        panic!("{maps:?}")
+    };
+    assert_eq!((old_addr, size), (m, 5 * page));
+    assert_eq!(
+        *maps[2],
+        EventKind::Munmap {
+            addr: r,
+            size: 5 * page
+        }
+    );
+}
+
+#[test]
+fn cxx_new_delete_counted_once() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "cxx.cc", "cxx", &[]);
+    let run = record(dir.path(), &[&os(&exe)], &TrackerOptions::new());
+    let got = heap_between_markers(&run);
+    let allocs: Vec<_> = got
+        .iter()
+        .filter(|k| !matches!(k, EventKind::Free { .. }))
+        .collect();
+    let frees = got.len() - allocs.len();
+    assert_eq!(allocs.len(), 4, "{got:?}");
+    assert_eq!(frees, 4, "{got:?}");
+    assert!(
+        matches!(got[0], EventKind::Malloc { size: 4, .. }),
+        "{got:?}"
+    );
+    assert!(
+        matches!(got[2], EventKind::Malloc { size: 40, .. }),
+        "{got:?}"
+    );
+    assert!(
+        matches!(
+            got[4],
+            EventKind::AlignedAlloc {
+                size: 128,
+                align: 64,
+                ..
+            }
+        ),
+        "{got:?}"
+    );
+    assert!(
+        matches!(got[6], EventKind::Malloc { size: 48, .. }),
+        "{got:?}"
+    );
+    for pair in got.chunks(2) {
+        let addr = match pair[0] {
+            EventKind::Malloc { addr, .. } | EventKind::AlignedAlloc { addr, .. } => addr,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(pair[1], EventKind::Free { addr });
+    }
+}
+
+#[test]
+fn threads_carry_their_tids() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &["-pthread"]);
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("threads")],
+        &TrackerOptions::new(),
+    );
+    let mut by_size: BTreeMap<u64, (BTreeSet<u32>, u64)> = BTreeMap::new();
+    let mut addr_tid = BTreeMap::new();
+    for e in &run.events {
+        if let EventKind::Malloc { addr, size } = e.kind {
+            if (1000..1004).contains(&size) {
+                let ent = by_size.entry(size).or_default();
+                ent.0.insert(e.tid);
+                ent.1 += 1;
+                addr_tid.insert(addr, e.tid);
+            }
+        }
+    }
+    assert_eq!(by_size.len(), 4);
+    let tids: BTreeSet<u32> = by_size.values().flat_map(|v| v.0.iter().copied()).collect();
+    assert_eq!(tids.len(), 4, "four distinct threads");
+    assert!(!tids.contains(&run.pid));
+    for (size, (t, n)) in &by_size {
+        assert_eq!((t.len(), *n), (1, 100), "size {size}");
+    }
+}
+
+#[test]
+fn dlopened_library_allocations() {
+    require_privileges!();
+    let dir = tmp();
+    let lib = build(dir.path(), "lib.c", "libfix.so", &["-shared", "-fPIC"]);
+    let exe = build(dir.path(), "alloc.c", "alloc", &["-ldl"]);
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("dlopen"), &os(&lib)],
+        &TrackerOptions::new(),
+    );
+    let got = heap_between_markers(&run);
+    let n77 = got
+        .iter()
+        .filter(|k| matches!(k, EventKind::Malloc { size: 77, .. }))
+        .count();
+    assert_eq!((n77, got.len()), (5, 6), "{got:?}");
+}
+
+#[test]
+fn last_allocation_before_exit_and_exit_code() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("exit")],
+        &TrackerOptions::new(),
+    );
+    assert_eq!(run.exit_code, 7);
+    let last_heap = run.events.iter().rev().find(|e| {
+        !matches!(
+            e.kind,
+            EventKind::Munmap { .. } | EventKind::Mmap { .. } | EventKind::Brk { .. }
+        )
+    });
+    assert!(
+        matches!(
+            last_heap.map(|e| e.kind),
+            Some(EventKind::Malloc { size: 4242, .. })
+        ),
+        "{last_heap:?}"
+    );
+}
+
+#[test]
+fn unrelated_concurrent_process_is_not_recorded() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    // The same binary, untracked, allocating 24-byte blocks while the tracked one runs.
+    let mut other = Command::new(&exe)
+        .args(["spin", "3000000"])
+        .spawn()
+        .unwrap();
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("burst"), &os("200000")],
+        &TrackerOptions::new(),
+    );
+    let other_pid = other.id();
+    assert!(other.wait().unwrap().success());
+    assert!(
+        run.events
+            .iter()
+            .all(|e| e.pid == run.pid && e.pid != other_pid)
+    );
+    let n24 = run
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::Malloc { size: 24, .. }))
+        .count();
+    assert_eq!(n24, 0);
+    let n16 = run
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::Malloc { size: 16, .. }))
+        .count();
+    assert_eq!(n16, 200_000);
+}
+
+#[test]
+fn ten_million_events_none_lost() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("burst"), &os("5000000")],
+        &TrackerOptions::new(),
+    );
+    assert_eq!(run.lost, 0);
+    let got = heap_between_markers(&run);
+    assert_eq!(got.len(), 10_000_000);
+    assert!(got.chunks(2).all(|p| matches!(
+        (p[0], p[1]),
+        (EventKind::Malloc { addr, size: 16 }, EventKind::Free { addr: f }) if addr == f
+    )));
+}
+
+#[test]
+fn tiny_ring_buffer_reports_losses() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let opts = TrackerOptions::new().ringbuf_bytes(16 * 1024);
+    let n = 1_000_000u64;
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("burst"), &os(n.to_string())],
+        &opts,
+    );
+    assert!(
+        run.lost > 0,
+        "a 16 KiB ring buffer cannot hold a 2 M-event burst"
+    );
+    let burst = run.events.iter().filter(|e| match e.kind {
+        EventKind::Malloc { size, .. } => size == 16,
+        EventKind::Free { .. } => true,
+        _ => false,
+    });
+    let seen = burst.count() as u64;
+    assert!(seen < 2 * n);
+    // Every burst event is either in the artifact or counted as lost.
+    assert!(
+        seen + run.lost >= 2 * n,
+        "seen {seen} + lost {} < {}",
+        run.lost,
+        2 * n
+    );
+}
