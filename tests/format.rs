@@ -260,24 +260,20 @@ fn invalid_options_are_errors() {
 fn arb_kind() -> impl Strategy<Value = EventKind> {
     let a = any::<u64>();
     prop_oneof![
-        (a.clone(), a.clone()).prop_map(|(addr, size)| EventKind::Malloc { addr, size }),
-        (a.clone(), a.clone()).prop_map(|(addr, size)| EventKind::Calloc { addr, size }),
-        (a.clone(), a.clone(), a.clone()).prop_map(|(old_addr, new_addr, size)| {
+        (a, a).prop_map(|(addr, size)| EventKind::Malloc { addr, size }),
+        (a, a).prop_map(|(addr, size)| EventKind::Calloc { addr, size }),
+        (a, a, a).prop_map(|(old_addr, new_addr, size)| {
             EventKind::Realloc {
                 old_addr,
                 new_addr,
                 size,
             }
         }),
-        (a.clone(), a.clone(), a.clone()).prop_map(|(addr, size, align)| EventKind::AlignedAlloc {
-            addr,
-            size,
-            align
-        }),
-        a.clone().prop_map(|addr| EventKind::Free { addr }),
-        (a.clone(), a.clone()).prop_map(|(addr, size)| EventKind::Mmap { addr, size }),
-        (a.clone(), a.clone()).prop_map(|(addr, size)| EventKind::Munmap { addr, size }),
-        (a.clone(), a.clone(), a.clone()).prop_map(|(old_addr, new_addr, size)| {
+        (a, a, a).prop_map(|(addr, size, align)| EventKind::AlignedAlloc { addr, size, align }),
+        a.prop_map(|addr| EventKind::Free { addr }),
+        (a, a).prop_map(|(addr, size)| EventKind::Mmap { addr, size }),
+        (a, a).prop_map(|(addr, size)| EventKind::Munmap { addr, size }),
+        (a, a, a).prop_map(|(old_addr, new_addr, size)| {
             EventKind::Mremap {
                 old_addr,
                 new_addr,

@@ -291,24 +291,6 @@ impl Synth {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn size_classes_cover_their_sizes() {
-        assert_eq!(size_class(1), 32);
-        assert_eq!(size_class(1024), 1024);
-        assert_eq!(size_class(1025), 1280);
-        assert_eq!(size_class(1280), 1280);
-        assert_eq!(size_class(1281), 1536);
-        assert_eq!(size_class(100_000), 114_688);
-        for s in 1..200_000 {
-            assert!(size_class(s) >= s);
-        }
-    }
-}
-
 impl Iterator for Synth {
     type Item = Event;
 
@@ -334,5 +316,23 @@ impl Iterator for Synth {
             self.threads[self.current].tid,
             kind,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes_cover_their_sizes() {
+        assert_eq!(size_class(1), 32);
+        assert_eq!(size_class(1024), 1024);
+        assert_eq!(size_class(1025), 1280);
+        assert_eq!(size_class(1280), 1280);
+        assert_eq!(size_class(1281), 1536);
+        assert_eq!(size_class(100_000), 114_688);
+        for s in 1..200_000 {
+            assert!(size_class(s) >= s);
+        }
     }
 }

@@ -285,6 +285,7 @@ pub(crate) fn decode_events(
     if pos != raw.len() {
         return Err(format!("{} bytes follow the last column", raw.len() - pos));
     }
+    // `kinds` holds `n` bytes of this payload: `n` is bounded by real input, not a claim.
     out.reserve(n);
     let (mut tid, mut pid, mut ts, mut addr) = (0u32, 0u32, 0u64, 0u64);
     let (mut tid_run, mut pid_run) = (0u64, 0u64);

@@ -425,6 +425,35 @@ impl Reader {
                 ));
             }
             let raw_len = le32(hdr, 12) as usize;
+            // Check sizes before allocating for them: damaged input must not make us reserve
+            // hundreds of MiB (a frame's payload is at most ~72 bytes per event, see FORMAT.md).
+            if raw_len > 80 + 72 * info.events as usize {
+                return Err(self.frame_err(
+                    frame,
+                    offset,
+                    format!(
+                        "payload length {raw_len} is impossible for {} events",
+                        info.events
+                    ),
+                ));
+            }
+            match zstd::zstd_safe::get_frame_content_size(payload) {
+                Ok(Some(n)) if n == raw_len as u64 => {}
+                Ok(Some(n)) => {
+                    return Err(self.frame_err(
+                        frame,
+                        offset,
+                        format!("zstd frame holds {n} bytes, header says {raw_len}"),
+                    ));
+                }
+                _ => {
+                    return Err(self.frame_err(
+                        frame,
+                        offset,
+                        "payload is not a zstd frame with a content size",
+                    ));
+                }
+            }
             DECOMPRESS.with(|d| {
                 let mut d = d.borrow_mut();
                 let (dec, raw) = &mut *d;

@@ -56,6 +56,19 @@ enum Cmd {
         #[arg(short, long)]
         output: PathBuf,
     },
+    /// Run a command with every allocation, free and mapping recorded by the eBPF tracker
+    /// (needs root, or CAP_BPF + CAP_PERFMON). Exits with the command's exit code.
+    Record {
+        /// Output file.
+        #[arg(short, long, default_value = "memtrack.out")]
+        output: PathBuf,
+        /// Ring buffer size in MiB (a power of two); raise it if events are lost.
+        #[arg(long, default_value_t = 256)]
+        ringbuf_mib: u64,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -70,6 +83,11 @@ fn main() -> ExitCode {
             workers,
             output,
         } => synth(events, seed, threads, workers, &output),
+        Cmd::Record {
+            output,
+            ringbuf_mib,
+            command,
+        } => record(&output, ringbuf_mib, &command),
     };
     match res {
         Ok(code) => code,
@@ -298,4 +316,38 @@ fn synth(
         w.bytes as f64 / w.events.max(1) as f64
     );
     Ok(ExitCode::SUCCESS)
+}
+
+// ---- `memtrack record` (tracker) ----
+
+fn record(
+    output: &Path,
+    ringbuf_mib: u64,
+    command: &[std::ffi::OsString],
+) -> memtrack::Result<ExitCode> {
+    let file = File::create(output).map_err(|e| {
+        memtrack::Error::InvalidOption(format!("cannot create {}: {e}", output.display()))
+    })?;
+    let opts = memtrack::TrackerOptions::new().ringbuf_bytes(ringbuf_mib.saturating_mul(1 << 20));
+    let out = memtrack::record_command(command, file, &opts)?;
+    let t = &out.recorded.written.totals;
+    eprintln!(
+        "memtrack: {} allocations, {} allocated, peak {} live, {} live at end in {} blocks, \
+         {} lost events -> {}",
+        human::count(t.allocations),
+        human::bytes(t.bytes_allocated),
+        human::bytes(t.peak_live_bytes),
+        human::bytes(t.live_bytes_at_end),
+        human::count(t.live_blocks_at_end),
+        human::count(out.recorded.lost_events),
+        output.display()
+    );
+    if out.recorded.lost_events > 0 {
+        eprintln!(
+            "memtrack: warning: {} events were lost because the {ringbuf_mib} MiB ring buffer \
+             was full: the totals are incomplete; rerun with a larger --ringbuf-mib",
+            human::count(out.recorded.lost_events)
+        );
+    }
+    Ok(ExitCode::from(u8::try_from(out.exit_code).unwrap_or(1)))
 }
