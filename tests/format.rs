@@ -296,3 +296,23 @@ proptest! {
         prop_assert_eq!(decode(encode(&events, frame)), events);
     }
 }
+
+/// Inputs the fuzzer found crashing the reader once (`fuzz/`): each must now give a clean
+/// error or a result.
+#[test]
+fn fuzz_regressions_read_without_panicking() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-regressions");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).expect("regressions folder") {
+        let bytes = std::fs::read(entry.expect("entry").path()).expect("read");
+        if let Ok(r) = Reader::from_bytes(bytes) {
+            for ev in r.events() {
+                if ev.is_err() {
+                    break;
+                }
+            }
+        }
+        n += 1;
+    }
+    assert!(n > 0);
+}

@@ -10,8 +10,25 @@ use crate::event::{Event, EventKind, KindTag};
 /// Number of length-prefixed columns after the kind column.
 const VAR_COLUMNS: usize = 7;
 
+/// Encodes `v` as a prefix varint (FORMAT.md): below 2^56, `n` = 1..=8 bytes holding
+/// `(v << n) | 1 << (n - 1)` little-endian, so the first byte's lowest set bit gives the length;
+/// otherwise a zero byte and 8 bytes of `v`. Returns the bytes (9, of which the first `n` count).
+#[inline(always)]
+fn prefix_varint(v: u64) -> ([u8; 9], usize) {
+    let mut b = [0u8; 9];
+    if v < 1 << 56 {
+        let n = (64 - (v | 1).leading_zeros() as usize).div_ceil(7);
+        let w = (v << n) | (1 << (n - 1));
+        b[..8].copy_from_slice(&w.to_le_bytes());
+        (b, n)
+    } else {
+        b[1..].copy_from_slice(&v.to_le_bytes());
+        (b, 9)
+    }
+}
+
 /// A column being written: a buffer that only grows (so it is zeroed once, not per frame)
-/// and the length written so far. Every store writes 8 bytes and advances by the varint's length.
+/// and the length written so far. Every store writes 9 bytes and advances by the varint's length.
 #[derive(Default)]
 struct OutCol {
     buf: Vec<u8>,
@@ -19,41 +36,19 @@ struct OutCol {
 }
 
 impl OutCol {
-    /// Makes room for `values` more varints of at most 10 bytes each.
+    /// Makes room for `values` more varints.
     fn reserve(&mut self, values: usize) {
-        let need = self.len + values * 10 + 8;
+        let need = self.len + values * 9 + 9;
         if self.buf.len() < need {
             self.buf.resize(need, 0);
         }
     }
 
-    /// Appends `v` as LEB128. Values under 2^56 (all but absolute timestamps and addresses at
-    /// the start of a frame) take the branch-free path: spread the 7-bit groups into bytes,
-    /// set the continuation bits, store 8 bytes at once.
     #[inline(always)]
     fn put(&mut self, v: u64) {
-        if v >= 1 << 56 {
-            return self.put_long(v);
-        }
-        let x = (v & 0x0000_0000_0fff_ffff) | ((v & 0x00ff_ffff_f000_0000) << 4);
-        let x = (x & 0x0000_3fff_0000_3fff) | ((x & 0x0fff_c000_0fff_c000) << 2);
-        let x = (x & 0x007f_007f_007f_007f) | ((x & 0x3f80_3f80_3f80_3f80) << 1);
-        let bits = 64 - (v | 1).leading_zeros() as usize;
-        let len = bits.div_ceil(7);
-        let cont = 0x8080_8080_8080_8080u64 & ((1u64 << (8 * (len - 1))) - 1);
-        self.buf[self.len..self.len + 8].copy_from_slice(&(x | cont).to_le_bytes());
-        self.len += len;
-    }
-
-    #[cold]
-    fn put_long(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.buf[self.len] = (v as u8) | 0x80;
-            self.len += 1;
-            v >>= 7;
-        }
-        self.buf[self.len] = v as u8;
-        self.len += 1;
+        let (b, n) = prefix_varint(v);
+        self.buf[self.len..self.len + 9].copy_from_slice(&b);
+        self.len += n;
     }
 
     fn bytes(&self) -> &[u8] {
@@ -106,12 +101,9 @@ fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
+fn put_varint(out: &mut Vec<u8>, v: u64) {
+    let (b, n) = prefix_varint(v);
+    out.extend_from_slice(&b[..n]);
 }
 
 /// Serialises `events` into `raw` (cleared first): the uncompressed frame payload.
@@ -177,62 +169,53 @@ pub(crate) fn encode_events(events: &[Event], cols: &mut Columns, raw: &mut Vec<
 /// What is wrong with a frame payload; the reader adds the frame index and offset.
 pub(crate) type DecodeError = String;
 
-/// A cursor over one column.
+/// Zero bytes the decoder needs after the payload, so that every varint load can read 9 bytes.
+pub(crate) const PAD: usize = 16;
+
+/// A cursor over one column: `data` is the whole padded payload, the column is `pos..end`.
 struct Col<'a> {
-    buf: &'a [u8],
+    data: &'a [u8],
     pos: usize,
+    end: usize,
     name: &'static str,
 }
 
-impl<'a> Col<'a> {
-    /// Reads one LEB128 value. With 8 bytes available and a value of at most 8 bytes (under
-    /// 2^56: nearly all of them) it is branch-free: load 8 bytes, find the last byte of the value
-    /// from the continuation bits, gather the 7-bit groups.
+impl Col<'_> {
+    /// Reads one prefix varint: one load, one `tzcnt`, a mask and a shift. Reading up to 8
+    /// bytes past the column is safe (the payload is padded) and caught by the end check.
     #[inline(always)]
     fn varint(&mut self) -> Result<u64, DecodeError> {
-        if let Some(w) = self.buf.get(self.pos..self.pos + 8) {
-            let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
-            let stops = !w & 0x8080_8080_8080_8080;
-            if stops != 0 {
-                let len = (stops.trailing_zeros() as usize + 1) / 8;
-                let x = w & (u64::MAX >> (64 - 8 * len));
-                let x = ((x & 0x7f00_7f00_7f00_7f00) >> 1) | (x & 0x007f_007f_007f_007f);
-                let x = ((x & 0x3fff_0000_3fff_0000) >> 2) | (x & 0x0000_3fff_0000_3fff);
-                let x = ((x & 0x0fff_ffff_0000_0000) >> 4) | (x & 0x0000_0000_0fff_ffff);
-                self.pos += len;
-                return Ok(x);
-            }
+        let Some(w) = self.data.get(self.pos..self.pos + 9) else {
+            return Err(self.overrun());
+        };
+        let b0 = w[0];
+        let (v, n) = if b0 != 0 {
+            let n = b0.trailing_zeros() as usize + 1;
+            let x = u64::from_le_bytes(w[..8].try_into().expect("8 bytes"));
+            ((x & (u64::MAX >> (64 - 8 * n))) >> n, n)
+        } else {
+            (u64::from_le_bytes(w[1..9].try_into().expect("8 bytes")), 9)
+        };
+        self.pos += n;
+        if self.pos > self.end {
+            return Err(self.overrun());
         }
-        self.varint_slow()
+        Ok(v)
     }
 
     #[cold]
-    fn varint_slow(&mut self) -> Result<u64, DecodeError> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let Some(&b) = self.buf.get(self.pos) else {
-                return Err(format!("{} column ends inside a value", self.name));
-            };
-            self.pos += 1;
-            if shift == 63 && b > 1 {
-                return Err(format!("{} column holds a value over 64 bits", self.name));
-            }
-            v |= ((b & 0x7f) as u64) << shift;
-            if b < 0x80 {
-                return Ok(v);
-            }
-        }
-        Err(format!("{} column holds a value over 64 bits", self.name))
+    fn overrun(&self) -> DecodeError {
+        format!("{} column ends inside a value", self.name)
     }
 
     fn finish(&self) -> Result<(), DecodeError> {
-        if self.pos == self.buf.len() {
+        if self.pos == self.end {
             Ok(())
         } else {
             Err(format!(
                 "{} column has {} bytes left over after the last event",
                 self.name,
-                self.buf.len() - self.pos
+                self.end - self.pos
             ))
         }
     }
@@ -242,14 +225,20 @@ const NAMES: [&str; VAR_COLUMNS] = ["tid", "pid", "ts", "addr", "addr2", "size",
 
 /// Decodes a payload written by [`encode_events`], appending to `out`. `expected` is the event
 /// count the frame header announces; any disagreement, left-over byte or unknown kind is an error.
+/// `padded` is the payload followed by at least [`PAD`] bytes (of any value).
 pub(crate) fn decode_events(
-    raw: &[u8],
+    padded: &[u8],
     expected: u32,
     out: &mut Vec<Event>,
 ) -> Result<(), DecodeError> {
+    let raw_len = padded
+        .len()
+        .checked_sub(PAD)
+        .ok_or("payload buffer is not padded")?;
     let mut head = Col {
-        buf: raw,
+        data: padded,
         pos: 0,
+        end: raw_len,
         name: "column table",
     };
     let n = head.varint()?;
@@ -264,26 +253,29 @@ pub(crate) fn decode_events(
         *l = usize::try_from(head.varint()?).map_err(|_| "column length overflows".to_string())?;
     }
     let mut pos = head.pos;
-    let take = |pos: &mut usize, len: usize, name: &'static str| -> Result<&[u8], DecodeError> {
-        let end = pos
-            .checked_add(len)
-            .filter(|&e| e <= raw.len())
-            .ok_or_else(|| format!("{name} column runs past the end of the payload"))?;
-        let s = &raw[*pos..end];
-        *pos = end;
-        Ok(s)
-    };
-    let kinds = take(&mut pos, n, "kind")?;
+    let take =
+        |pos: &mut usize, len: usize, name: &'static str| -> Result<(usize, usize), DecodeError> {
+            let end = pos
+                .checked_add(len)
+                .filter(|&e| e <= raw_len)
+                .ok_or_else(|| format!("{name} column runs past the end of the payload"))?;
+            let span = (*pos, end);
+            *pos = end;
+            Ok(span)
+        };
+    let (ks, ke) = take(&mut pos, n, "kind")?;
+    let kinds = &padded[ks..ke];
     let mut cols: [Col; VAR_COLUMNS] = std::array::from_fn(|i| Col {
-        buf: &[],
+        data: padded,
         pos: 0,
+        end: 0,
         name: NAMES[i],
     });
     for (i, c) in cols.iter_mut().enumerate() {
-        c.buf = take(&mut pos, lens[i], NAMES[i])?;
+        (c.pos, c.end) = take(&mut pos, lens[i], NAMES[i])?;
     }
-    if pos != raw.len() {
-        return Err(format!("{} bytes follow the last column", raw.len() - pos));
+    if pos != raw_len {
+        return Err(format!("{} bytes follow the last column", raw_len - pos));
     }
     // `kinds` holds `n` bytes of this payload: `n` is bounded by real input, not a claim.
     out.reserve(n);
@@ -371,15 +363,33 @@ mod tests {
         }
     }
 
-    #[test]
-    fn varint_rejects_overlong_values() {
-        let buf = [0xffu8; 11];
-        let mut c = Col {
-            buf: &buf,
+    fn col(data: &[u8], end: usize) -> Col<'_> {
+        Col {
+            data,
             pos: 0,
+            end,
             name: "ts",
-        };
-        assert!(c.varint().unwrap_err().contains("over 64 bits"));
+        }
+    }
+
+    #[test]
+    fn varint_rejects_values_past_the_column() {
+        let mut buf = vec![0u8; 2 + PAD];
+        buf[0] = 0b100; // a 3-byte value in a 2-byte column
+        assert!(
+            col(&buf, 2)
+                .varint()
+                .unwrap_err()
+                .contains("ends inside a value")
+        );
+        buf[0] = 0; // a 9-byte value
+        assert!(
+            col(&buf, 2)
+                .varint()
+                .unwrap_err()
+                .contains("ends inside a value")
+        );
+        assert!(col(&buf[..5], 2).varint().is_err());
     }
 
     #[test]
@@ -396,14 +406,22 @@ mod tests {
             put_varint(&mut reference, v);
         }
         assert_eq!(out.bytes(), &reference[..]);
-        let mut c = Col {
-            buf: out.bytes(),
-            pos: 0,
-            name: "ts",
-        };
+        let mut padded = reference.clone();
+        padded.resize(reference.len() + PAD, 0xff);
+        let mut c = col(&padded, reference.len());
         for &v in &values {
             assert_eq!(c.varint().unwrap(), v);
         }
         c.finish().unwrap();
+        // Lengths: 7 bits per byte up to 56 bits, then 9 bytes.
+        for (v, n) in [
+            (0u64, 1),
+            (127, 1),
+            (128, 2),
+            ((1 << 56) - 1, 8),
+            (1 << 56, 9),
+        ] {
+            assert_eq!(prefix_varint(v).1, n, "{v}");
+        }
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use super::codec::decode_events;
+use super::codec::{PAD, decode_events};
 use super::write::{frame_crc, trailer_crc};
 use super::{
     END_MAGIC, FRAME_HEADER, FRAME_MAGIC, Final, HEADER_FIXED, INDEX_ENTRY, MAGIC,
@@ -213,7 +213,7 @@ impl Reader {
         }
         let t_off = le64(&tail, 0);
         let t_end = self.len - TAIL as u64;
-        if t_off < data_start || t_off + 32 > t_end {
+        if t_off < data_start || t_off > t_end.saturating_sub(32) {
             return Err(self.trailer_err(
                 t_off,
                 format!("the tail points to offset {t_off}, outside the file's data ({data_start}..{t_end})"),
@@ -458,10 +458,11 @@ impl Reader {
                 let mut d = d.borrow_mut();
                 let (dec, raw) = &mut *d;
                 raw.clear();
-                raw.reserve(raw_len);
+                raw.reserve(raw_len + PAD);
                 let n = dec
                     .decompress_to_buffer(payload, raw)
                     .map_err(|e| self.frame_err(frame, offset, format!("zstd: {e}")))?;
+                raw.resize(n + PAD, 0);
                 if n != raw_len {
                     return Err(self.frame_err(
                         frame,
