@@ -28,6 +28,38 @@ pub fn bytes(n: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
+/// `rows` as aligned columns separated by two spaces, one line each (trailing spaces trimmed);
+/// column `i` is right-aligned when `right[i]` (numbers), else left-aligned. Widths count
+/// `char`s, which is right for the ASCII and Latin text memtrack prints.
+pub fn table<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String {
+    let mut width = [0usize; N];
+    for r in rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            let pad = " ".repeat(width[i] - c.chars().count());
+            if i > 0 {
+                line.push_str("  ");
+            }
+            if right[i] {
+                line.push_str(&pad);
+                line.push_str(c);
+            } else {
+                line.push_str(c);
+                line.push_str(&pad);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,5 +73,10 @@ mod tests {
         assert_eq!(bytes(1023), "1023 B");
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(bytes(5 * 1024 * 1024), "5.0 MiB");
+        let rows = [
+            ["tid".to_string(), "bytes".to_string()],
+            ["7".to_string(), "1.5 KiB".to_string()],
+        ];
+        assert_eq!(table(&rows, &[false, true]), "tid    bytes\n7    1.5 KiB\n");
     }
 }

@@ -15,6 +15,14 @@
 //!   over the event order (taken after each event, so a `Realloc` moves live bytes in one step).
 //! - Mapped bytes are page-rounded (4 KiB) lengths; `munmap` of part of a mapping splits it.
 
+mod compare;
+mod histogram;
+mod timeline;
+
+pub use compare::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
+pub use histogram::{SizeClass, SizeHistogram};
+pub use timeline::{Column, Extremes, Timeline};
+
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
@@ -281,6 +289,11 @@ impl Analyzer {
     /// Live heap bytes now.
     pub fn live_bytes(&self) -> u64 {
         self.live_bytes
+    }
+
+    /// Mapped bytes (page-rounded) now.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.mapped
     }
 
     /// The totals so far.

@@ -7,15 +7,26 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use memtrack::{
-    Analyzer, Backend, Completeness, Encoder, EncoderOptions, Metadata, Reader, Synth,
-    SynthOptions, Totals, human,
+    Analyzer, Backend, Completeness, Encoder, EncoderOptions, Metadata, Reader, SizeHistogram,
+    Synth, SynthOptions, Totals, human,
 };
+
+// The subcommands' modules live in memtrack/ beside this file (not as src/bin/*.rs, which cargo
+// would build as more binaries).
+#[path = "memtrack/compare.rs"]
+mod compare;
+#[path = "memtrack/plot.rs"]
+mod plot;
+#[path = "memtrack/progress.rs"]
+mod progress;
+#[path = "memtrack/tables.rs"]
+mod tables;
 
 #[derive(Parser)]
 #[command(
     name = "memtrack",
     version,
-    about = "Exact memory profiling: record, inspect, verify"
+    about = "Exact memory profiling: record, inspect, verify, compare, plot"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -31,12 +42,49 @@ enum Cmd {
         /// Machine-readable JSON on stdout instead of the table.
         #[arg(long)]
         json: bool,
+        /// Add the per-thread table (`per_thread` in JSON). Frees count in the freeing thread.
+        #[arg(long)]
+        threads: bool,
     },
     /// Decode every frame and check checksums, counts and the trailer: exit 0 only if all is
     /// sound, else exit 1 naming the first bad frame.
     Verify {
         /// The artifact.
         file: PathBuf,
+    },
+    /// Compare benchmarks' allocations, bytes and peak between two artifacts or two directories
+    /// of `*.memtrack` artifacts (matched by benchmark name). Exit 0: no metric grew past the
+    /// threshold; 1: a regression; 2: bad usage or an input refused (corrupt, incomplete, or
+    /// with lost events).
+    Compare {
+        /// The baseline: an artifact or a directory of them.
+        base: PathBuf,
+        /// The candidate: an artifact or a directory of them.
+        head: PathBuf,
+        /// Growth allowed before a metric counts as regressed (`3%`, `0.5%`). Growth from 0 is
+        /// always a regression; any shrinking is an improvement.
+        #[arg(long, default_value = "3%", value_parser = |s: &str| s.parse::<memtrack::Threshold>())]
+        threshold: memtrack::Threshold,
+        /// Which metric to gate on.
+        #[arg(long, value_enum, default_value_t = compare::MetricArg::All)]
+        metric: compare::MetricArg,
+        /// Output format (markdown is ready for a CI job summary).
+        #[arg(long, value_enum, default_value_t = compare::Format::Table)]
+        format: compare::Format,
+    },
+    /// Draw live heap bytes (and mapped bytes) over time as an SVG, the peak marked.
+    Plot {
+        /// The artifact.
+        file: PathBuf,
+        /// Output SVG file.
+        #[arg(short, long, default_value = "heap.svg")]
+        output: PathBuf,
+        /// Image width in pixels (also the number of time columns the events are folded into).
+        #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(200..=16384))]
+        width: u32,
+        /// Image height in pixels.
+        #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(150..=16384))]
+        height: u32,
     },
     /// Write an artifact from a seeded model of a multi-threaded program (no privileges needed).
     Synth {
@@ -74,8 +122,25 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Show { file, json } => show(&file, json),
+        Cmd::Show {
+            file,
+            json,
+            threads,
+        } => show(&file, json, threads),
         Cmd::Verify { file } => verify(&file),
+        Cmd::Compare {
+            base,
+            head,
+            threshold,
+            metric,
+            format,
+        } => Ok(compare::run(&base, &head, threshold, metric, format)),
+        Cmd::Plot {
+            file,
+            output,
+            width,
+            height,
+        } => plot::run(&file, &output, plot::Size { width, height }),
         Cmd::Synth {
             events,
             seed,
@@ -98,13 +163,17 @@ fn main() -> ExitCode {
     }
 }
 
-/// Decodes every frame (in parallel, in order) and computes the totals.
-fn analyse(reader: &Reader) -> memtrack::Result<Totals> {
+/// Decodes every frame (in parallel, in order) and computes the totals, with a progress bar
+/// labelled `what` on a terminal.
+fn analyse(reader: &Reader, what: &str) -> memtrack::Result<Totals> {
     let mut a = Analyzer::new();
+    let bar = progress::events_bar(reader, what);
     reader.for_each_frame(|_, evs| {
         a.update_all(evs);
+        bar.inc(evs.len() as u64);
         Ok(())
     })?;
+    bar.finish_and_clear();
     Ok(a.totals())
 }
 
@@ -121,15 +190,25 @@ fn warn_if_recovered(reader: &Reader) -> bool {
     }
 }
 
-fn show(path: &Path, json: bool) -> memtrack::Result<ExitCode> {
+fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
     let reader = Reader::open(path)?;
     let recovered = warn_if_recovered(&reader);
-    let t = analyse(&reader)?;
+    // Sizes are counted beside the totals, in the same pass: `Analyzer` stays lean for others.
+    let (mut a, mut sizes) = (Analyzer::new(), SizeHistogram::new());
+    let bar = progress::events_bar(&reader, "reading");
+    reader.for_each_frame(|_, evs| {
+        a.update_all(evs);
+        sizes.update_all(evs);
+        bar.inc(evs.len() as u64);
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    let (t, sizes) = (a.totals(), sizes.classes());
     let meta = reader.metadata();
     let lost = reader.final_metadata().map(|f| f.lost_events);
     let (major, minor) = reader.version();
     if json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "file": path,
             "format_version": format!("{major}.{minor}"),
             "complete": !recovered,
@@ -151,7 +230,24 @@ fn show(path: &Path, json: bool) -> memtrack::Result<ExitCode> {
             "duration_ns": t.last_ts.saturating_sub(t.first_ts),
             "frames": reader.frames().len(),
             "file_bytes": reader.file_bytes(),
+            "size_classes": sizes,
         });
+        if threads {
+            v["per_thread"] = t
+                .per_thread
+                .iter()
+                .map(|(tid, th)| {
+                    serde_json::json!({
+                        "tid": tid,
+                        "events": th.events,
+                        "allocations": th.allocations,
+                        "bytes_allocated": th.bytes_allocated,
+                        "frees": th.frees,
+                        "bytes_freed": th.bytes_freed,
+                    })
+                })
+                .collect();
+        }
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"));
         return Ok(ExitCode::SUCCESS);
@@ -234,6 +330,14 @@ fn show(path: &Path, json: bool) -> memtrack::Result<ExitCode> {
         .map(|&k| format!("{} {}", k.name(), human::count(t.kinds.get(k))))
         .collect();
     let _ = writeln!(o, "  kinds         {}", kinds.join(", "));
+    if !sizes.is_empty() {
+        let _ = writeln!(o, "  allocations by size class (bytes)");
+        o.push_str(&tables::size_classes(&sizes, &t));
+    }
+    if threads {
+        let _ = writeln!(o, "  per thread (frees count in the freeing thread)");
+        o.push_str(&tables::threads(&t));
+    }
     print!("{o}");
     Ok(ExitCode::SUCCESS)
 }
@@ -250,7 +354,7 @@ fn verify(path: &Path) -> memtrack::Result<ExitCode> {
     if let Completeness::Recovered { reason } = reader.completeness() {
         return fail(reason.clone());
     }
-    let totals = match analyse(&reader) {
+    let totals = match analyse(&reader, "verifying") {
         Ok(t) => t,
         Err(e) => return fail(e.to_string()),
     };

@@ -1,0 +1,508 @@
+//! Comparing two sets of benchmarks metric by metric: the memory regression gate.
+//!
+//! # Rules
+//! - Benchmarks are matched by name. One only in the base is *removed*, one only in the head is
+//!   *added*; neither is a regression.
+//! - Metrics: `allocations` ([`Totals::allocations`]), `bytes` ([`Totals::bytes_allocated`]) and
+//!   `peak` ([`Totals::peak_live_bytes`]).
+//! - The threshold bounds **growth** relative to the base: a metric *regressed* when
+//!   `head > base` and `(head − base) / base > threshold`, computed exactly in integers (growth
+//!   of exactly the threshold passes). A base of 0 growing to anything above 0 is a regression
+//!   whatever the threshold (the relative change is infinite). `head < base` is an
+//!   *improvement*, whatever its size; `head == base` is *unchanged*; growth up to the threshold
+//!   is *within threshold*.
+//! - The inputs must be whole recordings: the caller refuses lossy, recovered or corrupt
+//!   artifacts before they get here (`memtrack compare` does).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::analysis::Totals;
+use crate::human;
+
+/// A metric the comparison gates on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Metric {
+    /// Number of allocations ([`Totals::allocations`]).
+    Allocations,
+    /// Bytes allocated ([`Totals::bytes_allocated`]).
+    Bytes,
+    /// Peak live heap bytes ([`Totals::peak_live_bytes`]).
+    Peak,
+}
+
+impl Metric {
+    /// Every metric, in table order.
+    pub const ALL: [Metric; 3] = [Metric::Allocations, Metric::Bytes, Metric::Peak];
+
+    /// The name used on the command line and in JSON.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Metric::Allocations => "allocations",
+            Metric::Bytes => "bytes",
+            Metric::Peak => "peak",
+        }
+    }
+
+    /// The metric's value in `t`.
+    pub fn value(self, t: &Totals) -> u64 {
+        match self {
+            Metric::Allocations => t.allocations,
+            Metric::Bytes => t.bytes_allocated,
+            Metric::Peak => t.peak_live_bytes,
+        }
+    }
+
+    /// `v` for people: a count with thousands separators, or bytes in KiB/MiB.
+    fn human(self, v: u64) -> String {
+        match self {
+            Metric::Allocations => human::count(v),
+            Metric::Bytes | Metric::Peak => human::bytes(v),
+        }
+    }
+}
+
+/// The largest growth threshold accepted, in parts per million (1,000,000 %).
+const MAX_PPM: u64 = 10_000_000_000;
+
+/// A growth threshold, held exactly in parts per million. Parsed from `"3%"`, `"3"` (also
+/// percent) or `"0.25%"` (at most 4 decimals), between 0 % and 1,000,000 %.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Threshold {
+    ppm: u64,
+}
+
+impl Threshold {
+    /// A threshold of `ppm` parts per million (30,000 is 3 %).
+    pub fn from_ppm(ppm: u64) -> Self {
+        Threshold {
+            ppm: ppm.min(MAX_PPM),
+        }
+    }
+
+    /// The threshold in parts per million.
+    pub fn ppm(self) -> u64 {
+        self.ppm
+    }
+
+    /// The threshold in percent.
+    pub fn percent(self) -> f64 {
+        self.ppm as f64 / 10_000.0
+    }
+
+    /// The verdict on a metric going from `base` to `head`; see the module docs.
+    pub fn judge(self, base: u64, head: u64) -> Verdict {
+        if head == base {
+            Verdict::Unchanged
+        } else if head < base {
+            Verdict::Improved
+        } else if base == 0
+            // Growth from 0 is infinitely relative: above any threshold.
+            || (head - base) as u128 * 1_000_000 > self.ppm as u128 * base as u128
+        {
+            Verdict::Regressed
+        } else {
+            Verdict::WithinThreshold
+        }
+    }
+}
+
+impl Default for Threshold {
+    /// 3 %.
+    fn default() -> Self {
+        Threshold { ppm: 30_000 }
+    }
+}
+
+impl fmt::Display for Threshold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (int, frac) = (self.ppm / 10_000, self.ppm % 10_000);
+        if frac == 0 {
+            write!(f, "{int}%")
+        } else {
+            let frac = format!("{frac:04}");
+            write!(f, "{int}.{}%", frac.trim_end_matches('0'))
+        }
+    }
+}
+
+impl FromStr for Threshold {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "invalid threshold {s:?}: expected a percentage like 3% or 0.5% \
+                 (0 to 1000000, at most 4 decimals)"
+            )
+        };
+        let num = s.trim().strip_suffix('%').unwrap_or(s.trim());
+        let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+        if int.is_empty() && frac.is_empty()
+            || frac.len() > 4
+            || !int.bytes().all(|b| b.is_ascii_digit())
+            || !frac.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(bad());
+        }
+        let int: u64 = if int.is_empty() {
+            0
+        } else {
+            int.parse().map_err(|_| bad())?
+        };
+        let frac: u64 = format!("{frac:0<4}").parse().map_err(|_| bad())?;
+        let ppm = int
+            .checked_mul(10_000)
+            .and_then(|p| p.checked_add(frac))
+            .filter(|&p| p <= MAX_PPM)
+            .ok_or_else(bad)?;
+        Ok(Threshold { ppm })
+    }
+}
+
+/// What happened to one metric of one benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// `head == base`.
+    Unchanged,
+    /// `head < base`.
+    Improved,
+    /// `head > base`, by no more than the threshold.
+    WithinThreshold,
+    /// Grew past the threshold (or from 0).
+    Regressed,
+}
+
+impl Verdict {
+    /// The name used in JSON.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Verdict::Unchanged => "unchanged",
+            Verdict::Improved => "improved",
+            Verdict::WithinThreshold => "within_threshold",
+            Verdict::Regressed => "regressed",
+        }
+    }
+
+    fn human(self) -> &'static str {
+        match self {
+            Verdict::Unchanged => "unchanged",
+            Verdict::Improved => "improved",
+            Verdict::WithinThreshold => "ok",
+            Verdict::Regressed => "REGRESSED",
+        }
+    }
+
+    fn markdown(self) -> &'static str {
+        match self {
+            Verdict::Unchanged => "unchanged",
+            Verdict::Improved => "✅ improved",
+            Verdict::WithinThreshold => "within threshold",
+            Verdict::Regressed => "❌ **regressed**",
+        }
+    }
+}
+
+/// One whole recording of a benchmark, as a comparison input.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Benchmark {
+    /// The benchmark's name (the artifact's metadata `name`, else its file stem).
+    pub name: String,
+    /// The artifact it was read from.
+    pub path: PathBuf,
+    /// Its totals.
+    pub totals: Totals,
+}
+
+impl Benchmark {
+    /// A benchmark named `name`, read from `path`, with totals `totals`.
+    pub fn new(name: impl Into<String>, path: impl Into<PathBuf>, totals: Totals) -> Self {
+        Benchmark {
+            name: name.into(),
+            path: path.into(),
+            totals,
+        }
+    }
+}
+
+/// One metric of one benchmark in both sets.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Row {
+    /// The benchmark's name.
+    pub benchmark: String,
+    /// The metric.
+    pub metric: Metric,
+    /// Its value in the base.
+    pub base: u64,
+    /// Its value in the head.
+    pub head: u64,
+    /// `(head − base) / base × 100`; `None` when the base is 0 and the head is not.
+    pub change_percent: Option<f64>,
+    /// The verdict under the comparison's threshold.
+    pub verdict: Verdict,
+}
+
+/// The comparison of a base and a head set of benchmarks; see the module docs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Comparison {
+    /// The growth threshold.
+    pub threshold: Threshold,
+    /// The metrics compared, in table order.
+    pub metrics: Vec<Metric>,
+    /// One row per matched benchmark and metric, by benchmark name then metric.
+    pub rows: Vec<Row>,
+    /// Benchmarks only in the head, by name.
+    pub added: Vec<Benchmark>,
+    /// Benchmarks only in the base, by name.
+    pub removed: Vec<Benchmark>,
+}
+
+impl Comparison {
+    /// Matches `base` and `head` by name and judges every metric in `metrics`. Names must be
+    /// unique within each side (the caller checks).
+    pub fn new(
+        base: &[Benchmark],
+        head: &[Benchmark],
+        metrics: &[Metric],
+        threshold: Threshold,
+    ) -> Self {
+        let mut metrics = metrics.to_vec();
+        metrics.sort();
+        metrics.dedup();
+        let mut head_sorted: Vec<&Benchmark> = head.iter().collect();
+        head_sorted.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut rows = Vec::new();
+        let mut added = Vec::new();
+        for h in head_sorted {
+            let Some(b) = base.iter().find(|b| b.name == h.name) else {
+                added.push(h.clone());
+                continue;
+            };
+            for &m in &metrics {
+                let (bv, hv) = (m.value(&b.totals), m.value(&h.totals));
+                rows.push(Row {
+                    benchmark: h.name.clone(),
+                    metric: m,
+                    base: bv,
+                    head: hv,
+                    change_percent: change_percent(bv, hv),
+                    verdict: threshold.judge(bv, hv),
+                });
+            }
+        }
+        let mut removed: Vec<Benchmark> = base
+            .iter()
+            .filter(|b| !head.iter().any(|h| h.name == b.name))
+            .cloned()
+            .collect();
+        removed.sort_by(|a, b| a.name.cmp(&b.name));
+        Comparison {
+            threshold,
+            metrics,
+            rows,
+            added,
+            removed,
+        }
+    }
+
+    /// Number of rows that regressed.
+    pub fn regressions(&self) -> usize {
+        self.rows
+            .iter()
+            .filter(|r| r.verdict == Verdict::Regressed)
+            .count()
+    }
+
+    fn summary(&self) -> String {
+        let metrics: Vec<&str> = self.metrics.iter().map(|m| m.name()).collect();
+        let n = self.regressions();
+        let benchmarks = self.rows.len() / self.metrics.len().max(1);
+        let head = match n {
+            0 => "no regression".to_string(),
+            1 => "1 regression".to_string(),
+            n => format!("{n} regressions"),
+        };
+        format!(
+            "{head} beyond +{} growth in {} ({} {} compared)",
+            self.threshold,
+            metrics.join(", "),
+            benchmarks,
+            if benchmarks == 1 {
+                "benchmark"
+            } else {
+                "benchmarks"
+            }
+        )
+    }
+
+    /// An aligned plain-text table for a terminal, with a summary line and the added and
+    /// removed benchmarks.
+    pub fn to_table(&self) -> String {
+        let mut cells: Vec<[String; 6]> = vec![[
+            "benchmark".into(),
+            "metric".into(),
+            "base".into(),
+            "head".into(),
+            "change".into(),
+            "verdict".into(),
+        ]];
+        for r in &self.rows {
+            cells.push([
+                r.benchmark.clone(),
+                r.metric.name().into(),
+                r.metric.human(r.base),
+                r.metric.human(r.head),
+                change_text(r.change_percent),
+                r.verdict.human().into(),
+            ]);
+        }
+        let mut out = human::table(&cells, &[false, false, true, true, true, false]);
+        out.push('\n');
+        out.push_str(&self.summary());
+        out.push('\n');
+        for (what, list) in [("added", &self.added), ("removed", &self.removed)] {
+            for b in list {
+                out.push_str(&format!("{what}: {} ({})\n", b.name, b.path.display()));
+            }
+        }
+        out
+    }
+
+    /// GitHub-flavoured markdown for a CI job summary: a verdict line, the table, and the added
+    /// and removed benchmarks.
+    pub fn to_markdown(&self) -> String {
+        let mut out = String::from("### memtrack: memory comparison\n\n");
+        let mark = if self.regressions() > 0 { "❌" } else { "✅" };
+        out.push_str(&format!("{mark} **{}**\n\n", self.summary()));
+        if !self.rows.is_empty() {
+            out.push_str("| benchmark | metric | base | head | change | verdict |\n");
+            out.push_str("|:--|:--|--:|--:|--:|:--|\n");
+            for r in &self.rows {
+                out.push_str(&format!(
+                    "| {} | {} | {} | {} | {} | {} |\n",
+                    md_escape(&r.benchmark),
+                    r.metric.name(),
+                    r.metric.human(r.base),
+                    r.metric.human(r.head),
+                    change_text(r.change_percent),
+                    r.verdict.markdown()
+                ));
+            }
+            out.push('\n');
+        }
+        for (what, list) in [
+            ("Added (only in head)", &self.added),
+            ("Removed (only in base)", &self.removed),
+        ] {
+            if !list.is_empty() {
+                let names: Vec<String> = list.iter().map(|b| md_escape(&b.name)).collect();
+                out.push_str(&format!("**{what}:** {}\n\n", names.join(", ")));
+            }
+        }
+        out
+    }
+
+    /// Machine-readable form: exact integer values, `change_percent` as a float (`null` for
+    /// growth from 0).
+    pub fn to_json(&self) -> serde_json::Value {
+        let bench = |b: &Benchmark| serde_json::json!({"benchmark": b.name, "file": b.path});
+        serde_json::json!({
+            "threshold": self.threshold.to_string(),
+            "threshold_ppm": self.threshold.ppm(),
+            "metrics": self.metrics.iter().map(|m| m.name()).collect::<Vec<_>>(),
+            "regressions": self.regressions(),
+            "rows": self.rows.iter().map(|r| serde_json::json!({
+                "benchmark": r.benchmark,
+                "metric": r.metric.name(),
+                "base": r.base,
+                "head": r.head,
+                "change_percent": r.change_percent,
+                "verdict": r.verdict.name(),
+            })).collect::<Vec<_>>(),
+            "added": self.added.iter().map(bench).collect::<Vec<_>>(),
+            "removed": self.removed.iter().map(bench).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// `(head − base) / base × 100`; 0 for 0 → 0, `None` for 0 → more.
+fn change_percent(base: u64, head: u64) -> Option<f64> {
+    match (base, head) {
+        (0, 0) => Some(0.0),
+        (0, _) => None,
+        _ => Some((head as f64 - base as f64) / base as f64 * 100.0),
+    }
+}
+
+fn change_text(p: Option<f64>) -> String {
+    match p {
+        None => "from 0".into(),
+        Some(0.0) => "0.00%".into(),
+        Some(p) => format!("{p:+.2}%"),
+    }
+}
+
+/// Backslash-escapes what would break a GFM table cell or start markup.
+fn md_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(
+            c,
+            '|' | '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '#'
+        ) {
+            out.push('\\');
+        }
+        out.push(if c == '\n' { ' ' } else { c });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_parse_exactly() {
+        let t = |s: &str| s.parse::<Threshold>().map(|t| t.ppm());
+        assert_eq!(t("3%"), Ok(30_000));
+        assert_eq!(t("3"), Ok(30_000));
+        assert_eq!(t("0.5%"), Ok(5_000));
+        assert_eq!(t(".25%"), Ok(2_500));
+        assert_eq!(t("0%"), Ok(0));
+        assert_eq!(t("12.3456%"), Ok(123_456));
+        for bad in ["", "%", "-1%", "1.23456%", "abc", "1e3", "3 %x", "1000001%"] {
+            assert!(t(bad).is_err(), "{bad:?} must be refused");
+        }
+        assert_eq!(Threshold::from_ppm(5_000).to_string(), "0.5%");
+        assert_eq!(Threshold::default().to_string(), "3%");
+    }
+
+    #[test]
+    fn verdicts_follow_the_rules() {
+        let t: Threshold = "10%".parse().unwrap();
+        assert_eq!(t.judge(100, 100), Verdict::Unchanged);
+        assert_eq!(t.judge(100, 50), Verdict::Improved);
+        assert_eq!(
+            t.judge(100, 110),
+            Verdict::WithinThreshold,
+            "exactly 10% passes"
+        );
+        assert_eq!(t.judge(100, 111), Verdict::Regressed);
+        assert_eq!(t.judge(0, 1), Verdict::Regressed, "growth from 0");
+        assert_eq!(t.judge(0, 0), Verdict::Unchanged);
+        assert_eq!(t.judge(u64::MAX - 1, u64::MAX), Verdict::WithinThreshold);
+        let zero = Threshold::from_ppm(0);
+        assert_eq!(zero.judge(1_000_000, 1_000_001), Verdict::Regressed);
+        assert_eq!(change_percent(200, 250), Some(25.0));
+        assert_eq!(change_percent(0, 5), None);
+    }
+
+    #[test]
+    fn markdown_escapes_names() {
+        assert_eq!(md_escape("a|b_c"), "a\\|b\\_c");
+    }
+}

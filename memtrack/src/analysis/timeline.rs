@@ -1,0 +1,251 @@
+//! Heap and mapped bytes over time, downsampled to a fixed number of columns (one per pixel of
+//! a plot) without losing extremes.
+//!
+//! The time range `[first_ts, last_ts]` is cut into `n` equal columns. For each column that has
+//! events, [`Column`] keeps, for live heap bytes and for mapped bytes, the value on entering the
+//! column, the minimum and maximum after each of its events, and the value after its last event.
+//! Drawing each column as a vertical line from `min` to `max` and holding `last` until the next
+//! column gives the step line of the full-resolution series as it would look at that width: every
+//! peak survives (the column holding [`Totals::peak_live_bytes`](super::Totals) has it as `max`).
+//! Memory is `O(n)` whatever the number of events.
+
+use crate::analysis::Analyzer;
+use crate::error::{Error, Result};
+use crate::event::Event;
+
+/// One series' values within a column, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Extremes {
+    /// The value before the column's first event.
+    pub enter: u64,
+    /// The minimum after any event of the column.
+    pub min: u64,
+    /// The maximum after any event of the column.
+    pub max: u64,
+    /// The value after the column's last event.
+    pub last: u64,
+}
+
+impl Extremes {
+    #[inline]
+    fn start(enter: u64, v: u64) -> Self {
+        Extremes {
+            enter,
+            min: v,
+            max: v,
+            last: v,
+        }
+    }
+
+    #[inline]
+    fn add(&mut self, v: u64) {
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+        self.last = v;
+    }
+}
+
+/// A column of the timeline that has at least one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Column {
+    /// Index of the column, `0..n`.
+    pub index: usize,
+    /// Start of the column, nanoseconds after the timeline's `first_ts`.
+    pub start_ns: u64,
+    /// Events in the column.
+    pub events: u64,
+    /// Live heap bytes.
+    pub heap: Extremes,
+    /// Mapped bytes (page-rounded).
+    pub mapped: Extremes,
+}
+
+/// Downsampled heap and mapped bytes over time; see the module docs.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    first_ts: u64,
+    span_ns: u64,
+    /// Columns per nanosecond.
+    scale: f64,
+    cols: Vec<Option<Column>>,
+    heap: u64,
+    mapped: u64,
+    /// The column of the previous sample and the timestamps it covers, `[lo, hi)`.
+    cur: usize,
+    cur_lo: u64,
+    cur_hi: u64,
+}
+
+impl Timeline {
+    /// A timeline of `columns` columns over `[first_ts, last_ts]` (nanoseconds). Samples outside
+    /// the range go to the first or last column. Errors if `columns` is 0 or above 1 Mi.
+    pub fn new(first_ts: u64, last_ts: u64, columns: usize) -> Result<Self> {
+        if columns == 0 || columns > 1 << 20 {
+            return Err(Error::InvalidOption(format!(
+                "a timeline needs between 1 and {} columns (got {columns})",
+                1 << 20
+            )));
+        }
+        // An instant still gets a span, so that every sample lands in a column.
+        let span_ns = last_ts.saturating_sub(first_ts).max(1);
+        let mut t = Timeline {
+            first_ts,
+            span_ns,
+            scale: columns as f64 / span_ns as f64,
+            cols: vec![None; columns],
+            heap: 0,
+            mapped: 0,
+            cur: 0,
+            cur_lo: 0,
+            cur_hi: 0,
+        };
+        t.set_current(0);
+        Ok(t)
+    }
+
+    /// Number of columns.
+    pub fn width(&self) -> usize {
+        self.cols.len()
+    }
+
+    /// The time range the columns cover, nanoseconds (`last_ts - first_ts`, at least 1).
+    pub fn span_ns(&self) -> u64 {
+        self.span_ns
+    }
+
+    /// Start of column `k`, nanoseconds after `first_ts` (exact integer division).
+    fn col_start(&self, k: usize) -> u64 {
+        (k as u128 * self.span_ns as u128 / self.cols.len() as u128) as u64
+    }
+
+    fn set_current(&mut self, k: usize) {
+        self.cur = k;
+        self.cur_lo = self.first_ts.saturating_add(self.col_start(k));
+        self.cur_hi = if k + 1 == self.cols.len() {
+            u64::MAX
+        } else {
+            self.first_ts.saturating_add(self.col_start(k + 1))
+        };
+    }
+
+    #[cold]
+    fn locate(&mut self, ts: u64) {
+        let off = ts.saturating_sub(self.first_ts);
+        let mut k = ((off as f64 * self.scale) as usize).min(self.cols.len() - 1);
+        // The float estimate can be one off at a boundary: settle it with the exact starts.
+        while k > 0 && self.col_start(k) > off {
+            k -= 1;
+        }
+        while k + 1 < self.cols.len() && self.col_start(k + 1) <= off {
+            k += 1;
+        }
+        self.set_current(k);
+    }
+
+    /// Records that after the event at `ts` there were `heap` live heap bytes and `mapped`
+    /// mapped bytes.
+    #[inline]
+    pub fn push(&mut self, ts: u64, heap: u64, mapped: u64) {
+        if ts < self.cur_lo || ts >= self.cur_hi {
+            self.locate(ts);
+        }
+        let (enter_heap, enter_mapped) = (self.heap, self.mapped);
+        // Cheaper than `col_start` (a u128 division) on every event.
+        let start_ns = self.cur_lo.saturating_sub(self.first_ts);
+        let index = self.cur;
+        match &mut self.cols[index] {
+            Some(c) => {
+                c.events += 1;
+                c.heap.add(heap);
+                c.mapped.add(mapped);
+            }
+            slot @ None => {
+                *slot = Some(Column {
+                    index,
+                    start_ns,
+                    events: 1,
+                    heap: Extremes::start(enter_heap, heap),
+                    mapped: Extremes::start(enter_mapped, mapped),
+                })
+            }
+        }
+        self.heap = heap;
+        self.mapped = mapped;
+    }
+
+    /// Feeds `e` to `analyzer` and records the live heap and mapped bytes after it.
+    #[inline]
+    pub fn update(&mut self, analyzer: &mut Analyzer, e: &Event) {
+        analyzer.update(e);
+        self.push(e.ts, analyzer.live_bytes(), analyzer.mapped_bytes());
+    }
+
+    /// The columns that have events, in time order.
+    pub fn columns(&self) -> impl Iterator<Item = &Column> {
+        self.cols.iter().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_extremes_and_steps() {
+        let mut t = Timeline::new(1_000, 1_999, 10).unwrap();
+        // Column 0: [1000, 1099) (column k starts 999*k/10 ns in); a spike to 500.
+        t.push(1_000, 10, 0);
+        t.push(1_050, 500, 4096);
+        t.push(1_098, 20, 4096);
+        // Column 5: [1499, 1598).
+        t.push(1_500, 5, 0);
+        // Last column, and a late sample beyond the range.
+        t.push(1_999, 7, 0);
+        t.push(5_000, 3, 0);
+        let cols: Vec<_> = t.columns().copied().collect();
+        assert_eq!(cols.len(), 3);
+        assert_eq!((cols[0].index, cols[0].start_ns, cols[0].events), (0, 0, 3));
+        assert_eq!(
+            cols[0].heap,
+            Extremes {
+                enter: 0,
+                min: 10,
+                max: 500,
+                last: 20
+            }
+        );
+        assert_eq!((cols[0].mapped.max, cols[0].mapped.last), (4096, 4096));
+        assert_eq!((cols[1].index, cols[1].start_ns), (5, 499));
+        assert_eq!(
+            cols[1].heap,
+            Extremes {
+                enter: 20,
+                min: 5,
+                max: 5,
+                last: 5
+            }
+        );
+        assert_eq!((cols[2].index, cols[2].events), (9, 2));
+        assert_eq!(
+            (cols[2].heap.enter, cols[2].heap.min, cols[2].heap.last),
+            (5, 3, 3)
+        );
+    }
+
+    #[test]
+    fn boundaries_are_exact() {
+        // 3 columns over 10 ns: starts 0, 3, 6 (10*k/3 rounded down).
+        let mut t = Timeline::new(0, 10, 3).unwrap();
+        for ts in 0..=10 {
+            t.push(ts, ts, 0);
+        }
+        let got: Vec<(usize, u64, u64)> = t
+            .columns()
+            .map(|c| (c.index, c.heap.min, c.heap.max))
+            .collect();
+        assert_eq!(got, vec![(0, 0, 2), (1, 3, 5), (2, 6, 10)]);
+        assert!(Timeline::new(0, 10, 0).is_err());
+    }
+}

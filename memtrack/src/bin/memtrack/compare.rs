@@ -1,0 +1,186 @@
+//! `memtrack compare BASE HEAD`: the memory regression gate. Exit 0: no regression; 1: at least
+//! one metric grew past the threshold; 2: bad usage or an input refused (unreadable, corrupt,
+//! incomplete or lossy), with one message per refused file.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use memtrack::{Benchmark, Comparison, Completeness, Metric, Reader, Threshold};
+
+/// Exit code of a run whose inputs were refused (clap uses 2 for usage errors too).
+const INPUT_ERROR: u8 = 2;
+
+/// Which metrics `--metric` selects.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum MetricArg {
+    /// Number of allocations.
+    Allocations,
+    /// Bytes allocated.
+    Bytes,
+    /// Peak live heap bytes.
+    Peak,
+    /// All three.
+    All,
+}
+
+impl MetricArg {
+    fn metrics(self) -> Vec<Metric> {
+        match self {
+            MetricArg::Allocations => vec![Metric::Allocations],
+            MetricArg::Bytes => vec![Metric::Bytes],
+            MetricArg::Peak => vec![Metric::Peak],
+            MetricArg::All => Metric::ALL.to_vec(),
+        }
+    }
+}
+
+/// Output format of `compare`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned table for a terminal.
+    Table,
+    /// GitHub-flavoured markdown for a CI job summary.
+    Markdown,
+    /// Machine-readable JSON with exact values.
+    Json,
+}
+
+/// Runs the comparison; see the module docs for the exit codes.
+pub fn run(
+    base: &Path,
+    head: &Path,
+    threshold: Threshold,
+    metric: MetricArg,
+    format: Format,
+) -> ExitCode {
+    let mut errors = Vec::new();
+    let base_set = load_side(base, "base", &mut errors);
+    let head_set = load_side(head, "head", &mut errors);
+    if !errors.is_empty() {
+        for e in &errors {
+            eprintln!("memtrack: error: {e}");
+        }
+        eprintln!(
+            "memtrack: refusing to compare: {} input problem{}",
+            errors.len(),
+            if errors.len() == 1 { "" } else { "s" }
+        );
+        return ExitCode::from(INPUT_ERROR);
+    }
+    let (mut base_set, head_set) = (base_set, head_set);
+    // Two files name their benchmark explicitly: compare them whatever their names.
+    if base.is_file() && head.is_file() && base_set[0].name != head_set[0].name {
+        eprintln!(
+            "memtrack: note: comparing {} (benchmark {:?}) with {} (benchmark {:?})",
+            base.display(),
+            base_set[0].name,
+            head.display(),
+            head_set[0].name
+        );
+        base_set[0].name = head_set[0].name.clone();
+    }
+    let cmp = Comparison::new(&base_set, &head_set, &metric.metrics(), threshold);
+    let out = match format {
+        Format::Table => cmp.to_table(),
+        Format::Markdown => cmp.to_markdown(),
+        Format::Json => {
+            serde_json::to_string_pretty(&cmp.to_json()).expect("json values serialize") + "\n"
+        }
+    };
+    print!("{out}");
+    if cmp.regressions() > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The benchmarks of one side: a file, or the `*.memtrack` files of a directory. Problems are
+/// appended to `errors` (all of them, so that one run reports every bad input).
+fn load_side(path: &Path, side: &str, errors: &mut Vec<String>) -> Vec<Benchmark> {
+    let files = match artifacts(path) {
+        Ok(f) => f,
+        Err(e) => {
+            errors.push(format!("{side} {}: {e}", path.display()));
+            return Vec::new();
+        }
+    };
+    let mut set: Vec<Benchmark> = Vec::new();
+    for f in files {
+        match load(&f) {
+            Ok(b) => {
+                if let Some(other) = set.iter().find(|o| o.name == b.name) {
+                    errors.push(format!(
+                        "{side}: {} and {} both hold benchmark {:?}: keep one per name",
+                        other.path.display(),
+                        b.path.display(),
+                        b.name
+                    ));
+                } else {
+                    set.push(b);
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    set
+}
+
+/// `path` itself if it is a file, else the `*.memtrack` files in it, sorted.
+fn artifacts(path: &Path) -> Result<Vec<PathBuf>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(|e| e.to_string())? {
+        let p = entry.map_err(|e| e.to_string())?.path();
+        if p.extension().is_some_and(|x| x == "memtrack") && p.is_file() {
+            files.push(p);
+        }
+    }
+    if files.is_empty() {
+        return Err("the directory holds no *.memtrack artifacts".into());
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Reads one artifact whole and checks it is fit to compare: finished, no lost events, every
+/// frame sound and its decoded totals equal to those its writer stored.
+fn load(path: &Path) -> Result<Benchmark, String> {
+    let reader = Reader::open(path).map_err(|e| format!("{e}; it cannot be compared"))?;
+    if let Completeness::Recovered { reason } = reader.completeness() {
+        return Err(format!(
+            "{}: the artifact is incomplete ({reason}); a partial recording cannot be compared",
+            path.display()
+        ));
+    }
+    let fin = reader
+        .final_metadata()
+        .ok_or_else(|| format!("{}: no trailer", path.display()))?;
+    if fin.lost_events > 0 {
+        return Err(format!(
+            "{}: {} events were lost while recording (the ring buffer overflowed), so its totals \
+             are not whole and cannot be compared; record it again with a larger --ringbuf-mib",
+            path.display(),
+            memtrack::human::count(fin.lost_events)
+        ));
+    }
+    let totals = super::analyse(&reader, "reading").map_err(|e| e.to_string())?;
+    if totals != fin.totals {
+        return Err(format!(
+            "{}: the totals stored in the trailer differ from the decoded events: the artifact \
+             is corrupt",
+            path.display()
+        ));
+    }
+    let name = match &reader.metadata().name {
+        Some(n) if !n.is_empty() => n.clone(),
+        _ => path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into(),
+        ),
+    };
+    Ok(Benchmark::new(name, path, totals))
+}
