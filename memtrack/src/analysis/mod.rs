@@ -132,7 +132,11 @@ pub struct Analyzer {
     t: Totals,
     live: FxHashMap<u64, u64>,
     live_bytes: u64,
-    threads: FxHashMap<u32, ThreadTotals>,
+    /// Per-thread totals, in order of first appearance, and where each tid is in it.
+    threads: Vec<(u32, ThreadTotals)>,
+    thread_index: FxHashMap<u32, usize>,
+    /// The last event's thread: threads run in bursts, so this skips most index lookups.
+    last_thread: Option<(u32, usize)>,
     /// Mapped regions: start -> page-rounded length.
     maps: BTreeMap<u64, u64>,
     mapped: u64,
@@ -162,7 +166,19 @@ impl Analyzer {
         t.last_ts = e.ts;
         let tag = e.kind.tag();
         t.kinds.0[tag.index()] += 1;
-        let th = self.threads.entry(e.tid).or_default();
+        let slot = match self.last_thread {
+            Some((tid, slot)) if tid == e.tid => slot,
+            _ => {
+                let next = self.threads.len();
+                let slot = *self.thread_index.entry(e.tid).or_insert(next);
+                if slot == next {
+                    self.threads.push((e.tid, ThreadTotals::default()));
+                }
+                self.last_thread = Some((e.tid, slot));
+                slot
+            }
+        };
+        let th = &mut self.threads[slot].1;
         th.events += 1;
         match e.kind {
             EventKind::Malloc { addr, size }
@@ -303,7 +319,7 @@ impl Analyzer {
         t.live_blocks_at_end = self.live.len() as u64;
         t.mapped_bytes_at_end = self.mapped;
         t.threads = self.threads.len() as u64;
-        t.per_thread = self.threads.iter().map(|(&k, &v)| (k, v)).collect();
+        t.per_thread = self.threads.iter().copied().collect();
         t
     }
 }
