@@ -367,6 +367,33 @@ fn dlopened_library_allocations() {
 }
 
 #[test]
+fn dlopened_allocator_is_found_while_running() {
+    require_privileges!();
+    let dir = tmp();
+    let lib = build(
+        dir.path(),
+        "myalloc.c",
+        "libmyalloc.so",
+        &["-shared", "-fPIC"],
+    );
+    let exe = build(dir.path(), "alloc.c", "alloc", &["-ldl"]);
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("dlalloc"), &os(&lib)],
+        &TrackerOptions::new(),
+    );
+    let got = heap_between_markers(&run);
+    let [
+        EventKind::Malloc { addr, size: 333 },
+        EventKind::Free { addr: freed },
+    ] = got[..]
+    else {
+        panic!("{got:?}");
+    };
+    assert_eq!(addr, freed);
+}
+
+#[test]
 fn last_allocation_before_exit_and_exit_code() {
     require_privileges!();
     let dir = tmp();
@@ -477,4 +504,113 @@ fn tiny_ring_buffer_reports_losses() {
         run.lost,
         2 * n
     );
+}
+
+/// Compiles an allocator fixture if the allocator's headers are installed (CI installs
+/// libjemalloc-dev and libmimalloc-dev); otherwise says what is missing.
+fn build_with(dir: &Path, src: &str, header: &str, lib: &str) -> Option<PathBuf> {
+    if !Path::new(header).exists() {
+        eprintln!("SKIPPED: {header} missing (apt-get install -y libjemalloc-dev libmimalloc-dev)");
+        return None;
+    }
+    Some(build(dir, src, src.trim_end_matches(".c"), &[lib]))
+}
+
+/// The kinds and sizes of heap events, addresses checked pairwise by the caller.
+fn shape(k: &EventKind) -> (u8, u64, u64) {
+    match *k {
+        EventKind::Malloc { size, .. } => (1, size, 0),
+        EventKind::Calloc { size, .. } => (2, size, 0),
+        EventKind::Realloc { size, .. } => (3, size, 0),
+        EventKind::AlignedAlloc { size, align, .. } => (4, size, align),
+        EventKind::Free { .. } => (5, 0, 0),
+        _ => (0, 0, 0),
+    }
+}
+
+#[test]
+fn jemalloc_api() {
+    require_privileges!();
+    let dir = tmp();
+    let Some(exe) = build_with(
+        dir.path(),
+        "jemalloc.c",
+        "/usr/include/jemalloc/jemalloc.h",
+        "-ljemalloc",
+    ) else {
+        return;
+    };
+    let run = record(dir.path(), &[&os(&exe)], &TrackerOptions::new());
+    let got = heap_between_markers(&run);
+    let shapes: Vec<_> = got.iter().map(shape).collect();
+    assert_eq!(
+        shapes,
+        [
+            (4, 100, 64),
+            (3, 200, 0),
+            (5, 0, 0),
+            (2, 50, 0),
+            (5, 0, 0),
+            (1, 30, 0),
+            (5, 0, 0),
+            (2, 16, 0),
+            (5, 0, 0)
+        ],
+        "{got:?}"
+    );
+}
+
+#[test]
+fn mimalloc_api() {
+    require_privileges!();
+    let dir = tmp();
+    let Some(exe) = build_with(
+        dir.path(),
+        "mimalloc.c",
+        "/usr/include/mimalloc.h",
+        "-lmimalloc",
+    ) else {
+        return;
+    };
+    let run = record(dir.path(), &[&os(&exe)], &TrackerOptions::new());
+    let got = heap_between_markers(&run);
+    let shapes: Vec<_> = got.iter().map(shape).collect();
+    assert_eq!(
+        shapes,
+        [
+            (1, 10, 0),
+            (5, 0, 0),
+            (2, 20, 0),
+            (5, 0, 0),
+            (2, 30, 0),
+            (5, 0, 0),
+            (1, 32, 0),
+            (3, 1000, 0),
+            (5, 0, 0),
+            (4, 64, 128),
+            (5, 0, 0)
+        ],
+        "{got:?}"
+    );
+}
+
+#[test]
+fn syscalls_can_be_left_out() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let opts = TrackerOptions::new().syscalls(false);
+    let run = record(dir.path(), &[&os(&exe), &os("maps")], &opts);
+    let syscalls = run.events.iter().filter(|e| {
+        matches!(
+            e.kind,
+            EventKind::Mmap { .. }
+                | EventKind::Munmap { .. }
+                | EventKind::Mremap { .. }
+                | EventKind::Brk { .. }
+        )
+    });
+    assert_eq!(syscalls.count(), 0);
+    // The heap is still recorded (this panics if the two marker allocations are missing).
+    between_markers(&run);
 }

@@ -113,6 +113,10 @@ enum Cmd {
         /// Ring buffer size in MiB (a power of two); raise it if events are lost.
         #[arg(long, default_value_t = 256)]
         ringbuf_mib: u64,
+        /// Do not record mmap/munmap/mremap/brk: their tracepoint slows every syscall of every
+        /// process while attached; allocation probes alone cost other processes nothing.
+        #[arg(long)]
+        no_syscalls: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
@@ -151,8 +155,9 @@ fn main() -> ExitCode {
         Cmd::Record {
             output,
             ringbuf_mib,
+            no_syscalls,
             command,
-        } => record(&output, ringbuf_mib, &command),
+        } => record(&output, ringbuf_mib, no_syscalls, &command),
     };
     match res {
         Ok(code) => code,
@@ -427,12 +432,15 @@ fn synth(
 fn record(
     output: &Path,
     ringbuf_mib: u64,
+    no_syscalls: bool,
     command: &[std::ffi::OsString],
 ) -> memtrack::Result<ExitCode> {
     let file = File::create(output).map_err(|e| {
         memtrack::Error::InvalidOption(format!("cannot create {}: {e}", output.display()))
     })?;
-    let opts = memtrack::TrackerOptions::new().ringbuf_bytes(ringbuf_mib.saturating_mul(1 << 20));
+    let opts = memtrack::TrackerOptions::new()
+        .ringbuf_bytes(ringbuf_mib.saturating_mul(1 << 20))
+        .syscalls(!no_syscalls);
     let out = memtrack::record_command(command, file, &opts)?;
     let t = &out.recorded.written.totals;
     eprintln!(

@@ -3,9 +3,9 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, Object, ObjectBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, UprobeMultiOpts};
 use memtrack_bpf::{RawConfig, RawStats};
 
 use super::TrackerError;
@@ -20,13 +20,24 @@ pub(crate) struct Bpf {
     bss: Arc<MapHandle>,
     pub(crate) events: Arc<MapHandle>,
     stats: Arc<MapHandle>,
+    /// The per-thread state map, where memtrack's own threads are marked excluded.
     pub(crate) excluded: Arc<MapHandle>,
+    /// The syscall tracepoint's link, if recording syscalls.
     syscall_links: Vec<Link>,
-    uprobe_links: Vec<Link>,
-    /// (device, inode) of every file probed, so a file mapped twice is probed once.
+    /// The uprobe links and what they cover; a mutex so that files can be attached while a
+    /// recording runs (libraries the target maps later).
+    attached: Mutex<Attached>,
+}
+
+#[derive(Default)]
+struct Attached {
+    links: Vec<Link>,
+    /// (device, inode) of every file examined, so a file mapped twice is probed once.
     probed: HashSet<(u64, u64)>,
+    /// Paths already examined (a cheap first filter for rescans of /proc/PID/maps).
+    paths: HashSet<PathBuf>,
     /// Probe sites attached, over all files.
-    pub(crate) sites: usize,
+    sites: usize,
 }
 
 fn handle(obj: &Object, pred: impl Fn(&str) -> bool, what: &str) -> Result<Arc<MapHandle>> {
@@ -40,9 +51,9 @@ fn handle(obj: &Object, pred: impl Fn(&str) -> bool, what: &str) -> Result<Arc<M
 }
 
 impl Bpf {
-    /// Loads the program for process `target` with a ring buffer of `ringbuf_bytes` and
-    /// attaches the syscall tracepoints. Recording stays disabled.
-    pub(crate) fn load(target: u32, ringbuf_bytes: u64) -> Result<Self> {
+    /// Loads the program for process `target` with a ring buffer of `ringbuf_bytes` and, if
+    /// `syscalls`, attaches the syscall tracepoint. Recording stays disabled.
+    pub(crate) fn load(target: u32, ringbuf_bytes: u64, syscalls: bool) -> Result<Self> {
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(TrackerError::NoBtf);
         }
@@ -79,13 +90,10 @@ impl Bpf {
         let bss = handle(&obj, |n| n.ends_with(".bss"), ".bss")?;
         let events = handle(&obj, |n| n == memtrack_bpf::MAP_EVENTS, "events")?;
         let stats = handle(&obj, |n| n == memtrack_bpf::MAP_STATS, "stats")?;
-        let excluded = handle(
-            &obj,
-            |n| n == memtrack_bpf::MAP_EXCLUDED_TIDS,
-            "excluded_tids",
-        )?;
+        let excluded = handle(&obj, |n| n == memtrack_bpf::MAP_CALLS, "calls")?;
         let mut syscall_links = Vec::new();
-        for name in [memtrack_bpf::PROG_SYS_ENTER, memtrack_bpf::PROG_SYS_EXIT] {
+        if syscalls {
+            let name = memtrack_bpf::PROG_SYS_EXIT;
             let prog = obj
                 .progs_mut()
                 .find(|p| p.name() == name)
@@ -103,56 +111,83 @@ impl Bpf {
             stats,
             excluded,
             syscall_links,
-            uprobe_links: Vec::new(),
-            probed: HashSet::new(),
-            sites: 0,
+            attached: Mutex::new(Attached::default()),
         })
     }
 
     /// Attaches the allocator probes of the ELF file `path` for the target process. Returns
     /// how many sites were attached (0 if it defines no allocator entry point or was already
     /// probed).
-    pub(crate) fn attach_file(&mut self, path: &Path) -> Result<usize> {
+    pub(crate) fn attach_file(&self, path: &Path) -> Result<usize> {
+        let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
+        if !attached.paths.insert(path.to_path_buf()) {
+            return Ok(0);
+        }
         let meta = std::fs::metadata(path).map_err(|source| TrackerError::Io {
             what: format!("reading {}", path.display()),
             source,
         })?;
-        if !self.probed.insert((meta.dev(), meta.ino())) {
+        if !attached.probed.insert((meta.dev(), meta.ino())) {
             return Ok(0);
         }
         let sites = memtrack_bpf::probe_sites(path)?;
-        let pid = self.target as i32;
-        for site in &sites {
-            let attach = |program: &str, ret: bool| -> Result<Link> {
-                let prog = self
-                    .obj
-                    .progs_mut()
-                    .find(|p| p.name() == program)
-                    .ok_or_else(|| {
-                        TrackerError::InvalidOption(format!("no BPF program {program}"))
-                    })?;
-                prog.attach_uprobe(ret, pid, path, site.offset as usize)
-                    .map_err(|e| {
-                        TrackerError::bpf(
-                            format!(
-                                "attaching {program} to {}:{} (+{:#x})",
-                                path.display(),
-                                site.symbol,
-                                site.offset
-                            ),
-                            e,
-                        )
-                    })
-            };
-            let entry = attach(site.program, false)?;
-            self.uprobe_links.push(entry);
-            if let Some(ret) = site.ret_program {
-                let link = attach(ret, true)?;
-                self.uprobe_links.push(link);
-            }
+        if sites.is_empty() {
+            return Ok(0);
         }
-        self.sites += sites.len();
+        let pid = self.target as i32;
+        // One uprobe_multi link per program and file: closing a link waits ~130 ms for the
+        // kernel to synchronise, measured here; a link per site made `record` of a C++
+        // program take seconds to detach.
+        let entry = UprobeMultiOpts {
+            offsets: sites.iter().map(|s| s.offset as usize).collect(),
+            cookies: sites.iter().map(|s| s.entry.cookie()).collect(),
+            ..Default::default()
+        };
+        let ret = UprobeMultiOpts {
+            offsets: sites
+                .iter()
+                .filter(|s| s.ret)
+                .map(|s| s.offset as usize)
+                .collect(),
+            retprobe: true,
+            ..Default::default()
+        };
+        for (program, opts) in [
+            (memtrack_bpf::PROG_ENTRY, entry),
+            (memtrack_bpf::PROG_RET, ret),
+        ] {
+            if opts.offsets.is_empty() {
+                continue;
+            }
+            let n = opts.offsets.len();
+            let prog = self
+                .obj
+                .progs_mut()
+                .find(|p| p.name() == program)
+                .ok_or_else(|| TrackerError::InvalidOption(format!("no BPF program {program}")))?;
+            let link = prog
+                .attach_uprobe_multi_with_opts(pid, path, "", opts)
+                .map_err(|e| {
+                    TrackerError::bpf(
+                        format!(
+                            "attaching {program} to {n} sites of {} for pid {pid}",
+                            path.display()
+                        ),
+                        e,
+                    )
+                })?;
+            attached.links.push(link);
+        }
+        attached.sites += sites.len();
         Ok(sites.len())
+    }
+
+    /// Probe sites attached so far, over all files.
+    pub(crate) fn sites(&self) -> usize {
+        self.attached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .sites
     }
 
     /// Turns recording on or off (the program's `.bss` switch).
@@ -176,15 +211,31 @@ impl Bpf {
         Ok(per_cpu
             .iter()
             .filter_map(|b| RawStats::from_bytes(b))
-            .fold(RawStats::default(), RawStats::add))
+            .fold(RawStats::default(), |a, b| a + b))
     }
 }
 
-/// Never records thread `tid` (memtrack's own threads).
-pub(crate) fn exclude_tid(excluded: &MapHandle, tid: u32) -> Result<()> {
-    excluded
-        .update(&tid.to_ne_bytes(), &[1u8], MapFlags::ANY)
-        .map_err(|e| TrackerError::bpf("excluding a memtrack thread", e))
+/// Never records thread `tid` of this process (memtrack's own threads): sets the exclusion
+/// flag of its task-local state, which user space addresses by a thread pidfd.
+pub(crate) fn exclude_tid(calls: &MapHandle, tid: u32) -> Result<()> {
+    const PIDFD_THREAD: libc::c_long = libc::O_EXCL as libc::c_long;
+    // SAFETY: pidfd_open takes a tid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::c_long, PIDFD_THREAD) };
+    if fd < 0 {
+        return Err(TrackerError::Io {
+            what: format!("pidfd_open of memtrack thread {tid} (Linux 6.9+ is needed)"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    let fd = fd as i32;
+    let mut value = vec![0u8; calls.value_size() as usize];
+    value[..4].copy_from_slice(&1u32.to_ne_bytes());
+    let res = calls
+        .update(&fd.to_ne_bytes(), &value, MapFlags::ANY)
+        .map_err(|e| TrackerError::bpf("excluding a memtrack thread", e));
+    // SAFETY: closing the pidfd opened above.
+    unsafe { libc::close(fd) };
+    res
 }
 
 /// The calling thread's kernel thread id.
@@ -197,7 +248,8 @@ impl Drop for Bpf {
     /// Detaches the uprobes in parallel: each close waits for an RCU grace period, so
     /// closing hundreds one after another takes visibly long.
     fn drop(&mut self) {
-        let links = std::mem::take(&mut self.uprobe_links);
+        let attached = self.attached.get_mut().unwrap_or_else(|e| e.into_inner());
+        let links = std::mem::take(&mut attached.links);
         let threads = 8.min(links.len());
         if threads > 1 {
             let per = links.len().div_ceil(threads);

@@ -72,10 +72,48 @@ pub enum TrackerError {
 impl TrackerError {
     /// Wraps a libbpf error, recognising missing privileges.
     pub(crate) fn bpf(what: impl Into<String>, source: libbpf_rs::Error) -> Self {
-        let what = what.into();
-        if source.kind() == libbpf_rs::ErrorKind::PermissionDenied {
+        let mut what = what.into();
+        let log = std::mem::take(&mut *LIBBPF_LOG.lock().unwrap_or_else(|e| e.into_inner()));
+        // EPERM/EACCES also come from the verifier; for root they are not about privileges.
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if source.kind() == libbpf_rs::ErrorKind::PermissionDenied && !root {
             return TrackerError::NotPrivileged { what };
         }
+        if !log.is_empty() {
+            what = format!("{what} (libbpf: {})", log.join(" | "));
+        }
         TrackerError::Bpf { what, source }
+    }
+}
+
+/// libbpf's messages while a [`LibbpfLog`] guard lives: reported in errors, never printed
+/// (the library prints nothing the user did not ask for).
+static LIBBPF_LOG: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn collect(_: libbpf_rs::PrintLevel, msg: String) {
+    let mut log = LIBBPF_LOG.lock().unwrap_or_else(|e| e.into_inner());
+    if log.len() < 16 {
+        log.push(msg.trim_end().to_owned());
+    }
+}
+
+/// Routes libbpf's warnings into [`LIBBPF_LOG`] until dropped, then restores the previous
+/// printer.
+pub(crate) struct LibbpfLog(Option<(libbpf_rs::PrintLevel, libbpf_rs::PrintCallback)>);
+
+impl LibbpfLog {
+    pub(crate) fn capture() -> Self {
+        LIBBPF_LOG.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Self(libbpf_rs::set_print(Some((
+            libbpf_rs::PrintLevel::Warn,
+            collect,
+        ))))
+    }
+}
+
+impl Drop for LibbpfLog {
+    fn drop(&mut self) {
+        libbpf_rs::set_print(self.0.take());
     }
 }

@@ -2,14 +2,16 @@
 //! what it records into an [`Encoder`].
 //!
 //! ```text
-//! Tracker::attach(pid)            load (BTF, CO-RE) ─ tp_btf sys_enter/exit ─ uprobes (pid-scoped)
+//! Tracker::attach(pid)            load (BTF, CO-RE) ─ tp_btf sys_exit ─ uprobes (pid-scoped)
 //!   └─ start(out, meta, opts) ──▶ Recording: switch on; poller thread: poll(10 ms)+consume()
 //!        └─ stop() ───────────▶ switch off; drain the tail; Encoder::finish(lost); Recorded
 //! drop(Tracker)                   detach the uprobes in parallel
 //! ```
 //!
 //! Uprobes are attached with the target's pid, never -1: other processes pay nothing for them.
-//! The syscall tracepoints are global but return at once for other syscalls and processes.
+//! The syscall tracepoint is global: with it attached, every syscall of every process takes
+//! the kernel's slow path; the program returns after one comparison for other processes.
+//! Allocation probes cost other processes nothing.
 //! In-process, memtrack's own threads (the poller, the encoder's writer and workers) are
 //! excluded in BPF by tid, so the numbers are the user's code alone.
 
@@ -41,12 +43,14 @@ pub const DEFAULT_RINGBUF_BYTES: u64 = 256 << 20;
 #[derive(Debug, Clone)]
 pub struct TrackerOptions {
     ringbuf_bytes: u64,
+    syscalls: bool,
 }
 
 impl Default for TrackerOptions {
     fn default() -> Self {
         Self {
             ringbuf_bytes: DEFAULT_RINGBUF_BYTES,
+            syscalls: true,
         }
     }
 }
@@ -61,6 +65,14 @@ impl TrackerOptions {
     /// full are lost and counted (see [`Recorded::lost_events`]).
     pub fn ringbuf_bytes(mut self, bytes: u64) -> Self {
         self.ringbuf_bytes = bytes;
+        self
+    }
+
+    /// Whether to record mmap, munmap, mremap and brk (default: yes). Their tracepoint slows
+    /// every syscall of every process on the machine while attached (getppid: 124 → 209 ns,
+    /// measured here); without it the tracker costs other processes nothing.
+    pub fn syscalls(mut self, on: bool) -> Self {
+        self.syscalls = on;
         self
     }
 
@@ -125,7 +137,8 @@ impl Tracker {
         opts: &TrackerOptions,
     ) -> Result<Self, TrackerError> {
         opts.validate()?;
-        let mut bpf = Bpf::load(pid, opts.ringbuf_bytes)?;
+        let _log = error::LibbpfLog::capture();
+        let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscalls)?;
         for f in files {
             // A file that vanished or is not ELF (a font, a locale archive) is not an error.
             match bpf.attach_file(f) {
@@ -133,7 +146,7 @@ impl Tracker {
                 Err(e) => return Err(e),
             }
         }
-        if bpf.sites == 0 {
+        if bpf.sites() == 0 {
             return Err(TrackerError::NoAllocatorSymbols {
                 files: files.to_vec(),
             });
@@ -147,7 +160,22 @@ impl Tracker {
 
     /// Number of probe sites attached.
     pub fn probe_sites(&self) -> usize {
-        self.bpf.sites
+        self.bpf.sites()
+    }
+
+    /// Probes the ELF objects the target has mapped since the last call (libraries it
+    /// `dlopen`ed that define their own allocator). Returns the number of new sites. Calls
+    /// made before this runs are not seen.
+    pub(crate) fn attach_new_objects(&self) -> Result<usize, TrackerError> {
+        let mut n = 0;
+        for f in mapped_objects(self.bpf.target)? {
+            match self.bpf.attach_file(&f) {
+                Ok(k) => n += k,
+                Err(TrackerError::Elf(_) | TrackerError::Io { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(n)
     }
 
     /// The BPF program's counters (since load).
@@ -161,8 +189,11 @@ impl Tracker {
         })
     }
 
-    /// Starts recording into a new artifact written to `out`. In-process, the encoder's
-    /// threads are excluded from recording; `opts`'s `on_thread_start` hook is replaced.
+    /// Starts recording into a new artifact written to `out`, compressed by `workers`
+    /// threads (this sets `opts`'s `workers`). In-process, the poller and the encoder's
+    /// threads are excluded from recording before the switch goes on (`opts`'s
+    /// `on_thread_start` hook is replaced to do that); a second concurrent recording is
+    /// refused with [`TrackerError::AlreadyRecording`].
     pub fn start<W: Write + Send + 'static>(
         &self,
         out: W,
@@ -207,6 +238,19 @@ impl Tracker {
             let deadline = Instant::now() + Duration::from_secs(2);
             while registered.load(Ordering::Acquire) < workers + 1 && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_micros(200));
+            }
+            let got = registered.load(Ordering::Acquire);
+            if got < workers + 1 {
+                // Recording now would mix memtrack's own allocations into the user's numbers.
+                return Err(TrackerError::Io {
+                    what: format!(
+                        "excluding memtrack's encoder threads from recording ({got} of {} \
+                         registered; pidfd_open(PIDFD_THREAD) needs Linux 6.9+)",
+                        workers + 1
+                    ),
+                    source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+                }
+                .into());
             }
         }
         let drops_at_start = self.bpf.stats()?.drops;

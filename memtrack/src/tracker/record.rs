@@ -4,7 +4,9 @@
 //! The child is forked and waits on a pipe before `execve`; the parent attaches the uprobes
 //! (for the child's pid) to the command's executable and every library the dynamic loader
 //! will map for it, switches recording on, and only then lets the child exec. Uprobes follow
-//! the file, so libraries mapped after exec (and libc under a `dlopen`ed library) are covered.
+//! the file, so libraries mapped after exec (and libc under a `dlopen`ed library) are covered;
+//! a `dlopen`ed library with its own allocator is found by rescanning /proc/PID/maps every
+//! 20 ms while the command runs (its calls before that are missed).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::Write;
@@ -14,6 +16,10 @@ use std::path::{Path, PathBuf};
 use super::{Recorded, Tracker, TrackerError, TrackerOptions};
 use crate::artifact::{Backend, Metadata};
 use crate::encode::{EncoderOptions, default_workers};
+
+/// How often `record` looks for objects the command mapped since it started (20 ms: the
+/// child's exit is noticed at most this late).
+const RESCAN_PERIOD: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// How a recorded command ended.
 #[derive(Debug, Clone)]
@@ -29,17 +35,18 @@ pub struct RecordOutcome {
 
 /// `program` as `execvp` would find it.
 fn resolve(program: &OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |c: &Path| {
+        std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
     let p = Path::new(program);
     if program.as_bytes().contains(&b'/') {
-        return Some(p.to_path_buf());
+        return runnable(p).then(|| p.to_path_buf());
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
-    std::env::split_paths(&path).map(|d| d.join(p)).find(|c| {
-        std::fs::metadata(c).is_ok_and(|m| {
-            use std::os::unix::fs::PermissionsExt;
-            m.is_file() && m.permissions().mode() & 0o111 != 0
-        })
-    })
+    std::env::split_paths(&path)
+        .map(|d| d.join(p))
+        .find(|c| runnable(c))
 }
 
 /// The executable and every library the dynamic loader maps for it (`ld.so --list`); just
@@ -204,13 +211,20 @@ pub fn record_command(
     // artifact once it exits (the child execs before this, so it keeps the default).
     // SAFETY: changing this process's SIGINT disposition; restored below.
     let old_int = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    // Wait for the child; meanwhile probe libraries it maps later (a dlopen()ed allocator):
+    // uprobes attached before exec cover only the files known then.
     let mut status = 0;
     loop {
-        // SAFETY: waiting for our own child into a valid int.
-        let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
-        if r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+        // SAFETY: polling our own child into a valid int.
+        let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
+        if r == pid as libc::pid_t
+            || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
+        {
             break;
         }
+        // /proc/PID/maps vanishes as the child exits: errors here are not the user's problem.
+        let _ = tracker.attach_new_objects();
+        std::thread::sleep(RESCAN_PERIOD);
     }
     // SAFETY: restoring the disposition saved above.
     unsafe { libc::signal(libc::SIGINT, old_int) };

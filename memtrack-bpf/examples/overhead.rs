@@ -1,0 +1,191 @@
+//! Cost of a malloc+free pair (ns) under memtrack's probes, against the uprobe floor.
+//!
+//! ```text
+//! sudo cargo run --release -p memtrack-bpf --example overhead [PAIRS] [RUNS]
+//! ```
+//! Configurations (the median of RUNS runs of PAIRS `malloc(16)`+`free` each):
+//! - `untracked`: no probes;
+//! - `floor`: a BPF program that returns at once (`mt_nop`), at the same sites (entry and
+//!   return probes, placed by `place_probe`, attached as uprobe_multi links like memtrack's): the kernel's uprobe cost, which no tracker avoids;
+//! - `floor@0`: the same at each function's first instruction (no placement);
+//! - `bpf`: memtrack's real programs, recording on, a thread draining the ring buffer;
+//! - `other process`: an untracked child process running the same loop while `bpf` probes
+//!   are attached for this process only (pid-scoped).
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use libbpf_rs::{
+    Link, MapCore, MapFlags, Object, ObjectBuilder, RingBufferBuilder, UprobeMultiOpts,
+};
+use memtrack_bpf::{PROG_ENTRY, PROG_NOP, PROG_RET, RawConfig, probe_sites};
+
+fn pairs_ns(pairs: u64) -> f64 {
+    let t = Instant::now();
+    for _ in 0..pairs {
+        // SAFETY: malloc/free of a block that is not used otherwise.
+        unsafe {
+            let p = libc::malloc(16);
+            black_box(p);
+            libc::free(p);
+        }
+    }
+    t.elapsed().as_nanos() as f64 / pairs as f64
+}
+
+fn median(pairs: u64, runs: usize) -> f64 {
+    let mut v: Vec<f64> = (0..runs).map(|_| pairs_ns(pairs)).collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn libc_path() -> PathBuf {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| l.find('/').map(|i| &l[i..]))
+        .find(|p| p.contains("/libc.so"))
+        .map(PathBuf::from)
+        .expect("libc mapped")
+}
+
+fn load() -> Object {
+    let mut open = ObjectBuilder::default()
+        .open_memory(memtrack_bpf::OBJECT)
+        .unwrap();
+    for mut m in open.maps_mut() {
+        if m.name().to_string_lossy().ends_with(".rodata") {
+            let cfg = RawConfig::new(std::process::id());
+            m.initial_value_mut()
+                .unwrap()
+                .copy_from_slice(&cfg.to_bytes());
+        }
+    }
+    open.load().unwrap()
+}
+
+/// Attaches `mt_nop` (if `nop`) or the real programs to libc's sites for this process, the
+/// way memtrack does (uprobe_multi, one link per program).
+fn attach(obj: &Object, nop: bool, placed: bool) -> Vec<Link> {
+    let libc = libc_path();
+    let pid = std::process::id() as i32;
+    let sites = probe_sites(&libc).unwrap();
+    let off =
+        |s: &memtrack_bpf::ProbeSite| if placed { s.offset } else { s.symbol_offset } as usize;
+    let prog = |name: &str| obj.progs_mut().find(|p| p.name() == name).unwrap();
+    let entry = UprobeMultiOpts {
+        offsets: sites.iter().map(off).collect(),
+        cookies: sites.iter().map(|s| s.entry.cookie()).collect(),
+        ..Default::default()
+    };
+    let ret = UprobeMultiOpts {
+        offsets: sites.iter().filter(|s| s.ret).map(off).collect(),
+        retprobe: true,
+        ..Default::default()
+    };
+    let (e, r) = if nop {
+        (PROG_NOP, PROG_NOP)
+    } else {
+        (PROG_ENTRY, PROG_RET)
+    };
+    vec![
+        prog(e)
+            .attach_uprobe_multi_with_opts(pid, &libc, "", entry)
+            .unwrap(),
+        prog(r)
+            .attach_uprobe_multi_with_opts(pid, &libc, "", ret)
+            .unwrap(),
+    ]
+}
+
+fn child_ns(pairs: u64, runs: usize) -> f64 {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--child", &pairs.to_string(), &runs.to_string()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// Runs `f` with memtrack's real programs attached, recording on, and a thread draining the
+/// ring buffer (its callback allocates nothing, so it needs no exclusion).
+fn with_bpf<T>(obj: &Object, f: impl FnOnce() -> T) -> T {
+    let links = attach(obj, false, true);
+    let events = obj
+        .maps()
+        .find(|m| m.name() == memtrack_bpf::MAP_EVENTS)
+        .unwrap();
+    let bss = obj
+        .maps()
+        .find(|m| m.name().to_string_lossy().ends_with(".bss"))
+        .unwrap();
+    let stop = AtomicBool::new(false);
+    let out = std::thread::scope(|s| {
+        let mut b = RingBufferBuilder::new();
+        b.add(&events, |_| 0).unwrap();
+        let rb = b.build().unwrap();
+        let stop = &stop;
+        let poller = s.spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                rb.poll(Duration::from_millis(10)).unwrap();
+                rb.consume().unwrap();
+            }
+            rb.consume().unwrap();
+        });
+        bss.update(&0u32.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY)
+            .unwrap();
+        let out = f();
+        bss.update(&0u32.to_ne_bytes(), &0u32.to_ne_bytes(), MapFlags::ANY)
+            .unwrap();
+        stop.store(true, Ordering::Release);
+        poller.join().unwrap();
+        out
+    });
+    drop(links);
+    out
+}
+
+fn med(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--child") {
+        println!(
+            "{:.1}",
+            median(args[2].parse().unwrap(), args[3].parse().unwrap())
+        );
+        return;
+    }
+    let pairs: u64 = args.get(1).map_or(1_000_000, |a| a.parse().unwrap());
+    let runs: usize = args.get(2).map_or(5, |a| a.parse().unwrap());
+    println!("{pairs} malloc(16)+free pairs, median of {runs} interleaved runs, ns per pair");
+    let obj = load();
+    // The VM's timing drifts: the configurations alternate run by run.
+    let (mut untracked, mut floor, mut floor0, mut bpf) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..runs {
+        untracked.push(pairs_ns(pairs));
+        let links = attach(&obj, true, true);
+        floor.push(pairs_ns(pairs));
+        drop(links);
+        let links = attach(&obj, true, false);
+        floor0.push(pairs_ns(pairs));
+        drop(links);
+        bpf.push(with_bpf(&obj, || pairs_ns(pairs)));
+    }
+    let other_untracked = child_ns(pairs, runs);
+    let other = with_bpf(&obj, || child_ns(pairs, runs));
+    let (floor, bpf) = (med(floor), med(bpf));
+    println!("untracked               {:>9.1}", med(untracked));
+    println!("floor (mt_nop, placed)  {floor:>9.1}");
+    println!("floor@0 (mt_nop, +0)    {:>9.1}", med(floor0));
+    println!(
+        "bpf (memtrack programs) {bpf:>9.1}   = {:.2}x the floor",
+        bpf / floor
+    );
+    println!(
+        "other process           {other:>9.1}   (untracked child; {other_untracked:.1} with no probes)"
+    );
+}

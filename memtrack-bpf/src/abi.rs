@@ -1,0 +1,247 @@
+//! The `#[repr(C)]` mirror of `src/bpf/memtrack.h` and the names of the object's maps/programs.
+
+/// The compiled BPF program (`src/bpf/memtrack.bpf.o`), built by `memtrack-bpf-gen`.
+///
+/// Open it with libbpf (`ObjectBuilder::open_memory`), set [`RawConfig`] as the whole
+/// `.rodata` and the ring buffer's size, load, then attach per ELF file one `uprobe_multi`
+/// link of [`PROG_ENTRY`] over every [`crate::ProbeSite`] (cookie: [`Entry::cookie`]) and one of
+/// [`PROG_RET`] (as return probes) over the sites with `ret`, plus
+/// [`PROG_SYS_EXIT`].
+/// The runtime switch is the 4-byte `.bss` (a `u32`, 1 = record).
+pub static OBJECT: &[u8] = include_bytes!("bpf/memtrack.bpf.o");
+
+/// The ring buffer of [`RawEvent`]s (its size is set at load; a power of two, in bytes).
+pub const MAP_EVENTS: &str = "events";
+/// Per-CPU [`RawStats`] (one slot, key 0).
+pub const MAP_STATS: &str = "stats";
+/// Per-thread state (task-local storage; from user space the key is a thread pidfd,
+/// `pidfd_open(tid, PIDFD_THREAD)`). The value's first `u32` is the exclusion flag: write a
+/// value of 1 followed by zeros to never record that thread (memtrack's own threads); the rest
+/// is the program's bookkeeping of nested allocator calls.
+pub const MAP_CALLS: &str = "calls";
+/// Every entry probe (`uprobe.multi`): one link per file, each site's cookie an [`Entry`].
+pub const PROG_ENTRY: &str = "mt_entry";
+/// The return probe (`uretprobe.multi`) of every site whose [`Entry::needs_return`].
+pub const PROG_RET: &str = "mt_ret";
+/// A `uprobe.multi` program that returns at once: the uprobe floor, for benchmarks.
+pub const PROG_NOP: &str = "mt_nop";
+/// The `tp_btf/sys_exit` program (mmap, munmap, mremap, brk): attach it as is.
+pub const PROG_SYS_EXIT: &str = "mt_sys_exit";
+
+/// `MT_KIND_*` of `memtrack.h`: the same numbers as `memtrack::KindTag`.
+pub mod kind {
+    /// `malloc`-like.
+    pub const MALLOC: u32 = 1;
+    /// `calloc`-like.
+    pub const CALLOC: u32 = 2;
+    /// `realloc`.
+    pub const REALLOC: u32 = 3;
+    /// The aligned family.
+    pub const ALIGNED_ALLOC: u32 = 4;
+    /// `free`-like.
+    pub const FREE: u32 = 5;
+    /// `mmap` syscall.
+    pub const MMAP: u32 = 6;
+    /// `munmap` syscall.
+    pub const MUNMAP: u32 = 7;
+    /// `mremap` syscall.
+    pub const MREMAP: u32 = 8;
+    /// `brk` syscall.
+    pub const BRK: u32 = 9;
+}
+
+/// The shape of an allocator entry point (`MT_ENTRY_*` of memtrack.h): where its arguments
+/// are and what it records. Its number is the BPF cookie of the entry-probe site.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[repr(u64)]
+pub enum Entry {
+    /// `(size)` → Malloc.
+    Malloc = 1,
+    /// `(n, size)` → Calloc of `n * size`.
+    Calloc = 2,
+    /// `(size)` → Calloc (mimalloc's `mi_zalloc`).
+    Zalloc = 3,
+    /// `(n, size)` → Malloc of `n * size` (`mi_mallocn`).
+    Mallocn = 4,
+    /// `(p, size)` → Realloc; `(NULL, n)` → Malloc; `(p, 0)` returning NULL → Free.
+    Realloc = 5,
+    /// `(p, n, size)` → as Realloc with `n * size`.
+    Reallocarray = 6,
+    /// `(align, size)` → AlignedAlloc (`memalign`, `aligned_alloc`).
+    Memalign = 7,
+    /// `(size, align)` → AlignedAlloc (aligned `operator new`, `mi_malloc_aligned`).
+    AlignedSizeFirst = 8,
+    /// `(void **p, align, size)` → AlignedAlloc of `*p` when it returns 0.
+    PosixMemalign = 9,
+    /// `(size)` → AlignedAlloc to the page size (`valloc`, `pvalloc`).
+    Valloc = 10,
+    /// jemalloc `(size, flags)`: AlignedAlloc, Calloc (MALLOCX_ZERO) or Malloc.
+    Mallocx = 11,
+    /// jemalloc `(p, size, flags)` → Realloc.
+    Rallocx = 12,
+    /// `(p)` → Free, at entry; no return probe.
+    Free = 13,
+    /// `(p)` → Free, at entry; a return probe brackets the nested `free` (operator delete).
+    FreeOuter = 14,
+}
+
+impl Entry {
+    /// The BPF cookie of a site of this shape.
+    pub const fn cookie(self) -> u64 {
+        self as u64
+    }
+
+    /// Whether the site also gets [`PROG_RET`] (the result is known at return, or the call
+    /// brackets a nested one).
+    pub const fn needs_return(self) -> bool {
+        !matches!(self, Entry::Free)
+    }
+}
+
+/// One ring-buffer record (`struct memtrack_event`).
+///
+/// Field use per kind: Malloc/Calloc/Mmap/Munmap: `addr`, `size`; Realloc/Mremap: `addr` (new),
+/// `old_addr`, `size` (new); AlignedAlloc: `addr`, `size`, `align`; Free: `addr`; Brk: `addr`
+/// (the new break). Unused fields are 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct RawEvent {
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
+    pub ts: u64,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// One of [`kind`].
+    pub kind: u32,
+    /// 0.
+    pub reserved: u32,
+    /// Block or mapping address (the new one for Realloc/Mremap).
+    pub addr: u64,
+    /// Previous address (Realloc/Mremap), else 0.
+    pub old_addr: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Alignment in bytes (AlignedAlloc), else 0.
+    pub align: u64,
+}
+
+impl RawEvent {
+    /// Size of one record in bytes.
+    pub const SIZE: usize = size_of::<Self>();
+
+    /// Reads a record from the ring buffer's bytes; `None` if `bytes` is not exactly
+    /// [`RawEvent::SIZE`] long.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let b: &[u8; Self::SIZE] = bytes.try_into().ok()?;
+        let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        Some(Self {
+            ts: u64_at(0),
+            pid: u32_at(8),
+            tid: u32_at(12),
+            kind: u32_at(16),
+            reserved: u32_at(20),
+            addr: u64_at(24),
+            old_addr: u64_at(32),
+            size: u64_at(40),
+            align: u64_at(48),
+        })
+    }
+}
+
+/// One CPU's counters (`struct memtrack_stats`); sum them over CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct RawStats {
+    /// Malloc + Calloc + Realloc + AlignedAlloc events (counted even if the event was dropped).
+    pub allocs: u64,
+    /// Their sizes, in bytes.
+    pub alloc_bytes: u64,
+    /// Free events, including `realloc(p, 0)`.
+    pub frees: u64,
+    /// Events lost because the ring buffer was full.
+    pub drops: u64,
+}
+
+impl RawStats {
+    /// Size of one CPU's slot in bytes.
+    pub const SIZE: usize = size_of::<Self>();
+
+    /// Reads one CPU's slot; `None` if `bytes` is not exactly [`RawStats::SIZE`] long.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let b: &[u8; Self::SIZE] = bytes.try_into().ok()?;
+        let at = |i: usize| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        Some(Self {
+            allocs: at(0),
+            alloc_bytes: at(1),
+            frees: at(2),
+            drops: at(3),
+        })
+    }
+}
+
+/// The field-wise sum (wrapping, as the kernel's counters do): sums the CPUs' slots.
+impl std::ops::Add for RawStats {
+    type Output = Self;
+
+    fn add(self, o: Self) -> Self {
+        Self {
+            allocs: self.allocs.wrapping_add(o.allocs),
+            alloc_bytes: self.alloc_bytes.wrapping_add(o.alloc_bytes),
+            frees: self.frees.wrapping_add(o.frees),
+            drops: self.drops.wrapping_add(o.drops),
+        }
+    }
+}
+
+/// Load-time settings (`struct memtrack_config`): the program's whole `.rodata`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct RawConfig {
+    /// The only process (tgid) recorded.
+    pub target_tgid: u32,
+    /// 0.
+    pub reserved: u32,
+    /// A wakeup is forced once this many bytes are unconsumed in the ring buffer.
+    pub wakeup_bytes: u64,
+    /// Alignment reported for `valloc`/`pvalloc`, in bytes.
+    pub page_size: u64,
+}
+
+impl RawConfig {
+    /// Size of `.rodata` in bytes.
+    pub const SIZE: usize = size_of::<Self>();
+
+    /// Settings for `tgid` with the default 64 KiB wakeup watermark and this machine's page size.
+    pub fn new(tgid: u32) -> Self {
+        Self {
+            target_tgid: tgid,
+            reserved: 0,
+            wakeup_bytes: 64 * 1024,
+            page_size: 4096,
+        }
+    }
+
+    /// The bytes to write over `.rodata` before load.
+    pub fn to_bytes(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0..4].copy_from_slice(&self.target_tgid.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.reserved.to_ne_bytes());
+        b[8..16].copy_from_slice(&self.wakeup_bytes.to_ne_bytes());
+        b[16..24].copy_from_slice(&self.page_size.to_ne_bytes());
+        b
+    }
+}
+
+// The C side's layout (memtrack.h): change both together.
+const _: () = assert!(size_of::<RawEvent>() == 56);
+const _: () = assert!(align_of::<RawEvent>() == 8);
+const _: () = assert!(core::mem::offset_of!(RawEvent, kind) == 16);
+const _: () = assert!(core::mem::offset_of!(RawEvent, addr) == 24);
+const _: () = assert!(core::mem::offset_of!(RawEvent, align) == 48);
+const _: () = assert!(size_of::<RawStats>() == 32);
+const _: () = assert!(align_of::<RawStats>() == 8);
+const _: () = assert!(size_of::<RawConfig>() == 24);
+const _: () = assert!(core::mem::offset_of!(RawConfig, wakeup_bytes) == 8);

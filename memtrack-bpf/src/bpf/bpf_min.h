@@ -1,0 +1,68 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * The little of the kernel's and libbpf's headers memtrack.bpf.c needs, written by hand so that
+ * building the object needs nothing but clang (no vmlinux.h, no libbpf-dev). Struct layouts
+ * are relocated at load time against the running kernel's BTF (CO-RE, preserve_access_index).
+ */
+#ifndef MEMTRACK_BPF_MIN_H
+#define MEMTRACK_BPF_MIN_H
+
+typedef unsigned char __u8;
+typedef unsigned int __u32;
+typedef unsigned long long __u64;
+typedef long long __s64;
+
+/* x86-64 user/kernel register frame; only the fields read here are declared (CO-RE). */
+struct pt_regs {
+	unsigned long r9;
+	unsigned long r8;
+	unsigned long ax;
+	unsigned long orig_ax;
+	unsigned long cx;
+	unsigned long dx;
+	unsigned long si;
+	unsigned long di;
+	unsigned long sp;
+} __attribute__((preserve_access_index));
+
+/* uapi/linux/bpf.h */
+enum {
+	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
+	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_LRU_HASH = 9,
+	BPF_MAP_TYPE_RINGBUF = 27,
+	BPF_MAP_TYPE_TASK_STORAGE = 29,
+};
+#define BPF_ANY 0
+#define BPF_F_NO_PREALLOC 1
+#define BPF_LOCAL_STORAGE_GET_F_CREATE 1
+#define BPF_NOEXIST 1
+#define BPF_RB_NO_WAKEUP 1
+#define BPF_RB_FORCE_WAKEUP 2
+#define BPF_RB_AVAIL_DATA 0
+
+/* libbpf's BTF-defined map and section conventions. */
+#define SEC(name) __attribute__((section(name), used))
+#define __uint(name, val) int (*name)[val]
+#define __type(name, val) typeof(val) *name
+#define __always_inline inline __attribute__((always_inline))
+
+/* Helper ids from uapi/linux/bpf.h's __BPF_FUNC_MAPPER. */
+static void *(*const bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static long (*const bpf_map_update_elem)(void *map, const void *key, const void *value,
+					 __u64 flags) = (void *)2;
+static long (*const bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
+static __u64 (*const bpf_ktime_get_ns)(void) = (void *)5;
+static __u64 (*const bpf_get_current_pid_tgid)(void) = (void *)14;
+static long (*const bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
+static void *(*const bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;
+static void (*const bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
+static __u64 (*const bpf_ringbuf_query)(void *ringbuf, __u64 flags) = (void *)134;
+static __u64 (*const bpf_get_attach_cookie)(void *ctx) = (void *)174;
+struct task_struct;
+static void *(*const bpf_task_storage_get)(void *map, struct task_struct *task, void *value,
+					   __u64 flags) = (void *)156;
+static struct task_struct *(*const bpf_get_current_task_btf)(void) = (void *)158;
+
+#endif

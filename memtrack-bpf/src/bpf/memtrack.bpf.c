@@ -1,0 +1,457 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+/*
+ * memtrack's allocation tracker: uprobes on allocator entry points (entry + return where the
+ * result is needed) and a tp_btf/sys_exit program for mmap/munmap/mremap/brk, for ONE process
+ * (config.target_tgid). Every event goes into the `events` ring buffer as a
+ * `struct memtrack_event` (memtrack.h).
+ *
+ * Nesting: allocator entry points call each other (operator new -> malloc, delete -> free,
+ * realloc(NULL, n) -> malloc, reallocarray -> realloc). Only the outermost call of a thread
+ * produces an event. Each thread has a `call_state` holding the depth of the outermost probed
+ * call in progress and the stack pointer at its entry. An entry with a lower stack pointer is
+ * nested inside it; one with the same or a higher stack pointer replaces it (a tail call -- the
+ * outer frame is gone -- or an outer call whose return was never seen, e.g. an exception thrown
+ * out of operator new).
+ *
+ * Cost: events are submitted with BPF_RB_NO_WAKEUP (a wakeup per event costs ~1.3 us here) and
+ * a wakeup is forced only when unconsumed data crosses `wakeup_bytes`; user space also drains
+ * on a timer.
+ */
+#include "bpf_min.h"
+#include "memtrack.h"
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+/* Load-time settings: the only thing in .rodata (user space checks its size). */
+const volatile struct memtrack_config config = {
+	.target_tgid = 0,
+	.wakeup_bytes = 65536,
+	.page_size = 4096,
+};
+
+/* Runtime switch flipped by user space (the only thing in .bss): 1 = record. */
+volatile __u32 enabled;
+
+/*
+ * Keeps `struct memtrack_event` in the object's BTF (a ring buffer's records have no declared
+ * type) so that a test can check the Rust mirror against it. Never read or written.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct memtrack_event);
+} event_abi SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024 * 1024); /* default; user space sets the size at load */
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct memtrack_stats);
+} stats SEC(".maps");
+
+/*
+ * Per-thread state (task-local storage: no size limit, freed when the thread exits, and a
+ * cheaper lookup than a hash map): memtrack's exclusion flag and the outermost probed
+ * allocator call in progress. User space writes `excluded` (the first u32) for memtrack's own
+ * threads, keyed by a thread pidfd.
+ */
+struct call_state {
+	__u32 excluded; /* 1: a memtrack thread, never recorded */
+	__u32 depth;    /* 0: no call in progress */
+	__u64 sp;       /* stack pointer at the outer call's entry */
+	__u64 addr;     /* old block (realloc, free-like), memptr (posix_memalign) */
+	__u64 size;
+	__u64 align;
+	__u32 kind;     /* MT_KIND_* of the outer call */
+	__u32 flags;    /* CS_* */
+};
+#define CS_MEMPTR 1 /* posix_memalign: the block is in *addr, the return value is an errno */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct call_state);
+} calls SEC(".maps");
+
+/* This thread's state; created if `create`, else NULL when it has none. */
+static __always_inline struct call_state *thread_state(int create)
+{
+	return bpf_task_storage_get(&calls, bpf_get_current_task_btf(), 0,
+				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+/* The target process, recording on (memtrack's own threads are checked on their state). */
+static __always_inline int should_record(__u64 pid_tgid)
+{
+	return (__u32)(pid_tgid >> 32) == config.target_tgid && enabled;
+}
+
+/*
+ * Wake the consumer only when unconsumed data crosses the watermark, not for every event
+ * above it: a wakeup costs ~1.3 us here, and at a million events per second the consumer is
+ * always behind by more than 64 KiB between its 10 ms drains. The window is a few records
+ * wide so that concurrent producers on other CPUs rarely all step over it; if they do, the
+ * consumer's timer drain still comes.
+ */
+#define WAKEUP_WINDOW (8 * (sizeof(struct memtrack_event) + 8))
+
+static __always_inline __u64 wakeup_flag(__u64 avail)
+{
+	if (avail >= config.wakeup_bytes && avail < config.wakeup_bytes + WAKEUP_WINDOW)
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline void emit(__u64 pid_tgid, __u32 kind, __u64 addr, __u64 old_addr,
+				 __u64 size, __u64 align)
+{
+	__u32 zero = 0;
+	struct memtrack_stats *st = bpf_map_lookup_elem(&stats, &zero);
+	struct memtrack_event *e;
+
+	if (st) {
+		if (kind == MT_KIND_FREE) {
+			st->frees++;
+		} else if (kind <= MT_KIND_ALIGNED_ALLOC) {
+			st->allocs++;
+			st->alloc_bytes += size;
+		}
+	}
+	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		if (st)
+			st->drops++;
+		return;
+	}
+	e->ts = bpf_ktime_get_ns();
+	e->pid = pid_tgid >> 32;
+	e->tid = (__u32)pid_tgid;
+	e->kind = kind;
+	e->reserved = 0;
+	e->addr = addr;
+	e->old_addr = old_addr;
+	e->size = size;
+	e->align = align;
+	bpf_ringbuf_submit(e, wakeup_flag(bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA)));
+}
+
+/* Entry of an allocator call whose result comes at return (paired with mt_ret). */
+static __always_inline int enter(struct pt_regs *ctx, __u32 kind, __u64 addr, __u64 size,
+				 __u64 align, __u32 flags)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 sp = ctx->sp;
+	struct call_state *cs;
+
+	if (!should_record(pid_tgid))
+		return 0;
+	cs = thread_state(1);
+	if (!cs || cs->excluded)
+		return 0;
+	if (cs->depth > 0 && sp < cs->sp) {
+		cs->depth++;
+		return 0;
+	}
+	cs->sp = sp;
+	cs->depth = 1;
+	cs->kind = kind;
+	cs->flags = flags;
+	cs->addr = addr;
+	cs->size = size;
+	cs->align = align;
+	return 0;
+}
+
+/* A free-like entry is nested if an outer call is in progress deeper in the stack, or if it is
+ * the tail call of an outer free-like of the same block (delete(p) -> jmp free(p)). */
+static __always_inline int nested_free(struct call_state *cs, __u64 sp, __u64 addr)
+{
+	if (!cs || cs->depth == 0)
+		return 0;
+	return sp < cs->sp || (sp == cs->sp && cs->kind == MT_KIND_FREE && cs->addr == addr);
+}
+
+static __always_inline int mt_malloc(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_MALLOC, 0, ctx->di, 0, 0);
+}
+
+static __always_inline int mt_calloc(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_CALLOC, 0, (__u64)ctx->di * ctx->si, 0, 0);
+}
+
+/* mi_zalloc(size) and friends: zeroed, one size argument. */
+static __always_inline int mt_zalloc(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_CALLOC, 0, ctx->di, 0, 0);
+}
+
+/* mi_mallocn(count, size). */
+static __always_inline int mt_mallocn(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_MALLOC, 0, (__u64)ctx->di * ctx->si, 0, 0);
+}
+
+static __always_inline int mt_realloc(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_REALLOC, ctx->di, ctx->si, 0, 0);
+}
+
+/* reallocarray(p, nmemb, size), mi_reallocn(p, count, size). */
+static __always_inline int mt_reallocarray(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_REALLOC, ctx->di, (__u64)ctx->si * ctx->dx, 0, 0);
+}
+
+/* memalign(align, size), aligned_alloc(align, size). */
+static __always_inline int mt_memalign(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_ALIGNED_ALLOC, 0, ctx->si, ctx->di, 0);
+}
+
+/* operator new(size, align_val_t), mi_malloc_aligned(size, align), mi_zalloc_aligned. */
+static __always_inline int mt_aligned_size_first(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_ALIGNED_ALLOC, 0, ctx->di, ctx->si, 0);
+}
+
+/* posix_memalign(void **memptr, align, size): the block is *memptr when it returns 0. */
+static __always_inline int mt_posix_memalign(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_ALIGNED_ALLOC, ctx->di, ctx->dx, ctx->si, CS_MEMPTR);
+}
+
+/* valloc(size), pvalloc(size): page-aligned. */
+static __always_inline int mt_valloc(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_ALIGNED_ALLOC, 0, ctx->di, config.page_size, 0);
+}
+
+/* jemalloc flags: low 6 bits = log2(alignment) (0: none), 0x40 = MALLOCX_ZERO. */
+static __always_inline __u64 mallocx_align(__u64 flags)
+{
+	__u64 lg = flags & 0x3f;
+
+	return lg ? 1ULL << lg : 0;
+}
+
+/* mallocx(size, flags). */
+static __always_inline int mt_mallocx(struct pt_regs *ctx)
+{
+	__u64 align = mallocx_align(ctx->si);
+	__u32 kind = align ? MT_KIND_ALIGNED_ALLOC
+			   : (ctx->si & 0x40) ? MT_KIND_CALLOC : MT_KIND_MALLOC;
+
+	return enter(ctx, kind, 0, ctx->di, align, 0);
+}
+
+/* rallocx(p, size, flags). */
+static __always_inline int mt_rallocx(struct pt_regs *ctx)
+{
+	return enter(ctx, MT_KIND_REALLOC, ctx->di, ctx->si, 0, 0);
+}
+
+/* The return of every probed allocation call: only the outermost emits. */
+SEC("uretprobe.multi")
+int mt_ret(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 ret = ctx->ax;
+	struct call_state *cs;
+
+	if ((__u32)(pid_tgid >> 32) != config.target_tgid)
+		return 0;
+	cs = thread_state(0);
+	if (!cs || cs->depth == 0)
+		return 0;
+	if (--cs->depth > 0)
+		return 0;
+	/* The outer call was entered while recording; drop it if recording stopped since. */
+	if (!enabled)
+		return 0;
+	switch (cs->kind) {
+	case MT_KIND_FREE:
+		/* operator delete: emitted at entry. */
+		return 0;
+	case MT_KIND_REALLOC:
+		if (ret) {
+			if (cs->addr)
+				emit(pid_tgid, MT_KIND_REALLOC, ret, cs->addr, cs->size, 0);
+			else
+				emit(pid_tgid, MT_KIND_MALLOC, ret, 0, cs->size, 0);
+		} else if (cs->size == 0 && cs->addr) {
+			/* glibc's realloc(p, 0) frees p and returns NULL. */
+			emit(pid_tgid, MT_KIND_FREE, cs->addr, 0, 0, 0);
+		}
+		return 0;
+	default:
+		if (cs->flags & CS_MEMPTR) {
+			__u64 block = 0;
+
+			if ((__u32)ret != 0)
+				return 0;
+			if (bpf_probe_read_user(&block, sizeof(block), (void *)cs->addr) || !block)
+				return 0;
+			ret = block;
+		}
+		if (ret)
+			emit(pid_tgid, cs->kind, ret, 0, cs->size, cs->align);
+		return 0;
+	}
+}
+
+/* free(p), dallocx(p, flags), sdallocx(p, size, flags), mi_free*: entry only. */
+static __always_inline int mt_free(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 addr = ctx->di;
+	struct call_state *cs;
+
+	if (!addr || !should_record(pid_tgid))
+		return 0;
+	cs = thread_state(0);
+	if (cs && (cs->excluded || nested_free(cs, ctx->sp, addr)))
+		return 0;
+	emit(pid_tgid, MT_KIND_FREE, addr, 0, 0, 0);
+	return 0;
+}
+
+/* operator delete and friends: they call free, so they bracket it (paired with mt_ret). The
+ * event is emitted at entry, before another thread can be handed the same block. */
+static __always_inline int mt_free_outer(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u64 addr = ctx->di;
+	__u64 sp = ctx->sp;
+	struct call_state *cs;
+
+	if (!should_record(pid_tgid))
+		return 0;
+	cs = thread_state(1);
+	if (!cs || cs->excluded)
+		return 0;
+	if (nested_free(cs, sp, addr)) {
+		cs->depth++;
+		return 0;
+	}
+	cs->sp = sp;
+	cs->depth = 1;
+	cs->kind = MT_KIND_FREE;
+	cs->flags = 0;
+	cs->addr = addr;
+	cs->size = 0;
+	cs->align = 0;
+	if (addr)
+		emit(pid_tgid, MT_KIND_FREE, addr, 0, 0, 0);
+	return 0;
+}
+
+/*
+ * Every entry probe: one program for all sites of a file (one uprobe_multi link: detaching a
+ * link waits ~130 ms for the kernel to synchronise, so a link per site made `record` of a
+ * C++ program take seconds). The site's cookie says which entry point it is.
+ */
+SEC("uprobe.multi")
+int mt_entry(struct pt_regs *ctx)
+{
+	switch (bpf_get_attach_cookie(ctx)) {
+	case MT_ENTRY_MALLOC:
+		return mt_malloc(ctx);
+	case MT_ENTRY_CALLOC:
+		return mt_calloc(ctx);
+	case MT_ENTRY_ZALLOC:
+		return mt_zalloc(ctx);
+	case MT_ENTRY_MALLOCN:
+		return mt_mallocn(ctx);
+	case MT_ENTRY_REALLOC:
+		return mt_realloc(ctx);
+	case MT_ENTRY_REALLOCARRAY:
+		return mt_reallocarray(ctx);
+	case MT_ENTRY_MEMALIGN:
+		return mt_memalign(ctx);
+	case MT_ENTRY_ALIGNED_SIZE_FIRST:
+		return mt_aligned_size_first(ctx);
+	case MT_ENTRY_POSIX_MEMALIGN:
+		return mt_posix_memalign(ctx);
+	case MT_ENTRY_VALLOC:
+		return mt_valloc(ctx);
+	case MT_ENTRY_MALLOCX:
+		return mt_mallocx(ctx);
+	case MT_ENTRY_RALLOCX:
+		return mt_rallocx(ctx);
+	case MT_ENTRY_FREE:
+		return mt_free(ctx);
+	case MT_ENTRY_FREE_OUTER:
+		return mt_free_outer(ctx);
+	}
+	return 0;
+}
+
+/*
+ * Syscalls: tp_btf/sys_exit(struct pt_regs *regs, long ret) only. At exit the saved user
+ * registers still hold the number (orig_ax) and the arguments of these four syscalls, so no
+ * sys_enter program and no per-thread state are needed. Any syscall tracepoint puts every
+ * syscall of every process on the slow path: an unrelated process's getppid() went from 124
+ * to 259 ns with sys_enter + sys_exit attached, measured here; one program halves the BPF
+ * part. (fexit on the syscalls themselves would cost nothing elsewhere but fails to load on
+ * this kernel: -EPERM, no ftrace direct calls.)
+ */
+#define NR_MMAP 9
+#define NR_MUNMAP 11
+#define NR_BRK 12
+#define NR_MREMAP 25
+
+SEC("tp_btf/sys_exit")
+int mt_sys_exit(__u64 *ctx)
+{
+	struct pt_regs *regs = (struct pt_regs *)ctx[0];
+	__s64 ret = (__s64)ctx[1];
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct call_state *cs;
+	__u64 nr;
+
+	if ((__u32)(pid_tgid >> 32) != config.target_tgid)
+		return 0;
+	nr = regs->orig_ax;
+	if (nr != NR_MMAP && nr != NR_MUNMAP && nr != NR_MREMAP && nr != NR_BRK)
+		return 0;
+	/* -4095..-1 are errnos. */
+	if ((ret < 0 && ret >= -4095) || !enabled)
+		return 0;
+	cs = thread_state(0);
+	if (cs && cs->excluded)
+		return 0;
+	switch (nr) {
+	case NR_MMAP: /* mmap(addr, len, ...) -> the mapping */
+		emit(pid_tgid, MT_KIND_MMAP, ret, 0, regs->si, 0);
+		break;
+	case NR_MUNMAP: /* munmap(addr, len) -> 0 */
+		emit(pid_tgid, MT_KIND_MUNMAP, regs->di, 0, regs->si, 0);
+		break;
+	case NR_MREMAP: /* mremap(old, old_len, new_len, ...) -> the new address */
+		emit(pid_tgid, MT_KIND_MREMAP, ret, regs->di, regs->dx, 0);
+		break;
+	case NR_BRK:
+		/* brk(0) only asks for the break; brk(x) returning the old break failed. */
+		if (regs->di && (__u64)ret == regs->di)
+			emit(pid_tgid, MT_KIND_BRK, ret, 0, 0, 0);
+		break;
+	}
+	return 0;
+}
+
+/* Does nothing: attached at the same sites as the real programs, it measures the kernel's
+ * uprobe floor (trap + dispatch) that every configuration pays. Not used for recording. */
+SEC("uprobe.multi")
+int mt_nop(struct pt_regs *ctx)
+{
+	return 0;
+}

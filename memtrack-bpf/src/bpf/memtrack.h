@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: MIT OR Apache-2.0 */
+/*
+ * The one definition of the event ABI between memtrack's BPF program and user space.
+ *
+ * The Rust mirror is `memtrack_bpf::RawEvent` / `memtrack_bpf::RawStats`, whose size and
+ * alignment are asserted at compile time; change both together. The kind numbers are
+ * `memtrack::KindTag`'s.
+ */
+#ifndef MEMTRACK_H
+#define MEMTRACK_H
+
+#define MT_KIND_MALLOC 1
+#define MT_KIND_CALLOC 2
+#define MT_KIND_REALLOC 3
+#define MT_KIND_ALIGNED_ALLOC 4
+#define MT_KIND_FREE 5
+#define MT_KIND_MMAP 6
+#define MT_KIND_MUNMAP 7
+#define MT_KIND_MREMAP 8
+#define MT_KIND_BRK 9
+
+/*
+ * Entry shapes: the BPF cookie of each entry-probe site (one uprobe_multi link per file carries
+ * all of them), telling `mt_entry` where the arguments are. Mirrored by
+ * `memtrack_bpf::Entry`.
+ */
+#define MT_ENTRY_MALLOC 1             /* (size) -> Malloc */
+#define MT_ENTRY_CALLOC 2             /* (n, size) -> Calloc n*size */
+#define MT_ENTRY_ZALLOC 3             /* (size) -> Calloc */
+#define MT_ENTRY_MALLOCN 4            /* (n, size) -> Malloc n*size */
+#define MT_ENTRY_REALLOC 5            /* (p, size) -> Realloc */
+#define MT_ENTRY_REALLOCARRAY 6       /* (p, n, size) -> Realloc n*size */
+#define MT_ENTRY_MEMALIGN 7           /* (align, size) -> AlignedAlloc */
+#define MT_ENTRY_ALIGNED_SIZE_FIRST 8 /* (size, align) -> AlignedAlloc */
+#define MT_ENTRY_POSIX_MEMALIGN 9     /* (void **p, align, size) -> AlignedAlloc *p */
+#define MT_ENTRY_VALLOC 10            /* (size) -> AlignedAlloc, page aligned */
+#define MT_ENTRY_MALLOCX 11           /* jemalloc (size, flags) */
+#define MT_ENTRY_RALLOCX 12           /* jemalloc (p, size, flags) -> Realloc */
+#define MT_ENTRY_FREE 13              /* (p) -> Free; no return probe */
+#define MT_ENTRY_FREE_OUTER 14        /* (p) -> Free; brackets a nested free (operator delete) */
+
+/*
+ * One ring-buffer record: 56 bytes, 8-aligned (64 with the ring buffer's 8-byte header).
+ *
+ * Field use per kind (unused fields are 0):
+ *   Malloc, Calloc, Mmap, Munmap: addr, size
+ *   Realloc, Mremap:              addr (new), old_addr, size (new)
+ *   AlignedAlloc:                 addr, size, align
+ *   Free:                         addr
+ *   Brk:                          addr (the new break)
+ */
+struct memtrack_event {
+	unsigned long long ts;       /* bpf_ktime_get_ns(): CLOCK_MONOTONIC nanoseconds */
+	unsigned int pid;            /* tgid */
+	unsigned int tid;            /* kernel pid of the thread */
+	unsigned int kind;           /* MT_KIND_* */
+	unsigned int reserved;       /* 0; room for flags */
+	unsigned long long addr;
+	unsigned long long old_addr;
+	unsigned long long size;     /* bytes */
+	unsigned long long align;    /* bytes */
+};
+
+/* Per-CPU counters (one slot of the `stats` PERCPU_ARRAY); user space sums the CPUs. */
+struct memtrack_stats {
+	unsigned long long allocs;      /* Malloc + Calloc + Realloc + AlignedAlloc events */
+	unsigned long long alloc_bytes; /* their sizes, bytes */
+	unsigned long long frees;       /* Free events (incl. realloc(p, 0)) */
+	unsigned long long drops;       /* events lost: ring buffer reservation failed */
+};
+
+/*
+ * Load-time settings: the whole `.rodata` section (`const volatile` in the program), written by
+ * user space before load. Nothing else may live in `.rodata` (user space checks the size).
+ */
+struct memtrack_config {
+	unsigned int target_tgid;             /* the only process recorded */
+	unsigned int reserved;                /* 0 */
+	unsigned long long wakeup_bytes;      /* force a wakeup once this much data is unconsumed */
+	unsigned long long page_size;         /* alignment reported for valloc/pvalloc, bytes */
+};
+
+#endif

@@ -1,0 +1,93 @@
+//! The checked-in object's BTF (compiled from memtrack.h) against the Rust mirrors: the same
+//! struct sizes and field offsets. Needs no privileges (the object is only parsed).
+
+use std::mem::offset_of;
+
+use libbpf_rs::btf::types::{Func, MemberAttr, Struct};
+use libbpf_rs::btf::{Btf, HasSize};
+use memtrack_bpf::{OBJECT, RawConfig, RawEvent, RawStats};
+
+fn layout(btf: &Btf<'_>, name: &str) -> (usize, Vec<(String, usize)>) {
+    let s: Struct<'_> = btf
+        .type_by_name(name)
+        .unwrap_or_else(|| panic!("struct {name} in BTF"));
+    let fields = s
+        .iter()
+        .map(|m| {
+            let MemberAttr::Normal { offset } = m.attr else {
+                panic!("bitfield in {name}")
+            };
+            let n = m.name.expect("named member").to_string_lossy().into_owned();
+            (n, offset as usize / 8)
+        })
+        .collect();
+    (s.size(), fields)
+}
+
+fn owned(v: &[(&str, usize)]) -> Vec<(String, usize)> {
+    v.iter().map(|(n, o)| ((*n).to_owned(), *o)).collect()
+}
+
+#[test]
+fn c_structs_match_the_rust_mirrors() {
+    let btf = Btf::from_raw("memtrack", OBJECT)
+        .unwrap()
+        .expect("the object has BTF");
+    assert_eq!(
+        layout(&btf, "memtrack_event"),
+        (
+            size_of::<RawEvent>(),
+            owned(&[
+                ("ts", offset_of!(RawEvent, ts)),
+                ("pid", offset_of!(RawEvent, pid)),
+                ("tid", offset_of!(RawEvent, tid)),
+                ("kind", offset_of!(RawEvent, kind)),
+                ("reserved", offset_of!(RawEvent, reserved)),
+                ("addr", offset_of!(RawEvent, addr)),
+                ("old_addr", offset_of!(RawEvent, old_addr)),
+                ("size", offset_of!(RawEvent, size)),
+                ("align", offset_of!(RawEvent, align)),
+            ])
+        )
+    );
+    assert_eq!(
+        layout(&btf, "memtrack_stats"),
+        (
+            size_of::<RawStats>(),
+            owned(&[
+                ("allocs", offset_of!(RawStats, allocs)),
+                ("alloc_bytes", offset_of!(RawStats, alloc_bytes)),
+                ("frees", offset_of!(RawStats, frees)),
+                ("drops", offset_of!(RawStats, drops)),
+            ])
+        )
+    );
+    assert_eq!(
+        layout(&btf, "memtrack_config"),
+        (
+            size_of::<RawConfig>(),
+            owned(&[
+                ("target_tgid", offset_of!(RawConfig, target_tgid)),
+                ("reserved", offset_of!(RawConfig, reserved)),
+                ("wakeup_bytes", offset_of!(RawConfig, wakeup_bytes)),
+                ("page_size", offset_of!(RawConfig, page_size)),
+            ])
+        )
+    );
+}
+
+#[test]
+fn every_program_the_loader_names_exists() {
+    let btf = Btf::from_raw("memtrack", OBJECT)
+        .unwrap()
+        .expect("the object has BTF");
+    for n in [
+        memtrack_bpf::PROG_ENTRY,
+        memtrack_bpf::PROG_RET,
+        memtrack_bpf::PROG_NOP,
+        memtrack_bpf::PROG_SYS_EXIT,
+    ] {
+        let f: Option<Func<'_>> = btf.type_by_name(n);
+        assert!(f.is_some(), "no BPF program {n} in the object");
+    }
+}

@@ -1,0 +1,96 @@
+//! `memtrack record -- CMD` end to end: exit code forwarded, summary line, errors with fixes.
+//! Needs root (CI runs as root); without it the test prints why it is skipped.
+
+use std::path::Path;
+use std::process::Command;
+
+fn memtrack() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_memtrack"))
+}
+
+#[test]
+fn record_forwards_exit_code_and_prints_summary() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: not root (the tracker needs CAP_BPF + CAP_PERFMON)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("alloc");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/alloc.c");
+    assert!(
+        Command::new("cc")
+            .arg("-O1")
+            .arg(&src)
+            .arg("-o")
+            .arg(&exe)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let out_file = dir.path().join("out.memtrack");
+
+    // `exit` mode: two marker pairs and one last malloc(4242), then _exit(7).
+    let out = memtrack()
+        .arg("record")
+        .arg("-o")
+        .arg(&out_file)
+        .arg("--")
+        .arg(&exe)
+        .arg("exit")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    assert!(stderr.contains("memtrack: 3 allocations"), "{stderr}");
+    assert!(stderr.contains("live at end in 1 blocks"), "{stderr}");
+    assert!(stderr.contains("0 lost events"), "{stderr}");
+    assert!(stderr.contains(&out_file.display().to_string()), "{stderr}");
+    let verify = memtrack().arg("verify").arg(&out_file).output().unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+
+    // A ring buffer size that is not a power of two is refused with the valid range.
+    let bad = memtrack()
+        .args(["record", "--ringbuf-mib", "3", "-o"])
+        .arg(&out_file)
+        .arg("--")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("power of two"));
+
+    // A missing command is a spawn error, not a tracker error.
+    let missing = memtrack()
+        .args(["record", "-o"])
+        .arg(&out_file)
+        .args(["--", "/nonexistent/cmd"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("cannot run"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+
+    // Without privileges: the error names the capabilities and the fix.
+    if Command::new("setpriv").arg("--version").output().is_ok() {
+        let unpriv = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_memtrack"))
+            .args(["record", "-o", "/dev/null", "--", "/bin/true"])
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&unpriv.stderr);
+        assert_eq!(unpriv.status.code(), Some(1), "{e}");
+        assert!(
+            e.contains("CAP_BPF") && e.contains("CAP_PERFMON") && e.contains("setcap"),
+            "{e}"
+        );
+    }
+}
