@@ -33,7 +33,6 @@ fn main() -> Result<(), memtrack::Error> {
     let runs: usize = args.get(2).map_or(5, |a| a.parse().expect("RUNS"));
     let untracked = median(pairs, runs);
     let tracker = Tracker::global(&TrackerOptions::new())?;
-    let tracker = tracker.lock().expect("tracker lock");
     let path = std::env::temp_dir().join("tracker_overhead.memtrack");
     let file =
         std::fs::File::create(&path).map_err(|e| memtrack::Error::InvalidOption(e.to_string()))?;

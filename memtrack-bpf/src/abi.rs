@@ -7,8 +7,13 @@
 /// link of [`PROG_ENTRY`] over every [`crate::ProbeSite`] (cookie: [`Entry::cookie`]) and one of
 /// [`PROG_RET`] (as return probes) over the sites with `ret`, plus
 /// [`PROG_SYS_EXIT`].
-/// The runtime switch is the 4-byte `.bss` (a `u32`, 1 = record).
+/// The runtime switch is the 4-byte `.bss` (a `u32` of [`SWITCH_STREAM`] | [`SWITCH_COUNT`] bits).
 pub static OBJECT: &[u8] = include_bytes!("bpf/memtrack.bpf.o");
+
+/// Switch bit (`MT_SWITCH_STREAM`): record events into the ring buffer, and count them.
+pub const SWITCH_STREAM: u32 = 1;
+/// Switch bit (`MT_SWITCH_COUNT`): only count allocations, frees and bytes in [`RawStats`].
+pub const SWITCH_COUNT: u32 = 2;
 
 /// The ring buffer of [`RawEvent`]s (its size is set at load; a power of two, in bytes).
 pub const MAP_EVENTS: &str = "events";

@@ -34,6 +34,7 @@ pub use abi::RawConfig;
 pub use abi::RawEvent;
 pub use abi::RawStats;
 pub use abi::kind;
+pub use abi::{SWITCH_COUNT, SWITCH_STREAM};
 pub use elf::Elf;
 pub use elf::ElfSymbol;
 pub use placement::Placement;

@@ -1,3 +1,47 @@
-//! The `#[memtrack]` attribute (track the allocations of one function) will live here; it is
-//! re-exported by the `memtrack` crate. This crate is part of the workspace from the start so
-//! the layout and the version pinning between the two crates are fixed early.
+//! The `#[memtrack]` attribute: track the allocations of one function.
+//!
+//! Use it through the `memtrack` crate (`memtrack::memtrack`), which re-exports it and pins
+//! this crate's exact version. See that crate's documentation for what is recorded.
+//!
+//! ```ignore
+//! #[memtrack::memtrack]
+//! fn parse_json() { /* ... */ }
+//!
+//! #[memtrack::memtrack(name = "parse/large", output = "target/memtrack")]
+//! #[test]
+//! fn parses_large_input() { /* ... */ }
+//! ```
+//!
+//! Options: `name = "…"` (default: the function's path, e.g. `my_crate::bench::parse_json`),
+//! `output = "…"` (directory of the artifact; default `$MEMTRACK_DIR`, else
+//! `<target dir>/memtrack`), `crate = path` (where `memtrack` is, if renamed).
+//! `async fn` is refused at compile time: the tracker counts whole threads, and while an async
+//! function awaits, other tasks run on its threads.
+
+mod attr;
+mod expand;
+
+use proc_macro::TokenStream;
+
+/// Records every allocation the function's body makes, writes an artifact and prints a
+/// one-line summary when the body ends (also when it panics). See the crate docs.
+#[proc_macro_attribute]
+pub fn memtrack(args: TokenStream, item: TokenStream) -> TokenStream {
+    let args = match attr::Args::parse(args.into()) {
+        Ok(a) => a,
+        Err(e) => return e.to_compile_error().into(),
+    };
+    let item = match syn::parse::<syn::ItemFn>(item.clone()) {
+        Ok(f) => f,
+        Err(_) => {
+            let item: proc_macro2::TokenStream = item.into();
+            return syn::Error::new_spanned(
+                item,
+                "#[memtrack] goes on a function (free fn, method, #[test] or benchmark fn)",
+            )
+            .to_compile_error()
+            .into();
+        }
+    };
+    expand::expand(args, item).into()
+}

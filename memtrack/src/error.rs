@@ -78,6 +78,16 @@ pub enum Error {
     /// A configuration value is out of range; the message names the option and the valid range.
     #[error("invalid option: {0}")]
     InvalidOption(String),
+    /// A session was started while another one of this process was running.
+    #[error(
+        "cannot start memtrack session {requested:?}: session {active:?} is still running in          this process, and sessions may not overlap (the tracker records the whole process);          finish or drop it first"
+    )]
+    SessionActive {
+        /// The session that was refused.
+        requested: String,
+        /// The session that is running.
+        active: String,
+    },
     /// The encoder's writer thread stopped early (after an I/O error, reported by `finish`).
     #[error("the encoder stopped early; `finish()` reports why")]
     EncoderStopped,

@@ -30,12 +30,17 @@
 //! The accounting rules of the totals (what counts as an allocation, how `realloc` counts, what
 //! the peak is) are in [`analysis`](Analyzer).
 
+#[doc(hidden)]
+pub mod __private;
 mod analysis;
 mod artifact;
+#[cfg(feature = "criterion")]
+pub mod criterion;
 mod encode;
 mod error;
 mod event;
 pub mod human;
+mod session;
 mod synth;
 mod tracker;
 
@@ -47,6 +52,9 @@ pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
 pub use encode::{Encoder, EncoderOptions, ThreadHook, Written, default_workers};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind, KindTag};
+#[cfg(feature = "macros")]
+pub use memtrack_macros::memtrack;
+pub use session::{Report, Session, SessionBuilder, start};
 pub use synth::{Synth, SynthOptions};
-pub use tracker::{Counters, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};
+pub use tracker::{Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};
 pub use tracker::{RecordOutcome, TrackerError, TrackerOptions, record_command};

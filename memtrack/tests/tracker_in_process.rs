@@ -22,7 +22,6 @@ fn records_this_threads_allocations_exactly() {
         return;
     }
     let tracker = Tracker::global(&TrackerOptions::new()).expect("load and attach");
-    let tracker = tracker.lock().unwrap();
     assert!(tracker.probe_sites() >= 9, "libc's entry points at least");
     let before = tracker.counters().unwrap();
     let dir = tempfile::tempdir().unwrap();

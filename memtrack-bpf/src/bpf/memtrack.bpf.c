@@ -29,7 +29,11 @@ const volatile struct memtrack_config config = {
 	.page_size = 4096,
 };
 
-/* Runtime switch flipped by user space (the only thing in .bss): 1 = record. */
+/*
+ * Runtime switch flipped by user space (the only thing in .bss), MT_SWITCH_* bits:
+ * STREAM records events into the ring buffer, COUNT only keeps the counters (a criterion
+ * measurement reads them without the cost of the event stream). 0 = off.
+ */
 volatile __u32 enabled;
 
 /*
@@ -124,6 +128,8 @@ static __always_inline void emit(__u64 pid_tgid, __u32 kind, __u64 addr, __u64 o
 			st->alloc_bytes += size;
 		}
 	}
+	if (!(enabled & MT_SWITCH_STREAM))
+		return;
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		if (st)

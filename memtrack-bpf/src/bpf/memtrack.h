@@ -19,6 +19,10 @@
 #define MT_KIND_MREMAP 8
 #define MT_KIND_BRK 9
 
+/* Bits of the runtime switch (`enabled` in .bss). Mirrored by `memtrack_bpf::SWITCH_*`. */
+#define MT_SWITCH_STREAM 1 /* record events into the ring buffer (and count them) */
+#define MT_SWITCH_COUNT 2  /* only count allocations, frees and bytes */
+
 /*
  * Entry shapes: the BPF cookie of each entry-probe site (one uprobe_multi link per file carries
  * all of them), telling `mt_entry` where the arguments are. Mirrored by

@@ -1,6 +1,7 @@
 //! Loading memtrack-bpf's object for one target process and attaching its probes.
 
 use std::collections::HashSet;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -20,6 +21,9 @@ pub(crate) struct Bpf {
     bss: Arc<MapHandle>,
     pub(crate) events: Arc<MapHandle>,
     stats: Arc<MapHandle>,
+    /// The per-CPU counters' lookup buffer, allocated once: reading the counters must not
+    /// allocate, since a criterion measurement reads them on the measured thread.
+    stats_buf: Mutex<Vec<u8>>,
     /// The per-thread state map, where memtrack's own threads are marked excluded.
     pub(crate) excluded: Arc<MapHandle>,
     /// The syscall tracepoint's link, if recording syscalls.
@@ -109,6 +113,7 @@ impl Bpf {
             bss,
             events,
             stats,
+            stats_buf: Mutex::new(vec![0u8; stats_stride() * possible_cpus()?]),
             excluded,
             syscall_links,
             attached: Mutex::new(Attached::default()),
@@ -190,29 +195,51 @@ impl Bpf {
             .sites
     }
 
-    /// Turns recording on or off (the program's `.bss` switch).
-    pub(crate) fn set_enabled(&self, on: bool) -> Result<()> {
+    /// Sets the program's `.bss` switch to `bits` (`memtrack_bpf::SWITCH_*`; 0 = off).
+    pub(crate) fn set_switch(&self, bits: u32) -> Result<()> {
         self.bss
-            .update(
-                &0u32.to_ne_bytes(),
-                &u32::from(on).to_ne_bytes(),
-                MapFlags::ANY,
-            )
+            .update(&0u32.to_ne_bytes(), &bits.to_ne_bytes(), MapFlags::ANY)
             .map_err(|e| TrackerError::bpf("flipping the recording switch", e))
     }
 
     /// The counters summed over CPUs.
     pub(crate) fn stats(&self) -> Result<RawStats> {
-        let per_cpu = self
-            .stats
-            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-            .map_err(|e| TrackerError::bpf("reading the counters", e))?
-            .unwrap_or_default();
-        Ok(per_cpu
-            .iter()
-            .filter_map(|b| RawStats::from_bytes(b))
+        let mut buf = self.stats_buf.lock().unwrap_or_else(|e| e.into_inner());
+        let key = 0u32;
+        // SAFETY: the map is a per-CPU array with a `u32` key; `buf` holds one value slot
+        // (rounded up to 8 bytes, as the kernel copies them) for every possible CPU.
+        let rc = unsafe {
+            libbpf_rs::libbpf_sys::bpf_map_lookup_elem(
+                self.stats.as_fd().as_raw_fd(),
+                (&key as *const u32).cast(),
+                buf.as_mut_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(TrackerError::Io {
+                what: "reading the BPF counters".into(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(buf
+            .chunks_exact(stats_stride())
+            .filter_map(|b| RawStats::from_bytes(&b[..RawStats::SIZE]))
             .fold(RawStats::default(), |a, b| a + b))
     }
+}
+
+/// Bytes per CPU of a per-CPU value as the kernel copies it out.
+fn stats_stride() -> usize {
+    RawStats::SIZE.next_multiple_of(8)
+}
+
+fn possible_cpus() -> Result<usize> {
+    // SAFETY: no preconditions; returns a count or a negative errno.
+    let n = unsafe { libbpf_rs::libbpf_sys::libbpf_num_possible_cpus() };
+    usize::try_from(n).map_err(|_| TrackerError::Io {
+        what: "counting the possible CPUs".into(),
+        source: std::io::Error::from_raw_os_error(-n),
+    })
 }
 
 /// Never records thread `tid` of this process (memtrack's own threads): sets the exclusion

@@ -22,8 +22,8 @@ mod record;
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
@@ -106,19 +106,40 @@ pub struct Tracker {
     bpf: Bpf,
     recording: Arc<AtomicBool>,
     in_process: bool,
+    /// The `.bss` switch's bits and the number of [`Counting`] guards alive.
+    switch: Mutex<(u32, usize)>,
 }
 
-static GLOBAL: OnceCell<std::sync::Mutex<Tracker>> = OnceCell::new();
+static GLOBAL: OnceCell<Tracker> = OnceCell::new();
 
 impl Tracker {
     /// The tracker of this process, loaded and attached on first use (later calls ignore
-    /// `opts`). Loading takes tens of milliseconds; keep it for the process's lifetime.
-    pub fn global(
-        opts: &TrackerOptions,
-    ) -> Result<&'static std::sync::Mutex<Tracker>, TrackerError> {
-        GLOBAL.get_or_try_init(|| {
-            Tracker::attach(std::process::id(), opts).map(std::sync::Mutex::new)
-        })
+    /// `opts`). Loading takes tens of milliseconds; sessions reuse it for the process's
+    /// lifetime. One recording at a time: [`Tracker::start`] refuses a second.
+    pub fn global(opts: &TrackerOptions) -> Result<&'static Tracker, TrackerError> {
+        GLOBAL.get_or_try_init(|| Tracker::attach(std::process::id(), opts))
+    }
+
+    fn set_switch_bit(&self, bit: u32, on: bool) -> Result<(), TrackerError> {
+        let mut sw = self.switch.lock().unwrap_or_else(|e| e.into_inner());
+        let bits = if on { sw.0 | bit } else { sw.0 & !bit };
+        self.bpf.set_switch(bits)?;
+        sw.0 = bits;
+        Ok(())
+    }
+
+    /// Keeps the BPF program counting allocations, frees and bytes ([`Tracker::counters`])
+    /// while the guard lives, without recording events: a couple of syscalls per read, no
+    /// ring buffer traffic. Guards nest; recording counts too.
+    pub fn counting(&self) -> Result<Counting<'_>, TrackerError> {
+        let mut sw = self.switch.lock().unwrap_or_else(|e| e.into_inner());
+        if sw.1 == 0 {
+            let bits = sw.0 | memtrack_bpf::SWITCH_COUNT;
+            self.bpf.set_switch(bits)?;
+            sw.0 = bits;
+        }
+        sw.1 += 1;
+        Ok(Counting { tracker: self })
     }
 
     /// Loads the program for process `pid` and attaches to every ELF object it has mapped
@@ -155,6 +176,7 @@ impl Tracker {
             bpf,
             recording: Arc::new(AtomicBool::new(false)),
             in_process: pid == std::process::id(),
+            switch: Mutex::new((0, 0)),
         })
     }
 
@@ -255,12 +277,33 @@ impl Tracker {
         }
         let drops_at_start = self.bpf.stats()?.drops;
         let poller = Poller::spawn(Arc::clone(&self.bpf.events), exclude, encoder)?;
-        self.bpf.set_enabled(true)?;
+        self.set_switch_bit(memtrack_bpf::SWITCH_STREAM, true)?;
         Ok(Recording {
             tracker: self,
             poller: Some(poller),
             drops_at_start,
         })
+    }
+}
+
+/// Keeps the tracker counting; see [`Tracker::counting`].
+#[must_use = "counting stops when the guard is dropped"]
+pub struct Counting<'t> {
+    tracker: &'t Tracker,
+}
+
+impl Drop for Counting<'_> {
+    fn drop(&mut self) {
+        let t = self.tracker;
+        let mut sw = t.switch.lock().unwrap_or_else(|e| e.into_inner());
+        sw.1 -= 1;
+        if sw.1 == 0 {
+            let bits = sw.0 & !memtrack_bpf::SWITCH_COUNT;
+            // Failing to switch counting off costs only the counting: nothing to report.
+            if t.bpf.set_switch(bits).is_ok() {
+                sw.0 = bits;
+            }
+        }
     }
 }
 
@@ -292,7 +335,9 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         let Some(poller) = self.poller.take() else {
             return Err(TrackerError::InvalidOption("recording already stopped".into()).into());
         };
-        let off = self.tracker.bpf.set_enabled(false);
+        let off = self
+            .tracker
+            .set_switch_bit(memtrack_bpf::SWITCH_STREAM, false);
         let drained = poller.finish();
         self.tracker.recording.store(false, Ordering::Release);
         off?;

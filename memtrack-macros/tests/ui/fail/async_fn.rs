@@ -1,0 +1,4 @@
+#[memtrack::memtrack]
+async fn fetch() {}
+
+fn main() {}

@@ -1,0 +1,377 @@
+//! Sessions: record one stretch of this process's own execution into a named artifact.
+//!
+//! ```text
+//! memtrack::start("parse_json")?          load the tracker once per process (then reuse it),
+//!     │                                   exclude memtrack's threads, switch recording on
+//!     ├── the code being measured
+//!     └── session.finish()? -> Report     switch off, drain, write the artifact atomically,
+//!                                         return the totals computed while streaming
+//! ```
+//! Dropping a [`Session`] without [`Session::finish`] (early return, panic) finishes it too and
+//! prints the summary line (or the error) on stderr; `process::exit` and `mem::forget` skip
+//! that, leaving only `<name>.memtrack.partial`, whose complete frames `memtrack show` recovers.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::analysis::Totals;
+use crate::artifact::{Backend, Metadata};
+use crate::encode::EncoderOptions;
+use crate::error::{Error, Result};
+use crate::human;
+use crate::tracker::{Recording, Tracker, TrackerOptions};
+
+/// Name of the session running in this process, if any (sessions may not overlap: the
+/// tracker records the whole process).
+static ACTIVE: Mutex<Option<String>> = Mutex::new(None);
+/// Signalled when the running session ends.
+static IDLE: Condvar = Condvar::new();
+
+/// The name of the session running in this process, if any.
+pub(crate) fn active_name() -> Option<String> {
+    ACTIVE.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+fn set_idle() {
+    *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    IDLE.notify_all();
+}
+
+/// Settings of a [`Session`]; [`start`] uses the defaults.
+#[derive(Debug, Clone)]
+pub struct SessionBuilder {
+    name: String,
+    output_dir: Option<PathBuf>,
+    ringbuf_bytes: Option<u64>,
+    quiet: bool,
+    workers: usize,
+}
+
+/// Starts a session named `name` with default settings. See [`SessionBuilder`].
+pub fn start(name: impl Into<String>) -> Result<Session> {
+    SessionBuilder::new(name).start()
+}
+
+impl SessionBuilder {
+    /// A session named `name` (the artifact is `<output dir>/<sanitized name>.memtrack`).
+    pub fn new(name: impl Into<String>) -> Self {
+        SessionBuilder {
+            name: name.into(),
+            output_dir: None,
+            ringbuf_bytes: None,
+            quiet: false,
+            workers: 1,
+        }
+    }
+
+    /// Directory of the artifact. Default: `$MEMTRACK_DIR` if set, else `memtrack/` in the
+    /// cargo target directory (`$CARGO_TARGET_DIR`, or the `target` the running binary is in).
+    pub fn output_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.output_dir = Some(dir.into());
+        self
+    }
+
+    /// Ring buffer size in MiB, a power of two (default 256). Only the first session of a
+    /// process sets it: the tracker is loaded once.
+    pub fn ringbuf_mib(mut self, mib: u64) -> Self {
+        self.ringbuf_bytes = Some(mib << 20);
+        self
+    }
+
+    /// Do not print the summary line when the session ends.
+    pub fn quiet(mut self, quiet: bool) -> Self {
+        self.quiet = quiet;
+        self
+    }
+
+    /// Compression threads (default 1: the measured program keeps the other cores).
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+
+    /// Starts recording. Fails if another session of this process is running, if the tracker
+    /// cannot be loaded (the error says what is missing and how to fix it), or if the artifact
+    /// cannot be created.
+    pub fn start(self) -> Result<Session> {
+        self.start_with(false)
+    }
+
+    /// Like [`SessionBuilder::start`], but waits for a running session of this process to end
+    /// instead of refusing: `#[memtrack]` functions (parallel tests) take turns.
+    pub(crate) fn start_waiting(self) -> Result<Session> {
+        self.start_with(true)
+    }
+
+    fn start_with(self, wait: bool) -> Result<Session> {
+        if self.name.trim().is_empty() {
+            return Err(Error::InvalidOption(
+                "a session name must not be empty".into(),
+            ));
+        }
+        if self.workers == 0 {
+            return Err(Error::InvalidOption(
+                "workers must be at least 1 (got 0)".into(),
+            ));
+        }
+        {
+            let mut active = ACTIVE.lock().unwrap_or_else(|e| e.into_inner());
+            while wait && active.is_some() {
+                active = IDLE.wait(active).unwrap_or_else(|e| e.into_inner());
+            }
+            if let Some(other) = active.as_ref() {
+                return Err(Error::SessionActive {
+                    requested: self.name,
+                    active: other.clone(),
+                });
+            }
+            *active = Some(self.name.clone());
+        }
+        let started = self.start_inner();
+        if started.is_err() {
+            set_idle();
+        }
+        started
+    }
+
+    fn start_inner(self) -> Result<Session> {
+        let mut topts = TrackerOptions::new();
+        if let Some(b) = self.ringbuf_bytes {
+            topts = topts.ringbuf_bytes(b);
+        }
+        let tracker = Tracker::global(&topts)?;
+        let dir = match self.output_dir {
+            Some(d) => d,
+            None => default_output_dir(),
+        };
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        let file_name = sanitize(&self.name);
+        let path = dir.join(format!("{file_name}.memtrack"));
+        let partial = dir.join(format!("{file_name}.memtrack.partial"));
+        drop((dir, file_name, topts));
+        let file = File::create(&partial)
+            .map_err(|e| Error::io(format!("creating {}", partial.display()), e))?;
+        let meta = Metadata::now(std::process::id(), Backend::Ebpf).with_name(&self.name);
+        let mut session = Session {
+            name: self.name,
+            path,
+            partial,
+            quiet: self.quiet,
+            started: Instant::now(),
+            recording: None,
+            meta,
+        };
+        // Recording starts last: nothing here may allocate or free after it (the metadata is
+        // kept in the session and freed after recording stops).
+        match tracker.start(file, &session.meta, EncoderOptions::new(), self.workers) {
+            Ok(r) => session.recording = Some(r),
+            Err(e) => {
+                let _ = std::fs::remove_file(&session.partial);
+                return Err(e);
+            }
+        }
+        session.started = Instant::now();
+        Ok(session)
+    }
+}
+
+/// A recording of this process in progress; see the module docs.
+#[must_use = "the session records until it is finished or dropped"]
+pub struct Session {
+    name: String,
+    path: PathBuf,
+    partial: PathBuf,
+    quiet: bool,
+    started: Instant,
+    recording: Option<Recording<'static, File>>,
+    meta: Metadata,
+}
+
+impl Session {
+    /// The session's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where the artifact will be once the session is finished.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops recording, finishes the artifact (replacing any file of the same name
+    /// atomically) and returns the report. Prints the summary line unless quiet.
+    pub fn finish(mut self) -> Result<Report> {
+        self.finish_inner()
+    }
+
+    fn finish_inner(&mut self) -> Result<Report> {
+        let Some(recording) = self.recording.take() else {
+            return Err(Error::InvalidOption(
+                "the session is already finished".into(),
+            ));
+        };
+        let duration = self.started.elapsed();
+        let result = recording.stop().and_then(|rec| {
+            std::fs::rename(&self.partial, &self.path).map_err(|e| {
+                Error::io(
+                    format!(
+                        "renaming {} to {}",
+                        self.partial.display(),
+                        self.path.display()
+                    ),
+                    e,
+                )
+            })?;
+            Ok(Report {
+                name: self.name.clone(),
+                path: self.path.clone(),
+                lost_events: rec.lost_events,
+                duration,
+                events: rec.written.events,
+                artifact_bytes: rec.written.bytes,
+                totals: rec.written.totals,
+            })
+        });
+        set_idle();
+        if let Ok(report) = &result
+            && !self.quiet
+        {
+            eprintln!("{}", report.summary_line());
+        }
+        result
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.recording.is_some()
+            && let Err(e) = self.finish_inner()
+        {
+            eprintln!("memtrack: {}: {e}", self.name);
+        }
+    }
+}
+
+/// What a session measured: the totals of `memtrack show`, computed while streaming.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Report {
+    /// The session's name.
+    pub name: String,
+    /// The artifact.
+    pub path: PathBuf,
+    /// Totals over every event (see the accounting rules in [`Totals`]), with per-thread totals.
+    pub totals: Totals,
+    /// Events lost because the ring buffer was full: non-zero means the numbers are incomplete.
+    pub lost_events: u64,
+    /// Wall-clock time the session recorded.
+    pub duration: Duration,
+    /// Events recorded.
+    pub events: u64,
+    /// Size of the artifact in bytes.
+    pub artifact_bytes: u64,
+}
+
+impl Report {
+    /// Successful calls returning a heap block.
+    pub fn allocations(&self) -> u64 {
+        self.totals.allocations
+    }
+
+    /// Bytes requested by those calls.
+    pub fn bytes_allocated(&self) -> u64 {
+        self.totals.bytes_allocated
+    }
+
+    /// Maximum of live heap bytes.
+    pub fn peak_live_bytes(&self) -> u64 {
+        self.totals.peak_live_bytes
+    }
+
+    /// The one-line summary printed when a session ends, e.g.
+    /// `memtrack: parse_json — 12,345 allocs (1.2 MiB), peak 512.0 KiB, 5 live (320 B), 0 lost → target/memtrack/parse_json.memtrack`.
+    pub fn summary_line(&self) -> String {
+        let t = &self.totals;
+        let lost = if self.lost_events == 0 {
+            "0 lost".to_string()
+        } else {
+            format!(
+                "{} LOST (incomplete: raise the ring buffer size)",
+                human::count(self.lost_events)
+            )
+        };
+        format!(
+            "memtrack: {} — {} allocs ({}), peak {}, {} live ({}), {} → {}",
+            self.name,
+            human::count(t.allocations),
+            human::bytes(t.bytes_allocated),
+            human::bytes(t.peak_live_bytes),
+            human::count(t.live_blocks_at_end),
+            human::bytes(t.live_bytes_at_end),
+            lost,
+            self.path.display()
+        )
+    }
+}
+
+/// A file name from a session name: path separators, `::` and anything outside
+/// `[A-Za-z0-9._-]` become `_`; never empty, never hidden, at most 200 bytes.
+pub(crate) fn sanitize(name: &str) -> String {
+    let mut out: String = name
+        .replace("::", ".")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    while out.starts_with('.') {
+        out.replace_range(..1, "_");
+    }
+    out.truncate(200);
+    if out.is_empty() {
+        out.push('_');
+    }
+    out
+}
+
+/// `$MEMTRACK_DIR`, else `<cargo target dir>/memtrack`.
+pub(crate) fn default_output_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MEMTRACK_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("memtrack");
+    }
+    // Test and bench binaries run from `<target>/<profile>/deps/`; cargo marks `<target>`
+    // with a CACHEDIR.TAG.
+    if let Ok(exe) = std::env::current_exe() {
+        for dir in exe.ancestors().skip(1) {
+            if dir.join("CACHEDIR.TAG").is_file() {
+                return dir.join("memtrack");
+            }
+        }
+    }
+    PathBuf::from("target").join("memtrack")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_become_safe_file_names() {
+        assert_eq!(sanitize("my_crate::bench::parse"), "my_crate.bench.parse");
+        assert_eq!(sanitize("a/b\\c d"), "a_b_c_d");
+        assert_eq!(sanitize("../etc/passwd"), "_._etc_passwd");
+        assert_eq!(sanitize(""), "_");
+        assert_eq!(sanitize("é"), "_");
+        assert_eq!(sanitize(&"x".repeat(300)).len(), 200);
+    }
+}
