@@ -188,6 +188,252 @@ fn criterion_measurement_counts_per_iteration() {
     assert_eq!(bytes, 50 * 64 + 50 * 65 + 100 * 8 + 100 * 3);
 }
 
+/// `exact`'s body under limits equal to its numbers (3 allocations, 1,164 bytes, peak 1,164):
+/// each limit passes at its boundary.
+#[memtrack(
+    name = "limits_at_boundary",
+    max_allocations = 3,
+    max_bytes = 1_164,
+    max_peak = 1164,
+    no_leaks
+)]
+fn limits_at_boundary() {
+    let a: Vec<u8> = black_box(Vec::with_capacity(100));
+    let b = black_box(Box::new([7u64; 8]));
+    let c = black_box(vec![0u8; 1000]);
+    drop((a, b, c));
+}
+
+/// The same allocations, one under every limit, and the 1,000-byte block returned (so live at
+/// the end of the session).
+#[memtrack(
+    name = "limits_over",
+    max_allocations = 2,
+    max_bytes = 1_163,
+    max_peak = 1_163,
+    no_leaks
+)]
+fn limits_over() -> Vec<u8> {
+    let a: Vec<u8> = black_box(Vec::with_capacity(100));
+    let b = black_box(Box::new([7u64; 8]));
+    let c = black_box(vec![0u8; 1000]);
+    drop((a, b));
+    c
+}
+
+/// Runs `f` with the panic hook silenced; the panic message, if it panicked.
+fn panic_message<R>(f: impl FnOnce() -> R) -> Option<String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    let payload = r.err()?;
+    Some(match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(p) => p.downcast::<&str>().map(|s| s.to_string()).expect("text"),
+    })
+}
+
+fn attribute_limits_pass_at_the_boundary() {
+    assert_eq!(panic_message(limits_at_boundary), None);
+    let t = totals("limits_at_boundary");
+    assert_eq!(
+        (
+            t.allocations,
+            t.bytes_allocated,
+            t.peak_live_bytes,
+            t.live_blocks_at_end
+        ),
+        (3, 1164, 1164, 0),
+        "the limits are exactly the numbers"
+    );
+}
+
+fn attribute_limits_fail_with_every_measured_number() {
+    let msg = panic_message(limits_over).expect("limits_over must panic");
+    let path = dir().join("limits_over.memtrack");
+    assert_eq!(
+        msg,
+        format!(
+            "memtrack: limits_over — allocations 3 > max_allocations 2; \
+             bytes allocated 1,164 B > max_bytes 1,163 B; peak 1,164 B > max_peak 1,163 B; \
+             live at end 1 block (1,000 B) with no_leaks → {}",
+            path.display()
+        )
+    );
+    // The artifact is written all the same.
+    let t = totals("limits_over");
+    assert_eq!((t.allocations, t.live_bytes_at_end), (3, 1000));
+}
+
+fn builder_limits_return_the_report_and_every_violation() {
+    use memtrack::Violation;
+    let start = |name: &str, allocs: u64, bytes: u64| {
+        memtrack::SessionBuilder::new(name)
+            .quiet(true)
+            .max_allocations(allocs)
+            .max_bytes(bytes)
+            .max_peak(bytes)
+            .no_leaks()
+            .start()
+            .unwrap()
+    };
+    let s = start("builder_boundary", 3, 1164);
+    let a: Vec<u8> = black_box(Vec::with_capacity(100));
+    let b = black_box(Box::new([7u64; 8]));
+    let c = black_box(vec![0u8; 1000]);
+    drop((a, b, c));
+    let report = s.finish().expect("limits equal to the numbers pass");
+    assert_eq!((report.allocations(), report.bytes_allocated()), (3, 1164));
+
+    let s = start("builder_over", 2, 1163);
+    let a: Vec<u8> = black_box(Vec::with_capacity(100));
+    let b = black_box(Box::new([7u64; 8]));
+    let c = black_box(vec![0u8; 1000]);
+    drop((a, b));
+    let err = s.finish().expect_err("limits exceeded");
+    drop(c);
+    let text = err.to_string();
+    let memtrack::Error::LimitExceeded { report, violations } = err else {
+        panic!("{text}");
+    };
+    assert_eq!(
+        violations,
+        vec![
+            Violation::Allocations {
+                measured: 3,
+                limit: 2
+            },
+            Violation::Bytes {
+                measured: 1164,
+                limit: 1163
+            },
+            Violation::Peak {
+                measured: 1164,
+                limit: 1163
+            },
+            Violation::Leaks {
+                blocks: 1,
+                bytes: 1000
+            },
+        ]
+    );
+    assert_eq!(
+        text,
+        "session \"builder_over\" exceeded its limits: allocations 3 > max_allocations 2; \
+         bytes allocated 1,164 B > max_bytes 1,163 B; peak 1,164 B > max_peak 1,163 B; \
+         live at end 1 block (1,000 B) with no_leaks"
+    );
+    assert_eq!(report.totals, totals("builder_over"), "report = artifact");
+}
+
+#[memtrack(name = "limits_panicking", max_allocations = 0)]
+fn limits_panicking() {
+    let v = black_box(vec![1u8; 333]);
+    if v.len() == 333 {
+        panic!("boom");
+    }
+}
+
+/// Runs `f` with this process's stderr (fd 2) sent to a file; what was written there.
+fn capture_stderr<R>(f: impl FnOnce() -> R) -> (R, String) {
+    use std::os::fd::AsRawFd;
+    let file = tempfile::tempfile().expect("tempfile");
+    // SAFETY: dup of fd 2, which is open for the whole process.
+    let saved = unsafe { libc::dup(2) };
+    assert!(saved >= 0);
+    // SAFETY: both descriptors are open; fd 2 is restored below before `file` is dropped.
+    assert!(unsafe { libc::dup2(file.as_raw_fd(), 2) } >= 0);
+    let r = f();
+    // SAFETY: `saved` is the duplicate of the original fd 2, closed once here.
+    unsafe {
+        libc::dup2(saved, 2);
+        libc::close(saved);
+    }
+    let mut file = file;
+    use std::io::{Read, Seek};
+    file.rewind().expect("rewind");
+    let mut out = String::new();
+    file.read_to_string(&mut out).expect("read");
+    (r, out)
+}
+
+fn a_violation_while_panicking_is_printed_not_raised() {
+    // A second panic during unwinding would abort this process.
+    let (msg, stderr) = capture_stderr(|| panic_message(limits_panicking));
+    assert_eq!(msg.as_deref(), Some("boom"), "the body's own panic");
+    // The vec and what the panic itself allocates (its payload): the artifact's count.
+    let allocs = totals("limits_panicking").allocations;
+    assert!(allocs >= 1);
+    let expected = format!("memtrack: limits_panicking — allocations {allocs} > max_allocations 0");
+    assert!(stderr.contains(&expected), "{expected} in {stderr}");
+}
+
+static RAN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+// `/dev/null` is a file, so the artifact's directory cannot be created: recording cannot start.
+#[memtrack(name = "unrecordable", output = "/dev/null/memtrack")]
+fn unrecordable() {
+    RAN.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+#[memtrack(
+    name = "unrecordable_limited",
+    output = "/dev/null/memtrack",
+    max_bytes = 10
+)]
+fn unrecordable_limited() {
+    RAN.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn limits_that_cannot_be_checked_fail() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (msg, stderr) = capture_stderr(|| panic_message(unrecordable));
+    assert_eq!(msg, None, "without limits the function runs unrecorded");
+    assert!(RAN.swap(false, SeqCst));
+    assert!(
+        stderr.contains("memtrack: unrecordable: not recorded: creating /dev/null/memtrack"),
+        "{stderr}"
+    );
+    let msg = panic_message(unrecordable_limited).expect("must fail");
+    assert!(!RAN.load(SeqCst), "the body must not run unrecorded");
+    assert!(
+        msg.starts_with(
+            "memtrack: unrecordable_limited: the limits (max_bytes 10 B) cannot be checked: \
+             recording did not start: creating /dev/null/memtrack"
+        ),
+        "{msg}"
+    );
+}
+
+/// The child of `limits_fail_without_privileges`: a limited function, as an unprivileged user.
+#[memtrack(name = "unprivileged", max_allocations = 5)]
+fn unprivileged() {
+    RAN.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn limits_fail_without_privileges() {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&exe)
+        .arg("--unprivileged-child")
+        .env("MEMTRACK_DIR", "/tmp")
+        .output()
+        .expect("setpriv (util-linux)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.starts_with(
+            "panicked: memtrack: unprivileged: the limits (max_allocations 5) cannot be checked: \
+             recording did not start: "
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("CAP_BPF"), "the fix: {stdout}");
+    assert!(stdout.contains("body ran: false"), "{stdout}");
+}
+
 fn privileged() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     (unsafe { libc::geteuid() } != 0)
@@ -218,7 +464,38 @@ fn main() {
             "criterion_measurement_counts_per_iteration",
             criterion_measurement_counts_per_iteration,
         ),
+        (
+            "attribute_limits_pass_at_the_boundary",
+            attribute_limits_pass_at_the_boundary,
+        ),
+        (
+            "attribute_limits_fail_with_every_measured_number",
+            attribute_limits_fail_with_every_measured_number,
+        ),
+        (
+            "builder_limits_return_the_report_and_every_violation",
+            builder_limits_return_the_report_and_every_violation,
+        ),
+        (
+            "a_violation_while_panicking_is_printed_not_raised",
+            a_violation_while_panicking_is_printed_not_raised,
+        ),
+        (
+            "limits_that_cannot_be_checked_fail",
+            limits_that_cannot_be_checked_fail,
+        ),
+        (
+            "limits_fail_without_privileges",
+            limits_fail_without_privileges,
+        ),
     ];
+    if std::env::args().nth(1).as_deref() == Some("--unprivileged-child") {
+        let msg = panic_message(unprivileged);
+        let ran = RAN.load(std::sync::atomic::Ordering::SeqCst);
+        println!("panicked: {}", msg.unwrap_or_default());
+        println!("body ran: {ran}");
+        return;
+    }
     let tmp = tempfile::tempdir().expect("tempdir");
     // SAFETY: no other thread exists yet.
     unsafe { std::env::set_var("MEMTRACK_DIR", tmp.path()) };

@@ -73,3 +73,43 @@ fn waiting_session() {
         Some("turns")
     );
 }
+
+/// Limits under libtest's parallel runner: a violation panics in the test's own thread, which
+/// fails the test. Other threads of this process (libtest's, tests without #[memtrack]) are
+/// counted too, so only the limit is asserted here, not the count; exact numbers are in
+/// `tests/session.rs` (harness = false).
+#[test]
+fn limits_fail_the_test_that_violates_them() {
+    if skip() {
+        return;
+    }
+    kept_limit();
+    let err = std::panic::catch_unwind(violated_limit).expect_err("3 allocations > 2");
+    let msg = err.downcast_ref::<String>().expect("a formatted message");
+    assert!(
+        msg.starts_with("memtrack: violated — allocations "),
+        "{msg}"
+    );
+    assert!(msg.contains(" > max_allocations 2 → "), "{msg}");
+}
+
+#[memtrack(name = "kept", max_allocations = 100_000, max_bytes = 100_000_000)]
+fn kept_limit() {
+    black_box(Vec::<u8>::with_capacity(100));
+}
+
+#[memtrack(name = "violated", max_allocations = 2)]
+fn violated_limit() {
+    for _ in 0..3 {
+        black_box(Vec::<u8>::with_capacity(100));
+    }
+}
+
+/// The attribute directly on a `#[test]`: the violation fails it. Without privileges it fails
+/// too (the limit cannot be checked), and that message also names `max_allocations 0`.
+#[memtrack(name = "should_panic_limit", max_allocations = 0)]
+#[test]
+#[should_panic(expected = "max_allocations 0")]
+fn a_violated_limit_fails_a_test() {
+    black_box(Vec::<u8>::with_capacity(100));
+}

@@ -3,14 +3,110 @@
 use proc_macro2::{Span, TokenStream};
 use syn::parse::{Parse, ParseStream, Parser};
 use syn::punctuated::Punctuated;
-use syn::{Expr, ExprLit, Lit, LitStr, Meta, Path, Token};
+use syn::spanned::Spanned;
+use syn::{Expr, ExprLit, ExprUnary, Lit, LitStr, Meta, Path, Token, UnOp};
 
 /// The options of one `#[memtrack]`.
 #[derive(Default)]
 pub(crate) struct Args {
     pub name: Option<LitStr>,
     pub output: Option<LitStr>,
+    pub backend: Option<LitStr>,
     pub krate: Option<Path>,
+    pub limits: LimitArgs,
+}
+
+/// `max_allocations = N`, `max_bytes = N`, `max_peak = N` (non-negative integer literals, `_`
+/// separators allowed, no suffix) and the flag `no_leaks`; each value keeps its span.
+#[derive(Default)]
+pub(crate) struct LimitArgs {
+    pub max_allocations: Option<(u64, Span)>,
+    pub max_bytes: Option<(u64, Span)>,
+    pub max_peak: Option<(u64, Span)>,
+    pub no_leaks: Option<Span>,
+}
+
+impl LimitArgs {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.max_allocations.is_none()
+            && self.max_bytes.is_none()
+            && self.max_peak.is_none()
+            && self.no_leaks.is_none()
+    }
+
+    /// Takes `meta` if it is a limit (`Ok(true)`); `Ok(false)` leaves it to the other options.
+    fn take(&mut self, meta: &Meta) -> syn::Result<bool> {
+        let key = meta.path();
+        if key.is_ident("no_leaks") {
+            if self.no_leaks.is_some() {
+                return Err(twice(key));
+            }
+            let Meta::Path(p) = meta else {
+                return Err(syn::Error::new_spanned(
+                    meta,
+                    "`no_leaks` is a flag: write `no_leaks`, without a value",
+                ));
+            };
+            self.no_leaks = Some(p.span());
+            return Ok(true);
+        }
+        let slot = if key.is_ident("max_allocations") {
+            &mut self.max_allocations
+        } else if key.is_ident("max_bytes") {
+            &mut self.max_bytes
+        } else if key.is_ident("max_peak") {
+            &mut self.max_peak
+        } else {
+            return Ok(false);
+        };
+        if slot.is_some() {
+            return Err(twice(key));
+        }
+        *slot = Some(integer(meta)?);
+        Ok(true)
+    }
+}
+
+fn twice(key: &Path) -> syn::Error {
+    syn::Error::new_spanned(
+        key,
+        format!(
+            "`{}` is given twice",
+            key.get_ident().expect("ident option")
+        ),
+    )
+}
+
+/// A limit's value: a non-negative integer literal without suffix (`1_000` is fine).
+fn integer(meta: &Meta) -> syn::Result<(u64, Span)> {
+    const EXPECTED: &str = "expected a non-negative integer literal, e.g. `65_536`";
+    let Meta::NameValue(nv) = meta else {
+        return Err(syn::Error::new_spanned(meta, "expected `option = N`"));
+    };
+    match &nv.value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(n), ..
+        }) => {
+            // syn reads `-1` in an attribute as one negative literal.
+            if n.base10_digits().starts_with('-') {
+                return Err(syn::Error::new_spanned(n, "a limit cannot be negative"));
+            }
+            if !n.suffix().is_empty() {
+                return Err(syn::Error::new_spanned(
+                    n,
+                    "write the limit without a type suffix, e.g. `65_536`",
+                ));
+            }
+            Ok((n.base10_parse::<u64>()?, n.span()))
+        }
+        Expr::Unary(ExprUnary {
+            op: UnOp::Neg(_), ..
+        }) => Err(syn::Error::new_spanned(
+            &nv.value,
+            "a limit cannot be negative",
+        )),
+        other => Err(syn::Error::new_spanned(other, EXPECTED)),
+    }
 }
 
 /// `crate = path` does not parse as `Meta` (`crate` is a keyword), so options are parsed by hand.
@@ -59,16 +155,23 @@ impl Args {
                     args.krate = Some(path);
                 }
                 Opt::Meta(meta) => {
+                    if args.limits.take(&meta)? {
+                        continue;
+                    }
                     let key = meta.path();
                     let slot = if key.is_ident("name") {
                         &mut args.name
                     } else if key.is_ident("output") {
                         &mut args.output
+                    } else if key.is_ident("backend") {
+                        &mut args.backend
                     } else {
                         return Err(syn::Error::new_spanned(
                             key,
                             "unknown #[memtrack] option: expected `name = \"…\"`, \
-                             `output = \"…\"` or `crate = path`",
+                             `output = \"…\"`, `backend = \"auto\"|\"ebpf\"|\"alloc\"`, \
+                             `crate = path`, `max_allocations = N`, \
+                             `max_bytes = N`, `max_peak = N` or `no_leaks`",
                         ));
                     };
                     if slot.is_some() {
@@ -83,6 +186,14 @@ impl Args {
                     let value = string(&meta)?;
                     if value.value().is_empty() {
                         return Err(syn::Error::new_spanned(&value, "must not be empty"));
+                    }
+                    if key.is_ident("backend")
+                        && !matches!(value.value().as_str(), "auto" | "ebpf" | "alloc")
+                    {
+                        return Err(syn::Error::new_spanned(
+                            &value,
+                            "unknown backend: expected \"auto\", \"ebpf\" or \"alloc\"",
+                        ));
                     }
                     *slot = Some(value);
                 }

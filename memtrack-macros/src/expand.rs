@@ -9,8 +9,11 @@
 //! The guard is the first local, so it is dropped last: after every local of the body and
 //! during unwinding from a panic. The return value is moved out before that, so whatever the
 //! caller later does with it is not counted.
+//!
+//! With limits, the guard comes from `start_limited(NAME, OUTPUT, Limits::new().max_bytes(N)…)`
+//! and its drop panics on a violated limit (see `memtrack::__private::start_limited`).
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Literal, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::ItemFn;
 use syn::spanned::Spanned;
@@ -48,11 +51,41 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
         Some(o) => quote!(::core::option::Option::Some(#o)),
         None => quote!(::core::option::Option::None),
     };
+    let backend = match args.backend {
+        Some(b) => quote!(::core::option::Option::Some(#b)),
+        None => quote!(::core::option::Option::None),
+    };
+    let start = if args.limits.is_empty() {
+        quote!(#krate::__private::start(#name, #output, #backend))
+    } else {
+        let l = &args.limits;
+        // Each value keeps the span of the user's literal.
+        let value = |(n, span): (u64, proc_macro2::Span)| {
+            let mut lit = Literal::u64_suffixed(n);
+            lit.set_span(span);
+            lit
+        };
+        let max_allocations = l
+            .max_allocations
+            .map(value)
+            .map(|n| quote!(.max_allocations(#n)));
+        let max_bytes = l.max_bytes.map(value).map(|n| quote!(.max_bytes(#n)));
+        let max_peak = l.max_peak.map(value).map(|n| quote!(.max_peak(#n)));
+        let no_leaks = l.no_leaks.map(|span| quote_spanned!(span=> .no_leaks()));
+        quote! {
+            #krate::__private::start_limited(
+                #name,
+                #output,
+                #backend,
+                #krate::__private::Limits::new() #max_allocations #max_bytes #max_peak #no_leaks,
+            )
+        }
+    };
     let body = &item.block;
     let span = body.span();
     let block = quote_spanned! {span=>
         {
-            let __memtrack_guard = #krate::__private::start(#name, #output);
+            let __memtrack_guard = #start;
             #body
         }
     };

@@ -1,27 +1,101 @@
 //! What `#[memtrack]` expands to. Not public API: no SemVer guarantees.
 
+pub use crate::limits::Limits;
 use crate::session::{Session, SessionBuilder};
 
 /// The guard a `#[memtrack]` function holds for the duration of its body; dropping it
-/// finishes the session (see [`Session`]'s `Drop`).
+/// finishes the session (see [`Session`]'s `Drop`) and, with limits, fails the function.
 pub struct Guard {
-    _session: Option<Session>,
+    session: Option<Session>,
+    limits: Limits,
+    /// The session's name, for messages when the limits cannot be checked; cloned only when
+    /// there are limits, and before recording starts, so that it is not counted.
+    limited_name: Option<String>,
 }
 
 /// Starts the session of a `#[memtrack]` function, after any session running in this process
 /// ends (so parallel tests take turns). Never panics: if recording cannot start, it says why
 /// on stderr and the function runs unrecorded.
-pub fn start(name: &str, output: Option<&str>) -> Guard {
-    let mut b = SessionBuilder::new(name);
+pub fn start(name: &str, output: Option<&str>, backend: Option<&str>) -> Guard {
+    start_limited(name, output, backend, Limits::new())
+}
+
+/// [`start`] for a `#[memtrack(max_allocations = …, …)]` function: when the guard is dropped,
+/// a violated limit panics with the measured numbers (so a `#[test]` fails), unless the thread
+/// is already panicking (then it is printed on stderr: a second panic would abort). Limits
+/// that cannot be checked fail too, never pass silently: if recording cannot start, this
+/// panics with the reason instead of running the function unrecorded.
+pub fn start_limited(
+    name: &str,
+    output: Option<&str>,
+    backend: Option<&str>,
+    limits: Limits,
+) -> Guard {
+    let mut b = SessionBuilder::new(name).limits(limits);
     if let Some(dir) = output {
         b = b.output_dir(dir);
     }
+    // The attribute checked the spelling at compile time.
+    if let Some(choice) = backend.and_then(|s| crate::BackendChoice::parse(s).ok()) {
+        b = b.backend(choice);
+    }
+    let limited_name = (!limits.is_empty()).then(|| name.to_string());
     match b.start_waiting() {
-        Ok(s) => Guard { _session: Some(s) },
+        Ok(s) => Guard {
+            session: Some(s),
+            limits,
+            limited_name,
+        },
+        Err(e) if !limits.is_empty() => {
+            fail(format!(
+                "memtrack: {name}: the limits ({limits}) cannot be checked: recording did not \
+                 start: {e}. Fix that, or remove the limits (a #[memtrack] function without \
+                 limits runs unrecorded when recording cannot start)"
+            ));
+            Guard {
+                session: None,
+                limits,
+                limited_name,
+            }
+        }
         Err(e) => {
             eprintln!("memtrack: {name}: not recorded: {e}");
-            Guard { _session: None }
+            Guard {
+                session: None,
+                limits,
+                limited_name,
+            }
         }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let (Some(session), Some(name)) = (self.session.take(), &self.limited_name) else {
+            // No limits: the session's own `Drop` finishes it and prints any error.
+            return;
+        };
+        match session.finish() {
+            Ok(_) => {}
+            Err(crate::Error::LimitExceeded { report, violations }) => {
+                fail(crate::limits::message(&report, &violations))
+            }
+            Err(e) => fail(format!(
+                "memtrack: {name}: the limits ({}) cannot be checked: finishing the session \
+                 failed: {e}",
+                self.limits
+            )),
+        }
+    }
+}
+
+/// Panics with `message`, or prints it if this thread is already panicking (a panic during
+/// unwinding aborts the process; the first panic already fails the test).
+fn fail(message: String) {
+    if std::thread::panicking() {
+        eprintln!("{message}");
+    } else {
+        panic!("{message}");
     }
 }
 

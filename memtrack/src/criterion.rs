@@ -4,8 +4,8 @@
 //!   (`<target>/memtrack/<benchmark id>.memtrack`) and prints its summary line.
 //! - [`Allocations`] and [`BytesAllocated`]: measurements, so criterion reports, compares and
 //!   plots **allocations per iteration** or **bytes allocated per iteration** instead of time.
-//!   They read two counters the BPF program keeps (no event stream), so they cost a couple of
-//!   syscalls per sample.
+//!   They read two counters (no event stream): the BPF program's (a couple of syscalls per
+//!   sample), or, with the allocator backend, two atomics the wrapper increments.
 //!
 //! ```ignore
 //! fn config() -> Criterion<memtrack::criterion::Allocations> {
@@ -57,27 +57,44 @@ impl ::criterion::profiler::Profiler for Profiler {
     }
 }
 
-/// Keeps the BPF program counting while a measurement exists.
-struct Counter {
-    tracker: &'static Tracker,
-    _counting: Counting<'static>,
+/// Keeps a backend counting while a measurement exists: the BPF program's counters, or the
+/// allocator backend's (chosen as for sessions: `$MEMTRACK_BACKEND`, else `auto`).
+enum Counter {
+    Ebpf {
+        tracker: &'static Tracker,
+        _counting: Counting<'static>,
+    },
+    Alloc(crate::recorder::CountingGuard),
 }
 
 impl Counter {
     fn new() -> Result<Self> {
-        let tracker = Tracker::global(&TrackerOptions::new())?;
-        Ok(Counter {
-            tracker,
-            _counting: tracker.counting()?,
+        Ok(match crate::session::resolve_backend(None)? {
+            crate::Backend::Alloc => Counter::Alloc(crate::recorder::start_counting()),
+            _ => {
+                let tracker = Tracker::global(&TrackerOptions::new())?;
+                Counter::Ebpf {
+                    tracker,
+                    _counting: tracker.counting()?,
+                }
+            }
         })
     }
 
-    fn read(&self, f: impl Fn(crate::tracker::Counters) -> u64) -> u64 {
-        // A failed map read is a broken BPF setup, not a measurement: there is no sane value.
-        f(self
-            .tracker
-            .counters()
-            .expect("reading memtrack's BPF counters"))
+    /// (allocations, bytes allocated) so far.
+    fn read(&self) -> (u64, u64) {
+        match self {
+            // A failed map read is a broken BPF setup, not a measurement: there is no sane
+            // value to return, and criterion's trait has no error path.
+            Counter::Ebpf { tracker, .. } => {
+                let c = tracker.counters().expect("reading memtrack's BPF counters");
+                (c.allocations, c.bytes_allocated)
+            }
+            Counter::Alloc(_) => {
+                let (allocs, bytes, _) = crate::recorder::counters();
+                (allocs, bytes)
+            }
+        }
     }
 }
 
@@ -88,14 +105,14 @@ pub struct Allocations(Counter);
 pub struct BytesAllocated(Counter);
 
 impl Allocations {
-    /// Loads the tracker (needs privileges: the error says which) and starts counting.
+    /// Starts counting with the backend sessions would use (the error says what is missing).
     pub fn new() -> Result<Self> {
         Counter::new().map(Allocations)
     }
 }
 
 impl BytesAllocated {
-    /// Loads the tracker (needs privileges: the error says which) and starts counting.
+    /// Starts counting with the backend sessions would use (the error says what is missing).
     pub fn new() -> Result<Self> {
         Counter::new().map(BytesAllocated)
     }
@@ -155,17 +172,17 @@ const BYTES: Formatter = Formatter {
 };
 
 macro_rules! counter_measurement {
-    ($t:ty, $field:ident, $fmt:expr) => {
+    ($t:ty, $field:tt, $fmt:expr) => {
         impl Measurement for $t {
             type Intermediate = u64;
             type Value = u64;
 
             fn start(&self) -> u64 {
-                self.0.read(|c| c.$field)
+                self.0.read().$field
             }
 
             fn end(&self, start: u64) -> u64 {
-                self.0.read(|c| c.$field).wrapping_sub(start)
+                self.0.read().$field.wrapping_sub(start)
             }
 
             fn add(&self, a: &u64, b: &u64) -> u64 {
@@ -187,5 +204,5 @@ macro_rules! counter_measurement {
     };
 }
 
-counter_measurement!(Allocations, allocations, ALLOCS);
-counter_measurement!(BytesAllocated, bytes_allocated, BYTES);
+counter_measurement!(Allocations, 0, ALLOCS);
+counter_measurement!(BytesAllocated, 1, BYTES);

@@ -80,7 +80,9 @@ pub enum Error {
     InvalidOption(String),
     /// A session was started while another one of this process was running.
     #[error(
-        "cannot start memtrack session {requested:?}: session {active:?} is still running in          this process, and sessions may not overlap (the tracker records the whole process);          finish or drop it first"
+        "cannot start memtrack session {requested:?}: session {active:?} is still running in \
+         this process, and sessions may not overlap (the tracker records the whole process); \
+         finish or drop it first"
     )]
     SessionActive {
         /// The session that was refused.
@@ -88,12 +90,41 @@ pub enum Error {
         /// The session that is running.
         active: String,
     },
+    /// `auto` found neither backend usable.
+    #[error(
+        "memtrack cannot record here: the eBPF backend needs root or the capabilities \
+         CAP_BPF and CAP_PERFMON (run with sudo, or `sudo setcap cap_bpf,cap_perfmon+ep \
+         <binary>`), and the allocator backend needs `#[global_allocator] static A: \
+         memtrack::Allocator = memtrack::Allocator::system();` in your program"
+    )]
+    NoBackend,
+    /// The allocator backend was asked for, but [`Allocator`](crate::Allocator) is not the
+    /// global allocator.
+    #[error(
+        "the allocator backend records through memtrack's global allocator, which this program \
+         does not use: add `#[global_allocator] static A: memtrack::Allocator = \
+         memtrack::Allocator::system();`, or use the eBPF backend"
+    )]
+    AllocatorNotInstalled,
     /// The encoder's writer thread stopped early (after an I/O error, reported by `finish`).
     #[error("the encoder stopped early; `finish()` reports why")]
     EncoderStopped,
     /// The eBPF tracker failed (privileges, BTF, symbols, libbpf); the message says the fix.
     #[error(transparent)]
     Tracker(#[from] crate::tracker::TrackerError),
+    /// A finished session did not keep its [`Limits`](crate::Limits) (or lost events, so
+    /// it cannot prove them); the artifact is written and the report kept.
+    #[error(
+        "session {:?} exceeded its limits: {}",
+        report.name,
+        crate::limits::describe(violations)
+    )]
+    LimitExceeded {
+        /// What the session measured.
+        report: Box<crate::session::Report>,
+        /// Every limit it did not keep, with the measured numbers.
+        violations: Vec<crate::limits::Violation>,
+    },
 }
 
 impl Error {

@@ -19,8 +19,11 @@ use std::time::{Duration, Instant};
 use crate::analysis::Totals;
 use crate::artifact::{Backend, Metadata};
 use crate::encode::EncoderOptions;
+use crate::encode::Written;
 use crate::error::{Error, Result};
 use crate::human;
+use crate::limits::Limits;
+use crate::recorder::{AllocRecording, allocator_installed};
 use crate::tracker::{Recording, Tracker, TrackerOptions};
 
 /// Name of the session running in this process, if any (sessions may not overlap: the
@@ -47,6 +50,78 @@ pub struct SessionBuilder {
     ringbuf_bytes: Option<u64>,
     quiet: bool,
     workers: usize,
+    limits: Limits,
+    backend: Option<BackendChoice>,
+}
+
+/// Which recorder a session uses. A session uses exactly one, so no allocation is ever
+/// counted twice; the other recorder stays off while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendChoice {
+    /// eBPF when this process is privileged (root, or CAP_BPF + CAP_PERFMON), else the
+    /// allocator backend if [`Allocator`](crate::Allocator) is the global allocator, else an
+    /// error that says how to get either. The default.
+    Auto,
+    /// The eBPF tracker: every allocator (Rust, C, C++) and mmap; needs privileges.
+    Ebpf,
+    /// The in-process recorder of the Rust global allocator ([`Allocator`](crate::Allocator)):
+    /// no privileges; C/libc allocations and mmaps are not covered.
+    Alloc,
+}
+
+impl BackendChoice {
+    /// Parses `auto`, `ebpf` or `alloc` (the `backend` option of `#[memtrack]` and the
+    /// `MEMTRACK_BACKEND` variable).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim() {
+            "auto" | "" => Ok(BackendChoice::Auto),
+            "ebpf" => Ok(BackendChoice::Ebpf),
+            "alloc" => Ok(BackendChoice::Alloc),
+            other => Err(Error::InvalidOption(format!(
+                "unknown backend {other:?}: expected \"auto\", \"ebpf\" or \"alloc\""
+            ))),
+        }
+    }
+}
+
+/// Whether this process may load the eBPF tracker: root, or both CAP_BPF (39) and
+/// CAP_PERFMON (38) in its effective capabilities.
+fn privileged() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << 39) != 0 && caps & (1 << 38) != 0)
+}
+
+/// The backend a session (or a criterion measurement) uses: `choice`, else
+/// `$MEMTRACK_BACKEND`, else `auto`; see [`BackendChoice`].
+pub(crate) fn resolve_backend(choice: Option<BackendChoice>) -> Result<Backend> {
+    let choice = match choice {
+        Some(b) => b,
+        None => match std::env::var("MEMTRACK_BACKEND") {
+            Ok(v) => BackendChoice::parse(&v)?,
+            Err(_) => BackendChoice::Auto,
+        },
+    };
+    let backend = match choice {
+        BackendChoice::Ebpf => Backend::Ebpf,
+        BackendChoice::Alloc => Backend::Alloc,
+        BackendChoice::Auto if privileged() => Backend::Ebpf,
+        BackendChoice::Auto if allocator_installed() => Backend::Alloc,
+        BackendChoice::Auto => return Err(Error::NoBackend),
+    };
+    if backend == Backend::Alloc && !allocator_installed() {
+        return Err(Error::AllocatorNotInstalled);
+    }
+    Ok(backend)
 }
 
 /// Starts a session named `name` with default settings. See [`SessionBuilder`].
@@ -63,7 +138,16 @@ impl SessionBuilder {
             ringbuf_bytes: None,
             quiet: false,
             workers: 1,
+            limits: Limits::new(),
+            backend: None,
         }
+    }
+
+    /// Which recorder to use. Default: `$MEMTRACK_BACKEND` (`auto`, `ebpf` or `alloc`) if set,
+    /// else [`BackendChoice::Auto`].
+    pub fn backend(mut self, backend: BackendChoice) -> Self {
+        self.backend = Some(backend);
+        self
     }
 
     /// Directory of the artifact. Default: `$MEMTRACK_DIR` if set, else `memtrack/` in the
@@ -89,6 +173,42 @@ impl SessionBuilder {
     /// Compression threads (default 1: the measured program keeps the other cores).
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n;
+        self
+    }
+
+    /// Fail [`Session::finish`] if the session makes more than `n` allocations (`n` passes).
+    /// Limits are for tests; see [`Limits`] for what each number means. A session that lost
+    /// events fails any limit (its numbers are incomplete), and every violated limit is
+    /// reported in [`Error::LimitExceeded`], which keeps the [`Report`].
+    pub fn max_allocations(mut self, n: u64) -> Self {
+        self.limits = self.limits.max_allocations(n);
+        self
+    }
+
+    /// Fail [`Session::finish`] if more than `bytes` bytes are allocated in total (the sum of
+    /// the sizes of all allocations, not net of frees; see [`SessionBuilder::max_allocations`]).
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        self.limits = self.limits.max_bytes(bytes);
+        self
+    }
+
+    /// Fail [`Session::finish`] if live heap bytes ever exceed `bytes` (the peak; see
+    /// [`SessionBuilder::max_allocations`]).
+    pub fn max_peak(mut self, bytes: u64) -> Self {
+        self.limits = self.limits.max_peak(bytes);
+        self
+    }
+
+    /// Fail [`Session::finish`] if a heap block allocated during the session is still live at
+    /// its end (heap only: mappings are not counted; see [`SessionBuilder::max_allocations`]).
+    pub fn no_leaks(mut self) -> Self {
+        self.limits = self.limits.no_leaks();
+        self
+    }
+
+    /// Replaces all limits at once.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -137,11 +257,16 @@ impl SessionBuilder {
     }
 
     fn start_inner(self) -> Result<Session> {
-        let mut topts = TrackerOptions::new();
-        if let Some(b) = self.ringbuf_bytes {
-            topts = topts.ringbuf_bytes(b);
-        }
-        let tracker = Tracker::global(&topts)?;
+        let backend = resolve_backend(self.backend)?;
+        let tracker = if backend == Backend::Ebpf {
+            let mut topts = TrackerOptions::new();
+            if let Some(b) = self.ringbuf_bytes {
+                topts = topts.ringbuf_bytes(b);
+            }
+            Some(Tracker::global(&topts)?)
+        } else {
+            None
+        };
         let dir = match self.output_dir {
             Some(d) => d,
             None => default_output_dir(),
@@ -151,22 +276,30 @@ impl SessionBuilder {
         let file_name = sanitize(&self.name);
         let path = dir.join(format!("{file_name}.memtrack"));
         let partial = dir.join(format!("{file_name}.memtrack.partial"));
-        drop((dir, file_name, topts));
+        drop((dir, file_name));
         let file = File::create(&partial)
             .map_err(|e| Error::io(format!("creating {}", partial.display()), e))?;
-        let meta = Metadata::now(std::process::id(), Backend::Ebpf).with_name(&self.name);
+        let meta = Metadata::now(std::process::id(), backend).with_name(&self.name);
         let mut session = Session {
             name: self.name,
             path,
             partial,
             quiet: self.quiet,
+            limits: self.limits,
             started: Instant::now(),
             recording: None,
             meta,
         };
         // Recording starts last: nothing here may allocate or free after it (the metadata is
         // kept in the session and freed after recording stops).
-        match tracker.start(file, &session.meta, EncoderOptions::new(), self.workers) {
+        let started = match tracker {
+            Some(t) => t
+                .start(file, &session.meta, EncoderOptions::new(), self.workers)
+                .map(Active::Ebpf),
+            None => crate::recorder::start_recording(file, &session.meta, self.workers)
+                .map(Active::Alloc),
+        };
+        match started {
             Ok(r) => session.recording = Some(r),
             Err(e) => {
                 let _ = std::fs::remove_file(&session.partial);
@@ -185,9 +318,27 @@ pub struct Session {
     path: PathBuf,
     partial: PathBuf,
     quiet: bool,
+    limits: Limits,
     started: Instant,
-    recording: Option<Recording<'static, File>>,
+    recording: Option<Active>,
     meta: Metadata,
+}
+
+/// The recorder a session runs.
+enum Active {
+    Ebpf(Recording<'static, File>),
+    Alloc(AllocRecording<File>),
+}
+
+impl Active {
+    /// Stops recording and finishes the artifact: what was written and the lost-event count.
+    fn stop(self) -> Result<(Written, u64)> {
+        match self {
+            Active::Ebpf(r) => r.stop().map(|r| (r.written, r.lost_events)),
+            // The allocator backend waits for room instead of dropping events.
+            Active::Alloc(r) => r.stop(),
+        }
+    }
 }
 
 impl Session {
@@ -202,7 +353,10 @@ impl Session {
     }
 
     /// Stops recording, finishes the artifact (replacing any file of the same name
-    /// atomically) and returns the report. Prints the summary line unless quiet.
+    /// atomically) and returns the report. Prints the summary line unless quiet. With limits
+    /// (see [`SessionBuilder::max_allocations`]) that the report violates, returns
+    /// [`Error::LimitExceeded`] with the report and every violation; the artifact is kept.
+    /// A dropped session only prints that error: call `finish` to fail on limits.
     pub fn finish(mut self) -> Result<Report> {
         self.finish_inner()
     }
@@ -214,7 +368,7 @@ impl Session {
             ));
         };
         let duration = self.started.elapsed();
-        let result = recording.stop().and_then(|rec| {
+        let result = recording.stop().and_then(|(written, lost_events)| {
             std::fs::rename(&self.partial, &self.path).map_err(|e| {
                 Error::io(
                     format!(
@@ -228,11 +382,12 @@ impl Session {
             Ok(Report {
                 name: self.name.clone(),
                 path: self.path.clone(),
-                lost_events: rec.lost_events,
+                lost_events,
                 duration,
-                events: rec.written.events,
-                artifact_bytes: rec.written.bytes,
-                totals: rec.written.totals,
+                events: written.events,
+                artifact_bytes: written.bytes,
+                totals: written.totals,
+                backend: self.meta.backend,
             })
         });
         set_idle();
@@ -241,7 +396,7 @@ impl Session {
         {
             eprintln!("{}", report.summary_line());
         }
-        result
+        result.and_then(|report| self.limits.enforce(report))
     }
 }
 
@@ -273,6 +428,8 @@ pub struct Report {
     pub events: u64,
     /// Size of the artifact in bytes.
     pub artifact_bytes: u64,
+    /// The recorder that produced it.
+    pub backend: Backend,
 }
 
 impl Report {
@@ -313,7 +470,11 @@ impl Report {
             human::bytes(t.live_bytes_at_end),
             lost,
             self.path.display()
-        )
+        ) + if self.backend == Backend::Alloc {
+            " (Rust allocator only: C/libc allocations and mmaps are not covered)"
+        } else {
+            ""
+        }
     }
 }
 

@@ -17,3 +17,6 @@ fn repeated_crate() {}
 fn empty_name() {}
 
 fn main() {}
+
+#[memtrack::memtrack(backend = "dtrace")]
+fn unknown_backend() {}

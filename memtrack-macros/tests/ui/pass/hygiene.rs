@@ -9,6 +9,8 @@ mod shadows {
     pub struct Option;
     pub struct Some;
     pub struct None;
+    pub struct Limits;
+    pub struct Guard;
     pub mod std {}
     pub mod core {}
     pub mod memtrack {}
@@ -26,7 +28,14 @@ fn renamed_crate() -> u32 {
 #[renamed_memtrack::memtrack(crate = ::renamed_memtrack, name = "n")]
 fn absolute_crate_path() {}
 
+#[renamed_memtrack::memtrack(crate = renamed_memtrack, max_bytes = 1, no_leaks)]
+fn renamed_crate_with_limits() -> u32 {
+    let __memtrack_guard = 3;
+    __memtrack_guard
+}
+
 fn main() {
     let _ = renamed_crate;
+    let _ = renamed_crate_with_limits;
     let _ = absolute_crate_path;
 }

@@ -90,3 +90,15 @@ fn main() {
     let _ = <Parser as Bench>::run;
     let _ = keeps_other_attributes;
 }
+
+#[memtrack(backend = "alloc")]
+fn with_backend() {}
+
+#[memtrack(backend = "ebpf", max_allocations = 10)]
+fn with_backend_and_limits() {}
+
+#[allow(dead_code)]
+fn uses_backends() {
+    with_backend();
+    with_backend_and_limits();
+}

@@ -1,0 +1,328 @@
+//! The collector: drains the per-thread rings into an [`Encoder`], in timestamp order.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{JoinHandle, Thread};
+use std::time::Duration;
+
+use super::{EPOCH, OVERFLOW, REGISTRY, Raw, STREAM, SWITCH, exclude_current_thread, tsc};
+use crate::artifact::{Metadata, monotonic_ns};
+use crate::encode::{Encoder, EncoderOptions, Written};
+use crate::error::{Error, Result};
+use crate::event::{Event, EventKind, KindTag};
+
+/// How often the collector drains the rings, and how far behind "now" it keeps events back
+/// so that a producer preempted between its TSC read and its publish is still merged in order.
+const TICK: Duration = Duration::from_millis(1);
+const LAG_NS: u64 = 2_000_000;
+
+/// The collector thread, to wake when a ring fills up.
+static COLLECTOR: Mutex<Option<Thread>> = Mutex::new(None);
+
+pub(super) fn wake() {
+    if let Ok(c) = COLLECTOR.try_lock()
+        && let Some(t) = c.as_ref()
+    {
+        t.unpark();
+    }
+}
+
+/// TSC → CLOCK_MONOTONIC: an anchor taken once per process, and the rate refined at every
+/// tick over the longest baseline available.
+struct Clock {
+    tsc0: u64,
+    mono0: u64,
+    /// Nanoseconds per TSC tick.
+    scale: f64,
+}
+
+static CLOCK: Mutex<Option<Clock>> = Mutex::new(None);
+
+fn calibrate() -> Result<()> {
+    let mut c = CLOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if c.is_none() {
+        let (t0, m0) = (tsc(), monotonic_ns());
+        std::thread::sleep(Duration::from_millis(2));
+        let (t1, m1) = (tsc(), monotonic_ns());
+        if t1 <= t0 {
+            return Err(Error::InvalidOption(
+                "the CPU's time-stamp counter does not advance: the allocator backend needs an \
+                 invariant TSC; use the eBPF backend"
+                    .into(),
+            ));
+        }
+        *c = Some(Clock {
+            tsc0: t0,
+            mono0: m0,
+            scale: (m1 - m0) as f64 / (t1 - t0) as f64,
+        });
+    }
+    Ok(())
+}
+
+fn refine() {
+    let mut c = CLOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = c.as_mut() {
+        let (t, m) = (tsc(), monotonic_ns());
+        if m > c.mono0 + 10_000_000 && t > c.tsc0 {
+            c.scale = (m - c.mono0) as f64 / (t - c.tsc0) as f64;
+        }
+    }
+}
+
+fn to_ns(c: &Clock, t: u64) -> u64 {
+    let d = t.wrapping_sub(c.tsc0) as i64 as f64 * c.scale;
+    (c.mono0 as i64 + d as i64).max(0) as u64
+}
+
+/// Whether the CPU's TSC is invariant (constant rate, not stopped in idle states).
+fn invariant_tsc() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|s| {
+            s.lines()
+                .find(|l| l.starts_with("flags"))
+                .is_some_and(|l| l.contains(" constant_tsc") && l.contains(" nonstop_tsc"))
+        })
+    })
+}
+
+/// A recording with the allocator backend; [`AllocRecording::stop`] finishes the artifact.
+pub(crate) struct AllocRecording<W: Write + Send + 'static> {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<Encoder<W>>>>,
+}
+
+/// Starts recording the Rust allocator into an artifact written to `out`.
+pub(crate) fn start_recording<W: Write + Send + 'static>(
+    out: W,
+    meta: &Metadata,
+    workers: usize,
+) -> Result<AllocRecording<W>> {
+    if !invariant_tsc() {
+        return Err(Error::InvalidOption(
+            "the allocator backend needs an invariant TSC (cpuinfo flags constant_tsc and \
+             nonstop_tsc), which this CPU does not report; use the eBPF backend"
+                .into(),
+        ));
+    }
+    if SWITCH.load(Ordering::Relaxed) & STREAM != 0 {
+        return Err(Error::InvalidOption(
+            "the allocator backend is already recording".into(),
+        ));
+    }
+    calibrate()?;
+    // memtrack's threads mark themselves as its own when they start; recording is switched on
+    // only once all of them (encoder writer and workers, collector) have, so that none of
+    // their start-up allocations is recorded.
+    let started = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&started);
+    let hook: crate::encode::ThreadHook = Arc::new(move || {
+        exclude_current_thread();
+        counted.fetch_add(1, Ordering::Release);
+    });
+    let encoder = Encoder::new(
+        out,
+        meta,
+        EncoderOptions::new().workers(workers).on_thread_start(hook),
+    )?;
+    // A new epoch; whatever an earlier session left in the rings is dropped.
+    EPOCH.fetch_add(1, Ordering::Relaxed);
+    drain_all(&mut |_, _| {});
+    super::LOST.store(0, Ordering::Relaxed);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (stop2, counted) = (Arc::clone(&stop), Arc::clone(&started));
+    let thread = std::thread::Builder::new()
+        .name("memtrack-collect".into())
+        .spawn(move || {
+            exclude_current_thread();
+            counted.fetch_add(1, Ordering::Release);
+            let r = collect(encoder, &stop2);
+            if r.is_err() {
+                // Producers waiting for room must not wait for a collector that is gone.
+                SWITCH.fetch_and(!STREAM, Ordering::SeqCst);
+            }
+            r
+        })
+        .map_err(|e| Error::io("starting the collector thread", e))?;
+    *COLLECTOR.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread.thread().clone());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while started.load(Ordering::Acquire) < workers + 2 {
+        if std::time::Instant::now() > deadline {
+            return Err(Error::io(
+                "starting the allocator recorder",
+                std::io::Error::other("memtrack's threads did not start within 5 s"),
+            ));
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    SWITCH.fetch_or(STREAM, Ordering::SeqCst);
+    Ok(AllocRecording {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+impl<W: Write + Send + 'static> AllocRecording<W> {
+    /// Stops recording, drains every ring and finishes the artifact; also returns the number
+    /// of events lost (only if the collector failed while a thread waited for room).
+    pub(crate) fn stop(mut self) -> Result<(Written, u64)> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> Result<(Written, u64)> {
+        SWITCH.fetch_and(!STREAM, Ordering::SeqCst);
+        let Some(thread) = self.thread.take() else {
+            return Err(Error::InvalidOption("recording already stopped".into()));
+        };
+        self.stop.store(true, Ordering::Release);
+        thread.thread().unpark();
+        let joined = thread
+            .join()
+            .map_err(|_| Error::io("collector thread", std::io::Error::other("panicked")));
+        *COLLECTOR.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let lost = super::LOST.load(Ordering::Relaxed);
+        joined??.finish(lost).map(|w| (w, lost))
+    }
+}
+
+impl<W: Write + Send + 'static> Drop for AllocRecording<W> {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.stop_inner();
+        }
+    }
+}
+
+/// Drains every ring and the overflow, calling `f(tid, raw)` for the current epoch's events;
+/// forgets closed rings once drained.
+fn drain_all(f: &mut dyn FnMut(u32, &Raw)) {
+    let epoch = EPOCH.load(Ordering::Relaxed) as u8;
+    let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    reg.retain(|ring| {
+        // Read `closed` first: a ring seen closed has no write after this drain.
+        let closed = ring.closed.load(Ordering::Acquire);
+        ring.drain(|r| {
+            if r.epoch == epoch {
+                f(ring.tid, r)
+            }
+        });
+        !closed
+    });
+    drop(reg);
+    let overflow = std::mem::take(&mut *OVERFLOW.lock().unwrap_or_else(|e| e.into_inner()));
+    for (tid, r) in &overflow {
+        if r.epoch == epoch {
+            f(*tid, r);
+        }
+    }
+}
+
+fn event(c: &Clock, pid: u32, tid: u32, r: &Raw) -> Event {
+    let kind = match KindTag::from_u8(r.kind) {
+        Some(KindTag::Calloc) => EventKind::Calloc {
+            addr: r.addr,
+            size: r.size,
+        },
+        Some(KindTag::Realloc) => EventKind::Realloc {
+            old_addr: r.addr,
+            new_addr: r.addr2,
+            size: r.size,
+        },
+        Some(KindTag::AlignedAlloc) => EventKind::AlignedAlloc {
+            addr: r.addr,
+            size: r.size,
+            align: r.align as u64,
+        },
+        Some(KindTag::Free) => EventKind::Free { addr: r.addr },
+        _ => EventKind::Malloc {
+            addr: r.addr,
+            size: r.size,
+        },
+    };
+    Event::new(to_ns(c, r.tsc), pid, tid, kind)
+}
+
+/// The collector loop: every tick, drain, sort what is older than the lag, encode it.
+fn collect<W: Write + Send + 'static>(
+    mut enc: Encoder<W>,
+    stop: &AtomicBool,
+) -> Result<Encoder<W>> {
+    let pid = std::process::id();
+    // Events drained but younger than the lag, in timestamp order. A deque: the emitted front
+    // is popped without moving the rest (which holds up to LAG_NS of events).
+    let mut pending: VecDeque<(u32, Raw)> = VecDeque::new();
+    loop {
+        let last = stop.load(Ordering::Acquire);
+        if last {
+            // Writers that saw the switch on just before it flipped finish within nanoseconds.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let now = tsc();
+        let before = pending.len();
+        drain_all(&mut |tid, r| pending.push_back((tid, *r)));
+        // Each ring's events arrive sorted; with one thread allocating, so does the whole
+        // batch, and the check is all the work. Otherwise a stable sort merges the runs.
+        let (_, fresh) = pending.as_slices();
+        let sorted = (before == 0 || fresh.is_empty() || before == pending.len())
+            && pending.iter().is_sorted_by_key(|(_, r)| r.tsc);
+        if !sorted {
+            pending.make_contiguous().sort_by_key(|(_, r)| r.tsc);
+        }
+        refine();
+        let clock = CLOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let c = clock.as_ref().expect("calibrated before recording");
+        let horizon = now.saturating_sub((LAG_NS as f64 / c.scale) as u64);
+        while let Some((tid, r)) = pending.front() {
+            if !last && r.tsc >= horizon {
+                break;
+            }
+            enc.push(event(c, pid, *tid, r))?;
+            pending.pop_front();
+        }
+        drop(clock);
+        if last {
+            return Ok(enc);
+        }
+        std::thread::park_timeout(TICK);
+    }
+}
+
+/// Keeps the counters running while alive (criterion measurements); guards nest.
+#[cfg(feature = "criterion")]
+pub(crate) struct CountingGuard;
+
+#[cfg(feature = "criterion")]
+static COUNTING_USERS: Mutex<usize> = Mutex::new(0);
+
+/// Starts counting allocations, frees and bytes (no events).
+#[cfg(feature = "criterion")]
+pub(crate) fn start_counting() -> CountingGuard {
+    let mut u = COUNTING_USERS.lock().unwrap_or_else(|e| e.into_inner());
+    *u += 1;
+    SWITCH.fetch_or(super::COUNT, Ordering::SeqCst);
+    CountingGuard
+}
+
+#[cfg(feature = "criterion")]
+impl Drop for CountingGuard {
+    fn drop(&mut self) {
+        let mut u = COUNTING_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        *u -= 1;
+        if *u == 0 {
+            SWITCH.fetch_and(!super::COUNT, Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(feature = "criterion")]
+/// The counters: (allocations, bytes allocated, frees) since counting first started.
+pub(crate) fn counters() -> (u64, u64, u64) {
+    (
+        super::COUNT_ALLOCS.load(Ordering::Relaxed),
+        super::COUNT_BYTES.load(Ordering::Relaxed),
+        super::COUNT_FREES.load(Ordering::Relaxed),
+    )
+}

@@ -1,0 +1,373 @@
+//! The in-process recorder of the Rust global allocator: [`Allocator`].
+//!
+//! ```text
+//! #[global_allocator] Allocator<A>      every thread: one relaxed load when no session records;
+//!   alloc/dealloc/realloc/alloc_zeroed  while recording, a TSC read and a 40-byte write into the
+//!        │                              thread's own ring (single producer, no lock, no RMW)
+//!        ▼
+//!   per-thread rings ──▶ collector thread ("memtrack-collect"): drains every ring each
+//!                        millisecond, merges by timestamp, converts TSC to CLOCK_MONOTONIC ns
+//!                        ──▶ Encoder (the same artifact as the eBPF tracker, backend "alloc")
+//! ```
+//!
+//! - **Re-entrancy**: memtrack's own allocations while recording (a ring, the collector's
+//!   buffers) pass through unrecorded: a thread-local flag marks "inside memtrack", and
+//!   memtrack's threads (collector, encoder) carry it for their whole life.
+//! - **Order**: events are merged by TSC, which is invariant and synchronised across cores on
+//!   the machines memtrack supports (checked at session start). An allocation is stamped after
+//!   the inner allocator returns and a free before it is called, so a block handed to another
+//!   thread is always freed after it was allocated, in the merged order too.
+//! - **Thread exit**: a thread's ring outlives the thread (the registry holds it) until the
+//!   collector has drained it. Allocations made after the thread's ring was torn down (other
+//!   thread-local destructors) go to a shared, locked overflow ring.
+//! - **Before `main` and with no session**: the wrapper only forwards (one relaxed load).
+
+mod collector;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::{Cell, UnsafeCell};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub(crate) use collector::{AllocRecording, start_recording};
+#[cfg(feature = "criterion")]
+pub(crate) use collector::{CountingGuard, counters, start_counting};
+
+use crate::event::KindTag;
+
+/// Switch bits: [`STREAM`] records events, [`COUNT`] only keeps the global counters.
+static SWITCH: AtomicU32 = AtomicU32::new(0);
+const STREAM: u32 = 1;
+const COUNT: u32 = 2;
+/// Incremented by every session: ring slots carry it, so a late write of an old session
+/// cannot leak into the next one.
+static EPOCH: AtomicU32 = AtomicU32::new(0);
+/// Events dropped because recording stopped while their thread waited for room (the
+/// collector failed): reported as lost.
+pub(crate) static LOST: AtomicU64 = AtomicU64::new(0);
+/// Set by the first allocation that goes through [`Allocator`]: the wrapper is installed.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Counters kept in [`COUNT`] mode (a criterion measurement reads them).
+static COUNT_ALLOCS: AtomicU64 = AtomicU64::new(0);
+static COUNT_BYTES: AtomicU64 = AtomicU64::new(0);
+static COUNT_FREES: AtomicU64 = AtomicU64::new(0);
+
+/// Whether [`Allocator`] is this program's global allocator (it has served an allocation).
+pub fn allocator_installed() -> bool {
+    INSTALLED.load(Ordering::Relaxed)
+}
+
+/// A `GlobalAlloc` that records every allocation of the program while a memtrack session with
+/// the allocator backend runs, and otherwise only forwards to `A` (one relaxed load).
+///
+/// ```ignore
+/// #[global_allocator]
+/// static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
+/// ```
+/// Needs no privileges. It sees the Rust global allocator only: allocations of C libraries
+/// (through `malloc` directly) and `mmap`s are not recorded; the eBPF backend sees those.
+pub struct Allocator<A = System> {
+    inner: A,
+}
+
+impl Allocator<System> {
+    /// Wraps the system allocator.
+    pub const fn system() -> Self {
+        Allocator { inner: System }
+    }
+}
+
+impl<A> Allocator<A> {
+    /// Wraps `inner` (any `GlobalAlloc`: jemalloc's, mimalloc's, ...).
+    pub const fn new(inner: A) -> Self {
+        Allocator { inner }
+    }
+}
+
+/// One recorded call, as the producer writes it (converted to an [`Event`](crate::Event) by
+/// the collector, which knows the thread).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Raw {
+    pub tsc: u64,
+    pub addr: u64,
+    pub addr2: u64,
+    pub size: u64,
+    pub align: u32,
+    pub kind: u8,
+    pub epoch: u8,
+}
+
+/// Slots per thread ring: 16,384 × 40 bytes = 640 KiB per recording thread, ~16 ms of events
+/// at a million allocations per second; the collector drains every millisecond, and is woken
+/// early when a ring is a quarter full.
+pub(crate) const RING: usize = 16_384;
+
+/// Keeps a producer-side and a consumer-side counter on separate cache lines: sharing one
+/// made every push miss in cache while the collector drained.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// A single-producer (its thread) single-consumer (the collector) ring of [`Raw`] slots.
+pub(crate) struct Ring {
+    slots: Box<[UnsafeCell<Raw>]>,
+    /// Slots written (producer-owned; published with Release).
+    head: Padded<AtomicUsize>,
+    /// Producer-only: the head position at which the producer next looks at `tail` (to wait
+    /// for room, or to wake the collector); always before the ring could be full.
+    next_check: Padded<AtomicUsize>,
+    /// Slots consumed (collector-owned; published with Release).
+    tail: Padded<AtomicUsize>,
+    pub(crate) tid: u32,
+    /// Set when the thread's ring handle is destroyed (thread exit).
+    pub(crate) closed: AtomicBool,
+}
+
+// SAFETY: slot `i` is written only by the producer while `i - tail < RING` and before `head`
+// passes it (Release), and read only by the collector after it observed `head` past it
+// (Acquire) and before it moves `tail` past it (Release): producer and consumer never touch the
+// same slot at the same time.
+unsafe impl Sync for Ring {}
+
+impl Ring {
+    fn new(tid: u32) -> Self {
+        Ring {
+            slots: (0..RING).map(|_| UnsafeCell::new(Raw::default())).collect(),
+            head: Padded(AtomicUsize::new(0)),
+            next_check: Padded(AtomicUsize::new(0)),
+            tail: Padded(AtomicUsize::new(0)),
+            tid,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Producer side: appends `raw`, waiting for the collector while the ring is full. Looks
+    /// at the collector's `tail` only every so often (at most every RING/8 pushes), and wakes
+    /// the collector at most that often, once the ring is a quarter full.
+    #[inline]
+    fn push(&self, raw: Raw) {
+        let head = self.head.0.load(Ordering::Relaxed);
+        if head >= self.next_check.0.load(Ordering::Relaxed) && !self.check(head) {
+            LOST.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // SAFETY: see `unsafe impl Sync`: this slot is free (`check` keeps head - tail < RING)
+        // and only this thread writes slots.
+        unsafe { *self.slots[head % RING].get() = raw };
+        self.head.0.store(head + 1, Ordering::Release);
+    }
+
+    /// Returns false if the ring is full and recording has stopped (the event is dropped).
+    #[cold]
+    fn check(&self, head: usize) -> bool {
+        let mut tail = self.tail.0.load(Ordering::Acquire);
+        if head - tail >= RING {
+            match self.wait_for_room(head) {
+                Some(t) => tail = t,
+                None => return false,
+            }
+        }
+        let used = head - tail;
+        if used >= RING / 4 {
+            collector::wake();
+        }
+        let next = head + (RING / 8).min(RING - used - 1).max(1);
+        self.next_check.0.store(next, Ordering::Relaxed);
+        true
+    }
+
+    /// Waits until the collector frees a slot; `None` if recording stopped meanwhile (the
+    /// collector is gone: never wait for it).
+    #[cold]
+    fn wait_for_room(&self, head: usize) -> Option<usize> {
+        loop {
+            collector::wake();
+            let tail = self.tail.0.load(Ordering::Acquire);
+            if head - tail < RING {
+                return Some(tail);
+            }
+            if SWITCH.load(Ordering::Relaxed) & STREAM == 0 {
+                return None;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Consumer side: calls `f` with every published slot, then frees them.
+    pub(crate) fn drain(&self, mut f: impl FnMut(&Raw)) {
+        let tail = self.tail.0.load(Ordering::Relaxed);
+        let head = self.head.0.load(Ordering::Acquire);
+        for i in tail..head {
+            // SAFETY: see `unsafe impl Sync`: slots tail..head are published and not yet freed.
+            f(unsafe { &*self.slots[i % RING].get() });
+        }
+        self.tail.0.store(head, Ordering::Release);
+    }
+}
+
+/// Every ring of every thread that recorded, until the collector has drained a closed one.
+pub(crate) static REGISTRY: Mutex<Vec<Arc<Ring>>> = Mutex::new(Vec::new());
+/// Events of threads whose ring was already torn down (thread-local destructors at exit).
+pub(crate) static OVERFLOW: Mutex<Vec<(u32, Raw)>> = Mutex::new(Vec::new());
+
+/// The thread's handle on its ring; dropping it (thread exit) marks the ring closed.
+struct RingHandle(Option<Arc<Ring>>);
+
+impl Drop for RingHandle {
+    fn drop(&mut self) {
+        if let Some(r) = &self.0 {
+            r.closed.store(true, Ordering::Release);
+        }
+    }
+}
+
+thread_local! {
+    /// Inside memtrack on this thread: allocations pass through unrecorded. No destructor, so
+    /// it can be read at any point of the thread's life, thread-local teardown included.
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+    static RING_HANDLE: UnsafeCell<RingHandle> = const { UnsafeCell::new(RingHandle(None)) };
+    static TID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Marks the current thread as memtrack's own for the rest of its life (collector, encoder).
+pub(crate) fn exclude_current_thread() {
+    INSIDE.with(|i| i.set(true));
+}
+
+fn tid() -> u32 {
+    TID.with(|t| {
+        if t.get() == 0 {
+            // SAFETY: gettid has no preconditions.
+            t.set(unsafe { libc::gettid() } as u32);
+        }
+        t.get()
+    })
+}
+
+#[inline(always)]
+fn tsc() -> u64 {
+    // SAFETY: rdtsc is available on every x86-64 CPU; invariance is checked at session start.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// Records one call. Called only when the switch is on.
+#[cold]
+#[inline(never)]
+fn record(kind: KindTag, addr: u64, addr2: u64, size: u64, align: u64) {
+    let inside = INSIDE.with(|i| i.replace(true));
+    if inside {
+        return;
+    }
+    let sw = SWITCH.load(Ordering::Relaxed);
+    if sw & COUNT != 0 {
+        match kind {
+            KindTag::Free => {
+                COUNT_FREES.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                COUNT_ALLOCS.fetch_add(1, Ordering::Relaxed);
+                COUNT_BYTES.fetch_add(size, Ordering::Relaxed);
+            }
+        }
+    }
+    if sw & STREAM != 0 {
+        let raw = Raw {
+            tsc: tsc(),
+            addr,
+            addr2,
+            size,
+            align: align as u32,
+            kind: kind as u8,
+            epoch: EPOCH.load(Ordering::Relaxed) as u8,
+        };
+        push(raw);
+    }
+    INSIDE.with(|i| i.set(false));
+}
+
+fn push(raw: Raw) {
+    let pushed = RING_HANDLE.try_with(|h| {
+        // SAFETY: the handle is only touched by its own thread, and not re-entrantly
+        // (`INSIDE` is set around every access).
+        let h = unsafe { &mut *h.get() };
+        let ring = h.0.get_or_insert_with(|| {
+            let ring = Arc::new(Ring::new(tid()));
+            REGISTRY
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Arc::clone(&ring));
+            ring
+        });
+        ring.push(raw);
+    });
+    if pushed.is_err() {
+        // The ring handle is gone (thread-local teardown): the shared, locked path.
+        OVERFLOW
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((tid(), raw));
+    }
+}
+
+// SAFETY: every method forwards to `inner` with the caller's arguments unchanged and returns
+// its result; recording only reads the arguments and the result.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for Allocator<A> {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is; the caller upholds `GlobalAlloc::alloc`'s contract.
+        let p = unsafe { self.inner.alloc(layout) };
+        if SWITCH.load(Ordering::Relaxed) != 0 && !p.is_null() {
+            record_alloc(KindTag::Malloc, p, layout);
+        } else if !INSTALLED.load(Ordering::Relaxed) {
+            INSTALLED.store(true, Ordering::Relaxed);
+        }
+        p
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { self.inner.alloc_zeroed(layout) };
+        if SWITCH.load(Ordering::Relaxed) != 0 && !p.is_null() {
+            record_alloc(KindTag::Calloc, p, layout);
+        }
+        p
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if SWITCH.load(Ordering::Relaxed) != 0 {
+            record(KindTag::Free, ptr as u64, 0, 0, 0);
+        }
+        // SAFETY: forwarded as is.
+        unsafe { self.inner.dealloc(ptr, layout) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded as is.
+        let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
+        if SWITCH.load(Ordering::Relaxed) != 0 && !p.is_null() {
+            record(KindTag::Realloc, ptr as u64, p as u64, new_size as u64, 0);
+        }
+        p
+    }
+}
+
+/// Alignments up to this are what `malloc` gives anyway: recorded as `Malloc`/`Calloc`.
+const MIN_ALIGN: usize = 16;
+
+#[inline]
+fn record_alloc(kind: KindTag, p: *mut u8, layout: Layout) {
+    if layout.align() > MIN_ALIGN && kind == KindTag::Malloc {
+        record(
+            KindTag::AlignedAlloc,
+            p as u64,
+            0,
+            layout.size() as u64,
+            layout.align() as u64,
+        );
+    } else {
+        record(kind, p as u64, 0, layout.size() as u64, 0);
+    }
+}

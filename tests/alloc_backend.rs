@@ -1,0 +1,320 @@
+//! The allocator backend: `memtrack::Allocator` as the global allocator, no privileges needed.
+//!
+//! `harness = false`: the recorder sees every thread of the process, so these exact counts
+//! need libtest's threads out of the way; the tests run one after another on the main thread.
+//! CI runs this binary twice: as root (where `auto` picks eBPF) and as an unprivileged user
+//! (where `auto` picks this backend and the eBPF backend must be refused with its fix).
+
+use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
+use std::hint::black_box;
+
+use memtrack::{Backend, BackendChoice, Event, EventKind, Reader, SessionBuilder, memtrack};
+
+#[global_allocator]
+static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
+
+fn session(name: &str) -> memtrack::Session {
+    SessionBuilder::new(name)
+        .backend(BackendChoice::Alloc)
+        .quiet(true)
+        .start()
+        .expect("allocator backend session")
+}
+
+fn events(report: &memtrack::Report) -> Vec<Event> {
+    let r = Reader::open(&report.path).expect("artifact");
+    assert_eq!(r.metadata().backend, Backend::Alloc);
+    r.events().collect::<Result<_, _>>().expect("decode")
+}
+
+fn exact_counts() {
+    black_box(vec![0u8; 77]); // before: not counted
+    let s = session("alloc_exact");
+    let a: Vec<u8> = black_box(Vec::with_capacity(100));
+    let b = black_box(Box::new([7u64; 8]));
+    let c = black_box(vec![0u8; 1000]);
+    drop((a, b, c));
+    let r = s.finish().unwrap();
+    black_box(vec![0u8; 77]); // after: not counted
+    let t = &r.totals;
+    assert_eq!((t.allocations, t.bytes_allocated), (3, 1164), "{t:?}");
+    assert_eq!((t.frees, t.bytes_freed, t.live_blocks_at_end), (3, 1164, 0));
+    assert_eq!(t.kinds.get(memtrack::KindTag::Calloc), 1);
+    assert_eq!((r.lost_events, r.backend), (0, Backend::Alloc));
+    assert!(
+        r.summary_line().contains("Rust allocator only"),
+        "{}",
+        r.summary_line()
+    );
+}
+
+fn realloc_aligned_and_zeroed_paths() {
+    let s = session("alloc_paths");
+    let mut v: Vec<u8> = Vec::with_capacity(10);
+    v.reserve_exact(90);
+    v.shrink_to_fit();
+    let l64 = Layout::from_size_align(256, 64).unwrap();
+    let l8 = Layout::from_size_align(32, 8).unwrap();
+    // SAFETY: non-zero sizes; each block is freed once with its layout.
+    unsafe {
+        let p = alloc(l64);
+        let z = alloc_zeroed(l8);
+        dealloc(black_box(p), l64);
+        dealloc(black_box(z), l8);
+    }
+    let r = s.finish().unwrap();
+    let kinds: Vec<EventKind> = events(&r).into_iter().map(|e| e.kind).collect();
+    let [
+        EventKind::Malloc { addr: m, size: 10 },
+        EventKind::Realloc {
+            old_addr,
+            new_addr,
+            size: 90,
+        },
+        EventKind::Free { addr: f },
+        EventKind::AlignedAlloc {
+            addr: p,
+            size: 256,
+            align: 64,
+        },
+        EventKind::Calloc { addr: z, size: 32 },
+        EventKind::Free { addr: fp },
+        EventKind::Free { addr: fz },
+    ] = kinds[..]
+    else {
+        panic!("unexpected events: {kinds:?}");
+    };
+    assert_eq!((old_addr, f, fp, fz), (m, new_addr, p, z));
+    assert_eq!(r.totals.allocations, 4);
+    assert_eq!(r.totals.live_blocks_at_end, 0);
+}
+
+fn threads_that_exit_before_the_end() {
+    let s = session("alloc_threads");
+    for i in 0..3usize {
+        std::thread::spawn(move || {
+            for _ in 0..10 {
+                black_box(Vec::<u8>::with_capacity(500 + i));
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    let r = s.finish().unwrap();
+    let evs = events(&r);
+    let mut tids = std::collections::BTreeSet::new();
+    for i in 0..3u64 {
+        let of: Vec<&Event> = evs
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Malloc { size, .. } if size == 500 + i))
+            .collect();
+        assert_eq!(of.len(), 10, "thread {i}: {of:?}");
+        assert!(
+            of.iter()
+                .all(|e| e.tid == of[0].tid && e.tid != std::process::id())
+        );
+        tids.insert(of[0].tid);
+    }
+    assert_eq!(tids.len(), 3);
+    let per_thread: u64 = r.totals.per_thread.values().map(|p| p.allocations).sum();
+    assert_eq!(per_thread, r.totals.allocations);
+}
+
+struct AllocatesOnDrop;
+
+impl Drop for AllocatesOnDrop {
+    fn drop(&mut self) {
+        black_box(Vec::<u8>::with_capacity(4321));
+    }
+}
+
+thread_local! {
+    static LATE: AllocatesOnDrop = const { AllocatesOnDrop };
+}
+
+fn allocation_during_thread_local_destruction() {
+    let s = session("alloc_tls");
+    let tid = std::thread::spawn(|| {
+        // Registered before the recorder's own thread-local: destroyed after it.
+        LATE.with(|_| {});
+        black_box(Vec::<u8>::with_capacity(1234));
+        // SAFETY: gettid has no preconditions.
+        unsafe { libc::gettid() as u32 }
+    })
+    .join()
+    .unwrap();
+    let r = s.finish().unwrap();
+    let evs = events(&r);
+    for size in [1234, 4321] {
+        let n = evs
+            .iter()
+            .filter(|e| {
+                e.tid == tid && matches!(e.kind, EventKind::Malloc { size: s, .. } if s == size)
+            })
+            .count();
+        assert_eq!(n, 1, "size {size}: {evs:?}");
+    }
+}
+
+fn sequential_sessions_are_independent() {
+    for (name, n) in [("alloc_seq_a", 5u64), ("alloc_seq_b", 9)] {
+        let s = session(name);
+        for i in 0..n {
+            black_box(Vec::<u8>::with_capacity(10 + i as usize));
+        }
+        let r = s.finish().unwrap();
+        assert_eq!(r.totals.allocations, n);
+        assert_eq!(
+            r.totals.bytes_allocated,
+            (0..n).map(|i| 10 + i).sum::<u64>()
+        );
+    }
+}
+
+fn criterion_measurement_counts() {
+    use criterion::measurement::Measurement;
+    // SAFETY: the environment is only read by this single thread.
+    unsafe { std::env::set_var("MEMTRACK_BACKEND", "alloc") };
+    let m = memtrack::criterion::Allocations::new().unwrap();
+    let b = memtrack::criterion::BytesAllocated::new().unwrap();
+    let (s, sb) = (m.start(), b.start());
+    for i in 0..100usize {
+        black_box(Vec::<u8>::with_capacity(64 + i % 2));
+        black_box(Box::new(i));
+    }
+    let (allocs, bytes) = (m.end(s), b.end(sb));
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("MEMTRACK_BACKEND") };
+    assert_eq!(allocs, 200);
+    assert_eq!(bytes, 50 * 64 + 50 * 65 + 100 * 8);
+}
+
+/// Exactly 3 allocations: within `max_allocations = 3`.
+#[memtrack(name = "alloc_macro", backend = "alloc", max_allocations = 3, no_leaks)]
+fn macro_within_limits() {
+    let a: Vec<u8> = black_box(Vec::with_capacity(100));
+    let b = black_box(Box::new([7u64; 8]));
+    let c = black_box(vec![0u8; 1000]);
+    drop((a, b, c));
+}
+
+#[memtrack(name = "alloc_macro_over", backend = "alloc", max_allocations = 2)]
+fn macro_over_limits() {
+    three_allocations();
+}
+
+fn three_allocations() {
+    black_box(Vec::<u8>::with_capacity(100));
+    black_box(Vec::<u8>::with_capacity(64));
+    black_box(Vec::<u8>::with_capacity(1000));
+}
+
+fn attribute_with_the_allocator_backend_and_limits() {
+    macro_within_limits();
+    let dir = std::path::PathBuf::from(std::env::var_os("MEMTRACK_DIR").unwrap());
+    let r = Reader::open(dir.join("alloc_macro.memtrack")).unwrap();
+    assert_eq!(r.metadata().backend, Backend::Alloc);
+    assert_eq!(r.final_metadata().unwrap().totals.allocations, 3);
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let err = std::panic::catch_unwind(macro_over_limits).expect_err("limit exceeded");
+    std::panic::set_hook(hook);
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("allocations 3 > max_allocations 2"), "{msg}");
+}
+
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn auto_picks_the_right_backend() {
+    let r = SessionBuilder::new("alloc_auto")
+        .quiet(true)
+        .start()
+        .unwrap()
+        .finish()
+        .unwrap();
+    let expected = if root() {
+        Backend::Ebpf
+    } else {
+        Backend::Alloc
+    };
+    assert_eq!(r.backend, expected);
+}
+
+fn ebpf_is_refused_without_privileges() {
+    if root() {
+        println!("  (root: the refusal is checked by the unprivileged run in CI)");
+        return;
+    }
+    let err = SessionBuilder::new("alloc_ebpf")
+        .backend(BackendChoice::Ebpf)
+        .start()
+        .err()
+        .expect("refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("CAP_BPF") && msg.contains("CAP_PERFMON"),
+        "{msg}"
+    );
+    assert!(msg.contains("setcap") || msg.contains("sudo"), "{msg}");
+}
+
+fn main() {
+    let tests: &[(&str, fn())] = &[
+        ("exact_counts", exact_counts),
+        (
+            "realloc_aligned_and_zeroed_paths",
+            realloc_aligned_and_zeroed_paths,
+        ),
+        (
+            "threads_that_exit_before_the_end",
+            threads_that_exit_before_the_end,
+        ),
+        (
+            "allocation_during_thread_local_destruction",
+            allocation_during_thread_local_destruction,
+        ),
+        (
+            "sequential_sessions_are_independent",
+            sequential_sessions_are_independent,
+        ),
+        ("criterion_measurement_counts", criterion_measurement_counts),
+        ("auto_picks_the_right_backend", auto_picks_the_right_backend),
+        (
+            "attribute_with_the_allocator_backend_and_limits",
+            attribute_with_the_allocator_backend_and_limits,
+        ),
+        (
+            "ebpf_is_refused_without_privileges",
+            ebpf_is_refused_without_privileges,
+        ),
+    ];
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // SAFETY: no other thread exists yet.
+    unsafe { std::env::set_var("MEMTRACK_DIR", tmp.path()) };
+    println!(
+        "running {} tests as uid {}",
+        tests.len(),
+        // SAFETY: getuid has no preconditions.
+        unsafe { libc::getuid() }
+    );
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in tests {
+        match std::panic::catch_unwind(test) {
+            Ok(()) => {
+                println!("test {name} ... ok");
+                passed += 1;
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed += 1;
+            }
+        }
+    }
+    println!("\n{passed} passed, {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
