@@ -8,6 +8,8 @@
 use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
 use std::hint::black_box;
 
+mod harness;
+
 use memtrack::{Backend, BackendChoice, Event, EventKind, Reader, SessionBuilder, memtrack};
 
 #[global_allocator]
@@ -291,30 +293,5 @@ fn main() {
             ebpf_is_refused_without_privileges,
         ),
     ];
-    let tmp = tempfile::tempdir().expect("tempdir");
-    // SAFETY: no other thread exists yet.
-    unsafe { std::env::set_var("MEMTRACK_DIR", tmp.path()) };
-    println!(
-        "running {} tests as uid {}",
-        tests.len(),
-        // SAFETY: getuid has no preconditions.
-        unsafe { libc::getuid() }
-    );
-    let (mut passed, mut failed) = (0, 0);
-    for (name, test) in tests {
-        match std::panic::catch_unwind(test) {
-            Ok(()) => {
-                println!("test {name} ... ok");
-                passed += 1;
-            }
-            Err(_) => {
-                println!("test {name} ... FAILED");
-                failed += 1;
-            }
-        }
-    }
-    println!("\n{passed} passed, {failed} failed");
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    harness::run(tests, None);
 }

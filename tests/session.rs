@@ -9,6 +9,8 @@ use std::hint::black_box;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 
+mod harness;
+
 use memtrack::{Event, EventKind, Reader, Totals, memtrack};
 
 fn dir() -> PathBuf {
@@ -496,30 +498,5 @@ fn main() {
         println!("body ran: {ran}");
         return;
     }
-    let tmp = tempfile::tempdir().expect("tempdir");
-    // SAFETY: no other thread exists yet.
-    unsafe { std::env::set_var("MEMTRACK_DIR", tmp.path()) };
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
-    let skip = privileged();
-    for (name, test) in tests {
-        if let Some(why) = &skip {
-            println!("test {name} ... SKIPPED: {why}");
-            skipped += 1;
-            continue;
-        }
-        match std::panic::catch_unwind(test) {
-            Ok(()) => {
-                println!("test {name} ... ok");
-                passed += 1;
-            }
-            Err(_) => {
-                println!("test {name} ... FAILED");
-                failed += 1;
-            }
-        }
-    }
-    println!("\n{passed} passed, {failed} failed, {skipped} skipped");
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    harness::run(tests, privileged());
 }

@@ -1,0 +1,40 @@
+//! A sequential test runner for `harness = false` test binaries: the recorders see every
+//! thread of the process, so exact-count tests run one after another on the main thread,
+//! with no libtest threads around. Prints libtest-like lines and `N passed, N failed`.
+
+/// Runs `tests` in order in a fresh `$MEMTRACK_DIR`; with `skip`, reports each as skipped
+/// and why. Exits with status 1 if any failed.
+pub fn run(tests: &[(&str, fn())], skip: Option<String>) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // SAFETY: called first thing in `main`: no other thread exists yet.
+    unsafe { std::env::set_var("MEMTRACK_DIR", tmp.path()) };
+    println!(
+        "running {} tests as uid {}",
+        tests.len(),
+        // SAFETY: getuid has no preconditions.
+        unsafe { libc::getuid() }
+    );
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    for (name, test) in tests {
+        if let Some(why) = &skip {
+            println!("test {name} ... SKIPPED: {why}");
+            skipped += 1;
+            continue;
+        }
+        match std::panic::catch_unwind(test) {
+            Ok(()) => {
+                println!("test {name} ... ok");
+                passed += 1;
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed += 1;
+            }
+        }
+    }
+    println!("\n{passed} passed, {failed} failed, {skipped} skipped");
+    drop(tmp);
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
