@@ -36,6 +36,15 @@ struct Clock {
     mono0: u64,
     /// Nanoseconds per TSC tick.
     scale: f64,
+    /// `scale` in 32.32 fixed point, for the per-event conversion.
+    mult: u64,
+}
+
+impl Clock {
+    fn set_scale(&mut self, scale: f64) {
+        self.scale = scale;
+        self.mult = (scale * (1u64 << 32) as f64) as u64;
+    }
 }
 
 static CLOCK: Mutex<Option<Clock>> = Mutex::new(None);
@@ -53,11 +62,14 @@ fn calibrate() -> Result<()> {
                     .into(),
             ));
         }
-        *c = Some(Clock {
+        let mut clock = Clock {
             tsc0: t0,
             mono0: m0,
-            scale: (m1 - m0) as f64 / (t1 - t0) as f64,
-        });
+            scale: 0.0,
+            mult: 0,
+        };
+        clock.set_scale((m1 - m0) as f64 / (t1 - t0) as f64);
+        *c = Some(clock);
     }
     Ok(())
 }
@@ -67,14 +79,16 @@ fn refine() {
     if let Some(c) = c.as_mut() {
         let (t, m) = (tsc(), monotonic_ns());
         if m > c.mono0 + 10_000_000 && t > c.tsc0 {
-            c.scale = (m - c.mono0) as f64 / (t - c.tsc0) as f64;
+            c.set_scale((m - c.mono0) as f64 / (t - c.tsc0) as f64);
         }
     }
 }
 
+#[inline]
 fn to_ns(c: &Clock, t: u64) -> u64 {
-    let d = t.wrapping_sub(c.tsc0) as i64 as f64 * c.scale;
-    (c.mono0 as i64 + d as i64).max(0) as u64
+    // TSC values before the anchor (none: it is taken before any recording) would wrap.
+    let ticks = t.saturating_sub(c.tsc0) as u128;
+    c.mono0 + ((ticks * c.mult as u128) >> 32) as u64
 }
 
 /// Whether the CPU's TSC is invariant (constant rate, not stopped in idle states).
@@ -209,6 +223,11 @@ fn drain_all(f: &mut dyn FnMut(u32, &Raw)) {
                 f(ring.tid, r)
             }
         });
+        if ring.waiting.swap(false, Ordering::SeqCst)
+            && let Some(t) = ring.thread.get()
+        {
+            t.unpark();
+        }
         !closed
     });
     drop(reg);
@@ -264,10 +283,11 @@ fn collect<W: Write + Send + 'static>(
         let before = pending.len();
         drain_all(&mut |tid, r| pending.push_back((tid, *r)));
         // Each ring's events arrive sorted; with one thread allocating, so does the whole
-        // batch, and the check is all the work. Otherwise a stable sort merges the runs.
-        let (_, fresh) = pending.as_slices();
-        let sorted = (before == 0 || fresh.is_empty() || before == pending.len())
-            && pending.iter().is_sorted_by_key(|(_, r)| r.tsc);
+        // batch, and checking the new events is all the work. Otherwise a stable sort merges
+        // the runs.
+        let sorted = pending
+            .range(before.saturating_sub(1)..)
+            .is_sorted_by_key(|(_, r)| r.tsc);
         if !sorted {
             pending.make_contiguous().sort_by_key(|(_, r)| r.tsc);
         }

@@ -121,6 +121,10 @@ pub(crate) struct Ring {
     pub(crate) tid: u32,
     /// Set when the thread's ring handle is destroyed (thread exit).
     pub(crate) closed: AtomicBool,
+    /// Set by the producer when it sleeps for room; the collector wakes it after draining.
+    pub(crate) waiting: AtomicBool,
+    /// The producer thread, to wake it.
+    pub(crate) thread: std::sync::OnceLock<std::thread::Thread>,
 }
 
 // SAFETY: slot `i` is written only by the producer while `i - tail < RING` and before `head`
@@ -138,6 +142,8 @@ impl Ring {
             tail: Padded(AtomicUsize::new(0)),
             tid,
             closed: AtomicBool::new(false),
+            waiting: AtomicBool::new(false),
+            thread: std::sync::OnceLock::new(),
         }
     }
 
@@ -178,10 +184,12 @@ impl Ring {
 
     /// Waits until the collector frees a slot; `None` if recording stopped meanwhile (the
     /// collector is gone: never wait for it).
+    /// Sleeps (not spins: the collector and the encoder need the CPU) until the collector has
+    /// drained this ring.
     #[cold]
     fn wait_for_room(&self, head: usize) -> Option<usize> {
+        self.thread.get_or_init(std::thread::current);
         loop {
-            collector::wake();
             let tail = self.tail.0.load(Ordering::Acquire);
             if head - tail < RING {
                 return Some(tail);
@@ -189,7 +197,14 @@ impl Ring {
             if SWITCH.load(Ordering::Relaxed) & STREAM == 0 {
                 return None;
             }
-            std::thread::yield_now();
+            self.waiting.store(true, Ordering::SeqCst);
+            collector::wake();
+            // Re-check after announcing the wait: the collector may have drained in between.
+            if head - self.tail.0.load(Ordering::SeqCst) < RING {
+                self.waiting.store(false, Ordering::Relaxed);
+                continue;
+            }
+            std::thread::park_timeout(std::time::Duration::from_micros(500));
         }
     }
 
