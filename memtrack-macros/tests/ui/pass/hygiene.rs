@@ -16,6 +16,8 @@ mod shadows {
     pub mod memtrack {}
 }
 
+// Unused on purpose: the expansion must not pick these up.
+#[allow(unused_imports)]
 use shadows::*;
 
 #[renamed_memtrack::memtrack(crate = renamed_memtrack)]
