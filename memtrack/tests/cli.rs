@@ -1,40 +1,15 @@
 //! The `memtrack` command-line tool, run as a user would: synth, show, verify.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::{memtrack, text};
 use memtrack::{Analyzer, Synth, SynthOptions};
 
-fn memtrack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memtrack"))
-        .args(args)
-        .output()
-        .expect("run memtrack")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
+/// A 3-thread synth artifact `t.memtrack` in `dir`.
 fn synth(dir: &Path, events: u64, seed: u64) -> PathBuf {
-    let path = dir.join("t.memtrack");
-    let out = memtrack(&[
-        "synth",
-        "--events",
-        &events.to_string(),
-        "--seed",
-        &seed.to_string(),
-        "--threads",
-        "3",
-        "-o",
-        path.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    path
+    common::synth(&dir.join("t.memtrack"), events, seed)
 }
 
 #[test]
