@@ -21,6 +21,7 @@ mod poll;
 mod record;
 
 use std::io::Write;
+use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,7 +35,7 @@ pub use record::{RecordOutcome, record_command};
 use crate::artifact::Metadata;
 use crate::encode::{Encoder, EncoderOptions, Written};
 use bpf::{Bpf, exclude_tid, gettid, mapped_objects};
-use poll::Poller;
+use poll::{Poller, PollerRecording};
 
 /// Default ring buffer: 256 MiB (4 Mi events of 64 bytes in flight).
 pub const DEFAULT_RINGBUF_BYTES: u64 = 256 << 20;
@@ -108,6 +109,8 @@ pub struct Tracker {
     in_process: bool,
     /// The `.bss` switch's bits and the number of [`Counting`] guards alive.
     switch: Mutex<(u32, usize)>,
+    /// Started by the first recording; kept (ring buffer mapped) for the tracker's lifetime.
+    poller: OnceCell<Poller>,
 }
 
 static GLOBAL: OnceCell<Tracker> = OnceCell::new();
@@ -177,6 +180,7 @@ impl Tracker {
             recording: Arc::new(AtomicBool::new(false)),
             in_process: pid == std::process::id(),
             switch: Mutex::new((0, 0)),
+            poller: OnceCell::new(),
         })
     }
 
@@ -276,12 +280,23 @@ impl Tracker {
             }
         }
         let drops_at_start = self.bpf.stats()?.drops;
-        let poller = Poller::spawn(Arc::clone(&self.bpf.events), exclude, encoder)?;
+        let poller = self
+            .poller
+            .get_or_try_init(|| Poller::spawn(Arc::clone(&self.bpf.events), exclude))?;
+        self.bpf.attach_syscalls()?;
+        let poller = match poller.record(Box::new(encoder)) {
+            Ok(p) => p,
+            Err(e) => {
+                self.bpf.detach_syscalls();
+                return Err(e.into());
+            }
+        };
         self.set_switch_bit(memtrack_bpf::SWITCH_STREAM, true)?;
         Ok(Recording {
             tracker: self,
             poller: Some(poller),
             drops_at_start,
+            _out: PhantomData,
         })
     }
 }
@@ -311,8 +326,9 @@ impl Drop for Counting<'_> {
 /// `stop` stops and finishes too, but the result (and any error) is lost.
 pub struct Recording<'t, W: Write + Send + 'static> {
     tracker: &'t Tracker,
-    poller: Option<Poller<W>>,
+    poller: Option<PollerRecording>,
     drops_at_start: u64,
+    _out: PhantomData<fn() -> W>,
 }
 
 /// What a recording wrote.
@@ -339,17 +355,24 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             .tracker
             .set_switch_bit(memtrack_bpf::SWITCH_STREAM, false);
         let drained = poller.finish();
+        self.tracker.bpf.detach_syscalls();
         self.tracker.recording.store(false, Ordering::Release);
         off?;
-        let drained = drained?;
+        let mut drained = drained?;
         let lost_events = self
             .tracker
             .bpf
             .stats()?
             .drops
-            .wrapping_sub(self.drops_at_start);
-        let written = drained.encoder.finish(lost_events)?;
-        if let Some(e) = drained.push_error {
+            .wrapping_sub(self.drops_at_start)
+            // Records the poller could not decode (a mismatched object) are lost too.
+            + drained.malformed;
+        let push_error = drained.push_error.take();
+        let encoder = drained.encoder::<W>().ok_or_else(|| {
+            TrackerError::InvalidOption("the poller returned another recording's encoder".into())
+        })?;
+        let written = encoder.finish(lost_events)?;
+        if let Some(e) = push_error {
             return Err(e);
         }
         Ok(Recorded {

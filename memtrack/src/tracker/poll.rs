@@ -1,9 +1,11 @@
 //! The poller thread: drains the ring buffer into the encoder.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::io::Write;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -61,123 +63,221 @@ pub(crate) fn to_event(r: &RawEvent) -> Option<Event> {
     Some(Event::new(r.ts, r.pid, r.tid, k))
 }
 
-/// What the poller hands back when it stops.
-pub(crate) struct Drained<W: Write + Send + 'static> {
-    pub(crate) encoder: Encoder<W>,
+/// Where a recording's events go: the session's encoder, whatever it writes to.
+pub(crate) trait Sink: Send {
+    fn push(&mut self, ev: Event) -> crate::Result<()>;
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+}
+
+impl<W: Write + Send + 'static> Sink for Encoder<W> {
+    fn push(&mut self, ev: Event) -> crate::Result<()> {
+        Encoder::push(self, ev)
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+}
+
+/// What the poller hands back when a recording stops.
+pub(crate) struct Drained {
+    pub(crate) sink: Box<dyn Sink>,
     /// The first error of `Encoder::push`, if any (later events were dropped).
     pub(crate) push_error: Option<crate::Error>,
     /// Records of an unknown kind or size (a mismatched object).
     pub(crate) malformed: u64,
 }
 
-/// A running poller thread.
-pub(crate) struct Poller<W: Write + Send + 'static> {
-    stop: Arc<AtomicBool>,
-    thread: JoinHandle<Result<Drained<W>, TrackerError>>,
+impl Drained {
+    /// The encoder the recording was started with.
+    pub(crate) fn encoder<W: Write + Send + 'static>(self) -> Option<Encoder<W>> {
+        self.sink
+            .into_any()
+            .downcast::<Encoder<W>>()
+            .ok()
+            .map(|e| *e)
+    }
 }
 
-impl<W: Write + Send + 'static> Poller<W> {
-    /// Starts draining `events` into `encoder`. With `exclude` the thread first adds its own
-    /// tid to the excluded set (in-process recording); returns once that is done.
+enum Cmd {
+    Record {
+        sink: Box<dyn Sink>,
+        stop: Arc<AtomicBool>,
+        done: SyncSender<Result<Drained, TrackerError>>,
+    },
+    Quit,
+}
+
+/// The poller thread of a tracker: started once, it keeps the ring buffer mapped for the
+/// tracker's lifetime (mapping and unmapping 256 MiB took ~40 ms of every session) and drains
+/// it into the current recording's encoder.
+pub(crate) struct Poller {
+    cmds: Mutex<SyncSender<Cmd>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// One recording in the poller; [`PollerRecording::finish`] drains the tail and hands the
+/// encoder back.
+pub(crate) struct PollerRecording {
+    stop: Arc<AtomicBool>,
+    done: Receiver<Result<Drained, TrackerError>>,
+}
+
+impl Poller {
+    /// Starts the thread. With `exclude` it first adds its own tid to the excluded set
+    /// (in-process recording); returns once the ring buffer is mapped.
     pub(crate) fn spawn(
         events: Arc<MapHandle>,
         exclude: Option<Arc<MapHandle>>,
-        encoder: Encoder<W>,
     ) -> Result<Self, TrackerError> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
-        let stop2 = Arc::clone(&stop);
+        let (ready_tx, ready_rx) = sync_channel(1);
+        let (cmd_tx, cmd_rx) = sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("memtrack-poll".into())
             .spawn(move || {
-                if let Some(ex) = &exclude {
-                    if let Err(e) = exclude_tid(ex, gettid()) {
-                        let _ = ready_tx.send(Err(e));
-                        return Err(TrackerError::InvalidOption("poller failed to start".into()));
-                    }
+                if let Some(ex) = &exclude
+                    && let Err(e) = exclude_tid(ex, gettid())
+                {
+                    let _ = ready_tx.send(Err(e));
+                    return;
                 }
-                let _ = ready_tx.send(Ok(()));
-                run(&events, encoder, &stop2)
+                run(&events, &cmd_rx, &ready_tx);
             })
             .map_err(|source| TrackerError::Io {
                 what: "spawning the poller".into(),
                 source,
             })?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self { stop, thread }),
+            Ok(Ok(())) => Ok(Self {
+                cmds: Mutex::new(cmd_tx),
+                thread: Mutex::new(Some(thread)),
+            }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
             }
-            Err(_) => Err(match thread.join() {
-                Ok(Err(e)) => e,
-                _ => TrackerError::InvalidOption("the poller thread died".into()),
-            }),
+            Err(_) => {
+                let _ = thread.join();
+                Err(TrackerError::InvalidOption("the poller thread died".into()))
+            }
         }
     }
 
-    /// Asks the thread to drain the tail (call after disabling recording) and waits for it.
-    pub(crate) fn finish(self) -> Result<Drained<W>, TrackerError> {
-        self.stop.store(true, Ordering::Release);
-        self.thread.join().unwrap_or_else(|_| {
-            Err(TrackerError::InvalidOption(
-                "the poller thread panicked".into(),
-            ))
+    /// Starts draining into `sink`.
+    pub(crate) fn record(&self, sink: Box<dyn Sink>) -> Result<PollerRecording, TrackerError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (done, done_rx) = sync_channel(1);
+        let cmd = Cmd::Record {
+            sink,
+            stop: Arc::clone(&stop),
+            done,
+        };
+        self.cmds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(cmd)
+            .map_err(|_| TrackerError::InvalidOption("the poller thread died".into()))?;
+        Ok(PollerRecording {
+            stop,
+            done: done_rx,
         })
     }
 }
 
-fn run<W: Write + Send + 'static>(
-    events: &MapHandle,
-    encoder: Encoder<W>,
-    stop: &AtomicBool,
-) -> Result<Drained<W>, TrackerError> {
-    let state = RefCell::new(Drained {
-        encoder,
-        push_error: None,
-        malformed: 0,
-    });
-    {
-        let mut builder = RingBufferBuilder::new();
-        builder
-            .add(events, |data: &[u8]| {
-                let mut st = state.borrow_mut();
-                match RawEvent::from_bytes(data).as_ref().and_then(to_event) {
-                    Some(ev) if st.push_error.is_none() => {
-                        if let Err(e) = st.encoder.push(ev) {
-                            st.push_error = Some(e);
-                        }
-                    }
-                    Some(_) => {}
-                    None => st.malformed += 1,
-                }
-                0
-            })
-            .map_err(|e| TrackerError::bpf("adding the ring buffer", e))?;
-        let rb = builder
-            .build()
-            .map_err(|e| TrackerError::bpf("mapping the ring buffer", e))?;
-        let drain = || -> Result<(), TrackerError> {
-            rb.consume()
-                .map_err(|e| TrackerError::bpf("draining the ring buffer", e))
-        };
-        while !stop.load(Ordering::Acquire) {
-            // Returns early on a forced wakeup (watermark passed), else after the period.
-            rb.poll(DRAIN_PERIOD)
-                .map_err(|e| TrackerError::bpf("polling the ring buffer", e))?;
-            drain()?;
-        }
-        // The tail: recording is off, but a program that passed the switch just before may
-        // still be filling its record; drain until two passes 1 ms apart find nothing.
-        loop {
-            drain()?;
-            std::thread::sleep(Duration::from_millis(1));
-            if rb.consume_raw() <= 0 {
-                break;
-            }
+impl Drop for Poller {
+    fn drop(&mut self) {
+        let _ = self
+            .cmds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Cmd::Quit);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
         }
     }
-    Ok(state.into_inner())
+}
+
+impl PollerRecording {
+    /// Asks the poller to drain the tail (call after disabling recording) and waits for it.
+    pub(crate) fn finish(self) -> Result<Drained, TrackerError> {
+        self.stop.store(true, Ordering::Release);
+        self.done
+            .recv()
+            .unwrap_or_else(|_| Err(TrackerError::InvalidOption("the poller thread died".into())))
+    }
+}
+
+/// The recording being drained, if any.
+struct Active {
+    sink: Box<dyn Sink>,
+    push_error: Option<crate::Error>,
+    malformed: u64,
+}
+
+fn run(events: &MapHandle, cmds: &Receiver<Cmd>, ready: &SyncSender<Result<(), TrackerError>>) {
+    let state: RefCell<Option<Active>> = RefCell::new(None);
+    let mut builder = RingBufferBuilder::new();
+    let added = builder.add(events, |data: &[u8]| {
+        let mut st = state.borrow_mut();
+        // Between recordings the switch is off: nothing arrives, and nothing is kept.
+        let Some(a) = st.as_mut() else { return 0 };
+        match RawEvent::from_bytes(data).as_ref().and_then(to_event) {
+            Some(ev) if a.push_error.is_none() => {
+                if let Err(e) = a.sink.push(ev) {
+                    a.push_error = Some(e);
+                }
+            }
+            Some(_) => {}
+            None => a.malformed += 1,
+        }
+        0
+    });
+    if let Err(e) = added {
+        let _ = ready.send(Err(TrackerError::bpf("adding the ring buffer", e)));
+        return;
+    }
+    let rb = match builder.build() {
+        Ok(rb) => rb,
+        Err(e) => {
+            let _ = ready.send(Err(TrackerError::bpf("mapping the ring buffer", e)));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    while let Ok(Cmd::Record { sink, stop, done }) = cmds.recv() {
+        *state.borrow_mut() = Some(Active {
+            sink,
+            push_error: None,
+            malformed: 0,
+        });
+        let drained = (|| -> Result<(), TrackerError> {
+            let drain = || {
+                rb.consume()
+                    .map_err(|e| TrackerError::bpf("draining the ring buffer", e))
+            };
+            while !stop.load(Ordering::Acquire) {
+                // Returns early on a forced wakeup (watermark passed), else after the period.
+                rb.poll(DRAIN_PERIOD)
+                    .map_err(|e| TrackerError::bpf("polling the ring buffer", e))?;
+                drain()?;
+            }
+            // The tail: recording is off, but a program that passed the switch just before
+            // may still be filling its record; drain until two passes 1 ms apart find nothing.
+            loop {
+                drain()?;
+                std::thread::sleep(Duration::from_millis(1));
+                if rb.consume_raw() <= 0 {
+                    return Ok(());
+                }
+            }
+        })();
+        let a = state.borrow_mut().take().expect("set above");
+        let _ = done.send(drained.map(|()| Drained {
+            sink: a.sink,
+            push_error: a.push_error,
+            malformed: a.malformed,
+        }));
+    }
 }
 
 #[cfg(test)]
