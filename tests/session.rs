@@ -436,6 +436,25 @@ fn limits_fail_without_privileges() {
     assert!(stdout.contains("body ran: false"), "{stdout}");
 }
 
+/// This binary does not install `memtrack::Allocator`: asking for that backend says how to.
+fn allocator_backend_without_the_allocator_is_refused() {
+    let err = memtrack::SessionBuilder::new("no_allocator")
+        .backend(memtrack::BackendChoice::Alloc)
+        .start()
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(err, memtrack::Error::AllocatorNotInstalled),
+        "{err}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("#[global_allocator]") && msg.contains("memtrack::Allocator::system()"),
+        "{msg}"
+    );
+    assert!(!memtrack::allocator_installed());
+}
+
 fn privileged() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     (unsafe { libc::geteuid() } != 0)
@@ -444,6 +463,10 @@ fn privileged() -> Option<String> {
 
 fn main() {
     let tests: &[(&str, fn())] = &[
+        (
+            "allocator_backend_without_the_allocator_is_refused",
+            allocator_backend_without_the_allocator_is_refused,
+        ),
         (
             "exact_counts_and_nothing_outside",
             exact_counts_and_nothing_outside,

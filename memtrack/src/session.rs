@@ -527,6 +527,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn backend_names_parse_and_typos_say_the_choices() {
+        assert_eq!(BackendChoice::parse("alloc").unwrap(), BackendChoice::Alloc);
+        assert_eq!(BackendChoice::parse(" ebpf ").unwrap(), BackendChoice::Ebpf);
+        assert_eq!(BackendChoice::parse("").unwrap(), BackendChoice::Auto);
+        let msg = BackendChoice::parse("dtrace").unwrap_err().to_string();
+        assert!(msg.contains("\"dtrace\"") && msg.contains("\"alloc\""), "{msg}");
+    }
+
+    #[test]
     fn names_become_safe_file_names() {
         assert_eq!(sanitize("my_crate::bench::parse"), "my_crate.bench.parse");
         assert_eq!(sanitize("a/b\\c d"), "a_b_c_d");
