@@ -532,7 +532,10 @@ mod tests {
         assert_eq!(BackendChoice::parse(" ebpf ").unwrap(), BackendChoice::Ebpf);
         assert_eq!(BackendChoice::parse("").unwrap(), BackendChoice::Auto);
         let msg = BackendChoice::parse("dtrace").unwrap_err().to_string();
-        assert!(msg.contains("\"dtrace\"") && msg.contains("\"alloc\""), "{msg}");
+        assert!(
+            msg.contains("\"dtrace\"") && msg.contains("\"alloc\""),
+            "{msg}"
+        );
     }
 
     #[test]
