@@ -104,20 +104,7 @@ fn threads_that_exit_before_the_end() {
     }
     let r = s.finish().unwrap();
     let evs = events(&r);
-    let mut tids = std::collections::BTreeSet::new();
-    for i in 0..3u64 {
-        let of: Vec<&Event> = evs
-            .iter()
-            .filter(|e| matches!(e.kind, EventKind::Malloc { size, .. } if size == 500 + i))
-            .collect();
-        assert_eq!(of.len(), 10, "thread {i}: {of:?}");
-        assert!(
-            of.iter()
-                .all(|e| e.tid == of[0].tid && e.tid != std::process::id())
-        );
-        tids.insert(of[0].tid);
-    }
-    assert_eq!(tids.len(), 3);
+    harness::assert_one_thread_per_size(&evs, 3, 500, 10);
     let per_thread: u64 = r.totals.per_thread.values().map(|p| p.allocations).sum();
     assert_eq!(per_thread, r.totals.allocations);
 }

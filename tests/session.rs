@@ -157,22 +157,7 @@ fn per_thread_totals_add_up() {
     let sum: u64 = t.per_thread.values().map(|p| p.allocations).sum();
     let bytes: u64 = t.per_thread.values().map(|p| p.bytes_allocated).sum();
     assert_eq!((sum, bytes), (t.allocations, t.bytes_allocated));
-    let main_tid = std::process::id();
-    let mut worker_tids = std::collections::BTreeSet::new();
-    for i in 0..4u64 {
-        let of_size: Vec<&Event> = evs
-            .iter()
-            .filter(|e| matches!(e.kind, EventKind::Malloc { size, .. } if size == 10_000 + i))
-            .collect();
-        assert_eq!(of_size.len(), 50, "thread {i}");
-        assert!(
-            of_size
-                .iter()
-                .all(|e| e.tid == of_size[0].tid && e.tid != main_tid)
-        );
-        worker_tids.insert(of_size[0].tid);
-    }
-    assert_eq!(worker_tids.len(), 4);
+    harness::assert_one_thread_per_size(&evs, 4, 10_000, 50);
 }
 
 fn criterion_measurement_counts_per_iteration() {

@@ -1,6 +1,30 @@
 //! A sequential test runner for `harness = false` test binaries: the recorders see every
 //! thread of the process, so exact-count tests run one after another on the main thread,
 //! with no libtest threads around. Prints libtest-like lines and `N passed, N failed`.
+//! Also the checks those binaries share.
+
+use memtrack::{Event, EventKind};
+
+/// Asserts that for each of `threads` worker threads, which made `per_thread` mallocs of size
+/// `base + i` (a size no one else uses), all of them are in `evs`, from one thread that is not
+/// the main thread, and that the workers are distinct threads.
+pub fn assert_one_thread_per_size(evs: &[Event], threads: u64, base: u64, per_thread: usize) {
+    let mut tids = std::collections::BTreeSet::new();
+    for i in 0..threads {
+        let of: Vec<&Event> = evs
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Malloc { size, .. } if size == base + i))
+            .collect();
+        assert_eq!(of.len(), per_thread, "thread {i}: {of:?}");
+        assert!(
+            of.iter()
+                .all(|e| e.tid == of[0].tid && e.tid != std::process::id()),
+            "thread {i}: {of:?}"
+        );
+        tids.insert(of[0].tid);
+    }
+    assert_eq!(tids.len() as u64, threads);
+}
 
 /// Runs `tests` in order in a fresh `$MEMTRACK_DIR`; with `skip`, reports each as skipped
 /// and why. Exits with status 1 if any failed.
