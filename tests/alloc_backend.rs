@@ -94,11 +94,13 @@ fn realloc_aligned_and_zeroed_paths() {
 fn threads_that_exit_before_the_end() {
     let s = session("alloc_threads");
     for i in 0..3usize {
-        std::thread::spawn(move || {
+        // The allocator recorder cannot see a spawn: the documented helper puts the thread in
+        // the session's scope.
+        std::thread::spawn(memtrack::in_session(move || {
             for _ in 0..10 {
                 black_box(Vec::<u8>::with_capacity(500 + i));
             }
-        })
+        }))
         .join()
         .unwrap();
     }
@@ -123,13 +125,13 @@ thread_local! {
 
 fn allocation_during_thread_local_destruction() {
     let s = session("alloc_tls");
-    let tid = std::thread::spawn(|| {
+    let tid = std::thread::spawn(memtrack::in_session(|| {
         // Registered before the recorder's own thread-local: destroyed after it.
         LATE.with(|_| {});
         black_box(Vec::<u8>::with_capacity(1234));
         // SAFETY: gettid has no preconditions.
         unsafe { libc::gettid() as u32 }
-    })
+    }))
     .join()
     .unwrap();
     let r = s.finish().unwrap();
@@ -143,6 +145,61 @@ fn allocation_during_thread_local_destruction() {
             .count();
         assert_eq!(n, 1, "size {size}: {evs:?}");
     }
+}
+
+/// Spawns a thread without `in_session` that makes 10 allocations of 777 bytes.
+fn spawn_unscoped() {
+    std::thread::spawn(|| {
+        for _ in 0..10 {
+            black_box(Vec::<u8>::with_capacity(777));
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+fn threads_outside_the_scope_are_counted_apart() {
+    let s = session("alloc_unscoped");
+    black_box(Vec::<u8>::with_capacity(776));
+    spawn_unscoped();
+    let r = s.finish().unwrap();
+    let sized = |size| {
+        events(&r)
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Malloc { size: s, .. } if s == size))
+            .count()
+    };
+    assert_eq!((sized(776), sized(777)), (1, 0), "{}", r.summary_line());
+    // Its 10 allocations and 10 frees, and whatever starting the thread allocated in it.
+    assert!(r.out_of_scope >= 20, "{}", r.summary_line());
+    assert!(
+        r.summary_line()
+            .contains("allocator calls of other threads not counted"),
+        "{}",
+        r.summary_line()
+    );
+    // The whole process, as a benchmark on a thread pool wants it.
+    let s = SessionBuilder::new("alloc_process")
+        .backend(BackendChoice::Alloc)
+        .scope(memtrack::Scope::Process)
+        .quiet(true)
+        .start()
+        .unwrap();
+    spawn_unscoped();
+    let r = s.finish().unwrap();
+    assert_eq!(r.out_of_scope, 0);
+    assert!(
+        r.summary_line().contains("scope: whole process"),
+        "{}",
+        r.summary_line()
+    );
+    assert_eq!(
+        events(&r)
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Malloc { size: 777, .. }))
+            .count(),
+        10
+    );
 }
 
 fn sequential_sessions_are_independent() {
@@ -264,6 +321,10 @@ fn main() {
         (
             "allocation_during_thread_local_destruction",
             allocation_during_thread_local_destruction,
+        ),
+        (
+            "threads_outside_the_scope_are_counted_apart",
+            threads_outside_the_scope_are_counted_apart,
         ),
         (
             "sequential_sessions_are_independent",

@@ -126,7 +126,7 @@ fn concurrent_session_is_refused() {
         matches!(err, memtrack::Error::SessionActive { ref active, .. } if active == "first"),
         "{err}"
     );
-    assert!(err.to_string().contains("may not overlap"), "{err}");
+    assert!(err.to_string().contains("take turns"), "{err}");
     first.finish().unwrap();
     memtrack::SessionBuilder::new("after")
         .quiet(true)
@@ -446,6 +446,124 @@ fn privileged() -> Option<String> {
         .then(|| "not root (the eBPF tracker needs CAP_BPF + CAP_PERFMON)".to_string())
 }
 
+/// Two allocations, then a `#[memtrack]` function with three: it joins this session.
+#[memtrack(name = "outer")]
+fn outer() {
+    black_box(Vec::<u8>::with_capacity(11));
+    black_box(Vec::<u8>::with_capacity(12));
+    inner();
+}
+
+#[memtrack(name = "inner")]
+fn inner() {
+    for n in [13usize, 14, 15] {
+        black_box(Vec::<u8>::with_capacity(n));
+    }
+}
+
+fn nested_attribute_joins_the_outer_session() {
+    outer();
+    let t = totals("outer");
+    assert_eq!(
+        (t.allocations, t.bytes_allocated),
+        (5, 11 + 12 + 13 + 14 + 15)
+    );
+    assert!(
+        !dir().join("inner.memtrack").exists(),
+        "the inner function wrote an artifact of its own"
+    );
+    // Called on its own, the inner function has its session.
+    inner_alone();
+}
+
+#[memtrack(name = "inner_alone")]
+fn inner_alone() {
+    black_box(Vec::<u8>::with_capacity(16));
+}
+
+#[memtrack(name = "outer_of_limited")]
+fn outer_of_limited() {
+    inner_limited();
+}
+
+#[memtrack(name = "inner_limited", max_allocations = 10)]
+fn inner_limited() {
+    black_box(Vec::<u8>::with_capacity(17));
+}
+
+fn nested_limits_are_refused_not_deadlocked() {
+    let msg = panic_message(outer_of_limited).expect("the nested limits panic");
+    assert!(
+        msg.contains("inner_limited")
+            && msg.contains("runs inside session \"outer_of_limited\"")
+            && msg.contains("put the limits on the outer function"),
+        "{msg}"
+    );
+}
+
+fn nested_start_waiting_is_an_error() {
+    let outer = memtrack::SessionBuilder::new("outer_api")
+        .quiet(true)
+        .start()
+        .unwrap();
+    let err = memtrack::SessionBuilder::new("inner_api")
+        .start_waiting()
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(err, memtrack::Error::NestedSession { ref active, .. } if active == "outer_api"),
+        "{err}"
+    );
+    // A thread the session spawned is in its scope too.
+    let from_child = std::thread::spawn(|| {
+        memtrack::SessionBuilder::new("child_api")
+            .start_waiting()
+            .err()
+            .map(|e| e.to_string())
+    })
+    .join()
+    .unwrap();
+    assert!(
+        from_child
+            .as_deref()
+            .is_some_and(|m| m.contains("inside session \"outer_api\"")),
+        "{from_child:?}"
+    );
+    outer.finish().unwrap();
+}
+
+fn a_thread_outside_the_scope_waits_its_turn() {
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let started = std::sync::Arc::clone(&barrier);
+    // Started before the session: not in its scope, so it waits instead of being refused.
+    let other = std::thread::spawn(move || {
+        started.wait();
+        let t = std::time::Instant::now();
+        let s = memtrack::SessionBuilder::new("waited")
+            .quiet(true)
+            .start_waiting()
+            .expect("its turn comes");
+        let waited = t.elapsed();
+        black_box(Vec::<u8>::with_capacity(18));
+        (waited, s.finish().expect("finish").allocations())
+    });
+    let s = memtrack::SessionBuilder::new("first_turn")
+        .quiet(true)
+        .start()
+        .unwrap();
+    barrier.wait();
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    let first = s.finish().unwrap();
+    let (waited, allocations) = other.join().unwrap();
+    assert!(
+        waited >= std::time::Duration::from_millis(100),
+        "{waited:?}"
+    );
+    assert_eq!(allocations, 1);
+    // The waiting thread's allocations were outside the first session's scope.
+    assert_eq!(first.allocations(), 0, "{}", first.summary_line());
+}
+
 fn main() {
     let tests: &[(&str, fn())] = &[
         (
@@ -497,6 +615,22 @@ fn main() {
         (
             "limits_fail_without_privileges",
             limits_fail_without_privileges,
+        ),
+        (
+            "nested_attribute_joins_the_outer_session",
+            nested_attribute_joins_the_outer_session,
+        ),
+        (
+            "nested_limits_are_refused_not_deadlocked",
+            nested_limits_are_refused_not_deadlocked,
+        ),
+        (
+            "nested_start_waiting_is_an_error",
+            nested_start_waiting_is_an_error,
+        ),
+        (
+            "a_thread_outside_the_scope_waits_its_turn",
+            a_thread_outside_the_scope_waits_its_turn,
         ),
     ];
     if std::env::args().nth(1).as_deref() == Some("--unprivileged-child") {

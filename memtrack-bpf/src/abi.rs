@@ -7,7 +7,8 @@
 /// link of [`PROG_ENTRY`] over every [`crate::ProbeSite`] (cookie: [`Entry::cookie`]) and one of
 /// [`PROG_RET`] (as return probes) over the sites with `ret`, plus
 /// [`PROG_SYS_EXIT`].
-/// The runtime switch is the 4-byte `.bss` (a `u32` of [`SWITCH_STREAM`] | [`SWITCH_COUNT`] bits).
+/// The runtime switch is the whole `.bss`, a [`RawSwitch`]; attach [`PROG_FORK`] while a
+/// recording with [`SCOPE_THREADS`] runs.
 pub static OBJECT: &[u8] = include_bytes!("bpf/memtrack.bpf.o");
 
 /// Switch bit (`MT_SWITCH_STREAM`): record events into the ring buffer, and count them.
@@ -15,15 +16,24 @@ pub const SWITCH_STREAM: u32 = 1;
 /// Switch bit (`MT_SWITCH_COUNT`): only count allocations, frees and bytes in [`RawStats`].
 pub const SWITCH_COUNT: u32 = 2;
 
+/// [`RawSwitch::scope`] (`MT_SCOPE_PROCESS`): every thread of the target but memtrack's own.
+pub const SCOPE_PROCESS: u32 = 0;
+/// [`RawSwitch::scope`] (`MT_SCOPE_THREADS`): only threads whose per-thread state carries the
+/// current [`RawSwitch::generation`], and the threads they spawn while recording.
+pub const SCOPE_THREADS: u32 = 1;
+
 /// The ring buffer of [`RawEvent`]s (its size is set at load; a power of two, in bytes).
 pub const MAP_EVENTS: &str = "events";
 /// Per-CPU [`RawStats`] (one slot, key 0).
 pub const MAP_STATS: &str = "stats";
 /// Per-thread state (task-local storage; from user space the key is a thread pidfd,
 /// `pidfd_open(tid, PIDFD_THREAD)`). The value's first `u32` is the exclusion flag: write a
-/// value of 1 followed by zeros to never record that thread (memtrack's own threads); the rest
-/// is the program's bookkeeping of nested allocator calls.
+/// value of 1 followed by zeros to never record that thread (memtrack's own threads); the
+/// third `u32` ([`CALLS_SCOPE_OFFSET`]) is the generation whose scope the thread is in; the
+/// rest is the program's bookkeeping of nested allocator calls.
 pub const MAP_CALLS: &str = "calls";
+/// Byte offset of `scope_gen` in a [`MAP_CALLS`] value.
+pub const CALLS_SCOPE_OFFSET: usize = 8;
 /// Every entry probe (`uprobe.multi`): one link per file, each site's cookie an [`Entry`].
 pub const PROG_ENTRY: &str = "mt_entry";
 /// The return probe (`uretprobe.multi`) of every site whose [`Entry::needs_return`].
@@ -32,6 +42,8 @@ pub const PROG_RET: &str = "mt_ret";
 pub const PROG_NOP: &str = "mt_nop";
 /// The `tp_btf/sys_exit` program (mmap, munmap, mremap, brk): attach it as is.
 pub const PROG_SYS_EXIT: &str = "mt_sys_exit";
+/// The `tp_btf/sched_process_fork` program: threads spawned by a thread in scope join it.
+pub const PROG_FORK: &str = "mt_fork";
 
 /// `MT_KIND_*` of `memtrack.h`: the same numbers as `memtrack::KindTag`.
 pub mod kind {
@@ -168,6 +180,9 @@ pub struct RawStats {
     pub frees: u64,
     /// Events lost because the ring buffer was full.
     pub drops: u64,
+    /// Allocation and free calls of the target's threads outside the recording's scope
+    /// ([`SCOPE_THREADS`]), not recorded.
+    pub out_of_scope: u64,
 }
 
 impl RawStats {
@@ -183,6 +198,7 @@ impl RawStats {
             alloc_bytes: at(1),
             frees: at(2),
             drops: at(3),
+            out_of_scope: at(4),
         })
     }
 }
@@ -197,7 +213,37 @@ impl std::ops::Add for RawStats {
             alloc_bytes: self.alloc_bytes.wrapping_add(o.alloc_bytes),
             frees: self.frees.wrapping_add(o.frees),
             drops: self.drops.wrapping_add(o.drops),
+            out_of_scope: self.out_of_scope.wrapping_add(o.out_of_scope),
         }
+    }
+}
+
+/// The runtime switch (`struct memtrack_switch`): the program's whole `.bss`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct RawSwitch {
+    /// [`SWITCH_STREAM`] | [`SWITCH_COUNT`] bits; 0 = off.
+    pub enabled: u32,
+    /// [`SCOPE_PROCESS`] or [`SCOPE_THREADS`].
+    pub scope: u32,
+    /// The current recording's number: per-thread marks of other generations are stale.
+    pub generation: u32,
+    /// 0.
+    pub reserved: u32,
+}
+
+impl RawSwitch {
+    /// Size of `.bss` in bytes.
+    pub const SIZE: usize = size_of::<Self>();
+
+    /// The bytes to write over `.bss`.
+    pub fn to_bytes(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0..4].copy_from_slice(&self.enabled.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.scope.to_ne_bytes());
+        b[8..12].copy_from_slice(&self.generation.to_ne_bytes());
+        b[12..16].copy_from_slice(&self.reserved.to_ne_bytes());
+        b
     }
 }
 
@@ -246,7 +292,8 @@ const _: () = assert!(align_of::<RawEvent>() == 8);
 const _: () = assert!(core::mem::offset_of!(RawEvent, kind) == 16);
 const _: () = assert!(core::mem::offset_of!(RawEvent, addr) == 24);
 const _: () = assert!(core::mem::offset_of!(RawEvent, align) == 48);
-const _: () = assert!(size_of::<RawStats>() == 32);
+const _: () = assert!(size_of::<RawStats>() == 40);
+const _: () = assert!(size_of::<RawSwitch>() == 16);
 const _: () = assert!(align_of::<RawStats>() == 8);
 const _: () = assert!(size_of::<RawConfig>() == 24);
 const _: () = assert!(core::mem::offset_of!(RawConfig, wakeup_bytes) == 8);

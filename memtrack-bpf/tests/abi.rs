@@ -5,7 +5,7 @@ use std::mem::offset_of;
 
 use libbpf_rs::btf::types::{Func, MemberAttr, Struct};
 use libbpf_rs::btf::{Btf, HasSize};
-use memtrack_bpf::{OBJECT, RawConfig, RawEvent, RawStats};
+use memtrack_bpf::{OBJECT, RawConfig, RawEvent, RawStats, RawSwitch};
 
 fn layout(btf: &Btf<'_>, name: &str) -> (usize, Vec<(String, usize)>) {
     let s: Struct<'_> = btf
@@ -59,8 +59,25 @@ fn c_structs_match_the_rust_mirrors() {
                 ("alloc_bytes", offset_of!(RawStats, alloc_bytes)),
                 ("frees", offset_of!(RawStats, frees)),
                 ("drops", offset_of!(RawStats, drops)),
+                ("out_of_scope", offset_of!(RawStats, out_of_scope)),
             ])
         )
+    );
+    assert_eq!(
+        layout(&btf, "memtrack_switch"),
+        (
+            size_of::<RawSwitch>(),
+            owned(&[
+                ("enabled", offset_of!(RawSwitch, enabled)),
+                ("scope", offset_of!(RawSwitch, scope)),
+                ("generation", offset_of!(RawSwitch, generation)),
+                ("reserved", offset_of!(RawSwitch, reserved)),
+            ])
+        )
+    );
+    assert_eq!(
+        layout(&btf, "call_state").1[2],
+        ("scope_gen".to_owned(), memtrack_bpf::CALLS_SCOPE_OFFSET)
     );
     assert_eq!(
         layout(&btf, "memtrack_config"),
@@ -86,6 +103,7 @@ fn every_program_the_loader_names_exists() {
         memtrack_bpf::PROG_RET,
         memtrack_bpf::PROG_NOP,
         memtrack_bpf::PROG_SYS_EXIT,
+        memtrack_bpf::PROG_FORK,
     ] {
         let f: Option<Func<'_>> = btf.type_by_name(n);
         assert!(f.is_some(), "no BPF program {n} in the object");

@@ -12,6 +12,7 @@ pub(crate) struct Args {
     pub name: Option<LitStr>,
     pub output: Option<LitStr>,
     pub backend: Option<LitStr>,
+    pub scope: Option<LitStr>,
     pub krate: Option<Path>,
     pub limits: LimitArgs,
 }
@@ -83,7 +84,7 @@ fn integer(meta: &Meta) -> syn::Result<(u64, Span)> {
     let Meta::NameValue(nv) = meta else {
         return Err(syn::Error::new_spanned(meta, "expected `option = N`"));
     };
-    match &nv.value {
+    match ungroup(&nv.value) {
         Expr::Lit(ExprLit {
             lit: Lit::Int(n), ..
         }) => {
@@ -127,9 +128,18 @@ impl Parse for Opt {
     }
 }
 
+/// The expression inside the invisible groups that `macro_rules!` puts around a `$x:literal`
+/// or `$x:expr` fragment, so that `#[memtrack(max_allocations = $n)]` works in a macro.
+fn ungroup(mut e: &Expr) -> &Expr {
+    while let Expr::Group(g) = e {
+        e = &g.expr;
+    }
+    e
+}
+
 fn string(meta: &Meta) -> syn::Result<LitStr> {
     match meta {
-        Meta::NameValue(nv) => match &nv.value {
+        Meta::NameValue(nv) => match ungroup(&nv.value) {
             Expr::Lit(ExprLit {
                 lit: Lit::Str(s), ..
             }) => Ok(s.clone()),
@@ -165,12 +175,14 @@ impl Args {
                         &mut args.output
                     } else if key.is_ident("backend") {
                         &mut args.backend
+                    } else if key.is_ident("scope") {
+                        &mut args.scope
                     } else {
                         return Err(syn::Error::new_spanned(
                             key,
                             "unknown #[memtrack] option: expected `name = \"…\"`, \
                              `output = \"…\"`, `backend = \"auto\"|\"ebpf\"|\"alloc\"`, \
-                             `crate = path`, `max_allocations = N`, \
+                             `scope = \"threads\"|\"process\"`, `crate = path`, `max_allocations = N`, \
                              `max_bytes = N`, `max_peak = N` or `no_leaks`",
                         ));
                     };
@@ -193,6 +205,15 @@ impl Args {
                         return Err(syn::Error::new_spanned(
                             &value,
                             "unknown backend: expected \"auto\", \"ebpf\" or \"alloc\"",
+                        ));
+                    }
+                    if key.is_ident("scope")
+                        && !matches!(value.value().as_str(), "threads" | "process")
+                    {
+                        return Err(syn::Error::new_spanned(
+                            &value,
+                            "unknown scope: expected \"threads\" (the function's thread and \
+                             the threads it spawns, the default) or \"process\"",
                         ));
                     }
                     *slot = Some(value);

@@ -55,8 +55,12 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
         Some(b) => quote!(::core::option::Option::Some(#b)),
         None => quote!(::core::option::Option::None),
     };
+    let scope = match args.scope {
+        Some(s) => quote!(::core::option::Option::Some(#s)),
+        None => quote!(::core::option::Option::None),
+    };
     let start = if args.limits.is_empty() {
-        quote!(#krate::__private::start(#name, #output, #backend))
+        quote!(#krate::__private::start(#name, #output, #backend, #scope))
     } else {
         let l = &args.limits;
         // Each value keeps the span of the user's literal.
@@ -77,6 +81,7 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
                 #name,
                 #output,
                 #backend,
+                #scope,
                 #krate::__private::Limits::new() #max_allocations #max_bytes #max_peak #no_leaks,
             )
         }

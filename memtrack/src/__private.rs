@@ -15,29 +15,60 @@ pub struct Guard {
 
 /// Starts the session of a `#[memtrack]` function, after any session running in this process
 /// ends (so parallel tests take turns). Never panics: if recording cannot start, it says why
-/// on stderr and the function runs unrecorded.
-pub fn start(name: &str, output: Option<&str>, backend: Option<&str>) -> Guard {
-    start_limited(name, output, backend, Limits::new())
+/// on stderr and the function runs unrecorded. Called inside a session that records this
+/// thread (a `#[memtrack]` function calling another), it joins that session: the inner
+/// function's allocations are the outer session's, and it writes no artifact of its own.
+pub fn start(
+    name: &str,
+    output: Option<&str>,
+    backend: Option<&str>,
+    scope: Option<&str>,
+) -> Guard {
+    start_limited(name, output, backend, scope, Limits::new())
 }
 
 /// [`start`] for a `#[memtrack(max_allocations = …, …)]` function: when the guard is dropped,
 /// a violated limit panics with the measured numbers (so a `#[test]` fails), unless the thread
 /// is already panicking (then it is printed on stderr: a second panic would abort). Limits
 /// that cannot be checked fail too, never pass silently: if recording cannot start, this
-/// panics with the reason instead of running the function unrecorded.
+/// panics with the reason instead of running the function unrecorded. Nested in a session
+/// that records this thread, its limits could only be checked against the outer session's
+/// numbers, so it panics saying so (put the limits on the outer function, or call this one
+/// outside it).
 pub fn start_limited(
     name: &str,
     output: Option<&str>,
     backend: Option<&str>,
+    scope: Option<&str>,
     limits: Limits,
 ) -> Guard {
+    // Nested: join the running session, allocating nothing (it counts this thread).
+    if crate::session::recorded_here() {
+        if !limits.is_empty() {
+            let active = crate::session::active_name().unwrap_or_default();
+            fail(format!(
+                "memtrack: {name}: the limits ({limits}) cannot be checked: this #[memtrack] \
+                 function runs inside session {active:?}, which records its allocations as \
+                 part of its own; put the limits on the outer function, or call {name} \
+                 outside it"
+            ));
+        }
+        return Guard {
+            session: None,
+            limits,
+            limited_name: None,
+        };
+    }
     let mut b = SessionBuilder::new(name).limits(limits);
     if let Some(dir) = output {
         b = b.output_dir(dir);
     }
-    // The attribute checked the spelling at compile time.
+    // The attribute checked the spellings at compile time.
     if let Some(choice) = backend.and_then(|s| crate::BackendChoice::parse(s).ok()) {
         b = b.backend(choice);
+    }
+    if let Some(scope) = scope.and_then(crate::Scope::parse) {
+        b = b.scope(scope);
     }
     let limited_name = (!limits.is_empty()).then(|| name.to_string());
     match b.start_waiting() {
@@ -45,6 +76,22 @@ pub fn start_limited(
             session: Some(s),
             limits,
             limited_name,
+        },
+        // Nested after all (the running session began while this one was being set up).
+        Err(e @ crate::Error::NestedSession { .. }) if !limits.is_empty() => {
+            fail(format!(
+                "memtrack: {name}: the limits ({limits}) cannot be checked: {e}"
+            ));
+            Guard {
+                session: None,
+                limits,
+                limited_name: None,
+            }
+        }
+        Err(crate::Error::NestedSession { .. }) => Guard {
+            session: None,
+            limits,
+            limited_name: None,
         },
         Err(e) if !limits.is_empty() => {
             fail(format!(

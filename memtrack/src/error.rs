@@ -81,13 +81,27 @@ pub enum Error {
     /// A session was started while another one of this process was running.
     #[error(
         "cannot start memtrack session {requested:?}: session {active:?} is still running in \
-         this process, and sessions may not overlap (the tracker records the whole process); \
-         finish or drop it first"
+         this process, and sessions of one process take turns (one recorder per process); \
+         finish or drop it first, or use SessionBuilder::start_waiting to wait for your turn"
     )]
     SessionActive {
         /// The session that was refused.
         requested: String,
         /// The session that is running.
+        active: String,
+    },
+    /// A session was started, waiting for its turn, from a thread that the running session
+    /// records: it would wait for itself forever.
+    #[error(
+        "cannot start memtrack session {requested:?} inside session {active:?}: this thread is \
+         already recorded by {active:?}, so waiting for it to end would never return; its \
+         allocations are part of {active:?} (a nested #[memtrack] function joins the outer \
+         session), or start {requested:?} outside it"
+    )]
+    NestedSession {
+        /// The session that was refused.
+        requested: String,
+        /// The running session whose scope the calling thread is in.
         active: String,
     },
     /// `auto` found neither backend usable.

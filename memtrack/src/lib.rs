@@ -42,6 +42,7 @@ mod event;
 pub mod human;
 mod limits;
 mod recorder;
+mod scope;
 mod session;
 mod synth;
 mod tracker;
@@ -57,7 +58,8 @@ pub use event::{Event, EventKind, KindTag};
 pub use limits::{Limits, Violation};
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;
-pub use recorder::{Allocator, allocator_installed};
+pub use recorder::{Allocator, allocator_installed, in_session};
+pub use scope::Scope;
 pub use session::{BackendChoice, Report, Session, SessionBuilder, start};
 pub use synth::{Synth, SynthOptions};
 pub use tracker::{Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};

@@ -294,6 +294,8 @@ mod tests {
             events: 0,
             artifact_bytes: 0,
             backend: crate::Backend::Ebpf,
+            scope: crate::Scope::Threads,
+            out_of_scope: 0,
         }
     }
 

@@ -13,6 +13,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,13 +25,19 @@ use crate::error::{Error, Result};
 use crate::human;
 use crate::limits::Limits;
 use crate::recorder::{AllocRecording, allocator_installed};
-use crate::tracker::{Recording, Tracker, TrackerOptions};
+use crate::scope::Scope;
+use crate::tracker::{ProbeHold, Recording, Tracker, TrackerOptions};
 
-/// Name of the session running in this process, if any (sessions may not overlap: the
-/// tracker records the whole process).
+/// Name of the session running in this process, if any (sessions of one process take turns:
+/// each recorder records one session at a time).
 static ACTIVE: Mutex<Option<String>> = Mutex::new(None);
 /// Signalled when the running session ends.
 static IDLE: Condvar = Condvar::new();
+/// Sessions waiting for their turn ([`SessionBuilder::start_waiting`]).
+static WAITERS: AtomicUsize = AtomicUsize::new(0);
+/// The eBPF probes a finished session left attached for the session that waited for it
+/// (attaching and detaching them costs ~10 + ~50 ms); taken by the next start.
+static HANDOFF: Mutex<Option<ProbeHold>> = Mutex::new(None);
 
 /// The name of the session running in this process, if any.
 pub(crate) fn active_name() -> Option<String> {
@@ -52,6 +59,7 @@ pub struct SessionBuilder {
     workers: usize,
     limits: Limits,
     backend: Option<BackendChoice>,
+    scope: Scope,
 }
 
 /// Which recorder a session uses. A session uses exactly one, so no allocation is ever
@@ -140,7 +148,15 @@ impl SessionBuilder {
             workers: 1,
             limits: Limits::new(),
             backend: None,
+            scope: Scope::default(),
         }
+    }
+
+    /// Which threads to record (default [`Scope::Threads`]: the thread that calls `start` and
+    /// the threads spawned from it while recording; see [`Scope`]).
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
     }
 
     /// Which recorder to use. Default: `$MEMTRACK_BACKEND` (`auto`, `ebpf` or `alloc`) if set,
@@ -220,8 +236,11 @@ impl SessionBuilder {
     }
 
     /// Like [`SessionBuilder::start`], but waits for a running session of this process to end
-    /// instead of refusing: `#[memtrack]` functions (parallel tests) take turns.
-    pub(crate) fn start_waiting(self) -> Result<Session> {
+    /// instead of refusing it (as `#[memtrack]` functions do): parallel tests take turns, and
+    /// with the default [`Scope::Threads`] each counts only its own threads. Called from a
+    /// thread that the running session records (a nested start), it returns
+    /// [`Error::NestedSession`] instead of waiting for itself.
+    pub fn start_waiting(self) -> Result<Session> {
         self.start_with(true)
     }
 
@@ -238,8 +257,21 @@ impl SessionBuilder {
         }
         {
             let mut active = ACTIVE.lock().unwrap_or_else(|e| e.into_inner());
-            while wait && active.is_some() {
-                active = IDLE.wait(active).unwrap_or_else(|e| e.into_inner());
+            if let Some(other) = active.as_ref()
+                && wait
+                && current_thread_recorded()
+            {
+                return Err(Error::NestedSession {
+                    requested: self.name,
+                    active: other.clone(),
+                });
+            }
+            if wait && active.is_some() {
+                WAITERS.fetch_add(1, Ordering::SeqCst);
+                while active.is_some() {
+                    active = IDLE.wait(active).unwrap_or_else(|e| e.into_inner());
+                }
+                WAITERS.fetch_sub(1, Ordering::SeqCst);
             }
             if let Some(other) = active.as_ref() {
                 return Err(Error::SessionActive {
@@ -249,7 +281,11 @@ impl SessionBuilder {
             }
             *active = Some(self.name.clone());
         }
+        // Probes handed over by the previous session stay attached until this one has started
+        // (or failed to).
+        let handoff = HANDOFF.lock().unwrap_or_else(|e| e.into_inner()).take();
         let started = self.start_inner();
+        drop(handoff);
         if started.is_err() {
             set_idle();
         }
@@ -286,17 +322,25 @@ impl SessionBuilder {
             partial,
             quiet: self.quiet,
             limits: self.limits,
+            scope: self.scope,
             started: Instant::now(),
             recording: None,
             meta,
         };
         // Recording starts last: nothing here may allocate or free after it (the metadata is
         // kept in the session and freed after recording stops).
+        let scope = self.scope;
         let started = match tracker {
             Some(t) => t
-                .start(file, &session.meta, EncoderOptions::new(), self.workers)
+                .start_scoped(
+                    file,
+                    &session.meta,
+                    EncoderOptions::new(),
+                    self.workers,
+                    scope,
+                )
                 .map(Active::Ebpf),
-            None => crate::recorder::start_recording(file, &session.meta, self.workers)
+            None => crate::recorder::start_recording(file, &session.meta, self.workers, scope)
                 .map(Active::Alloc),
         };
         match started {
@@ -319,6 +363,7 @@ pub struct Session {
     partial: PathBuf,
     quiet: bool,
     limits: Limits,
+    scope: Scope,
     started: Instant,
     recording: Option<Active>,
     meta: Metadata,
@@ -330,15 +375,42 @@ enum Active {
     Alloc(AllocRecording<File>),
 }
 
+/// What a recorder wrote and what it could not record.
+struct Stopped {
+    written: Written,
+    lost_events: u64,
+    out_of_scope: u64,
+}
+
 impl Active {
-    /// Stops recording and finishes the artifact: what was written and the lost-event count.
-    fn stop(self) -> Result<(Written, u64)> {
+    /// Stops recording and finishes the artifact.
+    fn stop(self) -> Result<Stopped> {
         match self {
-            Active::Ebpf(r) => r.stop().map(|r| (r.written, r.lost_events)),
+            Active::Ebpf(r) => r.stop().map(|r| Stopped {
+                written: r.written,
+                lost_events: r.lost_events,
+                out_of_scope: r.out_of_scope,
+            }),
             // The allocator backend waits for room instead of dropping events.
-            Active::Alloc(r) => r.stop(),
+            Active::Alloc(r) => r.stop().map(|(written, lost_events)| Stopped {
+                written,
+                lost_events,
+                out_of_scope: crate::recorder::OUT_OF_SCOPE.load(Ordering::Relaxed),
+            }),
         }
     }
+}
+
+/// Whether a session is running and records the calling thread (a nested start). Allocates
+/// nothing: a nested `#[memtrack]` function asks this inside the session that counts it.
+pub(crate) fn recorded_here() -> bool {
+    ACTIVE.lock().unwrap_or_else(|e| e.into_inner()).is_some() && current_thread_recorded()
+}
+
+/// Whether the calling thread is recorded by the session running now (its scope includes it).
+fn current_thread_recorded() -> bool {
+    crate::recorder::current_thread_in_scope()
+        || Tracker::loaded().is_some_and(|t| t.current_thread_in_scope().unwrap_or(false))
 }
 
 impl Session {
@@ -368,7 +440,18 @@ impl Session {
             ));
         };
         let duration = self.started.elapsed();
-        let result = recording.stop().and_then(|(written, lost_events)| {
+        if matches!(recording, Active::Ebpf(_))
+            && WAITERS.load(Ordering::SeqCst) > 0
+            && let Some(hold) = Tracker::loaded().and_then(|t| t.hold().ok())
+        {
+            *HANDOFF.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
+        }
+        let result = recording.stop().and_then(|stopped| {
+            let Stopped {
+                written,
+                lost_events,
+                out_of_scope,
+            } = stopped;
             std::fs::rename(&self.partial, &self.path).map_err(|e| {
                 Error::io(
                     format!(
@@ -388,6 +471,8 @@ impl Session {
                 artifact_bytes: written.bytes,
                 totals: written.totals,
                 backend: self.meta.backend,
+                scope: self.scope,
+                out_of_scope,
             })
         });
         set_idle();
@@ -430,6 +515,14 @@ pub struct Report {
     pub artifact_bytes: u64,
     /// The recorder that produced it.
     pub backend: Backend,
+    /// Which threads were recorded.
+    pub scope: Scope,
+    /// Allocator calls (allocations and frees) of threads of this process outside the
+    /// session's [`Scope::Threads`] scope while it recorded: not recorded, not in the totals.
+    /// Non-zero means other threads were busy (parallel tests), or that work of the measured
+    /// code ran on threads that existed before the session (use [`Scope::Process`]) or, with
+    /// the allocator recorder, were spawned without [`in_session`](crate::in_session).
+    pub out_of_scope: u64,
 }
 
 impl Report {
@@ -460,8 +553,17 @@ impl Report {
                 human::count(self.lost_events)
             )
         };
+        let scope = match (self.scope, self.out_of_scope) {
+            (Scope::Process, _) => "scope: whole process".to_string(),
+            (Scope::Threads, 0) => format!("scope: {}", self.scope),
+            (Scope::Threads, n) => format!(
+                "scope: {} ({} allocator calls of other threads not counted)",
+                self.scope,
+                human::count(n)
+            ),
+        };
         format!(
-            "memtrack: {} — {} allocs ({}), peak {}, {} live ({}), {} → {}",
+            "memtrack: {} — {} allocs ({}), peak {}, {} live ({}), {}, {} → {}",
             self.name,
             human::count(t.allocations),
             human::bytes(t.bytes_allocated),
@@ -469,6 +571,7 @@ impl Report {
             human::count(t.live_blocks_at_end),
             human::bytes(t.live_bytes_at_end),
             lost,
+            scope,
             self.path.display()
         ) + if self.backend == Backend::Alloc {
             " (Rust allocator only: C/libc allocations and mmaps are not covered)"

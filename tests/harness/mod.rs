@@ -8,6 +8,7 @@ use memtrack::{Event, EventKind};
 /// Asserts that for each of `threads` worker threads, which made `per_thread` mallocs of size
 /// `base + i` (a size no one else uses), all of them are in `evs`, from one thread that is not
 /// the main thread, and that the workers are distinct threads.
+#[allow(dead_code)] // not every binary spawns workers
 pub fn assert_one_thread_per_size(evs: &[Event], threads: u64, base: u64, per_thread: usize) {
     let mut tids = std::collections::BTreeSet::new();
     for i in 0..threads {

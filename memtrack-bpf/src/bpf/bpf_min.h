@@ -60,7 +60,10 @@ static void *(*const bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags
 static void (*const bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
 static __u64 (*const bpf_ringbuf_query)(void *ringbuf, __u64 flags) = (void *)134;
 static __u64 (*const bpf_get_attach_cookie)(void *ctx) = (void *)174;
-struct task_struct;
+/* Only the field read here (CO-RE). */
+struct task_struct {
+	int tgid;
+} __attribute__((preserve_access_index));
 static void *(*const bpf_task_storage_get)(void *map, struct task_struct *task, void *value,
 					   __u64 flags) = (void *)156;
 static struct task_struct *(*const bpf_get_current_task_btf)(void) = (void *)158;

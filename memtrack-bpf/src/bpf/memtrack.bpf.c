@@ -30,11 +30,14 @@ const volatile struct memtrack_config config = {
 };
 
 /*
- * Runtime switch flipped by user space (the only thing in .bss), MT_SWITCH_* bits:
- * STREAM records events into the ring buffer, COUNT only keeps the counters (a criterion
- * measurement reads them without the cost of the event stream). 0 = off.
+ * Runtime switch written by user space (the only thing in .bss). `enabled` has MT_SWITCH_*
+ * bits: STREAM records events into the ring buffer, COUNT only keeps the counters (a criterion
+ * measurement reads them without the cost of the event stream); 0 = off. `scope` says which
+ * threads are recorded; `generation` numbers the recordings so that a thread's marks from an
+ * earlier one (its scope, a call whose return was never seen because the probes were detached
+ * in between) are stale.
  */
-volatile __u32 enabled;
+volatile struct memtrack_switch sw;
 
 /*
  * Keeps `struct memtrack_event` in the object's BTF (a ring buffer's records have no declared
@@ -67,7 +70,9 @@ struct {
  */
 struct call_state {
 	__u32 excluded; /* 1: a memtrack thread, never recorded */
-	__u32 depth;    /* 0: no call in progress */
+	__u32 depth;    /* 0: no call in progress (or call_gen is stale) */
+	__u32 scope_gen; /* in the scope of recording `scope_gen` (MT_SCOPE_THREADS) */
+	__u32 call_gen;  /* the generation in which `depth` was set */
 	__u64 sp;       /* stack pointer at the outer call's entry */
 	__u64 addr;     /* old block (realloc, free-like), memptr (posix_memalign) */
 	__u64 size;
@@ -94,7 +99,27 @@ static __always_inline struct call_state *thread_state(int create)
 /* The target process, recording on (memtrack's own threads are checked on their state). */
 static __always_inline int should_record(__u64 pid_tgid)
 {
-	return (__u32)(pid_tgid >> 32) == config.target_tgid && enabled;
+	return (__u32)(pid_tgid >> 32) == config.target_tgid && sw.enabled;
+}
+
+/*
+ * Whether a thread of the target (not memtrack's: checked before) is in the recording's scope.
+ * A thread outside it is counted in `out_of_scope` when `count` (allocation and free calls),
+ * so that a report can say how much of the process it left out.
+ */
+static __always_inline int in_scope(struct call_state *cs, int count)
+{
+	__u32 zero = 0;
+	struct memtrack_stats *st;
+
+	if (sw.scope == MT_SCOPE_PROCESS || (cs && cs->scope_gen == sw.generation))
+		return 1;
+	if (count) {
+		st = bpf_map_lookup_elem(&stats, &zero);
+		if (st)
+			st->out_of_scope++;
+	}
+	return 0;
 }
 
 /*
@@ -128,7 +153,7 @@ static __always_inline void emit(__u64 pid_tgid, __u32 kind, __u64 addr, __u64 o
 			st->alloc_bytes += size;
 		}
 	}
-	if (!(enabled & MT_SWITCH_STREAM))
+	if (!(sw.enabled & MT_SWITCH_STREAM))
 		return;
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -159,14 +184,17 @@ static __always_inline int enter(struct pt_regs *ctx, __u32 kind, __u64 addr, __
 	if (!should_record(pid_tgid))
 		return 0;
 	cs = thread_state(1);
-	if (!cs || cs->excluded)
+	if (!cs || cs->excluded || !in_scope(cs, 1))
 		return 0;
+	if (cs->call_gen != sw.generation)
+		cs->depth = 0;
 	if (cs->depth > 0 && sp < cs->sp) {
 		cs->depth++;
 		return 0;
 	}
 	cs->sp = sp;
 	cs->depth = 1;
+	cs->call_gen = sw.generation;
 	cs->kind = kind;
 	cs->flags = flags;
 	cs->addr = addr;
@@ -179,7 +207,7 @@ static __always_inline int enter(struct pt_regs *ctx, __u32 kind, __u64 addr, __
  * the tail call of an outer free-like of the same block (delete(p) -> jmp free(p)). */
 static __always_inline int nested_free(struct call_state *cs, __u64 sp, __u64 addr)
 {
-	if (!cs || cs->depth == 0)
+	if (!cs || cs->depth == 0 || cs->call_gen != sw.generation)
 		return 0;
 	return sp < cs->sp || (sp == cs->sp && cs->kind == MT_KIND_FREE && cs->addr == addr);
 }
@@ -276,12 +304,12 @@ int mt_ret(struct pt_regs *ctx)
 	if ((__u32)(pid_tgid >> 32) != config.target_tgid)
 		return 0;
 	cs = thread_state(0);
-	if (!cs || cs->depth == 0)
+	if (!cs || cs->depth == 0 || cs->call_gen != sw.generation)
 		return 0;
 	if (--cs->depth > 0)
 		return 0;
 	/* The outer call was entered while recording; drop it if recording stopped since. */
-	if (!enabled)
+	if (!sw.enabled)
 		return 0;
 	switch (cs->kind) {
 	case MT_KIND_FREE:
@@ -326,6 +354,8 @@ static __always_inline int mt_free(struct pt_regs *ctx)
 	cs = thread_state(0);
 	if (cs && (cs->excluded || nested_free(cs, ctx->sp, addr)))
 		return 0;
+	if (!in_scope(cs, 1))
+		return 0;
 	emit(pid_tgid, MT_KIND_FREE, addr, 0, 0, 0);
 	return 0;
 }
@@ -342,7 +372,7 @@ static __always_inline int mt_free_outer(struct pt_regs *ctx)
 	if (!should_record(pid_tgid))
 		return 0;
 	cs = thread_state(1);
-	if (!cs || cs->excluded)
+	if (!cs || cs->excluded || !in_scope(cs, 1))
 		return 0;
 	if (nested_free(cs, sp, addr)) {
 		cs->depth++;
@@ -350,6 +380,7 @@ static __always_inline int mt_free_outer(struct pt_regs *ctx)
 	}
 	cs->sp = sp;
 	cs->depth = 1;
+	cs->call_gen = sw.generation;
 	cs->kind = MT_KIND_FREE;
 	cs->flags = 0;
 	cs->addr = addr;
@@ -430,10 +461,10 @@ int mt_sys_exit(__u64 *ctx)
 	if (nr != NR_MMAP && nr != NR_MUNMAP && nr != NR_MREMAP && nr != NR_BRK)
 		return 0;
 	/* -4095..-1 are errnos. */
-	if ((ret < 0 && ret >= -4095) || !enabled)
+	if ((ret < 0 && ret >= -4095) || !sw.enabled)
 		return 0;
 	cs = thread_state(0);
-	if (cs && cs->excluded)
+	if ((cs && cs->excluded) || !in_scope(cs, 0))
 		return 0;
 	switch (nr) {
 	case NR_MMAP: /* mmap(addr, len, ...) -> the mapping */
@@ -451,6 +482,33 @@ int mt_sys_exit(__u64 *ctx)
 			emit(pid_tgid, MT_KIND_BRK, ret, 0, 0, 0);
 		break;
 	}
+	return 0;
+}
+
+/*
+ * A thread of the target spawned by a thread in the recording's scope joins the scope
+ * (MT_SCOPE_THREADS: a session covers the thread that started it and every thread it spawns,
+ * so that parallel tests of one process are told apart). Attached only while recording with
+ * that scope: it runs for every fork and thread creation on the machine.
+ */
+SEC("tp_btf/sched_process_fork")
+int mt_fork(__u64 *ctx)
+{
+	struct task_struct *child = (struct task_struct *)ctx[1];
+	struct call_state *parent_cs, *child_cs;
+
+	if ((__u32)(bpf_get_current_pid_tgid() >> 32) != config.target_tgid || !sw.enabled ||
+	    sw.scope != MT_SCOPE_THREADS)
+		return 0;
+	/* fork() makes another process: only new threads of the target join. */
+	if ((__u32)child->tgid != config.target_tgid)
+		return 0;
+	parent_cs = thread_state(0);
+	if (!parent_cs || parent_cs->excluded || parent_cs->scope_gen != sw.generation)
+		return 0;
+	child_cs = bpf_task_storage_get(&calls, child, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (child_cs)
+		child_cs->scope_gen = sw.generation;
 	return 0;
 }
 

@@ -19,9 +19,24 @@
 #define MT_KIND_MREMAP 8
 #define MT_KIND_BRK 9
 
-/* Bits of the runtime switch (`enabled` in .bss). Mirrored by `memtrack_bpf::SWITCH_*`. */
+/* Bits of the runtime switch (`sw.enabled` in .bss). Mirrored by `memtrack_bpf::SWITCH_*`. */
 #define MT_SWITCH_STREAM 1 /* record events into the ring buffer (and count them) */
 #define MT_SWITCH_COUNT 2  /* only count allocations, frees and bytes */
+
+/* `sw.scope`: which threads of the target are recorded. Mirrored by `memtrack_bpf::SCOPE_*`. */
+#define MT_SCOPE_PROCESS 0 /* every thread (but memtrack's own) */
+#define MT_SCOPE_THREADS 1 /* threads marked with the current generation, and those they spawn */
+
+/*
+ * The runtime switch: the whole `.bss` (user space writes all of it at once). Mirrored by
+ * `memtrack_bpf::RawSwitch`.
+ */
+struct memtrack_switch {
+	unsigned int enabled;    /* MT_SWITCH_* bits; 0 = off */
+	unsigned int scope;      /* MT_SCOPE_* */
+	unsigned int generation; /* the current recording's number: marks older than it are stale */
+	unsigned int reserved;   /* 0 */
+};
 
 /*
  * Entry shapes: the BPF cookie of each entry-probe site (one uprobe_multi link per file carries
@@ -71,6 +86,8 @@ struct memtrack_stats {
 	unsigned long long alloc_bytes; /* their sizes, bytes */
 	unsigned long long frees;       /* Free events (incl. realloc(p, 0)) */
 	unsigned long long drops;       /* events lost: ring buffer reservation failed */
+	unsigned long long out_of_scope; /* allocator calls of the target's threads outside the
+					    scope (MT_SCOPE_THREADS), not recorded */
 };
 
 /*

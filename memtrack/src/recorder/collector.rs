@@ -12,6 +12,7 @@ use crate::artifact::{Metadata, monotonic_ns};
 use crate::encode::{Encoder, EncoderOptions, Written};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventKind, KindTag};
+use crate::scope::Scope;
 
 /// How often the collector drains the rings, and how far behind "now" it keeps events back
 /// so that a producer preempted between its TSC read and its publish is still merged in order.
@@ -114,6 +115,7 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
     out: W,
     meta: &Metadata,
     workers: usize,
+    scope: Scope,
 ) -> Result<AllocRecording<W>> {
     if !invariant_tsc() {
         return Err(Error::InvalidOption(
@@ -172,6 +174,7 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
         }
         std::thread::sleep(Duration::from_micros(100));
     }
+    super::enter_scope(scope);
     SWITCH.fetch_or(STREAM, Ordering::SeqCst);
     Ok(AllocRecording {
         stop,
@@ -188,6 +191,7 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
 
     fn stop_inner(&mut self) -> Result<(Written, u64)> {
         SWITCH.fetch_and(!STREAM, Ordering::SeqCst);
+        super::leave_scope();
         let Some(thread) = self.thread.take() else {
             return Err(Error::InvalidOption("recording already stopped".into()));
         };

@@ -34,6 +34,7 @@ pub(crate) use collector::{AllocRecording, start_recording};
 pub(crate) use collector::{CountingGuard, counters, start_counting};
 
 use crate::event::KindTag;
+use crate::scope::Scope;
 
 /// Switch bits: [`STREAM`] records events, [`COUNT`] only keeps the global counters.
 static SWITCH: AtomicU32 = AtomicU32::new(0);
@@ -45,6 +46,13 @@ static EPOCH: AtomicU32 = AtomicU32::new(0);
 /// Events dropped because recording stopped while their thread waited for room (the
 /// collector failed): reported as lost.
 pub(crate) static LOST: AtomicU64 = AtomicU64::new(0);
+/// The running session's scope: 0 for the whole process, else the generation number that
+/// the threads in its scope carry in [`THREAD_SCOPE`].
+static SCOPE_GEN: AtomicU32 = AtomicU32::new(0);
+/// The last generation handed out (never 0).
+static LAST_GEN: AtomicU32 = AtomicU32::new(0);
+/// Calls of threads outside a thread-scoped session's scope, not recorded.
+pub(crate) static OUT_OF_SCOPE: AtomicU64 = AtomicU64::new(0);
 /// Set by the first allocation that goes through [`Allocator`]: the wrapper is installed.
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
@@ -242,6 +250,61 @@ thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
     static RING_HANDLE: UnsafeCell<RingHandle> = const { UnsafeCell::new(RingHandle(None)) };
     static TID: Cell<u32> = const { Cell::new(0) };
+    /// The generation of the thread-scoped session this thread belongs to (0: none).
+    static THREAD_SCOPE: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Puts the calling thread in the scope of the session about to start (called on the
+/// session's thread, before the switch goes on).
+pub(crate) fn enter_scope(scope: Scope) {
+    OUT_OF_SCOPE.store(0, Ordering::Relaxed);
+    let generation = match scope {
+        Scope::Process => 0,
+        Scope::Threads => {
+            let g = LAST_GEN
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1)
+                .max(1);
+            THREAD_SCOPE.with(|t| t.set(g));
+            g
+        }
+    };
+    SCOPE_GEN.store(generation, Ordering::Relaxed);
+}
+
+/// Ends the running session's scope (after the switch went off).
+pub(crate) fn leave_scope() {
+    SCOPE_GEN.store(0, Ordering::Relaxed);
+}
+
+/// Whether the calling thread is in the scope of the allocator recorder's running session.
+pub(crate) fn current_thread_in_scope() -> bool {
+    if SWITCH.load(Ordering::Relaxed) & STREAM == 0 {
+        return false;
+    }
+    let g = SCOPE_GEN.load(Ordering::Relaxed);
+    g == 0 || THREAD_SCOPE.with(|t| t.get()) == g
+}
+
+/// Makes `f` part of the calling thread's session when it runs on another thread: wrap the
+/// closure of a thread you spawn inside a session, e.g.
+/// `std::thread::spawn(memtrack::in_session(move || work()))`.
+///
+/// A session's default [`Scope::Threads`] covers the thread that started it and the threads
+/// spawned from it. The eBPF recorder sees every thread being created and needs no help; the
+/// allocator recorder ([`Allocator`]) cannot see a spawn, so a thread it should record must be
+/// started through this wrapper (elsewhere its allocations are counted in
+/// [`Report::out_of_scope`](crate::Report::out_of_scope), not recorded). Outside a session, or
+/// with [`Scope::Process`], it changes nothing.
+pub fn in_session<F, R>(f: F) -> impl FnOnce() -> R + Send + 'static
+where
+    F: FnOnce() -> R + Send + 'static,
+{
+    let generation = THREAD_SCOPE.with(|t| t.get());
+    move || {
+        THREAD_SCOPE.with(|t| t.set(generation));
+        f()
+    }
 }
 
 /// Marks the current thread as memtrack's own for the rest of its life (collector, encoder).
@@ -274,6 +337,12 @@ fn record(kind: KindTag, addr: u64, addr2: u64, size: u64, align: u64) {
         return;
     }
     let sw = SWITCH.load(Ordering::Relaxed);
+    let scope = SCOPE_GEN.load(Ordering::Relaxed);
+    if scope != 0 && sw & STREAM != 0 && THREAD_SCOPE.with(|t| t.get()) != scope {
+        OUT_OF_SCOPE.fetch_add(1, Ordering::Relaxed);
+        INSIDE.with(|i| i.set(false));
+        return;
+    }
     if sw & COUNT != 0 {
         match kind {
             KindTag::Free => {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, UprobeMultiOpts};
-use memtrack_bpf::{RawConfig, RawStats};
+use memtrack_bpf::{RawConfig, RawStats, RawSwitch};
 
 use super::TrackerError;
 
@@ -17,7 +17,7 @@ type Result<T, E = TrackerError> = std::result::Result<T, E>;
 pub(crate) struct Bpf {
     obj: Object,
     pub(crate) target: u32,
-    /// The 4-byte `.bss`: the runtime switch.
+    /// The `.bss`: the runtime switch ([`RawSwitch`]).
     bss: Arc<MapHandle>,
     pub(crate) events: Arc<MapHandle>,
     stats: Arc<MapHandle>,
@@ -32,19 +32,41 @@ pub(crate) struct Bpf {
     /// syscall of every process (~85 ns each, measured on getppid), so it is attached only
     /// while recording, never for the tracker's whole lifetime.
     syscall_link: Mutex<Option<Link>>,
+    /// The `sched_process_fork` program's link while a thread-scoped recording runs (it runs
+    /// for every thread creation on the machine, so never longer).
+    fork_link: Mutex<Option<Link>>,
+    /// The thread closing the links of the last recording, if it has not finished.
+    reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The uprobe links and what they cover; a mutex so that files can be attached while a
     /// recording runs (libraries the target maps later).
     attached: Mutex<Attached>,
 }
 
+/// One ELF file's probe sites, resolved once (parsing the ELF and placing the probes is the
+/// expensive part) and attached again for every recording.
+struct ProbedFile {
+    path: PathBuf,
+    /// Entry-probe offsets and their cookies (`memtrack_bpf::Entry`).
+    entry: Vec<(usize, u64)>,
+    /// Offsets that also get a return probe.
+    ret: Vec<usize>,
+}
+
 #[derive(Default)]
 struct Attached {
+    /// Every file with probe sites, in the order found.
+    files: Vec<ProbedFile>,
+    /// The uprobe links while they are attached (`live`); empty otherwise.
     links: Vec<Link>,
+    /// Whether the probes are attached now: while recording or counting, never otherwise (an
+    /// attached uprobe traps on every call even when its program returns at once: a tight
+    /// allocation loop ran 100x slower after a session when they stayed attached).
+    live: bool,
     /// (device, inode) of every file examined, so a file mapped twice is probed once.
     probed: HashSet<(u64, u64)>,
     /// Paths already examined (a cheap first filter for rescans of /proc/PID/maps).
     paths: HashSet<PathBuf>,
-    /// Probe sites attached, over all files.
+    /// Probe sites over all files.
     sites: usize,
 }
 
@@ -109,14 +131,16 @@ impl Bpf {
             excluded,
             syscalls,
             syscall_link: Mutex::new(None),
+            fork_link: Mutex::new(None),
+            reaper: Mutex::new(None),
             attached: Mutex::new(Attached::default()),
         })
     }
 
-    /// Attaches the allocator probes of the ELF file `path` for the target process. Returns
-    /// how many sites were attached (0 if it defines no allocator entry point or was already
-    /// probed).
-    pub(crate) fn attach_file(&self, path: &Path) -> Result<usize> {
+    /// Adds the allocator probe sites of the ELF file `path` (attached at once if the probes
+    /// are live, else at the next [`Bpf::attach_probes`]). Returns how many sites it has (0 if
+    /// it defines no allocator entry point or was already examined).
+    pub(crate) fn add_file(&self, path: &Path) -> Result<usize> {
         let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
         if !attached.paths.insert(path.to_path_buf()) {
             return Ok(0);
@@ -132,24 +156,110 @@ impl Bpf {
         if sites.is_empty() {
             return Ok(0);
         }
-        let pid = self.target as i32;
-        // One uprobe_multi link per program and file: closing a link waits ~130 ms for the
-        // kernel to synchronise, measured here; a link per site made `record` of a C++
-        // program take seconds to detach.
-        let entry = UprobeMultiOpts {
-            offsets: sites.iter().map(|s| s.offset as usize).collect(),
-            cookies: sites.iter().map(|s| s.entry.cookie()).collect(),
-            ..Default::default()
-        };
-        let ret = UprobeMultiOpts {
-            offsets: sites
+        let file = ProbedFile {
+            path: path.to_path_buf(),
+            entry: sites
+                .iter()
+                .map(|s| (s.offset as usize, s.entry.cookie()))
+                .collect(),
+            ret: sites
                 .iter()
                 .filter(|s| s.ret)
                 .map(|s| s.offset as usize)
                 .collect(),
+        };
+        if attached.live {
+            let links = self.link_file(&file)?;
+            attached.links.extend(links);
+        }
+        attached.files.push(file);
+        attached.sites += sites.len();
+        Ok(sites.len())
+    }
+
+    /// Attaches every known file's probes (a no-op if they are attached).
+    pub(crate) fn attach_probes(&self) -> Result<()> {
+        let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
+        if attached.live {
+            return Ok(());
+        }
+        // The links being closed in the background must be gone first: a site probed by an
+        // old and a new link at once would record every call twice.
+        self.join_reaper();
+        let mut links = Vec::new();
+        for file in &attached.files {
+            match self.link_file(file) {
+                Ok(l) => links.extend(l),
+                Err(e) => {
+                    detach_all(links);
+                    return Err(e);
+                }
+            }
+        }
+        attached.links = links;
+        attached.live = true;
+        Ok(())
+    }
+
+    /// Detaches every probe and returns when all are gone. Each link's close waits for the
+    /// kernel to synchronise (an RCU grace period), so they are closed in parallel.
+    pub(crate) fn detach_probes(&self) {
+        detach_all(self.take_links());
+        self.join_reaper();
+    }
+
+    /// Detaches every probe in the background and returns at once: closing a link removes
+    /// its breakpoints first, then waits ~50 ms (measured here) for an RCU grace period that
+    /// costs the process nothing, so a session need not wait for it. The next
+    /// [`Bpf::attach_probes`] waits for the closes to end.
+    pub(crate) fn detach_probes_in_background(&self) {
+        let links = self.take_links();
+        if links.is_empty() {
+            return;
+        }
+        let mut reaper = lock(&self.reaper);
+        if let Some(old) = reaper.take() {
+            let _ = old.join();
+        }
+        // If no thread can be started, the closure (and the links in it) is dropped with the
+        // error: the links are closed here, synchronously.
+        if let Ok(t) = std::thread::Builder::new()
+            .name("memtrack-detach".into())
+            .spawn(move || detach_all(links))
+        {
+            *reaper = Some(t);
+        }
+    }
+
+    fn take_links(&self) -> Vec<Link> {
+        let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
+        attached.live = false;
+        std::mem::take(&mut attached.links)
+    }
+
+    /// Waits for the background closes of [`Bpf::detach_probes_in_background`].
+    fn join_reaper(&self) {
+        if let Some(t) = lock(&self.reaper).take() {
+            let _ = t.join();
+        }
+    }
+
+    /// The uprobe_multi links of one file for the target process: one per program and file
+    /// (closing a link waits ~130 ms for the kernel to synchronise, measured here; a link per
+    /// site made `record` of a C++ program take seconds to detach).
+    fn link_file(&self, file: &ProbedFile) -> Result<Vec<Link>> {
+        let pid = self.target as i32;
+        let entry = UprobeMultiOpts {
+            offsets: file.entry.iter().map(|&(o, _)| o).collect(),
+            cookies: file.entry.iter().map(|&(_, c)| c).collect(),
+            ..Default::default()
+        };
+        let ret = UprobeMultiOpts {
+            offsets: file.ret.clone(),
             retprobe: true,
             ..Default::default()
         };
+        let mut links = Vec::with_capacity(2);
         for (program, opts) in [
             (memtrack_bpf::PROG_ENTRY, entry),
             (memtrack_bpf::PROG_RET, ret),
@@ -164,20 +274,25 @@ impl Bpf {
                 .find(|p| p.name() == program)
                 .ok_or_else(|| TrackerError::InvalidOption(format!("no BPF program {program}")))?;
             let link = prog
-                .attach_uprobe_multi_with_opts(pid, path, "", opts)
+                .attach_uprobe_multi_with_opts(pid, &file.path, "", opts)
                 .map_err(|e| {
                     TrackerError::bpf(
                         format!(
                             "attaching {program} to {n} sites of {} for pid {pid}",
-                            path.display()
+                            file.path.display()
                         ),
                         e,
                     )
-                })?;
-            attached.links.push(link);
+                });
+            match link {
+                Ok(l) => links.push(l),
+                Err(e) => {
+                    detach_all(links);
+                    return Err(e);
+                }
+            }
         }
-        attached.sites += sites.len();
-        Ok(sites.len())
+        Ok(links)
     }
 
     /// Probe sites attached so far, over all files.
@@ -193,11 +308,29 @@ impl Bpf {
         if !self.syscalls {
             return Ok(());
         }
-        let mut link = self.syscall_link.lock().unwrap_or_else(|e| e.into_inner());
+        self.attach_tp(&self.syscall_link, memtrack_bpf::PROG_SYS_EXIT)
+    }
+
+    /// Detaches the syscall tracepoint after a recording: other processes stop paying for it.
+    pub(crate) fn detach_syscalls(&self) {
+        drop(lock(&self.syscall_link).take());
+    }
+
+    /// Attaches the thread-creation tracepoint for a recording scoped to a thread tree.
+    pub(crate) fn attach_fork(&self) -> Result<()> {
+        self.attach_tp(&self.fork_link, memtrack_bpf::PROG_FORK)
+    }
+
+    /// Detaches the thread-creation tracepoint.
+    pub(crate) fn detach_fork(&self) {
+        drop(lock(&self.fork_link).take());
+    }
+
+    fn attach_tp(&self, slot: &Mutex<Option<Link>>, name: &str) -> Result<()> {
+        let mut link = lock(slot);
         if link.is_some() {
             return Ok(());
         }
-        let name = memtrack_bpf::PROG_SYS_EXIT;
         let prog = self
             .obj
             .progs_mut()
@@ -210,20 +343,10 @@ impl Bpf {
         Ok(())
     }
 
-    /// Detaches the syscall tracepoint after a recording: other processes stop paying for it.
-    pub(crate) fn detach_syscalls(&self) {
-        drop(
-            self.syscall_link
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(),
-        );
-    }
-
-    /// Sets the program's `.bss` switch to `bits` (`memtrack_bpf::SWITCH_*`; 0 = off).
-    pub(crate) fn set_switch(&self, bits: u32) -> Result<()> {
+    /// Writes the program's `.bss` switch.
+    pub(crate) fn set_switch(&self, sw: RawSwitch) -> Result<()> {
         self.bss
-            .update(&0u32.to_ne_bytes(), &bits.to_ne_bytes(), MapFlags::ANY)
+            .update(&0u32.to_ne_bytes(), &sw.to_bytes(), MapFlags::ANY)
             .map_err(|e| TrackerError::bpf("flipping the recording switch", e))
     }
 
@@ -267,27 +390,98 @@ fn possible_cpus() -> Result<usize> {
     })
 }
 
+/// A pidfd of thread `tid` of this process, the key of its task-local state.
+struct ThreadPidfd(i32);
+
+impl ThreadPidfd {
+    fn open(tid: u32, whose: &str) -> Result<Self> {
+        const PIDFD_THREAD: libc::c_long = libc::O_EXCL as libc::c_long;
+        // SAFETY: pidfd_open takes a tid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::c_long, PIDFD_THREAD) };
+        if fd < 0 {
+            return Err(TrackerError::Io {
+                what: format!("pidfd_open of {whose} thread {tid} (Linux 6.9+ is needed)"),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(Self(fd as i32))
+    }
+
+    fn key(&self) -> [u8; 4] {
+        self.0.to_ne_bytes()
+    }
+}
+
+impl Drop for ThreadPidfd {
+    fn drop(&mut self) {
+        // SAFETY: closing the pidfd this value owns.
+        unsafe { libc::close(self.0) };
+    }
+}
+
 /// Never records thread `tid` of this process (memtrack's own threads): sets the exclusion
 /// flag of its task-local state, which user space addresses by a thread pidfd.
 pub(crate) fn exclude_tid(calls: &MapHandle, tid: u32) -> Result<()> {
-    const PIDFD_THREAD: libc::c_long = libc::O_EXCL as libc::c_long;
-    // SAFETY: pidfd_open takes a tid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::c_long, PIDFD_THREAD) };
-    if fd < 0 {
-        return Err(TrackerError::Io {
-            what: format!("pidfd_open of memtrack thread {tid} (Linux 6.9+ is needed)"),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    let fd = fd as i32;
+    let fd = ThreadPidfd::open(tid, "memtrack")?;
     let mut value = vec![0u8; calls.value_size() as usize];
     value[..4].copy_from_slice(&1u32.to_ne_bytes());
-    let res = calls
-        .update(&fd.to_ne_bytes(), &value, MapFlags::ANY)
-        .map_err(|e| TrackerError::bpf("excluding a memtrack thread", e));
-    // SAFETY: closing the pidfd opened above.
-    unsafe { libc::close(fd) };
-    res
+    calls
+        .update(&fd.key(), &value, MapFlags::ANY)
+        .map_err(|e| TrackerError::bpf("excluding a memtrack thread", e))
+}
+
+/// Puts thread `tid` of this process in the scope of recording `generation` (it must not be
+/// inside a probed allocator call: its call bookkeeping is reset).
+pub(crate) fn mark_scope(calls: &MapHandle, tid: u32, generation: u32) -> Result<()> {
+    let fd = ThreadPidfd::open(tid, "the session's")?;
+    let mut value = vec![0u8; calls.value_size() as usize];
+    let at = memtrack_bpf::CALLS_SCOPE_OFFSET;
+    value[at..at + 4].copy_from_slice(&generation.to_ne_bytes());
+    calls
+        .update(&fd.key(), &value, MapFlags::ANY)
+        .map_err(|e| TrackerError::bpf("putting the session's thread in its scope", e))
+}
+
+/// Whether thread `tid` of this process is in the scope of recording `generation` (it, or a
+/// thread that spawned it, was marked by [`mark_scope`]).
+/// Allocates nothing: a nested `#[memtrack]` asks this inside a session that counts it.
+pub(crate) fn in_scope(calls: &MapHandle, tid: u32, generation: u32) -> Result<bool> {
+    let fd = ThreadPidfd::open(tid, "a")?;
+    let mut value = [0u8; 128];
+    if calls.value_size() as usize > value.len() {
+        return Err(TrackerError::InvalidOption(format!(
+            "the calls map's values are {} bytes, more than the {} expected",
+            calls.value_size(),
+            value.len()
+        )));
+    }
+    // SAFETY: a lookup in a task-storage map keyed by a pidfd (an int), into a buffer larger
+    // than its value size (checked above).
+    let rc = unsafe {
+        libbpf_rs::libbpf_sys::bpf_map_lookup_elem(
+            calls.as_fd().as_raw_fd(),
+            fd.key().as_ptr().cast(),
+            value.as_mut_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        // ENOENT: the thread never touched the program's state, so it was never marked.
+        return match std::io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            source => Err(TrackerError::Io {
+                what: "reading a thread's scope".into(),
+                source,
+            }),
+        };
+    }
+    let at = memtrack_bpf::CALLS_SCOPE_OFFSET;
+    let mut g = [0u8; 4];
+    g.copy_from_slice(&value[at..at + 4]);
+    Ok(u32::from_ne_bytes(g) == generation)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The calling thread's kernel thread id.
@@ -297,28 +491,33 @@ pub(crate) fn gettid() -> u32 {
 }
 
 impl Drop for Bpf {
-    /// Detaches the uprobes in parallel: each close waits for an RCU grace period, so
-    /// closing hundreds one after another takes visibly long.
     fn drop(&mut self) {
-        let attached = self.attached.get_mut().unwrap_or_else(|e| e.into_inner());
-        let links = std::mem::take(&mut attached.links);
-        let threads = 8.min(links.len());
-        if threads > 1 {
-            let per = links.len().div_ceil(threads);
-            let mut links = links;
-            let mut chunks = Vec::new();
-            while !links.is_empty() {
-                let rest = links.split_off(per.min(links.len()));
-                chunks.push(std::mem::replace(&mut links, rest));
-            }
-            std::thread::scope(|s| {
-                for chunk in chunks {
-                    s.spawn(move || drop(chunk));
-                }
-            });
-        }
+        self.detach_probes();
         self.detach_syscalls();
+        self.detach_fork();
     }
+}
+
+/// Closes `links` in parallel: each close waits for an RCU grace period, so closing hundreds
+/// one after another takes visibly long.
+fn detach_all(links: Vec<Link>) {
+    let threads = 8.min(links.len());
+    if threads <= 1 {
+        drop(links);
+        return;
+    }
+    let per = links.len().div_ceil(threads);
+    let mut links = links;
+    let mut chunks = Vec::new();
+    while !links.is_empty() {
+        let rest = links.split_off(per.min(links.len()));
+        chunks.push(std::mem::replace(&mut links, rest));
+    }
+    std::thread::scope(|s| {
+        for chunk in chunks {
+            s.spawn(move || drop(chunk));
+        }
+    });
 }
 
 /// The distinct ELF files mapped executable into process `pid` (from /proc/PID/maps).

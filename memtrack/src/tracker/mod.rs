@@ -2,16 +2,23 @@
 //! what it records into an [`Encoder`].
 //!
 //! ```text
-//! Tracker::attach(pid)            load (BTF, CO-RE) ─ tp_btf sys_exit ─ uprobes (pid-scoped)
-//!   └─ start(out, meta, opts) ──▶ Recording: switch on; poller thread: poll(10 ms)+consume()
-//!        └─ stop() ───────────▶ switch off; drain the tail; Encoder::finish(lost); Recorded
-//! drop(Tracker)                   detach the uprobes in parallel
+//! Tracker::attach(pid)            load (BTF, CO-RE); find the allocator probe sites (kept)
+//!   └─ start(out, meta, opts) ──▶ attach the uprobes (pid-scoped), tp_btf sys_exit (and
+//!        │                        sched_process_fork for a thread scope); switch on;
+//!        │                        poller thread: poll(10 ms)+consume()
+//!        └─ stop() ───────────▶ switch off; drain the tail; Encoder::finish(lost);
+//!                                 detach everything; Recorded
+//! drop(Tracker)                   unload
 //! ```
 //!
+//! Nothing stays attached between recordings (or [`Counting`] guards): an attached uprobe
+//! traps into the kernel on every call even when its program returns at once, so a process
+//! that kept its probes after a session ran its allocation loops 25–100× slower for the rest
+//! of its life. The loaded object, the probe sites and the ring buffer's mapping are kept.
+//!
 //! Uprobes are attached with the target's pid, never -1: other processes pay nothing for them.
-//! The syscall tracepoint is global: with it attached, every syscall of every process takes
-//! the kernel's slow path; the program returns after one comparison for other processes.
-//! Allocation probes cost other processes nothing.
+//! The syscall and fork tracepoints are global: while attached, every syscall of every process
+//! takes the kernel's slow path; the program returns after one comparison for other processes.
 //! In-process, memtrack's own threads (the poller, the encoder's writer and workers) are
 //! excluded in BPF by tid, so the numbers are the user's code alone.
 
@@ -34,7 +41,9 @@ pub use record::{RecordOutcome, record_command};
 
 use crate::artifact::Metadata;
 use crate::encode::{Encoder, EncoderOptions, Written};
+use crate::scope::Scope;
 use bpf::{Bpf, exclude_tid, gettid, mapped_objects};
+use memtrack_bpf::RawSwitch;
 use poll::{Poller, PollerRecording};
 
 /// Default ring buffer: 256 MiB (4 Mi events of 64 bytes in flight).
@@ -100,6 +109,9 @@ pub struct Counters {
     pub frees: u64,
     /// Events lost since load because the ring buffer was full.
     pub lost_events: u64,
+    /// Allocation and free calls of this process's threads outside a thread-scoped
+    /// recording's scope, not recorded (since load).
+    pub out_of_scope: u64,
 }
 
 /// The eBPF program loaded and attached to one process.
@@ -107,10 +119,28 @@ pub struct Tracker {
     bpf: Bpf,
     recording: Arc<AtomicBool>,
     in_process: bool,
-    /// The `.bss` switch's bits and the number of [`Counting`] guards alive.
-    switch: Mutex<(u32, usize)>,
+    /// The `.bss` switch as last written, and what needs the probes attached.
+    switch: Mutex<SwitchState>,
     /// Started by the first recording; kept (ring buffer mapped) for the tracker's lifetime.
     poller: OnceCell<Poller>,
+}
+
+/// The tracker's one lifecycle: the probes are attached exactly while a recording runs or a
+/// [`Counting`] guard lives, and the switch says what the program does with a hit.
+struct SwitchState {
+    sw: RawSwitch,
+    /// [`Counting`] guards alive.
+    counting: usize,
+    /// [`ProbeHold`] guards alive.
+    holds: usize,
+    /// Whether a [`Recording`] holds the switch's stream bit.
+    recording: bool,
+}
+
+impl SwitchState {
+    fn needs_probes(&self) -> bool {
+        self.counting > 0 || self.holds > 0 || self.recording
+    }
 }
 
 static GLOBAL: OnceCell<Tracker> = OnceCell::new();
@@ -123,26 +153,60 @@ impl Tracker {
         GLOBAL.get_or_try_init(|| Tracker::attach(std::process::id(), opts))
     }
 
-    fn set_switch_bit(&self, bit: u32, on: bool) -> Result<(), TrackerError> {
-        let mut sw = self.switch.lock().unwrap_or_else(|e| e.into_inner());
-        let bits = if on { sw.0 | bit } else { sw.0 & !bit };
-        self.bpf.set_switch(bits)?;
-        sw.0 = bits;
-        Ok(())
+    /// The tracker of this process if [`Tracker::global`] loaded it.
+    pub(crate) fn loaded() -> Option<&'static Tracker> {
+        GLOBAL.get()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SwitchState> {
+        self.switch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Keeps the BPF program counting allocations, frees and bytes ([`Tracker::counters`])
     /// while the guard lives, without recording events: a couple of syscalls per read, no
-    /// ring buffer traffic. Guards nest; recording counts too.
+    /// ring buffer traffic. The probes are attached while a guard lives. Guards nest;
+    /// recording counts too.
     pub fn counting(&self) -> Result<Counting<'_>, TrackerError> {
-        let mut sw = self.switch.lock().unwrap_or_else(|e| e.into_inner());
-        if sw.1 == 0 {
-            let bits = sw.0 | memtrack_bpf::SWITCH_COUNT;
-            self.bpf.set_switch(bits)?;
-            sw.0 = bits;
+        let mut st = self.state();
+        if st.counting == 0 {
+            self.bpf.attach_probes()?;
+            let sw = RawSwitch {
+                enabled: st.sw.enabled | memtrack_bpf::SWITCH_COUNT,
+                ..st.sw
+            };
+            if let Err(e) = self.bpf.set_switch(sw) {
+                if !st.needs_probes() {
+                    self.bpf.detach_probes();
+                }
+                return Err(e);
+            }
+            st.sw = sw;
         }
-        sw.1 += 1;
+        st.counting += 1;
         Ok(Counting { tracker: self })
+    }
+
+    /// Keeps the probes attached (doing nothing while no recording or counting runs) until
+    /// the guard is dropped: a session that ends while the next one waits hands the attached
+    /// probes over instead of detaching and attaching them again.
+    pub(crate) fn hold(&'static self) -> Result<ProbeHold, TrackerError> {
+        let mut st = self.state();
+        self.bpf.attach_probes()?;
+        st.holds += 1;
+        Ok(ProbeHold { tracker: self })
+    }
+
+    /// Whether the calling thread is in the scope of the recording running now (always, for
+    /// a process-wide one; `false` if none runs).
+    pub(crate) fn current_thread_in_scope(&self) -> Result<bool, TrackerError> {
+        let st = self.state();
+        if !st.recording {
+            return Ok(false);
+        }
+        if st.sw.scope == memtrack_bpf::SCOPE_PROCESS {
+            return Ok(true);
+        }
+        bpf::in_scope(&self.bpf.excluded, gettid(), st.sw.generation)
     }
 
     /// Loads the program for process `pid` and attaches to every ELF object it has mapped
@@ -165,7 +229,7 @@ impl Tracker {
         let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscalls)?;
         for f in files {
             // A file that vanished or is not ELF (a font, a locale archive) is not an error.
-            match bpf.attach_file(f) {
+            match bpf.add_file(f) {
                 Ok(_) | Err(TrackerError::Elf(_) | TrackerError::Io { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -179,12 +243,17 @@ impl Tracker {
             bpf,
             recording: Arc::new(AtomicBool::new(false)),
             in_process: pid == std::process::id(),
-            switch: Mutex::new((0, 0)),
+            switch: Mutex::new(SwitchState {
+                sw: RawSwitch::default(),
+                counting: 0,
+                holds: 0,
+                recording: false,
+            }),
             poller: OnceCell::new(),
         })
     }
 
-    /// Number of probe sites attached.
+    /// Number of probe sites found (attached while recording or counting).
     pub fn probe_sites(&self) -> usize {
         self.bpf.sites()
     }
@@ -195,7 +264,7 @@ impl Tracker {
     pub(crate) fn attach_new_objects(&self) -> Result<usize, TrackerError> {
         let mut n = 0;
         for f in mapped_objects(self.bpf.target)? {
-            match self.bpf.attach_file(&f) {
+            match self.bpf.add_file(&f) {
                 Ok(k) => n += k,
                 Err(TrackerError::Elf(_) | TrackerError::Io { .. }) => {}
                 Err(e) => return Err(e),
@@ -212,14 +281,15 @@ impl Tracker {
             bytes_allocated: s.alloc_bytes,
             frees: s.frees,
             lost_events: s.drops,
+            out_of_scope: s.out_of_scope,
         })
     }
 
-    /// Starts recording into a new artifact written to `out`, compressed by `workers`
-    /// threads (this sets `opts`'s `workers`). In-process, the poller and the encoder's
-    /// threads are excluded from recording before the switch goes on (`opts`'s
-    /// `on_thread_start` hook is replaced to do that); a second concurrent recording is
-    /// refused with [`TrackerError::AlreadyRecording`].
+    /// Starts recording every thread of the target (but memtrack's own) into a new artifact
+    /// written to `out`, compressed by `workers` threads (this sets `opts`'s `workers`).
+    /// In-process, the poller and the encoder's threads are excluded from recording before
+    /// the switch goes on (`opts`'s `on_thread_start` hook is replaced to do that); a second
+    /// concurrent recording is refused with [`TrackerError::AlreadyRecording`].
     pub fn start<W: Write + Send + 'static>(
         &self,
         out: W,
@@ -227,10 +297,31 @@ impl Tracker {
         opts: EncoderOptions,
         workers: usize,
     ) -> crate::Result<Recording<'_, W>> {
+        self.start_scoped(out, meta, opts, workers, Scope::Process)
+    }
+
+    /// [`Tracker::start`] recording only `scope`: with [`Scope::Threads`] (in-process only),
+    /// the calling thread and the threads spawned from it (or from them) while recording.
+    pub fn start_scoped<W: Write + Send + 'static>(
+        &self,
+        out: W,
+        meta: &Metadata,
+        opts: EncoderOptions,
+        workers: usize,
+        scope: Scope,
+    ) -> crate::Result<Recording<'_, W>> {
+        if scope == Scope::Threads && !self.in_process {
+            return Err(TrackerError::InvalidOption(
+                "a thread scope needs the tracker of this process (Tracker::global); \
+                 a tracker attached to another process records all of it"
+                    .into(),
+            )
+            .into());
+        }
         if self.recording.swap(true, Ordering::AcqRel) {
             return Err(TrackerError::AlreadyRecording.into());
         }
-        let result = self.start_inner(out, meta, opts, workers);
+        let result = self.start_inner(out, meta, opts, workers, scope);
         if result.is_err() {
             self.recording.store(false, Ordering::Release);
         }
@@ -243,6 +334,7 @@ impl Tracker {
         meta: &Metadata,
         opts: EncoderOptions,
         workers: usize,
+        scope: Scope,
     ) -> crate::Result<Recording<'_, W>> {
         let exclude = self.in_process.then(|| Arc::clone(&self.bpf.excluded));
         let registered = Arc::new(AtomicUsize::new(0));
@@ -279,25 +371,90 @@ impl Tracker {
                 .into());
             }
         }
-        let drops_at_start = self.bpf.stats()?.drops;
+        let at_start = self.bpf.stats()?;
         let poller = self
             .poller
             .get_or_try_init(|| Poller::spawn(Arc::clone(&self.bpf.events), exclude))?;
-        self.bpf.attach_syscalls()?;
-        let poller = match poller.record(Box::new(encoder)) {
+        let mut st = self.state();
+        let attached = self.attach_for_recording(&st, scope);
+        let poller = match attached.and_then(|()| Ok(poller.record(Box::new(encoder))?)) {
             Ok(p) => p,
             Err(e) => {
-                self.bpf.detach_syscalls();
-                return Err(e.into());
+                self.detach_after_recording(&st);
+                return Err(e);
             }
         };
-        self.set_switch_bit(memtrack_bpf::SWITCH_STREAM, true)?;
+        let sw = RawSwitch {
+            enabled: st.sw.enabled | memtrack_bpf::SWITCH_STREAM,
+            scope: match scope {
+                Scope::Process => memtrack_bpf::SCOPE_PROCESS,
+                Scope::Threads => memtrack_bpf::SCOPE_THREADS,
+            },
+            generation: st.sw.generation.wrapping_add(1),
+            reserved: 0,
+        };
+        // Recording starts last: the calling thread enters the scope, then the switch goes on.
+        let on = match scope {
+            Scope::Threads => bpf::mark_scope(&self.bpf.excluded, gettid(), sw.generation),
+            Scope::Process => Ok(()),
+        }
+        .and_then(|()| self.bpf.set_switch(sw));
+        if let Err(e) = on {
+            drop(poller.finish());
+            self.detach_after_recording(&st);
+            return Err(e.into());
+        }
+        st.sw = sw;
+        st.recording = true;
         Ok(Recording {
             tracker: self,
             poller: Some(poller),
-            drops_at_start,
+            drops_at_start: at_start.drops,
+            out_of_scope_at_start: at_start.out_of_scope,
             _out: PhantomData,
         })
+    }
+
+    /// Attaches what a recording needs: the probes, the syscall tracepoint, the fork
+    /// tracepoint for a thread scope.
+    fn attach_for_recording(&self, st: &SwitchState, scope: Scope) -> crate::Result<()> {
+        let attached = (|| {
+            self.bpf.attach_probes()?;
+            self.bpf.attach_syscalls()?;
+            if scope == Scope::Threads {
+                self.bpf.attach_fork()?;
+            }
+            Ok::<_, TrackerError>(())
+        })();
+        if attached.is_err() {
+            self.detach_after_recording(st);
+        }
+        Ok(attached?)
+    }
+
+    /// Detaches what only a recording needs (the probes stay while counting).
+    fn detach_after_recording(&self, st: &SwitchState) {
+        self.bpf.detach_syscalls();
+        self.bpf.detach_fork();
+        if !st.needs_probes() {
+            self.bpf.detach_probes_in_background();
+        }
+    }
+}
+
+/// Keeps the probes attached; see [`Tracker::hold`].
+pub(crate) struct ProbeHold {
+    tracker: &'static Tracker,
+}
+
+impl Drop for ProbeHold {
+    fn drop(&mut self) {
+        let t = self.tracker;
+        let mut st = t.state();
+        st.holds -= 1;
+        if !st.needs_probes() {
+            t.bpf.detach_probes_in_background();
+        }
     }
 }
 
@@ -310,13 +467,19 @@ pub struct Counting<'t> {
 impl Drop for Counting<'_> {
     fn drop(&mut self) {
         let t = self.tracker;
-        let mut sw = t.switch.lock().unwrap_or_else(|e| e.into_inner());
-        sw.1 -= 1;
-        if sw.1 == 0 {
-            let bits = sw.0 & !memtrack_bpf::SWITCH_COUNT;
+        let mut st = t.state();
+        st.counting -= 1;
+        if st.counting == 0 {
+            let sw = RawSwitch {
+                enabled: st.sw.enabled & !memtrack_bpf::SWITCH_COUNT,
+                ..st.sw
+            };
             // Failing to switch counting off costs only the counting: nothing to report.
-            if t.bpf.set_switch(bits).is_ok() {
-                sw.0 = bits;
+            if t.bpf.set_switch(sw).is_ok() {
+                st.sw = sw;
+            }
+            if !st.needs_probes() {
+                t.bpf.detach_probes_in_background();
             }
         }
     }
@@ -328,6 +491,7 @@ pub struct Recording<'t, W: Write + Send + 'static> {
     tracker: &'t Tracker,
     poller: Option<PollerRecording>,
     drops_at_start: u64,
+    out_of_scope_at_start: u64,
     _out: PhantomData<fn() -> W>,
 }
 
@@ -339,6 +503,9 @@ pub struct Recorded {
     pub written: Written,
     /// Events lost because the ring buffer was full (also in the artifact's trailer).
     pub lost_events: u64,
+    /// Allocation and free calls of threads outside a thread-scoped recording's scope, not
+    /// recorded (0 for a process-wide recording).
+    pub out_of_scope: u64,
 }
 
 impl<W: Write + Send + 'static> Recording<'_, W> {
@@ -351,18 +518,33 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         let Some(poller) = self.poller.take() else {
             return Err(TrackerError::InvalidOption("recording already stopped".into()).into());
         };
-        let off = self
-            .tracker
-            .set_switch_bit(memtrack_bpf::SWITCH_STREAM, false);
+        let t = self.tracker;
+        let off = {
+            let mut st = t.state();
+            let sw = RawSwitch {
+                enabled: st.sw.enabled & !memtrack_bpf::SWITCH_STREAM,
+                ..st.sw
+            };
+            let off = t.bpf.set_switch(sw);
+            if off.is_ok() {
+                st.sw = sw;
+            }
+            st.recording = false;
+            off
+        };
         let drained = poller.finish();
-        self.tracker.bpf.detach_syscalls();
-        self.tracker.recording.store(false, Ordering::Release);
+        {
+            let st = t.state();
+            if !st.recording {
+                t.detach_after_recording(&st);
+            }
+        }
+        t.recording.store(false, Ordering::Release);
         off?;
         let mut drained = drained?;
-        let lost_events = self
-            .tracker
-            .bpf
-            .stats()?
+        let stats = t.bpf.stats()?;
+        let out_of_scope = stats.out_of_scope.wrapping_sub(self.out_of_scope_at_start);
+        let lost_events = stats
             .drops
             .wrapping_sub(self.drops_at_start)
             // Records the poller could not decode (a mismatched object) are lost too.
@@ -378,6 +560,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         Ok(Recorded {
             written,
             lost_events,
+            out_of_scope,
         })
     }
 }

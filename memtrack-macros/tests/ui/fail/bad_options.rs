@@ -20,3 +20,6 @@ fn main() {}
 
 #[memtrack::memtrack(backend = "dtrace")]
 fn unknown_backend() {}
+
+#[memtrack::memtrack(scope = "thread")]
+fn unknown_scope() {}

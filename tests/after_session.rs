@@ -1,0 +1,119 @@
+//! A process pays nothing for memtrack once its sessions are over: the eBPF probes are attached
+//! only while a session records (or a criterion counter counts), because an attached uprobe
+//! traps into the kernel on every allocator call even when its program returns at once.
+//!
+//! `harness = false`: "before any session" must really be before any session of the process.
+//! Compares a malloc/free loop's time before any session, after a finished session, after a
+//! nested pair, and after a counting guard, in the same run (the uprobe cost here moves 2×
+//! between days: only ratios within one run mean anything). With probes left attached the loop
+//! is 25–100× slower; the bound allows 2× for noise on a shared machine. Needs root (or
+//! CAP_BPF + CAP_PERFMON): without it the test says it is skipped and why.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+mod harness;
+
+/// The fastest of 7 runs of 20,000 malloc(64)+free pairs.
+fn malloc_loop() -> Duration {
+    (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..20_000 {
+                black_box(Vec::<u8>::with_capacity(black_box(64)));
+            }
+            t.elapsed()
+        })
+        .min()
+        .expect("7 runs")
+}
+
+fn ratio(after: Duration, before: Duration) -> f64 {
+    after.as_secs_f64() / before.as_secs_f64()
+}
+
+fn no_cost_after_a_session() {
+    let before = malloc_loop();
+    let s = memtrack::SessionBuilder::new("one")
+        .quiet(true)
+        .start()
+        .expect("session");
+    let during = malloc_loop();
+    let report = s.finish().expect("finish");
+    // 7 × 20,000 in the measured loop, plus whatever the timing itself allocates (nothing).
+    assert_eq!(report.allocations(), 140_000, "{}", report.summary_line());
+    let after = malloc_loop();
+    println!(
+        "malloc+free loop: before {before:?}, during {during:?} ({:.1}×), after {after:?} ({:.2}×)",
+        ratio(during, before),
+        ratio(after, before)
+    );
+    // The loop is measurably slower while recording: the measurement can see probes.
+    assert!(
+        ratio(during, before) > 5.0,
+        "recording should cost this loop (before {before:?}, during {during:?})"
+    );
+    assert!(
+        ratio(after, before) < 2.0,
+        "after the session the loop takes {after:?}, before it {before:?}: the probes stayed attached"
+    );
+    // Still true a while later (nothing re-attaches in the background).
+    std::thread::sleep(Duration::from_millis(200));
+    let later = malloc_loop();
+    assert!(
+        ratio(later, before) < 2.0,
+        "later {later:?}, before {before:?}"
+    );
+}
+
+fn no_cost_after_back_to_back_sessions() {
+    let before = malloc_loop();
+    for i in 0..3 {
+        memtrack::SessionBuilder::new(format!("b2b-{i}"))
+            .quiet(true)
+            .start()
+            .and_then(|s| s.finish())
+            .expect("session");
+    }
+    let after = malloc_loop();
+    println!("after 3 back-to-back sessions: {after:?} vs {before:?}");
+    assert!(
+        ratio(after, before) < 2.0,
+        "after {after:?}, before {before:?}"
+    );
+}
+
+fn no_cost_after_counting() {
+    let before = malloc_loop();
+    let tracker = memtrack::Tracker::global(&memtrack::TrackerOptions::new()).expect("tracker");
+    let c0 = tracker.counters().expect("counters");
+    {
+        let _counting = tracker.counting().expect("counting");
+        black_box(Vec::<u8>::with_capacity(black_box(10)));
+    }
+    let c1 = tracker.counters().expect("counters");
+    assert_eq!(c1.allocations - c0.allocations, 1, "the counter counted");
+    let after = malloc_loop();
+    println!("after a counting guard: {after:?} vs {before:?}");
+    assert!(
+        ratio(after, before) < 2.0,
+        "after {after:?}, before {before:?}"
+    );
+}
+
+fn main() {
+    // SAFETY: geteuid has no preconditions.
+    let skip = (unsafe { libc::geteuid() } != 0)
+        .then(|| "not root (the eBPF tracker needs CAP_BPF + CAP_PERFMON)".to_string());
+    harness::run(
+        &[
+            ("no_cost_after_a_session", no_cost_after_a_session),
+            (
+                "no_cost_after_back_to_back_sessions",
+                no_cost_after_back_to_back_sessions,
+            ),
+            ("no_cost_after_counting", no_cost_after_counting),
+        ],
+        skip,
+    );
+}

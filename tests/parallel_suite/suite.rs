@@ -1,0 +1,182 @@
+// Twenty `#[test]`s with exact allocation counts, run by libtest's default parallel runner:
+// exact limits and exact counts must hold while other tests of the process allocate at the
+// same time (each session counts its own thread and the threads it spawns, and sessions
+// take turns). Included by `parallel_limits.rs` (eBPF recorder) and
+// `parallel_limits_alloc.rs` (allocator recorder), each defining `BACKEND` and `skip()`.
+//
+// Run it 100 times (the figure in the README): `cargo test --test parallel_limits --no-run`,
+// then `for i in $(seq 100); do ./target/debug/deps/parallel_limits-* -q || break; done`.
+
+use std::hint::black_box;
+use std::sync::OnceLock;
+
+use memtrack::{Report, SessionBuilder, memtrack};
+
+/// `n` allocations of `size` bytes each, all freed.
+#[inline(never)]
+fn allocate(n: usize, size: usize) {
+    for _ in 0..n {
+        black_box(Vec::<u8>::with_capacity(size));
+    }
+}
+
+/// A session of this test, waiting for its turn; the body runs inside it.
+fn session(name: &str, body: impl FnOnce()) -> Report {
+    let s = SessionBuilder::new(name)
+        .backend(BACKEND)
+        .output_dir(std::env::temp_dir().join("memtrack-parallel-suite"))
+        .quiet(true)
+        .start_waiting()
+        .expect("session starts");
+    body();
+    s.finish().expect("session finishes")
+}
+
+/// Spawns `threads` threads (as the documented helper says: through `memtrack::in_session`,
+/// which the eBPF recorder does not need) that each make `n` allocations of `size` bytes.
+fn spawn_allocating(threads: usize, n: usize, size: usize) {
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let work = memtrack::in_session(move || allocate(n, size));
+            s.spawn(work);
+        }
+    });
+}
+
+/// What `spawn_allocating(threads, 0, 0)` allocates by itself (`std::thread::scope` and each
+/// spawn and join), measured in sessions of its own: `(per scope, per thread)`, from 1 and 3
+/// threads, and checked against 2 threads (repeated until two rounds agree: the first spawns
+/// of a process make lazy one-time allocations).
+fn spawn_cost() -> (u64, u64) {
+    static COST: OnceLock<(u64, u64)> = OnceLock::new();
+    *COST.get_or_init(|| {
+        let measure = |threads| {
+            session("calibrate", || spawn_allocating(threads, 0, 0)).allocations()
+        };
+        let mut last = None;
+        for _ in 0..6 {
+            let (one, two, three) = (measure(1), measure(2), measure(3));
+            let per_thread = (three - one) / 2;
+            let now = (one - per_thread, per_thread);
+            if two == now.0 + 2 * now.1 && last == Some(now) {
+                return now;
+            }
+            last = Some(now);
+        }
+        panic!("spawning threads does not allocate a fixed number of blocks (last {last:?})");
+    })
+}
+
+/// Allocates without a session, on its own thread and on threads it spawns, while the other
+/// tests record: none of it may reach their counts.
+fn noise() {
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(300);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                while std::time::Instant::now() < until {
+                    allocate(100, 24);
+                }
+            });
+        }
+        while std::time::Instant::now() < until {
+            allocate(100, 40);
+        }
+    });
+}
+
+/// The twenty tests, for the recorder named `$backend` (`BACKEND` must be the same).
+macro_rules! suite {
+    ($backend:literal) => {
+        suite!(@limited $backend;
+            limited_1: 10 allocations of 100;
+            limited_2: 11 allocations of 200;
+            limited_3: 12 allocations of 300;
+            limited_4: 13 allocations of 400;
+            limited_5: 14 allocations of 500;
+            limited_6: 15 allocations of 600;
+            limited_7: 16 allocations of 700;
+            limited_8: 17 allocations of 800;
+        );
+        suite!(@exact
+            exact_1: 20 allocations of 48;
+            exact_2: 21 allocations of 96;
+            exact_3: 22 allocations of 144;
+            exact_4: 23 allocations of 192;
+            exact_5: 1000 allocations of 16;
+            exact_6: 2000 allocations of 32;
+        );
+        suite!(@spawning
+            spawning_1: 1 threads of 50 allocations of 72;
+            spawning_2: 2 threads of 60 allocations of 88;
+            spawning_3: 3 threads of 70 allocations of 104;
+            spawning_4: 4 threads of 80 allocations of 120;
+        );
+
+        #[test]
+        fn noise_1() {
+            noise();
+        }
+
+        #[test]
+        fn noise_2() {
+            noise();
+        }
+    };
+    (@limited $backend:literal; $($name:ident: $n:literal allocations of $size:literal;)*) => {$(
+        /// Exactly `$n` allocations, all freed: the limit holds at its value.
+        #[test]
+        #[memtrack(backend = $backend, max_allocations = $n, no_leaks)]
+        fn $name() {
+            if skip() {
+                return;
+            }
+            allocate($n, $size);
+        }
+    )*};
+    (@exact $($name:ident: $n:literal allocations of $size:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            if skip() {
+                return;
+            }
+            let r = session(stringify!($name), || allocate($n, $size));
+            assert_eq!(
+                (r.allocations(), r.bytes_allocated()),
+                ($n, $n * $size),
+                "{}",
+                r.summary_line()
+            );
+            assert_eq!(r.totals.live_blocks_at_end, 0, "{}", r.summary_line());
+            assert_eq!(r.lost_events, 0);
+        }
+    )*};
+    (@spawning $($name:ident: $threads:literal threads of $n:literal allocations of $size:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            if skip() {
+                return;
+            }
+            let (per_scope, per_thread) = spawn_cost();
+            let r = session(stringify!($name), || {
+                allocate(3, 8);
+                spawn_allocating($threads, $n, $size);
+            });
+            assert_eq!(
+                r.allocations(),
+                3 + per_scope + $threads * ($n + per_thread),
+                "{} (spawning: {per_scope} per scope, {per_thread} per thread)",
+                r.summary_line()
+            );
+            // Each spawned thread is recorded as a thread of its own.
+            let workers = r
+                .totals
+                .per_thread
+                .values()
+                .filter(|t| t.allocations >= $n)
+                .count();
+            assert_eq!(workers, $threads, "{:?}", r.totals.per_thread);
+            assert_eq!(r.lost_events, 0);
+        }
+    )*};
+}
