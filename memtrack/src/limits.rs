@@ -43,10 +43,10 @@ use crate::session::Report;
 ///   without limits run unrecorded (with the error on stderr).
 ///
 /// Parallel tests: sessions of one process take turns (`#[memtrack]` functions wait for the
-/// running session to end), but the eBPF backend records the whole process, so allocations of
-/// other threads during a session (libtest's, tests without `#[memtrack]`) are counted. Give
-/// limits in parallel tests headroom, or run exact limits with `--test-threads=1` or in a
-/// `harness = false` test binary.
+/// running session to end), and by default each records only the thread that started it and
+/// the threads spawned from it ([`Scope`](crate::Scope)), so exact limits hold beside other
+/// tests that allocate at the same time. With the allocator recorder, spawn such threads
+/// through [`in_session`](crate::in_session).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
     max_allocations: Option<u64>,
