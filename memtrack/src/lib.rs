@@ -50,6 +50,7 @@ pub use analysis::{Analyzer, KindCounts, ThreadTotals, Totals};
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use analysis::{Column, Extremes, SizeClass, SizeHistogram, Timeline};
 pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, Reader};
+pub use artifact::{Output, OutputError};
 pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
 pub use encode::{Encoder, EncoderOptions, ThreadHook, Written, default_workers};
 pub use error::{Error, Result};
