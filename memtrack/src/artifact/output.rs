@@ -14,17 +14,17 @@
 //!   frame in it is readable (`memtrack show` recovers it).
 //! - A symbolic link at the target is followed only if it is owned by the effective user or by
 //!   root (a link planted by someone else is refused: following it would let them choose which
-//!   file a root memtrack replaces). The file it leads to follows the same rules.
+//!   file a root memtrack replaces). The file it leads to follows the same rules. So does
+//!   every directory on the way to the target: a link there owned by another user is refused
+//!   too (the kernel's `fs.protected_symlinks` catches some of these, but it is 0 on some
+//!   machines, the CI machines included).
 //! - A character device (`/dev/null`, `/dev/full`) or a FIFO, owned by the effective user or by
-//!   root, is written in place: it is never replaced, and its write errors are reported
-//!   (`ENOSPC` on `/dev/full`). A path through `/proc` (`/dev/stdout` is
-//!   `/proc/self/fd/1`) is written in place too, whatever it leads to.
-//! - Directories, sockets, block devices, and special files owned by another user are refused
-//!   with a message naming the file and the fix.
-//!
-//! Directories on the way to the target are resolved by the kernel; in sticky world-writable
-//! directories its `fs.protected_symlinks` rule keeps a root process from following another
-//! user's link.
+//!   root and with a single name (a hard link to `/dev/mem` planted in `/tmp` has two), is
+//!   written in place: it is never replaced, and its write errors are reported (`ENOSPC` on
+//!   `/dev/full`). A path through `/proc` (`/dev/stdout` is `/proc/self/fd/1`) is written in
+//!   place too, whatever it leads to.
+//! - Directories, sockets, block devices, and special files owned by another user or with
+//!   several names are refused with a message naming the file and the fix.
 
 use std::fs::{File, OpenOptions, Permissions};
 use std::io;
@@ -69,10 +69,13 @@ pub enum OutputError {
         /// What it is: "directory", "socket", "block device".
         kind: &'static str,
     },
-    /// The target is a character device or FIFO owned by another user.
+    /// The target is a character device or FIFO owned by another user, or with several names
+    /// (hard links).
     #[error(
-        "refusing to write {path}: it is a {kind} owned by uid {owner}, neither you nor root \
-         (whoever made it would read what memtrack writes); remove it or choose another name"
+        "refusing to write {path}: it is a {kind} owned by uid {owner} with {links} name(s); \
+         memtrack writes in place only to one owned by you or root with a single name \
+         (another user may have planted it, to read what memtrack writes or to pick the device \
+         it goes to); remove it or choose another name"
     )]
     UntrustedSpecial {
         /// The file.
@@ -81,6 +84,8 @@ pub enum OutputError {
         kind: &'static str,
         /// Its owner.
         owner: u32,
+        /// Its number of hard links.
+        links: u64,
     },
     /// An I/O operation on the target or its temporary file failed.
     #[error("cannot write {path}: {what}: {source}")]
@@ -94,9 +99,7 @@ pub enum OutputError {
         source: io::Error,
     },
     /// The finished file could not be renamed over the target; it is kept.
-    #[error(
-        "cannot rename {partial} to {path}: {source}; the finished file is kept at {partial}"
-    )]
+    #[error("cannot rename {partial} to {path}: {source}; the finished file is kept at {partial}")]
     Persist {
         /// The target.
         path: PathBuf,
@@ -145,6 +148,26 @@ fn parent(path: &Path) -> &Path {
     }
 }
 
+/// Refuses a symbolic link owned by another user among the directories leading to `path`
+/// (each component is examined where the kernel's resolution of the ones before it leads).
+fn check_directories(path: &Path) -> Result<(), OutputError> {
+    let mut dir = PathBuf::new();
+    for component in parent(path).components() {
+        dir.push(component);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.file_type().is_symlink() && !trusted(m.uid()) => {
+                return Err(OutputError::UntrustedSymlink {
+                    path: dir,
+                    owner: m.uid(),
+                });
+            }
+            // A missing directory is reported when the temporary file cannot be created.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Follows trusted symbolic links from `path`: the path of the file they lead to and its
 /// metadata (`None` if it does not exist), or `(path, None)` with `in_place` for `/proc` paths.
 fn resolve(path: &Path) -> Result<(PathBuf, Option<std::fs::Metadata>, bool), OutputError> {
@@ -160,6 +183,7 @@ fn resolve(path: &Path) -> Result<(PathBuf, Option<std::fs::Metadata>, bool), Ou
         if p.starts_with("/proc") {
             return Ok((p, None, true));
         }
+        check_directories(&p)?;
         let meta = match std::fs::symlink_metadata(&p) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((p, None, false)),
@@ -233,11 +257,12 @@ impl Output {
                 };
                 return Err(OutputError::Unsupported { path: target, kind });
             };
-            if !trusted(meta.uid()) {
+            if !trusted(meta.uid()) || meta.nlink() != 1 {
                 return Err(OutputError::UntrustedSpecial {
                     path: target,
                     kind,
                     owner: meta.uid(),
+                    links: meta.nlink(),
                 });
             }
             // No O_CREAT: never create a file here; O_NOFOLLOW: the name was not swapped for a
@@ -418,7 +443,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let e = Output::create(dir.path()).unwrap_err();
         assert!(
-            matches!(e, OutputError::Unsupported { kind: "directory", .. }),
+            matches!(
+                e,
+                OutputError::Unsupported {
+                    kind: "directory",
+                    ..
+                }
+            ),
             "{e}"
         );
     }
