@@ -61,5 +61,6 @@ pub use memtrack_macros::memtrack;
 pub use recorder::{Allocator, allocator_installed};
 pub use session::{BackendChoice, Report, Session, SessionBuilder, start};
 pub use synth::{Synth, SynthOptions};
+pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
 pub use tracker::{Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};
-pub use tracker::{RecordOutcome, TrackerError, TrackerOptions, record_command};
+pub use tracker::{TrackerError, TrackerOptions};
