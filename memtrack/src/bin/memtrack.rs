@@ -493,23 +493,25 @@ fn synth(
 
 // ---- `memtrack record` (tracker) ----
 
+/// The program `command` runs, as `execvp` finds it.
+fn find_program(command: &[std::ffi::OsString]) -> Option<PathBuf> {
+    let program = Path::new(command.first()?);
+    if program.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return Some(program.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
 /// Whether `output` and the program `command` runs are the same file (`-o ./prog -- ./prog`).
 fn is_the_program(output: &Path, command: &[std::ffi::OsString]) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let Some(program) = command.first() else {
+    let (Ok(out), Some(program)) = (std::fs::metadata(output), find_program(command)) else {
         return false;
     };
-    let Ok(out) = std::fs::metadata(output) else {
-        return false;
-    };
-    let same =
-        |p: &Path| std::fs::metadata(p).is_ok_and(|m| (m.dev(), m.ino()) == (out.dev(), out.ino()));
-    let program = Path::new(program);
-    if program.as_os_str().as_encoded_bytes().contains(&b'/') {
-        return same(program);
-    }
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|d| same(&d.join(program))))
+    std::fs::metadata(program).is_ok_and(|m| (m.dev(), m.ino()) == (out.dev(), out.ino()))
 }
 
 fn record(
@@ -528,6 +530,22 @@ fn record(
     let opts = memtrack::TrackerOptions::new()
         .ringbuf_bytes(ringbuf_mib.saturating_mul(1 << 20))
         .syscalls(!no_syscalls);
+    // SAFETY: geteuid has no preconditions.
+    let runs_as_root = unsafe { libc::geteuid() } == 0 && user.is_none();
+    if let Some(p) = find_program(command)
+        && !runs_as_root
+        && std::fs::metadata(&p).is_ok_and(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.permissions().mode() & (libc::S_ISUID | libc::S_ISGID) != 0
+        })
+    {
+        eprintln!(
+            "memtrack: warning: {} is setuid or setgid: the recorded command runs with \
+             no_new_privs and gains no privileges from it (memtrack never lets a command it \
+             records gain privileges); `sudo memtrack record` without --user runs it as root",
+            p.display()
+        );
+    }
     let mut child = memtrack::CommandOptions::new();
     if let Some(u) = user {
         child = child.user(u);
