@@ -455,16 +455,33 @@ mod tests {
     }
 
     #[test]
-    fn dev_null_is_written_in_place() {
-        let out = Output::create("/dev/null").unwrap();
+    fn a_null_device_is_written_in_place() {
+        // As root, a copy made with mknod: a regression must not replace the machine's own.
+        let dir = tempfile::tempdir().unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let null = if unsafe { libc::geteuid() } == 0 {
+            let p = dir.path().join("null");
+            let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+            // SAFETY: a valid NUL-terminated path; (1, 3) is /dev/null's device number.
+            let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+            assert_eq!(r, 0);
+            p
+        } else {
+            PathBuf::from("/dev/null")
+        };
+        let out = Output::create(&null).unwrap();
         assert!(out.partial_path().is_none());
         out.writer().unwrap().write_all(b"x").unwrap();
         out.commit().unwrap();
         assert!(
-            std::fs::metadata("/dev/null")
+            std::fs::metadata(&null)
                 .unwrap()
                 .file_type()
                 .is_char_device()
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            usize::from(null.starts_with(dir.path()))
         );
     }
 }
