@@ -20,6 +20,10 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// An output file could not be created or put in place (refused, or an I/O error); the
+    /// message names the file and the fix.
+    #[error(transparent)]
+    Output(#[from] crate::artifact::OutputError),
     /// The input does not start with the memtrack magic bytes.
     #[error(
         "{path}: not a memtrack artifact (the file does not start with the memtrack magic bytes)"

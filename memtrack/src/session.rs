@@ -9,7 +9,9 @@
 //! ```
 //! Dropping a [`Session`] without [`Session::finish`] (early return, panic) finishes it too and
 //! prints the summary line (or the error) on stderr; `process::exit` and `mem::forget` skip
-//! that, leaving only `<name>.memtrack.partial`, whose complete frames `memtrack show` recovers.
+//! that, leaving only the temporary file `<name>.memtrack.XXXXXX.partial` (random characters,
+//! see [`Output`](crate::Output); [`Session::partial_path`] names it), whose complete frames
+//! `memtrack show` recovers.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -18,7 +20,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::analysis::Totals;
-use crate::artifact::{Backend, Metadata};
+use crate::artifact::{Backend, Metadata, Output};
 use crate::encode::EncoderOptions;
 use crate::encode::Written;
 use crate::error::{Error, Result};
@@ -310,16 +312,15 @@ impl SessionBuilder {
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         let file_name = sanitize(&self.name);
-        let path = dir.join(format!("{file_name}.memtrack"));
-        let partial = dir.join(format!("{file_name}.memtrack.partial"));
+        let output = Output::create(dir.join(format!("{file_name}.memtrack")))?;
+        let path = output.path().to_path_buf();
+        let file = output.writer()?;
         drop((dir, file_name));
-        let file = File::create(&partial)
-            .map_err(|e| Error::io(format!("creating {}", partial.display()), e))?;
         let meta = Metadata::now(std::process::id(), backend).with_name(&self.name);
         let mut session = Session {
             name: self.name,
             path,
-            partial,
+            output: Some(output),
             quiet: self.quiet,
             limits: self.limits,
             scope: self.scope,
@@ -343,13 +344,8 @@ impl SessionBuilder {
             None => crate::recorder::start_recording(file, &session.meta, self.workers, scope)
                 .map(Active::Alloc),
         };
-        match started {
-            Ok(r) => session.recording = Some(r),
-            Err(e) => {
-                let _ = std::fs::remove_file(&session.partial);
-                return Err(e);
-            }
-        }
+        // On error, dropping the session's `Output` removes the temporary file.
+        session.recording = Some(started?);
         session.started = Instant::now();
         Ok(session)
     }
@@ -360,7 +356,8 @@ impl SessionBuilder {
 pub struct Session {
     name: String,
     path: PathBuf,
-    partial: PathBuf,
+    /// The artifact being written, put in place by `finish`.
+    output: Option<Output>,
     quiet: bool,
     limits: Limits,
     scope: Scope,
@@ -424,6 +421,14 @@ impl Session {
         &self.path
     }
 
+    /// Where the artifact is while the session runs: a temporary file beside
+    /// [`Session::path`], renamed to it by [`Session::finish`]. A process that ends without
+    /// finishing the session (`process::exit`, a crash) leaves it, readable up to its last
+    /// complete frame. `None` once finished, or when the path is a device written in place.
+    pub fn partial_path(&self) -> Option<&Path> {
+        self.output.as_ref().and_then(Output::partial_path)
+    }
+
     /// Stops recording, finishes the artifact (replacing any file of the same name
     /// atomically) and returns the report. Prints the summary line unless quiet. With limits
     /// (see [`SessionBuilder::max_allocations`]) that the report violates, returns
@@ -446,22 +451,16 @@ impl Session {
         {
             *HANDOFF.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
         }
+        let output = self.output.take();
         let result = recording.stop().and_then(|stopped| {
             let Stopped {
                 written,
                 lost_events,
                 out_of_scope,
             } = stopped;
-            std::fs::rename(&self.partial, &self.path).map_err(|e| {
-                Error::io(
-                    format!(
-                        "renaming {} to {}",
-                        self.partial.display(),
-                        self.path.display()
-                    ),
-                    e,
-                )
-            })?;
+            if let Some(output) = output {
+                output.commit()?;
+            }
             Ok(Report {
                 name: self.name.clone(),
                 path: self.path.clone(),

@@ -8,6 +8,7 @@
 //! ```
 
 pub(crate) mod codec;
+mod output;
 mod read;
 mod write;
 
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::analysis::Totals;
 
+pub use output::{Output, OutputError};
 pub use read::{Completeness, FrameInfo, Reader};
 pub(crate) use write::{FrameScratch, FrameWriter, encode_frame};
 

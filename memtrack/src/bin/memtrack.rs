@@ -1,14 +1,13 @@
 //! The `memtrack` command-line tool. Run `memtrack --help`.
 
-use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use memtrack::{
-    Analyzer, Backend, Completeness, Encoder, EncoderOptions, Metadata, Reader, SizeHistogram,
-    Synth, SynthOptions, Totals, human,
+    Analyzer, Backend, Completeness, Encoder, EncoderOptions, Metadata, Output, Reader,
+    SizeHistogram, Synth, SynthOptions, Totals, human,
 };
 
 // The subcommands' modules live in memtrack/ beside this file (not as src/bin/*.rs, which cargo
@@ -105,11 +104,18 @@ enum Cmd {
         output: PathBuf,
     },
     /// Run a command with every allocation, free and mapping recorded by the eBPF tracker
-    /// (needs root, or CAP_BPF + CAP_PERFMON). Exits with the command's exit code.
+    /// (needs root, or CAP_BPF + CAP_PERFMON). Exits with the command's exit code. The command
+    /// never gets memtrack's capabilities, and when it does not run as root a setuid program it
+    /// starts gains no privileges (no_new_privs).
     Record {
-        /// Output file.
+        /// Output file (replaced only when the recording is complete).
         #[arg(short, long, default_value = "memtrack.out")]
         output: PathBuf,
+        /// Run the command as this user (name or uid): its uid, gid and groups, HOME, USER and
+        /// LOGNAME. Needs root; without it the command runs as memtrack's user (root under
+        /// sudo).
+        #[arg(long, value_name = "NAME")]
+        user: Option<String>,
         /// Ring buffer size in MiB (a power of two); raise it if events are lost.
         #[arg(long, default_value_t = 256)]
         ringbuf_mib: u64,
@@ -124,7 +130,16 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    if let Err(e) = refuse_setuid() {
+        eprintln!("memtrack: error: {e}");
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
+    // compare's own exit codes: 1 is a regression, so its errors exit 2.
+    let error_code = match cli.cmd {
+        Cmd::Compare { .. } => ExitCode::from(2),
+        _ => ExitCode::FAILURE,
+    };
     let res = match cli.cmd {
         Cmd::Show {
             file,
@@ -138,7 +153,7 @@ fn main() -> ExitCode {
             threshold,
             metric,
             format,
-        } => Ok(compare::run(&base, &head, threshold, metric, format)),
+        } => compare::run(&base, &head, threshold, metric, format),
         Cmd::Plot {
             file,
             output,
@@ -154,17 +169,78 @@ fn main() -> ExitCode {
         } => synth(events, seed, threads, workers, &output),
         Cmd::Record {
             output,
+            user,
             ringbuf_mib,
             no_syscalls,
             command,
-        } => record(&output, ringbuf_mib, no_syscalls, &command),
+        } => record(&output, user, ringbuf_mib, no_syscalls, &command),
     };
     match res {
         Ok(code) => code,
         Err(e) => {
             eprintln!("memtrack: error: {e}");
-            ExitCode::FAILURE
+            error_code
         }
+    }
+}
+
+/// Refuses to run with a real and an effective identity that differ (memtrack installed
+/// setuid or setgid): every user could then write any file and run any command as its owner.
+fn refuse_setuid() -> Result<(), String> {
+    // SAFETY: these four calls have no preconditions.
+    let (ruid, euid, rgid, egid) = unsafe {
+        (
+            libc::getuid(),
+            libc::geteuid(),
+            libc::getgid(),
+            libc::getegid(),
+        )
+    };
+    if ruid == euid && rgid == egid {
+        return Ok(());
+    }
+    Err(format!(
+        "memtrack runs setuid or setgid here (real uid {ruid}, effective uid {euid}; real gid \
+         {rgid}, effective gid {egid}), which would let any user write any file and run any \
+         command as its owner: remove the bit (`chmod u-s,g-s`) and use sudo, or file \
+         capabilities (see the README's Security section)"
+    ))
+}
+
+/// Writes `text` to standard output and flushes it. A closed pipe (`| head`) ends memtrack
+/// quietly by SIGPIPE, as it does other Unix tools; any other failure (`> /dev/full`) is an
+/// error.
+pub(crate) fn out(text: &str) -> memtrack::Result<()> {
+    let mut o = std::io::stdout().lock();
+    match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            // SAFETY: restoring SIGPIPE's default action (Rust's runtime ignores it) and
+            // raising it ends the process the way a write to a closed pipe ends `cat`.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                libc::raise(libc::SIGPIPE);
+            }
+            Err(memtrack::Error::Io {
+                what: "writing to standard output".into(),
+                source: e,
+            })
+        }
+        Err(e) => Err(memtrack::Error::Io {
+            what: "writing to standard output".into(),
+            source: e,
+        }),
+    }
+}
+
+/// `e` with the output file named, for errors of an encoder writing to `path`.
+fn writing(e: memtrack::Error, path: &Path) -> memtrack::Error {
+    match e {
+        memtrack::Error::Io { what, source } => memtrack::Error::Io {
+            what: format!("{what} to {}", path.display()),
+            source,
+        },
+        e => e,
     }
 }
 
@@ -253,8 +329,7 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
                 })
                 .collect();
         }
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).expect("json"));
+        out(&(serde_json::to_string_pretty(&v).expect("json") + "\n"))?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut o = String::new();
@@ -343,13 +418,13 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
         let _ = writeln!(o, "  per thread (frees count in the freeing thread)");
         o.push_str(&tables::threads(&t));
     }
-    print!("{o}");
+    out(&o)?;
     Ok(ExitCode::SUCCESS)
 }
 
 fn verify(path: &Path) -> memtrack::Result<ExitCode> {
     let fail = |msg: String| {
-        println!("FAILED {}: {msg}", path.display());
+        out(&format!("FAILED {}: {msg}\n", path.display()))?;
         Ok(ExitCode::FAILURE)
     };
     let reader = match Reader::open(path) {
@@ -371,12 +446,12 @@ fn verify(path: &Path) -> memtrack::Result<ExitCode> {
             "the totals stored in the trailer differ from the totals of the decoded events".into(),
         );
     }
-    println!(
-        "OK {}: {} frames, {} events, checksums, counts, index and totals sound",
+    out(&format!(
+        "OK {}: {} frames, {} events, checksums, counts, index and totals sound\n",
         path.display(),
         human::count(reader.frames().len() as u64),
         human::count(totals.events)
-    );
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -395,32 +470,21 @@ fn synth(
     if let Some(w) = workers {
         opts = opts.workers(w);
     }
-    // Write to a temporary name and rename when finished: `output` is never left half-written.
-    let tmp = output.with_extension("memtrack.partial");
-    let file = File::create(&tmp).map_err(|e| memtrack::Error::Io {
-        what: format!("creating {}", tmp.display()),
-        source: e,
-    })?;
-    let written = Encoder::new(file, &meta, opts).and_then(|mut enc| {
-        enc.extend(model.take(events as usize))?;
-        enc.finish(0)
-    });
-    let w = match written {
-        Ok(w) => w,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    std::fs::rename(&tmp, output).map_err(|e| memtrack::Error::Io {
-        what: format!("renaming {} to {}", tmp.display(), output.display()),
-        source: e,
-    })?;
+    // A temporary file renamed over `output` when finished (see `Output`): an existing
+    // artifact is only ever replaced by a complete one.
+    let out = Output::create(output)?;
+    let w = Encoder::new(out.writer()?, &meta, opts)
+        .and_then(|mut enc| {
+            enc.extend(model.take(events as usize))?;
+            enc.finish(0)
+        })
+        .map_err(|e| writing(e, out.path()))?;
+    let written = out.commit()?;
     eprintln!(
         "memtrack: wrote {} events in {} frames to {} ({}, {:.2} bytes/event)",
         human::count(w.events),
         w.frames,
-        output.display(),
+        written.display(),
         human::bytes(w.bytes),
         w.bytes as f64 / w.events.max(1) as f64
     );
@@ -429,19 +493,71 @@ fn synth(
 
 // ---- `memtrack record` (tracker) ----
 
+/// The program `command` runs, as `execvp` finds it.
+fn find_program(command: &[std::ffi::OsString]) -> Option<PathBuf> {
+    let program = Path::new(command.first()?);
+    if program.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return Some(program.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+/// Whether `output` and the program `command` runs are the same file (`-o ./prog -- ./prog`).
+fn is_the_program(output: &Path, command: &[std::ffi::OsString]) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(out), Some(program)) = (std::fs::metadata(output), find_program(command)) else {
+        return false;
+    };
+    std::fs::metadata(program).is_ok_and(|m| (m.dev(), m.ino()) == (out.dev(), out.ino()))
+}
+
 fn record(
     output: &Path,
+    user: Option<String>,
     ringbuf_mib: u64,
     no_syscalls: bool,
     command: &[std::ffi::OsString],
 ) -> memtrack::Result<ExitCode> {
-    let file = File::create(output).map_err(|e| {
-        memtrack::Error::InvalidOption(format!("cannot create {}: {e}", output.display()))
-    })?;
+    if is_the_program(output, command) {
+        return Err(memtrack::Error::InvalidOption(format!(
+            "-o {} is the program being recorded: choose another output file",
+            output.display()
+        )));
+    }
     let opts = memtrack::TrackerOptions::new()
         .ringbuf_bytes(ringbuf_mib.saturating_mul(1 << 20))
         .syscalls(!no_syscalls);
-    let out = memtrack::record_command(command, file, &opts)?;
+    // SAFETY: geteuid has no preconditions.
+    let runs_as_root = unsafe { libc::geteuid() } == 0 && user.is_none();
+    if let Some(p) = find_program(command)
+        && !runs_as_root
+        && std::fs::metadata(&p).is_ok_and(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.permissions().mode() & (libc::S_ISUID | libc::S_ISGID) != 0
+        })
+    {
+        eprintln!(
+            "memtrack: warning: {} is setuid or setgid: the recorded command runs with \
+             no_new_privs and gains no privileges from it (memtrack never lets a command it \
+             records gain privileges); `sudo memtrack record` without --user runs it as root",
+            p.display()
+        );
+    }
+    let mut child = memtrack::CommandOptions::new();
+    if let Some(u) = user {
+        child = child.user(u);
+    }
+    // A temporary file beside `output`, renamed over it only once the recording is complete:
+    // a bad option, a command that cannot start or an interrupted run leave an existing
+    // artifact as it was. A memtrack killed meanwhile leaves the frames it wrote in
+    // `<output>.XXXXXX.partial`.
+    let file = Output::create(output)?;
+    let out = memtrack::record_command_with(command, file.writer()?, &opts, &child)
+        .map_err(|e| writing(e, file.path()))?;
+    let written = file.commit()?;
     let t = &out.recorded.written.totals;
     eprintln!(
         "memtrack: {} allocations, {} allocated, peak {} live, {} live at end in {} blocks, \
@@ -452,7 +568,7 @@ fn record(
         human::bytes(t.live_bytes_at_end),
         human::count(t.live_blocks_at_end),
         human::count(out.recorded.lost_events),
-        output.display()
+        written.display()
     );
     if out.recorded.lost_events > 0 {
         eprintln!(

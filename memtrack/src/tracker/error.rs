@@ -58,6 +58,22 @@ pub enum TrackerError {
         #[source]
         source: std::io::Error,
     },
+    /// `--user` names no user of the password database.
+    #[error("no user {user:?} in the password database: give a user name or uid that exists")]
+    UnknownUser {
+        /// The name or uid given.
+        user: String,
+    },
+    /// The recorded command's credentials could not be set up (switching user, dropping
+    /// capabilities).
+    #[error("cannot run the command {what}: {source}")]
+    Credentials {
+        /// How it was to run, e.g. `as user "bob"`.
+        what: String,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
     /// Reading /proc or another system file failed.
     #[error("{what}: {source}")]
     Io {

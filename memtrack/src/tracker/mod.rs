@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use once_cell::sync::OnceCell;
 
 pub use error::TrackerError;
-pub use record::{RecordOutcome, record_command};
+pub use record::{CommandOptions, RecordOutcome, record_command, record_command_with};
 
 use crate::artifact::Metadata;
 use crate::encode::{Encoder, EncoderOptions, Written};

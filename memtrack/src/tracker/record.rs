@@ -7,10 +7,19 @@
 //! the file, so libraries mapped after exec (and libc under a `dlopen`ed library) are covered;
 //! a `dlopen`ed library with its own allocator is found by rescanning /proc/PID/maps every
 //! 20 ms while the command runs (its calls before that are missed).
+//!
+//! The command never gains privileges through memtrack. Between fork and exec the child
+//! clears its ambient and inheritable capabilities (the ones memtrack may hold through file
+//! capabilities or `setpriv --ambient-caps` stay with memtrack), switches to the user of
+//! [`CommandOptions::user`] if one is given, and sets `PR_SET_NO_NEW_PRIVS` whenever it will
+//! not run as root, so that a setuid or setgid program it executes runs without gaining
+//! privileges and memtrack never observes a more privileged program than the one it started.
+//! Only the command's own process is recorded: its children are not followed.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 use super::{Recorded, Tracker, TrackerError, TrackerOptions};
@@ -33,6 +42,236 @@ pub struct RecordOutcome {
     pub recorded: Recorded,
 }
 
+/// Who the recorded command runs as; see the module docs for what it never inherits.
+#[derive(Debug, Clone, Default)]
+pub struct CommandOptions {
+    user: Option<String>,
+}
+
+impl CommandOptions {
+    /// Defaults: the command runs as memtrack's user (root under sudo), without memtrack's
+    /// capabilities.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs the command as `user` (a name or a numeric uid from the password database): its
+    /// uid, primary gid and supplementary groups, with `HOME`, `USER` and `LOGNAME` set to its
+    /// own, and no capabilities. Needs root (`sudo memtrack record --user NAME`).
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+}
+
+/// What the child does to its credentials between fork and exec, prepared before the fork
+/// (after it, only async-signal-safe calls are allowed).
+#[derive(Clone)]
+struct Credentials {
+    /// The user to become: uid, gid, supplementary groups.
+    switch: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
+    /// Set `PR_SET_NO_NEW_PRIVS` (the command will not run as root).
+    no_new_privs: bool,
+}
+
+/// A step of [`Credentials::apply`] that failed, and its errno.
+type Failed = (libc::c_int, libc::c_int);
+
+const STEP_EXEC: libc::c_int = 0;
+const STEP_USER: libc::c_int = 1;
+const STEP_CAPS: libc::c_int = 2;
+const STEP_NNP: libc::c_int = 3;
+
+/// Linux's capability ABI, version 3 (64 capability bits in two 32-bit words).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+const CAP_V3: u32 = 0x2008_0522;
+
+fn errno() -> libc::c_int {
+    // SAFETY: reading this thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+impl Credentials {
+    /// Looks up `opts.user` and decides what the child drops.
+    fn new(opts: &CommandOptions) -> Result<(Self, Option<Passwd>), TrackerError> {
+        let pw = match &opts.user {
+            None => None,
+            Some(u) => Some(Passwd::lookup(u)?),
+        };
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        if let Some(pw) = &pw
+            && euid != 0
+        {
+            return Err(TrackerError::Credentials {
+                what: format!("as user {:?}", pw.name),
+                source: std::io::Error::other(
+                    "switching users needs root: run `sudo memtrack record --user …`",
+                ),
+            });
+        }
+        let switch = pw.as_ref().map(|p| (p.uid, p.gid, p.groups.clone()));
+        let runs_as = switch.as_ref().map_or(euid, |s| s.0);
+        Ok((
+            Credentials {
+                switch,
+                no_new_privs: runs_as != 0,
+            },
+            pw,
+        ))
+    }
+
+    /// Switches user, clears the ambient and inheritable capabilities, sets no_new_privs.
+    ///
+    /// # Safety
+    /// Runs in a forked child of a multi-threaded process: it makes only async-signal-safe
+    /// system calls, on memory prepared before the fork.
+    unsafe fn apply(&self) -> Result<(), Failed> {
+        // SAFETY: plain system calls on valid pointers into `self` and this stack frame.
+        unsafe {
+            if let Some((uid, gid, groups)) = &self.switch {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setresgid(*gid, *gid, *gid) != 0
+                    || libc::setresuid(*uid, *uid, *uid) != 0
+                {
+                    return Err((STEP_USER, errno()));
+                }
+            }
+            // Ambient capabilities would pass to the command as they are; EINVAL: a kernel
+            // older than 4.3 has none.
+            if libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                0,
+                0,
+                0,
+            ) != 0
+                && errno() != libc::EINVAL
+            {
+                return Err((STEP_CAPS, errno()));
+            }
+            // Inheritable ones would pass to a program with file-inheritable capabilities.
+            let mut hdr = CapHeader {
+                version: CAP_V3,
+                pid: 0,
+            };
+            let mut data = [CapData::default(); 2];
+            if libc::syscall(libc::SYS_capget, &raw mut hdr, data.as_mut_ptr()) != 0 {
+                return Err((STEP_CAPS, errno()));
+            }
+            if data.iter().any(|d| d.inheritable != 0) {
+                for d in &mut data {
+                    d.inheritable = 0;
+                }
+                if libc::syscall(libc::SYS_capset, &raw mut hdr, data.as_ptr()) != 0 {
+                    return Err((STEP_CAPS, errno()));
+                }
+            }
+            if self.no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err((STEP_NNP, errno()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The error of a failed step, as the parent reports it.
+    fn error(&self, command: &OsStr, user: Option<&Passwd>, (step, e): Failed) -> TrackerError {
+        let source = std::io::Error::from_raw_os_error(e);
+        let what = match step {
+            STEP_USER => format!("as user {:?}", user.map_or("?", |p| p.name.as_str())),
+            STEP_CAPS => "without memtrack's capabilities (clearing them failed)".into(),
+            STEP_NNP => "with no_new_privs (setting it failed)".into(),
+            _ => {
+                return TrackerError::Spawn {
+                    command: command.to_string_lossy().into_owned(),
+                    source,
+                };
+            }
+        };
+        TrackerError::Credentials { what, source }
+    }
+}
+
+/// A password database entry: what `--user` switches to.
+struct Passwd {
+    name: String,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    home: OsString,
+    groups: Vec<libc::gid_t>,
+}
+
+impl Passwd {
+    /// `user` by name, else (if numeric) by uid, with its supplementary groups.
+    fn lookup(user: &str) -> Result<Self, TrackerError> {
+        let unknown = || TrackerError::UnknownUser {
+            user: user.to_string(),
+        };
+        let name_c = CString::new(user).map_err(|_| unknown())?;
+        let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        // SAFETY: an all-zero passwd is a valid value for getpw*_r to overwrite.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the sizes given; the strings `pw` points to live
+        // in `buf`, which outlives their use below.
+        unsafe {
+            libc::getpwnam_r(
+                name_c.as_ptr(),
+                &mut pw,
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut found,
+            );
+            if found.is_null()
+                && let Ok(uid) = user.parse::<libc::uid_t>()
+            {
+                libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found);
+            }
+        }
+        if found.is_null() {
+            return Err(unknown());
+        }
+        // SAFETY: getpw*_r filled `pw` with NUL-terminated strings in `buf`.
+        let (name, home) = unsafe {
+            (
+                std::ffi::CStr::from_ptr(pw.pw_name).to_owned(),
+                std::ffi::CStr::from_ptr(pw.pw_dir).to_owned(),
+            )
+        };
+        let mut groups = vec![0 as libc::gid_t; 64];
+        loop {
+            let mut n = groups.len() as libc::c_int;
+            // SAFETY: `groups` has room for `n` gids; getgrouplist reports the needed count.
+            let r = unsafe {
+                libc::getgrouplist(name.as_ptr(), pw.pw_gid, groups.as_mut_ptr(), &mut n)
+            };
+            if r >= 0 {
+                groups.truncate(n.max(0) as usize);
+                break;
+            }
+            groups.resize((n.max(0) as usize).max(groups.len() * 2), 0);
+        }
+        Ok(Passwd {
+            name: name.to_string_lossy().into_owned(),
+            uid: pw.pw_uid,
+            gid: pw.pw_gid,
+            home: OsStr::from_bytes(home.to_bytes()).to_os_string(),
+            groups,
+        })
+    }
+}
+
 /// `program` as `execvp` would find it.
 fn resolve(program: &OsStr) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
@@ -49,16 +288,23 @@ fn resolve(program: &OsStr) -> Option<PathBuf> {
         .find(|c| runnable(c))
 }
 
-/// The executable and every library the dynamic loader maps for it (`ld.so --list`); just
-/// the executable if it is static.
-fn objects_of(exe: &Path) -> Vec<PathBuf> {
+/// The executable and every library the dynamic loader maps for it (`ld.so --list`, run
+/// with the command's credentials); just the executable if it is static.
+fn objects_of(exe: &Path, creds: &Credentials) -> Vec<PathBuf> {
     let mut files = vec![exe.to_path_buf()];
     let loader = Path::new("/lib64/ld-linux-x86-64.so.2");
-    let Ok(out) = std::process::Command::new(loader)
-        .arg("--list")
-        .arg(exe)
-        .output()
-    else {
+    let mut cmd = std::process::Command::new(loader);
+    cmd.arg("--list").arg(exe);
+    let creds = creds.clone();
+    // SAFETY: `apply` makes only async-signal-safe calls on memory prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            creds
+                .apply()
+                .map_err(|(_, e)| std::io::Error::from_raw_os_error(e))
+        })
+    };
+    let Ok(out) = cmd.output() else {
         return files;
     };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -100,12 +346,25 @@ fn close(fd: libc::c_int) {
 }
 
 /// Runs `command` (program and arguments) with allocation tracking, writing the artifact to
-/// `out`; returns once it has exited and the artifact is complete.
+/// `out`; returns once it has exited and the artifact is complete. The command runs with
+/// [`CommandOptions::new`]'s defaults.
 pub fn record_command(
     command: &[OsString],
     out: impl Write + Send + 'static,
     opts: &TrackerOptions,
 ) -> crate::Result<RecordOutcome> {
+    record_command_with(command, out, opts, &CommandOptions::new())
+}
+
+/// [`record_command`], the command run as `child` says (e.g. as another user). Options, the
+/// command and the user are checked before anything is started.
+pub fn record_command_with(
+    command: &[OsString],
+    out: impl Write + Send + 'static,
+    opts: &TrackerOptions,
+    child: &CommandOptions,
+) -> crate::Result<RecordOutcome> {
+    opts.validate()?;
     let program = command
         .first()
         .ok_or_else(|| TrackerError::InvalidOption("no command to record".into()))?;
@@ -115,7 +374,8 @@ pub fn record_command(
     };
     let exe = resolve(program)
         .ok_or_else(|| spawn_err(std::io::Error::from(std::io::ErrorKind::NotFound)))?;
-    let files = objects_of(&exe);
+    let (creds, user) = Credentials::new(child)?;
+    let files = objects_of(&exe, &creds);
 
     // Everything the child needs is prepared before fork: after it, only async-signal-safe
     // calls (read, execve, write, _exit) are allowed.
@@ -124,7 +384,16 @@ pub fn record_command(
         .iter()
         .map(|a| cstring(a))
         .collect::<Result<Vec<_>, _>>()?;
-    let env_c = std::env::vars_os()
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    if let Some(pw) = &user {
+        // As `su` does: the user's own identity and home, the rest of the environment kept.
+        env.retain(|(k, _)| !matches!(k.as_bytes(), b"HOME" | b"USER" | b"LOGNAME"));
+        env.push(("HOME".into(), pw.home.clone()));
+        env.push(("USER".into(), pw.name.clone().into()));
+        env.push(("LOGNAME".into(), pw.name.clone().into()));
+    }
+    let env_c = env
+        .into_iter()
         .map(|(k, v)| {
             let mut kv = k;
             kv.push("=");
@@ -158,9 +427,17 @@ pub fn record_command(
                     libc::_exit(127);
                 }
             }
-            libc::execve(path_c.as_ptr(), argv.as_ptr(), envp.as_ptr());
-            let e = *libc::__errno_location();
-            libc::write(err[1], (&raw const e).cast(), size_of::<libc::c_int>());
+            // Rust ignores SIGPIPE and exec keeps ignored signals: give the command the
+            // default, as std::process::Command does.
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            let failed = match creds.apply() {
+                Ok(()) => {
+                    libc::execve(path_c.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                    [STEP_EXEC, *libc::__errno_location()]
+                }
+                Err((step, e)) => [step, e],
+            };
+            libc::write(err[1], failed.as_ptr().cast(), size_of_val(&failed));
             libc::_exit(127);
         }
     }
@@ -202,9 +479,9 @@ pub fn record_command(
     // SAFETY: writing one byte from a valid buffer to our pipe, then closing our end.
     unsafe { libc::write(go[1], [1u8].as_ptr().cast(), 1) };
     close(go[1]);
-    let mut errno: libc::c_int = 0;
-    // SAFETY: reading at most size_of::<c_int>() bytes into `errno`.
-    let n = unsafe { libc::read(err[0], (&raw mut errno).cast(), size_of::<libc::c_int>()) };
+    let mut failed: [libc::c_int; 2] = [0; 2];
+    // SAFETY: reading at most size_of_val(&failed) bytes into `failed`.
+    let n = unsafe { libc::read(err[0], failed.as_mut_ptr().cast(), size_of_val(&failed)) };
     close(err[0]);
 
     // Ctrl-C reaches the whole foreground group: let the command handle it and finish the
@@ -230,8 +507,10 @@ pub fn record_command(
     unsafe { libc::signal(libc::SIGINT, old_int) };
     let recorded = recording.stop()?;
     drop(tracker);
-    if n == size_of::<libc::c_int>() as isize {
-        return Err(spawn_err(std::io::Error::from_raw_os_error(errno)).into());
+    if n == size_of_val(&failed) as isize {
+        return Err(creds
+            .error(program, user.as_ref(), (failed[0], failed[1]))
+            .into());
     }
     let exit_code = if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)

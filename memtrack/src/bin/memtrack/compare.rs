@@ -1,6 +1,6 @@
 //! `memtrack compare BASE HEAD`: the memory regression gate. Exit 0: no regression; 1: at least
 //! one metric grew past the threshold; 2: bad usage or an input refused (unreadable, corrupt,
-//! incomplete or lossy), with one message per refused file.
+//! incomplete or lossy) or the output could not be written, with one message per refused file.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -52,7 +52,7 @@ pub fn run(
     threshold: Threshold,
     metric: MetricArg,
     format: Format,
-) -> ExitCode {
+) -> memtrack::Result<ExitCode> {
     let mut errors = Vec::new();
     let base_set = load_side(base, "base", &mut errors);
     let head_set = load_side(head, "head", &mut errors);
@@ -65,7 +65,7 @@ pub fn run(
             errors.len(),
             if errors.len() == 1 { "" } else { "s" }
         );
-        return ExitCode::from(INPUT_ERROR);
+        return Ok(ExitCode::from(INPUT_ERROR));
     }
     let (mut base_set, head_set) = (base_set, head_set);
     // Two files name their benchmark explicitly: compare them whatever their names.
@@ -87,12 +87,12 @@ pub fn run(
             serde_json::to_string_pretty(&cmp.to_json()).expect("json values serialize") + "\n"
         }
     };
-    print!("{out}");
-    if cmp.regressions() > 0 {
+    super::out(&out)?;
+    Ok(if cmp.regressions() > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
-    }
+    })
 }
 
 /// The benchmarks of one side: a file, or the `*.memtrack` files of a directory. Problems are

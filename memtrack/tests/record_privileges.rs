@@ -1,0 +1,351 @@
+//! `memtrack record` as a privilege boundary (issue 10): the command never gains privileges
+//! through memtrack, whether memtrack holds capabilities from file capabilities or ambient
+//! ones, or runs as root (then the command runs as root unless `--user` says otherwise); a
+//! setuid program the command starts gains nothing; a planted symlink never redirects the
+//! artifact; a setuid install of memtrack is refused.
+//!
+//! The command under test prints its own `/proc/self/status` lines (it is `grep`), so the
+//! capability sets checked are the recorded process's own. Needs root (CI runs as root), and
+//! `setcap`/`setpriv` for the capability cases; each test says what it skips and why.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{s, text};
+
+const STATUS: &str = "^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapAmb|NoNewPrivs):";
+/// CAP_PERFMON (38) and CAP_BPF (39).
+const BPF_CAPS: u64 = (1 << 38) | (1 << 39);
+
+/// Why these tests cannot run here, if they cannot.
+fn missing(tools: &[&str]) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some(
+            "not root (the tracker needs CAP_BPF + CAP_PERFMON, setcap needs root)".into(),
+        );
+    }
+    for t in tools {
+        if Command::new(t).arg("--help").output().is_err() {
+            return Some(format!("no `{t}` (package libcap2-bin / util-linux)"));
+        }
+    }
+    None
+}
+
+macro_rules! require {
+    ($($tool:expr),*) => {
+        if let Some(why) = missing(&[$($tool),*]) {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+/// The `Key: value` lines of a `/proc/PID/status` excerpt.
+fn status(out: &str) -> BTreeMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+fn caps(st: &BTreeMap<String, String>, key: &str) -> u64 {
+    u64::from_str_radix(&st[key], 16).unwrap_or_else(|_| panic!("{key} in {st:?}"))
+}
+
+/// A scratch directory every user can enter and write (the unprivileged runs write there).
+fn shared_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+/// A copy of the memtrack binary in `dir`, mode 0755.
+fn copy_memtrack(dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    fs::copy(env!("CARGO_BIN_EXE_memtrack"), &p).unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+/// Runs `memtrack record -o OUT [extra] -- grep STATUS /proc/self/status` through `prefix`
+/// (e.g. setpriv and its options); returns the output and the command's status lines.
+fn record_status(
+    prefix: &[&str],
+    memtrack: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> (Output, BTreeMap<String, String>) {
+    let mut cmd = Command::new(prefix.first().copied().unwrap_or(s(memtrack)));
+    if !prefix.is_empty() {
+        cmd.args(&prefix[1..]).arg(memtrack);
+    }
+    let o = cmd
+        .args(["record", "-o", s(out)])
+        .args(extra)
+        .args(["--", "/bin/grep", "-E", STATUS, "/proc/self/status"])
+        .output()
+        .unwrap();
+    let st = status(&String::from_utf8_lossy(&o.stdout));
+    (o, st)
+}
+
+fn verified(memtrack: &Path, artifact: &Path) {
+    let v = Command::new(memtrack)
+        .args(["verify", s(artifact)])
+        .output()
+        .unwrap();
+    assert!(v.status.success(), "{}", text(&v));
+}
+
+/// The capabilities a root process has here (the bounding set may lack some).
+fn own_effective() -> u64 {
+    let st = status(&fs::read_to_string("/proc/self/status").unwrap());
+    caps(&st, "CapEff")
+}
+
+#[test]
+fn as_root_the_command_runs_as_root_unless_user_says_otherwise() {
+    require!();
+    let dir = shared_dir();
+    let me = Path::new(env!("CARGO_BIN_EXE_memtrack"));
+
+    // `sudo memtrack record`: root, as sudo meant, but nothing ambient or inheritable.
+    let art = dir.path().join("root.memtrack");
+    let (o, st) = record_status(&[], me, &art, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(st["Uid"].split_whitespace().all(|u| u == "0"), "{st:?}");
+    assert_eq!(caps(&st, "CapEff"), own_effective(), "{st:?}");
+    assert_eq!((caps(&st, "CapInh"), caps(&st, "CapAmb")), (0, 0), "{st:?}");
+    assert_eq!(st["NoNewPrivs"], "0");
+    verified(me, &art);
+
+    // `--user nobody`: nobody's uid, gid and groups, no capabilities, no new privileges.
+    let art = dir.path().join("nobody.memtrack");
+    let (o, st) = record_status(&[], me, &art, &["--user", "nobody"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(st["Uid"].split_whitespace().all(|u| u == "65534"), "{st:?}");
+    assert!(st["Gid"].split_whitespace().all(|g| g == "65534"), "{st:?}");
+    assert_eq!(st["Groups"], "65534", "{st:?}");
+    for k in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+        assert_eq!(caps(&st, k), 0, "{k}: {st:?}");
+    }
+    assert_eq!(st["NoNewPrivs"], "1");
+    verified(me, &art);
+
+    // Its environment names the user.
+    let o = Command::new(me)
+        .args(["record", "--user", "nobody", "-o"])
+        .arg(dir.path().join("env.memtrack"))
+        .args(["--", "/usr/bin/env"])
+        .output()
+        .unwrap();
+    let env = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        env.lines().any(|l| l == "USER=nobody") && env.lines().any(|l| l == "LOGNAME=nobody"),
+        "{env}"
+    );
+
+    // An unknown user is refused before anything runs.
+    let o = Command::new(me)
+        .args(["record", "--user", "no-such-user-here", "-o"])
+        .arg(dir.path().join("x.memtrack"))
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).contains("no user \"no-such-user-here\""),
+        "{}",
+        text(&o)
+    );
+    assert!(!dir.path().join("x.memtrack").exists());
+}
+
+#[test]
+fn capabilities_held_by_memtrack_never_reach_the_command() {
+    require!("setcap", "setpriv");
+    let dir = shared_dir();
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+
+    // File capabilities on the binary (`setcap cap_bpf,cap_perfmon+ep`), run by nobody.
+    let filecaps = copy_memtrack(dir.path(), "memtrack-filecaps");
+    let st = Command::new("setcap")
+        .args(["cap_bpf,cap_perfmon+ep", s(&filecaps)])
+        .status()
+        .unwrap();
+    assert!(st.success(), "setcap");
+    // Ambient capabilities handed to a plain copy (`setpriv --ambient-caps`), which memtrack
+    // passed on to the command as they were before.
+    let plain = copy_memtrack(dir.path(), "memtrack-plain");
+    let ambient = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=+bpf,+perfmon",
+        "--ambient-caps=+bpf,+perfmon",
+    ];
+    for (what, prefix, bin) in [
+        ("file capabilities", &nobody[..], &filecaps),
+        ("ambient capabilities", &ambient[..], &plain),
+    ] {
+        let art = dir
+            .path()
+            .join(format!("{}.memtrack", what.replace(' ', "-")));
+        let (o, st) = record_status(prefix, bin, &art, &[]);
+        // The recording itself worked: memtrack did hold CAP_BPF + CAP_PERFMON.
+        assert!(o.status.success(), "{what}: {}", text(&o));
+        verified(bin, &art);
+        assert!(st["Uid"].split_whitespace().all(|u| u == "65534"), "{st:?}");
+        for k in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+            assert_eq!(caps(&st, k) & BPF_CAPS, 0, "{what}: {k}: {st:?}");
+            assert_eq!(caps(&st, k), 0, "{what}: {k}: {st:?}");
+        }
+        assert_eq!(st["NoNewPrivs"], "1", "{what}: {st:?}");
+    }
+
+    // A setuid-root program started by the command gains nothing (no_new_privs): memtrack,
+    // holding capabilities but not root, never observes a root program.
+    let id = dir.path().join("id-setuid");
+    fs::copy("/usr/bin/id", &id).unwrap();
+    fs::set_permissions(&id, fs::Permissions::from_mode(0o4755)).unwrap();
+    let direct = Command::new(nobody[0])
+        .args(&nobody[1..])
+        .args([s(&id), "-u"])
+        .output()
+        .unwrap();
+    if String::from_utf8_lossy(&direct.stdout).trim() != "0" {
+        eprintln!("SKIPPED (part): setuid bits have no effect here (nosuid mount?)");
+        return;
+    }
+    let o = Command::new(nobody[0])
+        .args(&nobody[1..])
+        .arg(&filecaps)
+        .args(["record", "-o"])
+        .arg(dir.path().join("id.memtrack"))
+        .args(["--", s(&id), "-u"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "65534",
+        "{}",
+        text(&o)
+    );
+    assert!(text(&o).contains("is setuid or setgid"), "{}", text(&o));
+
+    // `--user` without root is refused with the fix.
+    let o = Command::new(nobody[0])
+        .args(&nobody[1..])
+        .arg(&filecaps)
+        .args(["record", "--user", "root", "-o"])
+        .arg(dir.path().join("u.memtrack"))
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).contains("switching users needs root"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_setuid_install_of_memtrack_is_refused() {
+    require!("setpriv");
+    let dir = shared_dir();
+    let bin = copy_memtrack(dir.path(), "memtrack-setuid");
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o4755)).unwrap();
+    let o = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .args([
+            "synth",
+            "--events",
+            "10",
+            "-o",
+            "/etc/memtrack-must-not-exist",
+        ])
+        .output()
+        .unwrap();
+    assert!(!Path::new("/etc/memtrack-must-not-exist").exists());
+    let t = text(&o);
+    if t.contains("Permission denied") {
+        eprintln!("SKIPPED (part): setuid bits have no effect here (nosuid mount?)");
+        return;
+    }
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("runs setuid or setgid") && t.contains("chmod u-s"),
+        "{t}"
+    );
+}
+
+#[test]
+fn planted_symlinks_never_redirect_the_recording() {
+    require!();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let me = Path::new(env!("CARGO_BIN_EXE_memtrack"));
+    let victim = d.join("victim");
+    fs::write(&victim, "precious").unwrap();
+    for n in [
+        "x.memtrack.partial",
+        "x.partial",
+        "x.memtrack.memtrack.partial",
+    ] {
+        std::os::unix::fs::symlink(&victim, d.join(n)).unwrap();
+    }
+    let o = Command::new(me)
+        .args(["record", "-o"])
+        .arg(d.join("x.memtrack"))
+        .args(["--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(
+        fs::symlink_metadata(d.join("x.memtrack"))
+            .unwrap()
+            .is_file()
+    );
+    verified(me, &d.join("x.memtrack"));
+
+    // Another user's link at the target: refused before the command runs.
+    let planted = d.join("y.memtrack");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
+    let marker = d.join("ran");
+    let o = Command::new(me)
+        .args(["record", "-o"])
+        .arg(&planted)
+        .args(["--", "/usr/bin/touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("symbolic link owned by uid 65534"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(
+        !marker.exists(),
+        "the command ran although the output was refused"
+    );
+}

@@ -1,0 +1,92 @@
+//! A session's artifact goes through the same safe output as the CLI (issue 10): a symbolic
+//! link planted at the old temporary name `<name>.memtrack.partial` changes nothing, the
+//! temporary file has a random name beside the artifact and holds complete frames while the
+//! session runs, and another user's link at the artifact's name is refused at `start`.
+//!
+//! One test in this binary: sessions are process-global. It uses the allocator backend (no
+//! privileges needed); the part that plants a link owned by another user needs root and says
+//! so when it is skipped.
+
+use std::fs;
+use std::path::Path;
+
+use memtrack::{BackendChoice, Error, OutputError, Reader, SessionBuilder};
+
+#[global_allocator]
+static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
+
+fn builder(name: &str, dir: &Path) -> SessionBuilder {
+    SessionBuilder::new(name)
+        .backend(BackendChoice::Alloc)
+        .output_dir(dir)
+        .quiet(true)
+}
+
+#[test]
+fn sessions_write_through_a_random_temporary_name_and_refuse_planted_links() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let victim = d.join("victim");
+    fs::write(&victim, "precious").unwrap();
+    let old_partial = d.join("bench.memtrack.partial");
+    std::os::unix::fs::symlink(&victim, &old_partial).unwrap();
+
+    let session = builder("bench", d).start().unwrap();
+    let partial = session
+        .partial_path()
+        .expect("a temporary file")
+        .to_path_buf();
+    let name = partial.file_name().unwrap().to_str().unwrap().to_owned();
+    assert!(
+        partial.parent() == Some(d)
+            && name.starts_with("bench.memtrack.")
+            && name.ends_with(".partial")
+            && partial != old_partial,
+        "{}",
+        partial.display()
+    );
+    assert!(fs::symlink_metadata(&partial).unwrap().is_file());
+    // While the session runs the temporary file is a readable (recovered) artifact.
+    let header = Reader::open(&partial).expect("the partial file reads");
+    assert_eq!(header.metadata().name.as_deref(), Some("bench"));
+    std::hint::black_box(vec![0u8; 4096]);
+    let report = session.finish().unwrap();
+
+    assert_eq!(report.path, d.join("bench.memtrack"));
+    assert!(fs::symlink_metadata(&report.path).unwrap().is_file());
+    assert!(!partial.exists(), "the temporary file was renamed");
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(
+        fs::symlink_metadata(&old_partial)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    let r = Reader::open(&report.path).unwrap();
+    assert_eq!(r.completeness(), &memtrack::Completeness::Complete);
+
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED (part): not root, so a link owned by another user cannot be planted");
+        return;
+    }
+    let planted = d.join("other.memtrack");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
+    let e = builder("other", d).start().err().expect("refused");
+    assert!(
+        matches!(
+            e,
+            Error::Output(OutputError::UntrustedSymlink { owner: 65534, .. })
+        ),
+        "{e}"
+    );
+    assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+    // The refused session left nothing behind and the next one may start.
+    let names: Vec<_> = fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+    builder("after", d).start().unwrap().finish().unwrap();
+}
