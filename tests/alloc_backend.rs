@@ -212,6 +212,38 @@ fn attribute_with_the_allocator_backend_and_limits() {
     assert!(msg.contains("allocations 3 > max_allocations 2"), "{msg}");
 }
 
+/// The line of `fn located_violation` below (its name is where the failure points).
+const LOCATED_LINE: u32 = line!() + 3;
+
+#[memtrack(name = "alloc_located", backend = "alloc", max_allocations = 0)]
+fn located_violation() {
+    black_box(Vec::<u8>::with_capacity(8));
+}
+
+/// A violated limit panics in the guard's `Drop`; the location the panic reports must be the
+/// user's function, not memtrack's source (issue 9, defect 6).
+fn limit_panic_points_at_the_users_function() {
+    static SEEN: std::sync::Mutex<Option<(String, u32)>> = std::sync::Mutex::new(None);
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|info| {
+        let at = info.location().map(|l| (l.file().to_string(), l.line()));
+        *SEEN.lock().unwrap() = at;
+    }));
+    let err = std::panic::catch_unwind(located_violation).expect_err("1 allocation > 0");
+    std::panic::set_hook(hook);
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("allocations 1 > max_allocations 0"), "{msg}");
+    let (file, line) = SEEN
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the hook saw the panic");
+    assert_eq!(
+        (file.as_str(), line),
+        ("tests/alloc_backend.rs", LOCATED_LINE)
+    );
+}
+
 fn root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
@@ -274,6 +306,10 @@ fn main() {
         (
             "attribute_with_the_allocator_backend_and_limits",
             attribute_with_the_allocator_backend_and_limits,
+        ),
+        (
+            "limit_panic_points_at_the_users_function",
+            limit_panic_points_at_the_users_function,
         ),
         (
             "ebpf_is_refused_without_privileges",

@@ -11,24 +11,29 @@ pub struct Guard {
     /// The session's name, for messages when the limits cannot be checked; cloned only when
     /// there are limits, and before recording starts, so that it is not counted.
     limited_name: Option<String>,
+    /// Panics with its message, at the location of the user's function (the expansion makes
+    /// it with that span: the panic happens in `Drop`, where `#[track_caller]` does not reach).
+    fail: fn(String),
 }
 
 /// Starts the session of a `#[memtrack]` function, after any session running in this process
 /// ends (so parallel tests take turns). Never panics: if recording cannot start, it says why
 /// on stderr and the function runs unrecorded.
-pub fn start(name: &str, output: Option<&str>, backend: Option<&str>) -> Guard {
-    start_limited(name, output, backend, Limits::new())
+pub fn start(name: &str, output: Option<&str>, backend: Option<&str>, fail: fn(String)) -> Guard {
+    start_limited(name, output, backend, fail, Limits::new())
 }
 
 /// [`start`] for a `#[memtrack(max_allocations = …, …)]` function: when the guard is dropped,
 /// a violated limit panics with the measured numbers (so a `#[test]` fails), unless the thread
 /// is already panicking (then it is printed on stderr: a second panic would abort). Limits
 /// that cannot be checked fail too, never pass silently: if recording cannot start, this
-/// panics with the reason instead of running the function unrecorded.
+/// panics with the reason instead of running the function unrecorded. Every panic goes through
+/// `fail`, so that its location is the user's function.
 pub fn start_limited(
     name: &str,
     output: Option<&str>,
     backend: Option<&str>,
+    fail: fn(String),
     limits: Limits,
 ) -> Guard {
     let mut b = SessionBuilder::new(name).limits(limits);
@@ -45,17 +50,22 @@ pub fn start_limited(
             session: Some(s),
             limits,
             limited_name,
+            fail,
         },
         Err(e) if !limits.is_empty() => {
-            fail(format!(
-                "memtrack: {name}: the limits ({limits}) cannot be checked: recording did not \
+            fail_with(
+                fail,
+                format!(
+                    "memtrack: {name}: the limits ({limits}) cannot be checked: recording did not \
                  start: {e}. Fix that, or remove the limits (a #[memtrack] function without \
                  limits runs unrecorded when recording cannot start)"
-            ));
+                ),
+            );
             Guard {
                 session: None,
                 limits,
                 limited_name,
+                fail,
             }
         }
         Err(e) => {
@@ -64,6 +74,7 @@ pub fn start_limited(
                 session: None,
                 limits,
                 limited_name,
+                fail,
             }
         }
     }
@@ -78,24 +89,27 @@ impl Drop for Guard {
         match session.finish() {
             Ok(_) => {}
             Err(crate::Error::LimitExceeded { report, violations }) => {
-                fail(crate::limits::message(&report, &violations))
+                fail_with(self.fail, crate::limits::message(&report, &violations))
             }
-            Err(e) => fail(format!(
-                "memtrack: {name}: the limits ({}) cannot be checked: finishing the session \
+            Err(e) => fail_with(
+                self.fail,
+                format!(
+                    "memtrack: {name}: the limits ({}) cannot be checked: finishing the session \
                  failed: {e}",
-                self.limits
-            )),
+                    self.limits
+                ),
+            ),
         }
     }
 }
 
-/// Panics with `message`, or prints it if this thread is already panicking (a panic during
-/// unwinding aborts the process; the first panic already fails the test).
-fn fail(message: String) {
+/// Panics with `message` through `fail`, or prints it if this thread is already panicking (a
+/// panic during unwinding aborts the process; the first panic already fails the test).
+fn fail_with(fail: fn(String), message: String) {
     if std::thread::panicking() {
         eprintln!("{message}");
     } else {
-        panic!("{message}");
+        fail(message);
     }
 }
 
