@@ -449,24 +449,31 @@ impl Report {
     }
 
     /// The one-line summary printed when a session ends, e.g.
-    /// `memtrack: parse_json — 12,345 allocs (1.2 MiB), peak 512.0 KiB, 5 live (320 B), 0 lost → target/memtrack/parse_json.memtrack`.
+    /// `memtrack: parse_json — 12,345 allocations, 1.2 MiB allocated in total; peak live heap
+    /// 512.0 KiB; still live at the end: 5 blocks (320 B); no events lost →
+    /// target/memtrack/parse_json.memtrack` (on one line). Bytes are heap bytes (malloc
+    /// family; mappings are not counted); "allocated in total" is the sum of the sizes of
+    /// every allocation, not net of frees; "still live at the end" is what was allocated during
+    /// the session and not freed by its end; "events lost" counts events the recorder dropped
+    /// (non-zero: every number is incomplete).
     pub fn summary_line(&self) -> String {
         let t = &self.totals;
         let lost = if self.lost_events == 0 {
-            "0 lost".to_string()
+            "no events lost".to_string()
         } else {
             format!(
-                "{} LOST (incomplete: raise the ring buffer size)",
-                human::count(self.lost_events)
+                "{} LOST (the numbers are incomplete: raise the ring buffer size)",
+                human::plural(self.lost_events, "event", "events")
             )
         };
         format!(
-            "memtrack: {} — {} allocs ({}), peak {}, {} live ({}), {} → {}",
+            "memtrack: {} — {}, {} allocated in total; peak live heap {}; still live at the \
+             end: {} ({}); {} → {}",
             self.name,
-            human::count(t.allocations),
+            human::plural(t.allocations, "allocation", "allocations"),
             human::bytes(t.bytes_allocated),
             human::bytes(t.peak_live_bytes),
-            human::count(t.live_blocks_at_end),
+            human::plural(t.live_blocks_at_end, "block", "blocks"),
             human::bytes(t.live_bytes_at_end),
             lost,
             self.path.display()
@@ -535,6 +542,43 @@ mod tests {
         assert!(
             msg.contains("\"dtrace\"") && msg.contains("\"alloc\""),
             "{msg}"
+        );
+    }
+
+    fn report(allocations: u64, live_blocks: u64, lost_events: u64) -> Report {
+        Report {
+            name: "parse".into(),
+            path: PathBuf::from("t/parse.memtrack"),
+            totals: crate::Totals {
+                allocations,
+                bytes_allocated: 1_572_864,
+                peak_live_bytes: 1536,
+                live_blocks_at_end: live_blocks,
+                live_bytes_at_end: 48,
+                ..Default::default()
+            },
+            lost_events,
+            duration: Duration::ZERO,
+            events: 0,
+            artifact_bytes: 0,
+            backend: Backend::Ebpf,
+        }
+    }
+
+    /// Every number says what it is; singular and plural are right.
+    #[test]
+    fn summary_line_explains_itself() {
+        assert_eq!(
+            report(20_013, 20_001, 0).summary_line(),
+            "memtrack: parse — 20,013 allocations, 1.5 MiB allocated in total; peak live heap \
+             1.5 KiB; still live at the end: 20,001 blocks (48 B); no events lost → \
+             t/parse.memtrack"
+        );
+        assert_eq!(
+            report(1, 1, 1).summary_line(),
+            "memtrack: parse — 1 allocation, 1.5 MiB allocated in total; peak live heap \
+             1.5 KiB; still live at the end: 1 block (48 B); 1 event LOST (the numbers are \
+             incomplete: raise the ring buffer size) → t/parse.memtrack"
         );
     }
 

@@ -261,10 +261,10 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
     use std::fmt::Write as _;
     let _ = writeln!(
         o,
-        "{}  (format {major}.{minor}, {}, {} frames{})",
+        "{}  (format {major}.{minor}, {}, {}{})",
         path.display(),
         human::bytes(reader.file_bytes()),
-        human::count(reader.frames().len() as u64),
+        human::plural(reader.frames().len() as u64, "frame", "frames"),
         if recovered {
             ", RECOVERED: incomplete"
         } else {
@@ -291,15 +291,17 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
     let dur = t.last_ts.saturating_sub(t.first_ts);
     let _ = writeln!(
         o,
-        "  events        {} over {:.3} ms, {} threads, lost {}",
+        "  events        {} over {:.3} ms, from {}, {}",
         human::count(t.events),
         dur as f64 / 1e6,
-        t.threads,
-        lost.map_or("unknown (no trailer)".to_string(), human::count)
+        human::plural(t.threads, "thread", "threads"),
+        lost.map_or("lost events unknown (no trailer)".to_string(), |n| {
+            format!("{} lost", human::plural(n, "event", "events"))
+        })
     );
     let _ = writeln!(
         o,
-        "  allocations   {} ({})",
+        "  allocations   {} ({} allocated in total)",
         human::count(t.allocations),
         human::bytes(t.bytes_allocated)
     );
@@ -317,11 +319,15 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             String::new()
         }
     );
-    let _ = writeln!(o, "  peak live     {}", human::bytes(t.peak_live_bytes));
     let _ = writeln!(
         o,
-        "  live at end   {} blocks ({})",
-        human::count(t.live_blocks_at_end),
+        "  peak live     {} of heap",
+        human::bytes(t.peak_live_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "  live at end   {} ({}) allocated while recording and not freed",
+        human::plural(t.live_blocks_at_end, "block", "blocks"),
         human::bytes(t.live_bytes_at_end)
     );
     let _ = writeln!(
@@ -444,14 +450,14 @@ fn record(
     let out = memtrack::record_command(command, file, &opts)?;
     let t = &out.recorded.written.totals;
     eprintln!(
-        "memtrack: {} allocations, {} allocated, peak {} live, {} live at end in {} blocks, \
-         {} lost events -> {}",
-        human::count(t.allocations),
+        "memtrack: {}, {} allocated in total; peak live heap {}; still live at the end: {} \
+         ({}); {} lost -> {}",
+        human::plural(t.allocations, "allocation", "allocations"),
         human::bytes(t.bytes_allocated),
         human::bytes(t.peak_live_bytes),
+        human::plural(t.live_blocks_at_end, "block", "blocks"),
         human::bytes(t.live_bytes_at_end),
-        human::count(t.live_blocks_at_end),
-        human::count(out.recorded.lost_events),
+        human::plural(out.recorded.lost_events, "event", "events"),
         output.display()
     );
     if out.recorded.lost_events > 0 {
