@@ -178,6 +178,63 @@ fn criterion_measurement_counts() {
     assert_eq!(bytes, 50 * 64 + 50 * 65 + 100 * 8);
 }
 
+/// One criterion `--profile-time` run of a routine making exactly one 64-byte allocation per
+/// iteration, under memtrack's `Profiler`; returns the artifact's totals and iterations.
+fn profile_once(seconds: f64, copy_to: &str) -> (memtrack::Totals, Option<u64>) {
+    use memtrack::criterion::{Profiler, iteration};
+    let dir = std::path::PathBuf::from(std::env::var_os("MEMTRACK_DIR").unwrap());
+    let out = tempfile::tempdir().unwrap();
+    let mut c = criterion::Criterion::default()
+        .with_profiler(Profiler::new())
+        .output_directory(out.path())
+        .profile_time(Some(std::time::Duration::from_secs_f64(seconds)));
+    c.bench_function("alloc_profiled", |b| {
+        b.iter(|| iteration(|| black_box(vec![0u8; 64])))
+    });
+    let path = dir.join(copy_to);
+    std::fs::rename(dir.join("alloc_profiled.memtrack"), &path).unwrap();
+    let r = Reader::open(&path).unwrap();
+    let fin = r.final_metadata().unwrap();
+    assert_eq!(fin.lost_events, 0);
+    (fin.totals.clone(), fin.iterations)
+}
+
+/// Issue 9, defect 4: criterion picks a different number of iterations each run, so totals of
+/// the same code differ (`-37.50% improved`); per iteration they are the same.
+fn profiler_runs_of_the_same_code_compare_unchanged() {
+    use memtrack::{Benchmark, Comparison, Metric, Threshold, Verdict};
+    // SAFETY: the environment is only read by this single thread.
+    unsafe { std::env::set_var("MEMTRACK_BACKEND", "alloc") };
+    // Criterion warms up for 1 s (doubling the iterations per batch), then runs one batch of
+    // as many iterations as it estimates fit in the rest of the profile time.
+    let (short, short_it) = profile_once(2.5, "profiled_base.memtrack");
+    let (long, long_it) = profile_once(3.5, "profiled_head.memtrack");
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("MEMTRACK_BACKEND") };
+    let (short_it, long_it) = (short_it.expect("iterations"), long_it.expect("iterations"));
+    assert_ne!(short_it, long_it);
+    // One 64-byte block per iteration, plus criterion's own `Vec<f64>` of results for the
+    // batch after the warm-up (`Routine::bench` collects one value per batch: 8 bytes, live
+    // during it). The warm-up ends within about 2 s, so both runs have that batch.
+    for (t, it) in [(&short, short_it), (&long, long_it)] {
+        assert_eq!(
+            (t.allocations, t.bytes_allocated, t.peak_live_bytes),
+            (it + 1, 64 * it + 8, 64 + 8)
+        );
+    }
+    let bench = |t: memtrack::Totals, it| {
+        Benchmark::new("alloc_profiled", "x.memtrack", t).with_iterations(Some(it))
+    };
+    let c = Comparison::new(
+        &[bench(short, short_it)],
+        &[bench(long, long_it)],
+        &Metric::ALL,
+        Threshold::from_ppm(0),
+    );
+    let verdicts: Vec<_> = c.rows.iter().map(|r| r.verdict).collect();
+    assert_eq!(verdicts, vec![Verdict::Unchanged; 3], "{}", c.to_table());
+}
+
 /// Exactly 3 allocations: within `max_allocations = 3`.
 #[memtrack(name = "alloc_macro", backend = "alloc", max_allocations = 3, no_leaks)]
 fn macro_within_limits() {
@@ -302,6 +359,10 @@ fn main() {
             sequential_sessions_are_independent,
         ),
         ("criterion_measurement_counts", criterion_measurement_counts),
+        (
+            "profiler_runs_of_the_same_code_compare_unchanged",
+            profiler_runs_of_the_same_code_compare_unchanged,
+        ),
         ("auto_picks_the_right_backend", auto_picks_the_right_backend),
         (
             "attribute_with_the_allocator_backend_and_limits",

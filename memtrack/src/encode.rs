@@ -133,6 +133,14 @@ pub struct Written {
     pub totals: Totals,
 }
 
+/// The final metadata the producer knows: lost events, end time, iterations.
+#[derive(Clone, Copy)]
+struct Trailer {
+    lost_events: u64,
+    end_monotonic_ns: u64,
+    iterations: Option<u64>,
+}
+
 struct WriterResult<W> {
     out: W,
     written: Written,
@@ -142,6 +150,7 @@ struct WriterResult<W> {
 pub struct Encoder<W: Write + Send + 'static> {
     current: Vec<Event>,
     end_ns: Option<u64>,
+    iterations: Option<u64>,
     frame_events: usize,
     tx: Option<SyncSender<Msg>>,
     recycle: Receiver<Vec<Event>>,
@@ -150,8 +159,8 @@ pub struct Encoder<W: Write + Send + 'static> {
 
 enum Msg {
     Frame(Vec<Event>),
-    /// Lost-event count and end time for the trailer.
-    Finish(u64, u64),
+    /// What the trailer needs besides the totals.
+    Finish(Trailer),
 }
 
 impl<W: Write + Send + 'static> Encoder<W> {
@@ -185,6 +194,7 @@ impl<W: Write + Send + 'static> Encoder<W> {
         Ok(Encoder {
             current: Vec::with_capacity(opts.frame_events),
             end_ns: None,
+            iterations: None,
             frame_events: opts.frame_events,
             tx: Some(tx),
             recycle,
@@ -230,6 +240,12 @@ impl<W: Write + Send + 'static> Encoder<W> {
         self.end_ns = Some(end_monotonic_ns);
     }
 
+    /// Stores in the trailer that the recording covers `n` iterations of a measured routine
+    /// (see [`Final::iterations`]).
+    pub fn set_iterations(&mut self, n: u64) {
+        self.iterations = Some(n);
+    }
+
     /// Writes the last partial frame and the trailer (with `lost_events`, the number of events
     /// the recorder dropped), waits for the writer and returns what was written.
     pub fn finish(self, lost_events: u64) -> Result<Written> {
@@ -245,10 +261,11 @@ impl<W: Write + Send + 'static> Encoder<W> {
         };
         let tx = self.tx.take().ok_or(Error::EncoderStopped)?;
         let sent = sent.and_then(|()| {
-            tx.send(Msg::Finish(
+            tx.send(Msg::Finish(Trailer {
                 lost_events,
-                self.end_ns.unwrap_or_else(monotonic_ns),
-            ))
+                end_monotonic_ns: self.end_ns.unwrap_or_else(monotonic_ns),
+                iterations: self.iterations,
+            }))
             .map_err(|_| Error::EncoderStopped)
         });
         drop(tx);
@@ -306,13 +323,13 @@ fn writer_loop<W: Write + Send>(
         // Block for one frame, then take whatever else is already queued, up to `window`.
         match rx.recv() {
             Ok(Msg::Frame(f)) => batch.push(f),
-            Ok(Msg::Finish(l, end)) => lost = Some((l, end)),
+            Ok(Msg::Finish(t)) => lost = Some(t),
             Err(_) => {}
         }
         while lost.is_none() && batch.len() < window {
             match rx.try_recv() {
                 Ok(Msg::Frame(f)) => batch.push(f),
-                Ok(Msg::Finish(l, end)) => lost = Some((l, end)),
+                Ok(Msg::Finish(t)) => lost = Some(t),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
@@ -343,14 +360,15 @@ fn writer_loop<W: Write + Send>(
         }
     }
     // No `Finish` means the encoder was dropped: leave the file without a trailer.
-    let Some((lost_events, end_monotonic_ns)) = lost else {
+    let Some(trailer) = lost else {
         return Err(Error::EncoderStopped);
     };
     let totals = analyzer.totals();
     let fin = Final {
-        lost_events,
-        end_monotonic_ns,
+        lost_events: trailer.lost_events,
+        end_monotonic_ns: trailer.end_monotonic_ns,
         totals: totals.clone(),
+        iterations: trailer.iterations,
     };
     let (frame_count, events) = (frames.frames(), frames.events());
     let (out, bytes) = frames.finish(&fin)?;

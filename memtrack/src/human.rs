@@ -33,6 +33,15 @@ pub fn bytes(n: u64) -> String {
     format!("{v:.1} {}", UNITS[unit])
 }
 
+/// A fractional number of bytes (a per-iteration figure): `64.00 B`, `1.5 KiB`.
+pub fn bytes_f64(v: f64) -> String {
+    if v < 1024.0 {
+        format!("{v:.2} B")
+    } else {
+        bytes(v.round() as u64)
+    }
+}
+
 /// `rows` as aligned columns separated by two spaces, one line each (trailing spaces trimmed);
 /// column `i` is right-aligned when `right[i]` (numbers), else left-aligned. Widths count
 /// `char`s, which is right for the ASCII and Latin text memtrack prints.

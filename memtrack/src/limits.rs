@@ -294,6 +294,7 @@ mod tests {
             events: 0,
             artifact_bytes: 0,
             backend: crate::Backend::Ebpf,
+            iterations: None,
         }
     }
 

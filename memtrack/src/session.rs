@@ -289,6 +289,7 @@ impl SessionBuilder {
             started: Instant::now(),
             recording: None,
             meta,
+            iterations: None,
         };
         // Recording starts last: nothing here may allocate or free after it (the metadata is
         // kept in the session and freed after recording stops).
@@ -322,6 +323,7 @@ pub struct Session {
     started: Instant,
     recording: Option<Active>,
     meta: Metadata,
+    iterations: Option<u64>,
 }
 
 /// The recorder a session runs.
@@ -331,6 +333,13 @@ enum Active {
 }
 
 impl Active {
+    fn set_iterations(&mut self, n: u64) {
+        match self {
+            Active::Ebpf(r) => r.set_iterations(n),
+            Active::Alloc(r) => r.set_iterations(n),
+        }
+    }
+
     /// Stops recording and finishes the artifact: what was written and the lost-event count.
     fn stop(self) -> Result<(Written, u64)> {
         match self {
@@ -352,6 +361,16 @@ impl Session {
         &self.path
     }
 
+    /// Declares that the session covers `n` iterations of a measured routine: the artifact
+    /// stores `n` ([`Final::iterations`](crate::Final::iterations)), and the summary line,
+    /// `memtrack show` and `memtrack compare` give allocations and bytes per iteration, which
+    /// stay comparable when the number of iterations varies from run to run (criterion's
+    /// [`Profiler`](crate::criterion::Profiler) does this). Call it before
+    /// [`Session::finish`]; the last call counts.
+    pub fn set_iterations(&mut self, n: u64) {
+        self.iterations = Some(n);
+    }
+
     /// Stops recording, finishes the artifact (replacing any file of the same name
     /// atomically) and returns the report. Prints the summary line unless quiet. With limits
     /// (see [`SessionBuilder::max_allocations`]) that the report violates, returns
@@ -362,12 +381,15 @@ impl Session {
     }
 
     fn finish_inner(&mut self) -> Result<Report> {
-        let Some(recording) = self.recording.take() else {
+        let Some(mut recording) = self.recording.take() else {
             return Err(Error::InvalidOption(
                 "the session is already finished".into(),
             ));
         };
         let duration = self.started.elapsed();
+        if let Some(n) = self.iterations {
+            recording.set_iterations(n);
+        }
         let result = recording.stop().and_then(|(written, lost_events)| {
             std::fs::rename(&self.partial, &self.path).map_err(|e| {
                 Error::io(
@@ -388,6 +410,7 @@ impl Session {
                 artifact_bytes: written.bytes,
                 totals: written.totals,
                 backend: self.meta.backend,
+                iterations: self.iterations,
             })
         });
         set_idle();
@@ -430,6 +453,9 @@ pub struct Report {
     pub artifact_bytes: u64,
     /// The recorder that produced it.
     pub backend: Backend,
+    /// Iterations of a measured routine the session covers, if declared
+    /// ([`Session::set_iterations`]): then allocations and bytes are also given per iteration.
+    pub iterations: Option<u64>,
 }
 
 impl Report {
@@ -466,9 +492,18 @@ impl Report {
                 human::plural(self.lost_events, "event", "events")
             )
         };
+        let per_iteration = match self.iterations {
+            Some(n) => format!(
+                "per iteration (of {}): {:.2} allocations, {} allocated; over all of them: ",
+                human::count(n),
+                t.allocations as f64 / n.max(1) as f64,
+                human::bytes_f64(t.bytes_allocated as f64 / n.max(1) as f64),
+            ),
+            None => String::new(),
+        };
         format!(
-            "memtrack: {} — {}, {} allocated in total; peak live heap {}; still live at the \
-             end: {} ({}); {} → {}",
+            "memtrack: {} — {per_iteration}{}, {} allocated in total; peak live heap {}; still \
+             live at the end: {} ({}); {} → {}",
             self.name,
             human::plural(t.allocations, "allocation", "allocations"),
             human::bytes(t.bytes_allocated),
@@ -549,7 +584,7 @@ mod tests {
         Report {
             name: "parse".into(),
             path: PathBuf::from("t/parse.memtrack"),
-            totals: crate::Totals {
+            totals: Totals {
                 allocations,
                 bytes_allocated: 1_572_864,
                 peak_live_bytes: 1536,
@@ -562,6 +597,7 @@ mod tests {
             events: 0,
             artifact_bytes: 0,
             backend: Backend::Ebpf,
+            iterations: None,
         }
     }
 

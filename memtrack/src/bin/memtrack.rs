@@ -211,6 +211,8 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
     let (t, sizes) = (a.totals(), sizes.classes());
     let meta = reader.metadata();
     let lost = reader.final_metadata().map(|f| f.lost_events);
+    let iterations = reader.final_metadata().and_then(|f| f.iterations);
+    let per_iteration = |v: u64| iterations.map(|n| v as f64 / n.max(1) as f64);
     let (major, minor) = reader.version();
     if json {
         let mut v = serde_json::json!({
@@ -237,6 +239,13 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             "file_bytes": reader.file_bytes(),
             "size_classes": sizes,
         });
+        if let Some(n) = iterations {
+            v["iterations"] = n.into();
+            v["per_iteration"] = serde_json::json!({
+                "allocations": per_iteration(t.allocations),
+                "bytes_allocated": per_iteration(t.bytes_allocated),
+            });
+        }
         if threads {
             v["per_thread"] = t
                 .per_thread
@@ -299,6 +308,19 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             format!("{} lost", human::plural(n, "event", "events"))
         })
     );
+    if let (Some(n), Some(a), Some(b)) = (
+        iterations,
+        per_iteration(t.allocations),
+        per_iteration(t.bytes_allocated),
+    ) {
+        let _ = writeln!(
+            o,
+            "  per iteration {a:.2} allocations, {} allocated (over {}; the totals below \
+             cover them all)",
+            human::bytes_f64(b),
+            human::plural(n, "iteration", "iterations")
+        );
+    }
     let _ = writeln!(
         o,
         "  allocations   {} ({} allocated in total)",

@@ -296,6 +296,7 @@ impl Tracker {
             tracker: self,
             poller: Some(poller),
             drops_at_start,
+            iterations: None,
             _out: PhantomData,
         })
     }
@@ -328,6 +329,7 @@ pub struct Recording<'t, W: Write + Send + 'static> {
     tracker: &'t Tracker,
     poller: Option<PollerRecording>,
     drops_at_start: u64,
+    iterations: Option<u64>,
     _out: PhantomData<fn() -> W>,
 }
 
@@ -342,6 +344,12 @@ pub struct Recorded {
 }
 
 impl<W: Write + Send + 'static> Recording<'_, W> {
+    /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine
+    /// (see [`Final::iterations`](crate::Final::iterations)).
+    pub fn set_iterations(&mut self, n: u64) {
+        self.iterations = Some(n);
+    }
+
     /// Stops recording: switch off, drain the ring buffer's tail, finish the artifact.
     pub fn stop(mut self) -> crate::Result<Recorded> {
         self.stop_inner()
@@ -371,6 +379,10 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         let encoder = drained.encoder::<W>().ok_or_else(|| {
             TrackerError::InvalidOption("the poller returned another recording's encoder".into())
         })?;
+        let mut encoder = encoder;
+        if let Some(n) = self.iterations {
+            encoder.set_iterations(n);
+        }
         let written = encoder.finish(lost_events)?;
         if let Some(e) = push_error {
             return Err(e);
