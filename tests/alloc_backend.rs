@@ -24,7 +24,7 @@ fn session(name: &str) -> memtrack::Session {
 }
 
 fn events(report: &memtrack::Report) -> Vec<Event> {
-    let r = Reader::open(&report.path).expect("artifact");
+    let r = Reader::open(report.path.as_ref().expect("a file")).expect("artifact");
     assert_eq!(r.metadata().backend, Backend::Alloc);
     r.events().collect::<Result<_, _>>().expect("decode")
 }
@@ -301,6 +301,96 @@ fn limit_panic_points_at_the_users_function() {
     );
 }
 
+/// Three blocks live at once, all freed: exactly the expectation.
+#[memtrack(
+    name = "alloc_expect",
+    backend = "alloc",
+    in_memory,
+    allocations = 3,
+    max_blocks = 3,
+    no_leaks
+)]
+fn expectation_kept() {
+    let a: Vec<u8> = black_box(Vec::with_capacity(100));
+    let b = black_box(Box::new([7u64; 8]));
+    let c = black_box(vec![0u8; 1000]);
+    drop((a, b, c));
+}
+
+#[memtrack(
+    name = "alloc_expect_off",
+    backend = "alloc",
+    in_memory,
+    allocations = 2,
+    max_blocks = 2
+)]
+fn expectation_missed() {
+    expectation_kept_body();
+}
+
+fn expectation_kept_body() {
+    let a: Vec<u8> = black_box(Vec::with_capacity(100));
+    let b = black_box(Box::new([7u64; 8]));
+    let c = black_box(vec![0u8; 1000]);
+    drop((a, b, c));
+}
+
+/// `allocations = N` and `max_blocks` on the attribute and the builder, in memory: no file.
+fn expectations_and_in_memory_sessions() {
+    let dir = std::path::PathBuf::from(std::env::var_os("MEMTRACK_DIR").unwrap());
+    expectation_kept();
+    assert!(!dir.join("alloc_expect.memtrack").exists());
+    assert!(!dir.join("alloc_expect.memtrack.partial").exists());
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let err = std::panic::catch_unwind(expectation_missed).expect_err("3 allocations, not 2");
+    std::panic::set_hook(hook);
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert_eq!(
+        msg,
+        "memtrack: alloc_expect_off — allocations 3, expected exactly 2 (allocations = 2); \
+         peak live blocks 3 > max_blocks 2 → not written (in-memory session)"
+    );
+
+    let builder = || {
+        SessionBuilder::new("alloc_builder_expect")
+            .backend(BackendChoice::Alloc)
+            .in_memory(true)
+            .quiet(true)
+    };
+    let s = builder()
+        .expect_allocations(3)
+        .max_blocks(3)
+        .start()
+        .unwrap();
+    assert_eq!(s.path(), None);
+    expectation_kept_body();
+    let r = s.finish().expect("exactly 3 allocations, 3 blocks at once");
+    assert_eq!(r.path, None);
+    assert_eq!((r.totals.allocations, r.totals.peak_live_blocks), (3, 3));
+    assert!(!dir.join("alloc_builder_expect.memtrack").exists());
+
+    let s = builder().min_allocations(4).start().unwrap();
+    expectation_kept_body();
+    match s.finish() {
+        Err(memtrack::Error::LimitExceeded { violations, .. }) => assert_eq!(
+            violations,
+            vec![memtrack::Violation::TooFewAllocations {
+                measured: 3,
+                min: 4
+            }]
+        ),
+        other => panic!("{other:?}"),
+    }
+    let err = builder()
+        .expect_allocations(3)
+        .max_allocations(2)
+        .start()
+        .err()
+        .expect("contradictory limits are refused");
+    assert!(err.to_string().contains("keep one"), "{err}");
+}
+
 fn root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
@@ -367,6 +457,10 @@ fn main() {
         (
             "attribute_with_the_allocator_backend_and_limits",
             attribute_with_the_allocator_backend_and_limits,
+        ),
+        (
+            "expectations_and_in_memory_sessions",
+            expectations_and_in_memory_sessions,
         ),
         (
             "limit_panic_points_at_the_users_function",

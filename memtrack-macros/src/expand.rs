@@ -2,7 +2,7 @@
 //!
 //! ```ignore
 //! fn f(args) -> R {
-//!     let __memtrack_guard = ::memtrack::__private::start(NAME, OUTPUT, BACKEND, FAIL);
+//!     let __memtrack_guard = ::memtrack::__private::start(NAME, OUTPUT, BACKEND, IN_MEMORY, FAIL);
 //!     BODY'S STATEMENTS
 //! }
 //! ```
@@ -59,13 +59,17 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
         Some(b) => quote!(::core::option::Option::Some(#b)),
         None => quote!(::core::option::Option::None),
     };
+    let in_memory = match args.in_memory {
+        Some(span) => quote_spanned!(span=> true),
+        None => quote!(false),
+    };
     // The location a failure reports: `panic!` spanned at the function's name.
     let fn_span = item.sig.ident.span();
     let fail = quote_spanned! {fn_span=>
         |__memtrack_message: ::std::string::String| ::core::panic!("{}", __memtrack_message)
     };
     let start = if args.limits.is_empty() {
-        quote!(#krate::__private::start(#name, #output, #backend, #fail))
+        quote!(#krate::__private::start(#name, #output, #backend, #in_memory, #fail))
     } else {
         let l = &args.limits;
         // Each value keeps the span of the user's literal.
@@ -78,6 +82,15 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
             .max_allocations
             .map(value)
             .map(|n| quote!(.max_allocations(#n)));
+        let allocations = l
+            .allocations
+            .map(value)
+            .map(|n| quote!(.expect_allocations(#n)));
+        let min_allocations = l
+            .min_allocations
+            .map(value)
+            .map(|n| quote!(.min_allocations(#n)));
+        let max_blocks = l.max_blocks.map(value).map(|n| quote!(.max_blocks(#n)));
         let max_bytes = l.max_bytes.map(value).map(|n| quote!(.max_bytes(#n)));
         let max_peak = l.max_peak.map(value).map(|n| quote!(.max_peak(#n)));
         let no_leaks = l.no_leaks.map(|span| quote_spanned!(span=> .no_leaks()));
@@ -86,8 +99,11 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
                 #name,
                 #output,
                 #backend,
+                #in_memory,
                 #fail,
-                #krate::__private::Limits::new() #max_allocations #max_bytes #max_peak #no_leaks,
+                #krate::__private::Limits::new()
+                    #max_allocations #allocations #min_allocations #max_bytes #max_peak
+                    #max_blocks #no_leaks,
             )
         }
     };

@@ -19,8 +19,14 @@ pub struct Guard {
 /// Starts the session of a `#[memtrack]` function, after any session running in this process
 /// ends (so parallel tests take turns). Never panics: if recording cannot start, it says why
 /// on stderr and the function runs unrecorded.
-pub fn start(name: &str, output: Option<&str>, backend: Option<&str>, fail: fn(String)) -> Guard {
-    start_limited(name, output, backend, fail, Limits::new())
+pub fn start(
+    name: &str,
+    output: Option<&str>,
+    backend: Option<&str>,
+    in_memory: bool,
+    fail: fn(String),
+) -> Guard {
+    start_limited(name, output, backend, in_memory, fail, Limits::new())
 }
 
 /// [`start`] for a `#[memtrack(max_allocations = …, …)]` function: when the guard is dropped,
@@ -33,10 +39,13 @@ pub fn start_limited(
     name: &str,
     output: Option<&str>,
     backend: Option<&str>,
+    in_memory: bool,
     fail: fn(String),
     limits: Limits,
 ) -> Guard {
-    let mut b = SessionBuilder::new(name).limits(limits);
+    let mut b = SessionBuilder::new(name)
+        .limits(limits)
+        .in_memory(in_memory);
     if let Some(dir) = output {
         b = b.output_dir(dir);
     }

@@ -160,6 +160,7 @@ mod tests {
             assert!(debug.contains("#[global_allocator]"), "{debug}");
         }
         assert!(format!("{:?}", Error::NoBackend).contains("CAP_BPF and CAP_PERFMON"));
+        #[allow(clippy::unnecessary_literal_unwrap)] // the point: what `.unwrap()` prints
         let unwrapped = std::panic::catch_unwind(|| {
             Err::<(), _>(Error::InvalidOption(
                 "workers must be at least 1 (got 0)".into(),

@@ -12,6 +12,7 @@
 //! that, leaving only `<name>.memtrack.partial`, whose complete frames `memtrack show` recovers.
 
 use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -52,6 +53,7 @@ pub struct SessionBuilder {
     workers: usize,
     limits: Limits,
     backend: Option<BackendChoice>,
+    in_memory: bool,
 }
 
 /// Which recorder a session uses. A session uses exactly one, so no allocation is ever
@@ -140,6 +142,7 @@ impl SessionBuilder {
             workers: 1,
             limits: Limits::new(),
             backend: None,
+            in_memory: false,
         }
     }
 
@@ -161,6 +164,15 @@ impl SessionBuilder {
     /// process sets it: the tracker is loaded once.
     pub fn ringbuf_mib(mut self, mib: u64) -> Self {
         self.ringbuf_bytes = Some(mib << 20);
+        self
+    }
+
+    /// Write no artifact: the events are analysed as they stream and then dropped, and the
+    /// [`Report`] (and the limits checked against it) is all that remains; its
+    /// [`Report::path`] is `None` and the summary line says "not written (in-memory
+    /// session)". For tests that only assert: nothing to clean up, no output directory needed.
+    pub fn in_memory(mut self, in_memory: bool) -> Self {
+        self.in_memory = in_memory;
         self
     }
 
@@ -196,6 +208,27 @@ impl SessionBuilder {
     /// [`SessionBuilder::max_allocations`]).
     pub fn max_peak(mut self, bytes: u64) -> Self {
         self.limits = self.limits.max_peak(bytes);
+        self
+    }
+
+    /// Fail [`Session::finish`] unless the session makes exactly `n` allocations: for tests that
+    /// pin a count. Cannot be combined with [`SessionBuilder::max_allocations`] or
+    /// [`SessionBuilder::min_allocations`] ([`SessionBuilder::start`] says so).
+    pub fn expect_allocations(mut self, n: u64) -> Self {
+        self.limits = self.limits.expect_allocations(n);
+        self
+    }
+
+    /// Fail [`Session::finish`] if the session makes fewer than `n` allocations (`n` passes).
+    pub fn min_allocations(mut self, n: u64) -> Self {
+        self.limits = self.limits.min_allocations(n);
+        self
+    }
+
+    /// Fail [`Session::finish`] if more than `n` heap blocks are ever live at once (the peak
+    /// of live blocks; see [`SessionBuilder::max_allocations`]).
+    pub fn max_blocks(mut self, n: u64) -> Self {
+        self.limits = self.limits.max_blocks(n);
         self
     }
 
@@ -236,6 +269,7 @@ impl SessionBuilder {
                 "workers must be at least 1 (got 0)".into(),
             ));
         }
+        self.limits.validate()?;
         {
             let mut active = ACTIVE.lock().unwrap_or_else(|e| e.into_inner());
             while wait && active.is_some() {
@@ -267,21 +301,27 @@ impl SessionBuilder {
         } else {
             None
         };
-        let dir = match self.output_dir {
-            Some(d) => d,
-            None => default_output_dir(),
+        let (path, partial, file) = if self.in_memory {
+            (PathBuf::new(), PathBuf::new(), Out::Discard)
+        } else {
+            let dir = match self.output_dir {
+                Some(d) => d,
+                None => default_output_dir(),
+            };
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+            let file_name = sanitize(&self.name);
+            let path = dir.join(format!("{file_name}.memtrack"));
+            let partial = dir.join(format!("{file_name}.memtrack.partial"));
+            drop((dir, file_name));
+            let file = File::create(&partial)
+                .map_err(|e| Error::io(format!("creating {}", partial.display()), e))?;
+            (path, partial, Out::File(file))
         };
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        let file_name = sanitize(&self.name);
-        let path = dir.join(format!("{file_name}.memtrack"));
-        let partial = dir.join(format!("{file_name}.memtrack.partial"));
-        drop((dir, file_name));
-        let file = File::create(&partial)
-            .map_err(|e| Error::io(format!("creating {}", partial.display()), e))?;
         let meta = Metadata::now(std::process::id(), backend).with_name(&self.name);
         let mut session = Session {
             name: self.name,
+            in_memory: self.in_memory,
             path,
             partial,
             quiet: self.quiet,
@@ -303,7 +343,9 @@ impl SessionBuilder {
         match started {
             Ok(r) => session.recording = Some(r),
             Err(e) => {
-                let _ = std::fs::remove_file(&session.partial);
+                if !session.in_memory {
+                    let _ = std::fs::remove_file(&session.partial);
+                }
                 return Err(e);
             }
         }
@@ -316,6 +358,8 @@ impl SessionBuilder {
 #[must_use = "the session records until it is finished or dropped"]
 pub struct Session {
     name: String,
+    /// No artifact: `path` and `partial` are empty.
+    in_memory: bool,
     path: PathBuf,
     partial: PathBuf,
     quiet: bool,
@@ -326,10 +370,39 @@ pub struct Session {
     iterations: Option<u64>,
 }
 
+/// Where a session's events go once encoded: its `.partial` file, or nowhere (in memory).
+enum Out {
+    File(File),
+    Discard,
+}
+
+impl Write for Out {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Out::File(f) => f.write(buf),
+            Out::Discard => Ok(buf.len()),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match self {
+            Out::File(f) => f.write_all(buf),
+            Out::Discard => Ok(()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Out::File(f) => f.flush(),
+            Out::Discard => Ok(()),
+        }
+    }
+}
+
 /// The recorder a session runs.
 enum Active {
-    Ebpf(Recording<'static, File>),
-    Alloc(AllocRecording<File>),
+    Ebpf(Recording<'static, Out>),
+    Alloc(AllocRecording<Out>),
 }
 
 impl Active {
@@ -356,9 +429,10 @@ impl Session {
         &self.name
     }
 
-    /// Where the artifact will be once the session is finished.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Where the artifact will be once the session is finished; `None` for an in-memory
+    /// session ([`SessionBuilder::in_memory`]).
+    pub fn path(&self) -> Option<&Path> {
+        (!self.in_memory).then_some(self.path.as_path())
     }
 
     /// Declares that the session covers `n` iterations of a measured routine: the artifact
@@ -391,19 +465,23 @@ impl Session {
             recording.set_iterations(n);
         }
         let result = recording.stop().and_then(|(written, lost_events)| {
-            std::fs::rename(&self.partial, &self.path).map_err(|e| {
-                Error::io(
-                    format!(
-                        "renaming {} to {}",
-                        self.partial.display(),
-                        self.path.display()
-                    ),
-                    e,
-                )
-            })?;
+            if self.in_memory {
+                // Nothing to rename.
+            } else {
+                std::fs::rename(&self.partial, &self.path).map_err(|e| {
+                    Error::io(
+                        format!(
+                            "renaming {} to {}",
+                            self.partial.display(),
+                            self.path.display()
+                        ),
+                        e,
+                    )
+                })?;
+            }
             Ok(Report {
                 name: self.name.clone(),
-                path: self.path.clone(),
+                path: (!self.in_memory).then(|| self.path.clone()),
                 lost_events,
                 duration,
                 events: written.events,
@@ -439,8 +517,8 @@ impl Drop for Session {
 pub struct Report {
     /// The session's name.
     pub name: String,
-    /// The artifact.
-    pub path: PathBuf,
+    /// The artifact; `None` for an in-memory session ([`SessionBuilder::in_memory`]).
+    pub path: Option<PathBuf>,
     /// Totals over every event (see the accounting rules in [`Totals`]), with per-thread totals.
     pub totals: Totals,
     /// Events lost because the ring buffer was full: non-zero means the numbers are incomplete.
@@ -472,6 +550,14 @@ impl Report {
     /// Maximum of live heap bytes.
     pub fn peak_live_bytes(&self) -> u64 {
         self.totals.peak_live_bytes
+    }
+
+    /// The artifact's path for messages, or `not written (in-memory session)`.
+    pub fn where_written(&self) -> String {
+        match &self.path {
+            Some(p) => p.display().to_string(),
+            None => "not written (in-memory session)".into(),
+        }
     }
 
     /// The one-line summary printed when a session ends, e.g.
@@ -511,7 +597,7 @@ impl Report {
             human::plural(t.live_blocks_at_end, "block", "blocks"),
             human::bytes(t.live_bytes_at_end),
             lost,
-            self.path.display()
+            self.where_written()
         ) + if self.backend == Backend::Alloc {
             " (Rust allocator only: C/libc allocations and mmaps are not covered)"
         } else {
@@ -583,7 +669,7 @@ mod tests {
     fn report(allocations: u64, live_blocks: u64, lost_events: u64) -> Report {
         Report {
             name: "parse".into(),
-            path: PathBuf::from("t/parse.memtrack"),
+            path: Some(PathBuf::from("t/parse.memtrack")),
             totals: Totals {
                 allocations,
                 bytes_allocated: 1_572_864,
@@ -615,6 +701,14 @@ mod tests {
             "memtrack: parse — 1 allocation, 1.5 MiB allocated in total; peak live heap \
              1.5 KiB; still live at the end: 1 block (48 B); 1 event LOST (the numbers are \
              incomplete: raise the ring buffer size) → t/parse.memtrack"
+        );
+        let mut r = report(2, 0, 0);
+        r.path = None;
+        assert!(
+            r.summary_line()
+                .ends_with("; no events lost → not written (in-memory session)"),
+            "{}",
+            r.summary_line()
         );
     }
 

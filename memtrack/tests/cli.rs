@@ -188,7 +188,7 @@ fn show_says_what_each_number_is_with_correct_plurals() {
         ", 1 frame)",
         "  events        3 over 0.000 ms, from 1 thread, 1 event lost\n",
         "  allocations   2 (64 B allocated in total)\n",
-        "  peak live     64 B of heap\n",
+        "  peak live     64 B of heap; at most 2 blocks live at once\n",
         "  live at end   1 block (48 B) allocated while recording and not freed\n",
     ] {
         assert!(show.contains(line), "{line:?} in:\n{show}");

@@ -95,6 +95,14 @@ fn limited() -> u32 {
     7
 }
 
+#[memtrack(in_memory, allocations = 3, max_blocks = 2, max_peak = 1_000)]
+fn expectations() -> u32 {
+    7
+}
+
+#[memtrack(min_allocations = 1, max_allocations = 1, in_memory)]
+fn min_and_max() {}
+
 struct S(u32);
 
 impl S {
@@ -128,6 +136,6 @@ fn main() {
     let _ = (answer, answer_limited, one_line_unit);
     let _ = (unit, unit_statement, block_tail, early_return, question_mark);
     let _ = (generic::<u8>, borrowed, opaque, unsafe_body, match_tail, with_item, limited);
-    let _ = (S::get, S::take, S::set, must_use);
+    let _ = (S::get, S::take, S::set, must_use, expectations, min_and_max);
     let _: fn() -> ! = diverges;
 }

@@ -178,7 +178,7 @@ fn load(path: &Path) -> Result<Benchmark, String> {
         ));
     }
     let totals = super::analyse(&reader, "reading").map_err(|e| e.to_string())?;
-    if totals != fin.totals {
+    if !super::stored_totals_agree(&reader, &totals) {
         return Err(format!(
             "{}: the totals stored in the trailer differ from the decoded events: the artifact \
              is corrupt",
