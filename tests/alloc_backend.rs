@@ -43,6 +43,21 @@ fn exact_counts() {
     assert_eq!((t.frees, t.bytes_freed, t.live_blocks_at_end), (3, 1164, 0));
     assert_eq!(t.kinds.get(memtrack::KindTag::Calloc), 1);
     assert_eq!((r.lost_events, r.backend), (0, Backend::Alloc));
+    // The report carries the size histogram and the timeline, computed while streaming.
+    let sizes: Vec<(u64, u64, u64, u64)> = r
+        .sizes
+        .iter()
+        .map(|c| (c.min, c.max, c.allocations, c.bytes))
+        .collect();
+    assert_eq!(
+        sizes,
+        vec![(33, 64, 1, 64), (65, 128, 1, 100), (513, 1024, 1, 1000)]
+    );
+    let cols: Vec<_> = r.timeline.columns().collect();
+    assert_eq!(cols.iter().map(|c| c.events).sum::<u64>(), 6);
+    assert_eq!(cols.iter().map(|c| c.heap.max).max(), Some(1164));
+    assert_eq!(cols.last().map(|c| c.heap.last), Some(0));
+    assert_eq!(r.timeline.first_ts(), t.first_ts);
     assert!(
         r.summary_line().contains("Rust allocator only"),
         "{}",

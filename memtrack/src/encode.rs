@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::thread::JoinHandle;
 
-use crate::analysis::{Analyzer, Totals};
+use crate::analysis::{Analyzer, SizeClass, SizeHistogram, Timeline, Totals};
 use crate::artifact::{Final, FrameWriter, Metadata, encode_frame, monotonic_ns};
 use crate::artifact::{FrameScratch, MAX_FRAME_EVENTS};
 use crate::error::{Error, Result};
@@ -131,7 +131,16 @@ pub struct Written {
     pub bytes: u64,
     /// Totals over every event, computed while streaming (also stored in the trailer).
     pub totals: Totals,
+    /// Allocations by size class (the non-empty classes), computed while streaming.
+    pub sizes: Vec<SizeClass>,
+    /// Live heap and mapped bytes over time in [`TIMELINE_COLUMNS`] columns (a
+    /// [`Timeline::growing`] from the first event), computed while streaming.
+    pub timeline: Timeline,
 }
+
+/// Columns of the [`Written::timeline`] (and a session report's): enough for a terminal-wide
+/// chart; a plot at full resolution reads the artifact (`memtrack plot`).
+pub const TIMELINE_COLUMNS: usize = 256;
 
 /// The final metadata the producer knows: lost events, end time, iterations.
 #[derive(Clone, Copy)]
@@ -318,6 +327,8 @@ fn writer_loop<W: Write + Send>(
     let mut batch: Vec<Vec<Event>> = Vec::with_capacity(window);
     let mut outs: Vec<Vec<u8>> = (0..window).map(|_| Vec::new()).collect();
     let mut analyzer = Analyzer::new();
+    let mut sizes = SizeHistogram::new();
+    let mut timeline = Timeline::growing(TIMELINE_COLUMNS).expect("a valid column count");
     let mut lost = None;
     loop {
         // Block for one frame, then take whatever else is already queued, up to `window`.
@@ -343,8 +354,11 @@ fn writer_loop<W: Write + Send>(
             for ((f, out), r) in batch.iter().zip(outs.iter_mut()).zip(results.iter_mut()) {
                 s.spawn(move |_| *r = compress(f, level, out));
             }
-            for f in &batch {
-                analyzer.update_all(f);
+            // Sizes and timeline beside the totals: 23.7 instead of 20.0 ns/event on this thread
+            // (1 M synth events, best of 15), which overlaps the compression on the pool.
+            for e in batch.iter().flatten() {
+                timeline.update(&mut analyzer, e);
+                sizes.update(e);
             }
         });
         let compressed: Result<()> = results.into_iter().collect();
@@ -379,6 +393,8 @@ fn writer_loop<W: Write + Send>(
             events,
             bytes,
             totals,
+            sizes: sizes.classes(),
+            timeline,
         },
     })
 }

@@ -417,6 +417,8 @@ mod tests {
             duration: Duration::ZERO,
             events: 0,
             artifact_bytes: 0,
+            sizes: Vec::new(),
+            timeline: crate::Timeline::growing(1).unwrap(),
             backend: crate::Backend::Ebpf,
             iterations: None,
         }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::analysis::Totals;
+use crate::analysis::{SizeClass, Timeline, Totals};
 use crate::artifact::{Backend, Metadata};
 use crate::encode::EncoderOptions;
 use crate::encode::Written;
@@ -487,6 +487,8 @@ impl Session {
                 events: written.events,
                 artifact_bytes: written.bytes,
                 totals: written.totals,
+                sizes: written.sizes,
+                timeline: written.timeline,
                 backend: self.meta.backend,
                 iterations: self.iterations,
             })
@@ -521,6 +523,13 @@ pub struct Report {
     pub path: Option<PathBuf>,
     /// Totals over every event (see the accounting rules in [`Totals`]), with per-thread totals.
     pub totals: Totals,
+    /// Allocations by size class, the non-empty classes, smallest first (what `memtrack show`
+    /// tabulates), computed while streaming.
+    pub sizes: Vec<SizeClass>,
+    /// Live heap and mapped bytes over the session, downsampled to
+    /// [`TIMELINE_COLUMNS`](crate::TIMELINE_COLUMNS) columns without losing extremes (the
+    /// column holding the peak has it as its `heap.max`), computed while streaming.
+    pub timeline: Timeline,
     /// Events lost because the ring buffer was full: non-zero means the numbers are incomplete.
     pub lost_events: u64,
     /// Wall-clock time the session recorded.
@@ -682,6 +691,8 @@ mod tests {
             duration: Duration::ZERO,
             events: 0,
             artifact_bytes: 0,
+            sizes: Vec::new(),
+            timeline: Timeline::growing(1).unwrap(),
             backend: Backend::Ebpf,
             iterations: None,
         }
