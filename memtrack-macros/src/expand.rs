@@ -3,7 +3,7 @@
 //! ```ignore
 //! fn f(args) -> R {
 //!     let __memtrack_guard = ::memtrack::__private::start(NAME, OUTPUT, BACKEND, IN_MEMORY, FAIL);
-//!     BODY'S STATEMENTS
+//!     BODY_STATEMENTS
 //! }
 //! ```
 //! The guard is the first local, so it is dropped last: after every local of the body and
