@@ -29,7 +29,7 @@ fn main() -> Result<(), memtrack::Error> {
     for (tid, th) in &t.per_thread {
         println!("thread {tid}: {} allocations", th.allocations);
     }
-    println!("artifact         {}", report.path.display());
+    println!("artifact         {}", report.where_written());
     drop(kept);
     Ok(())
 }

@@ -24,7 +24,7 @@ fn session(name: &str) -> memtrack::Session {
 }
 
 fn events(report: &memtrack::Report) -> Vec<Event> {
-    let r = Reader::open(&report.path).expect("artifact");
+    let r = Reader::open(report.path.as_ref().expect("a file")).expect("artifact");
     assert_eq!(r.metadata().backend, Backend::Alloc);
     r.events().collect::<Result<_, _>>().expect("decode")
 }
@@ -43,6 +43,21 @@ fn exact_counts() {
     assert_eq!((t.frees, t.bytes_freed, t.live_blocks_at_end), (3, 1164, 0));
     assert_eq!(t.kinds.get(memtrack::KindTag::Calloc), 1);
     assert_eq!((r.lost_events, r.backend), (0, Backend::Alloc));
+    // The report carries the size histogram and the timeline, computed while streaming.
+    let sizes: Vec<(u64, u64, u64, u64)> = r
+        .sizes
+        .iter()
+        .map(|c| (c.min, c.max, c.allocations, c.bytes))
+        .collect();
+    assert_eq!(
+        sizes,
+        vec![(33, 64, 1, 64), (65, 128, 1, 100), (513, 1024, 1, 1000)]
+    );
+    let cols: Vec<_> = r.timeline.columns().collect();
+    assert_eq!(cols.iter().map(|c| c.events).sum::<u64>(), 6);
+    assert_eq!(cols.iter().map(|c| c.heap.max).max(), Some(1164));
+    assert_eq!(cols.last().map(|c| c.heap.last), Some(0));
+    assert_eq!(r.timeline.first_ts(), t.first_ts);
     assert!(
         r.summary_line().contains("Rust allocator only"),
         "{}",
@@ -235,6 +250,63 @@ fn criterion_measurement_counts() {
     assert_eq!(bytes, 50 * 64 + 50 * 65 + 100 * 8);
 }
 
+/// One criterion `--profile-time` run of a routine making exactly one 64-byte allocation per
+/// iteration, under memtrack's `Profiler`; returns the artifact's totals and iterations.
+fn profile_once(seconds: f64, copy_to: &str) -> (memtrack::Totals, Option<u64>) {
+    use memtrack::criterion::{Profiler, iteration};
+    let dir = std::path::PathBuf::from(std::env::var_os("MEMTRACK_DIR").unwrap());
+    let out = tempfile::tempdir().unwrap();
+    let mut c = criterion::Criterion::default()
+        .with_profiler(Profiler::new())
+        .output_directory(out.path())
+        .profile_time(Some(std::time::Duration::from_secs_f64(seconds)));
+    c.bench_function("alloc_profiled", |b| {
+        b.iter(|| iteration(|| black_box(vec![0u8; 64])))
+    });
+    let path = dir.join(copy_to);
+    std::fs::rename(dir.join("alloc_profiled.memtrack"), &path).unwrap();
+    let r = Reader::open(&path).unwrap();
+    let fin = r.final_metadata().unwrap();
+    assert_eq!(fin.lost_events, 0);
+    (fin.totals.clone(), fin.iterations)
+}
+
+/// Issue 9, defect 4: criterion picks a different number of iterations each run, so totals of
+/// the same code differ (`-37.50% improved`); per iteration they are the same.
+fn profiler_runs_of_the_same_code_compare_unchanged() {
+    use memtrack::{Benchmark, Comparison, Metric, Threshold, Verdict};
+    // SAFETY: the environment is only read by this single thread.
+    unsafe { std::env::set_var("MEMTRACK_BACKEND", "alloc") };
+    // Criterion warms up for 1 s (doubling the iterations per batch), then runs one batch of
+    // as many iterations as it estimates fit in the rest of the profile time.
+    let (short, short_it) = profile_once(2.5, "profiled_base.memtrack");
+    let (long, long_it) = profile_once(3.5, "profiled_head.memtrack");
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("MEMTRACK_BACKEND") };
+    let (short_it, long_it) = (short_it.expect("iterations"), long_it.expect("iterations"));
+    assert_ne!(short_it, long_it);
+    // One 64-byte block per iteration, plus criterion's own `Vec<f64>` of results for the
+    // batch after the warm-up (`Routine::bench` collects one value per batch: 8 bytes, live
+    // during it). The warm-up ends within about 2 s, so both runs have that batch.
+    for (t, it) in [(&short, short_it), (&long, long_it)] {
+        assert_eq!(
+            (t.allocations, t.bytes_allocated, t.peak_live_bytes),
+            (it + 1, 64 * it + 8, 64 + 8)
+        );
+    }
+    let bench = |t: memtrack::Totals, it| {
+        Benchmark::new("alloc_profiled", "x.memtrack", t).with_iterations(Some(it))
+    };
+    let c = Comparison::new(
+        &[bench(short, short_it)],
+        &[bench(long, long_it)],
+        &Metric::ALL,
+        Threshold::from_ppm(0),
+    );
+    let verdicts: Vec<_> = c.rows.iter().map(|r| r.verdict).collect();
+    assert_eq!(verdicts, vec![Verdict::Unchanged; 3], "{}", c.to_table());
+}
+
 /// Exactly 3 allocations: within `max_allocations = 3`.
 #[memtrack(name = "alloc_macro", backend = "alloc", max_allocations = 3, no_leaks)]
 fn macro_within_limits() {
@@ -267,6 +339,128 @@ fn attribute_with_the_allocator_backend_and_limits() {
     std::panic::set_hook(hook);
     let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("allocations 3 > max_allocations 2"), "{msg}");
+}
+
+/// The line of `fn located_violation` below (its name is where the failure points).
+const LOCATED_LINE: u32 = line!() + 3;
+
+#[memtrack(name = "alloc_located", backend = "alloc", max_allocations = 0)]
+fn located_violation() {
+    black_box(Vec::<u8>::with_capacity(8));
+}
+
+/// A violated limit panics in the guard's `Drop`; the location the panic reports must be the
+/// user's function, not memtrack's source (issue 9, defect 6).
+fn limit_panic_points_at_the_users_function() {
+    static SEEN: std::sync::Mutex<Option<(String, u32)>> = std::sync::Mutex::new(None);
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|info| {
+        let at = info.location().map(|l| (l.file().to_string(), l.line()));
+        *SEEN.lock().unwrap() = at;
+    }));
+    let err = std::panic::catch_unwind(located_violation).expect_err("1 allocation > 0");
+    std::panic::set_hook(hook);
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("allocations 1 > max_allocations 0"), "{msg}");
+    let (file, line) = SEEN
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the hook saw the panic");
+    assert_eq!(
+        (file.as_str(), line),
+        ("tests/alloc_backend.rs", LOCATED_LINE)
+    );
+}
+
+/// Three blocks live at once, all freed: exactly the expectation.
+#[memtrack(
+    name = "alloc_expect",
+    backend = "alloc",
+    in_memory,
+    allocations = 3,
+    max_blocks = 3,
+    no_leaks
+)]
+fn expectation_kept() {
+    let a: Vec<u8> = black_box(Vec::with_capacity(100));
+    let b = black_box(Box::new([7u64; 8]));
+    let c = black_box(vec![0u8; 1000]);
+    drop((a, b, c));
+}
+
+#[memtrack(
+    name = "alloc_expect_off",
+    backend = "alloc",
+    in_memory,
+    allocations = 2,
+    max_blocks = 2
+)]
+fn expectation_missed() {
+    expectation_kept_body();
+}
+
+fn expectation_kept_body() {
+    let a: Vec<u8> = black_box(Vec::with_capacity(100));
+    let b = black_box(Box::new([7u64; 8]));
+    let c = black_box(vec![0u8; 1000]);
+    drop((a, b, c));
+}
+
+/// `allocations = N` and `max_blocks` on the attribute and the builder, in memory: no file.
+fn expectations_and_in_memory_sessions() {
+    let dir = std::path::PathBuf::from(std::env::var_os("MEMTRACK_DIR").unwrap());
+    expectation_kept();
+    assert!(!dir.join("alloc_expect.memtrack").exists());
+    assert!(!dir.join("alloc_expect.memtrack.partial").exists());
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let err = std::panic::catch_unwind(expectation_missed).expect_err("3 allocations, not 2");
+    std::panic::set_hook(hook);
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert_eq!(
+        msg,
+        "memtrack: alloc_expect_off — allocations 3, expected exactly 2 (allocations = 2); \
+         peak live blocks 3 > max_blocks 2 → not written (in-memory session)"
+    );
+
+    let builder = || {
+        SessionBuilder::new("alloc_builder_expect")
+            .backend(BackendChoice::Alloc)
+            .in_memory(true)
+            .quiet(true)
+    };
+    let s = builder()
+        .expect_allocations(3)
+        .max_blocks(3)
+        .start()
+        .unwrap();
+    assert_eq!(s.path(), None);
+    expectation_kept_body();
+    let r = s.finish().expect("exactly 3 allocations, 3 blocks at once");
+    assert_eq!(r.path, None);
+    assert_eq!((r.totals.allocations, r.totals.peak_live_blocks), (3, 3));
+    assert!(!dir.join("alloc_builder_expect.memtrack").exists());
+
+    let s = builder().min_allocations(4).start().unwrap();
+    expectation_kept_body();
+    match s.finish() {
+        Err(memtrack::Error::LimitExceeded { violations, .. }) => assert_eq!(
+            violations,
+            vec![memtrack::Violation::TooFewAllocations {
+                measured: 3,
+                min: 4
+            }]
+        ),
+        other => panic!("{other:?}"),
+    }
+    let err = builder()
+        .expect_allocations(3)
+        .max_allocations(2)
+        .start()
+        .err()
+        .expect("contradictory limits are refused");
+    assert!(err.to_string().contains("keep one"), "{err}");
 }
 
 fn root() -> bool {
@@ -331,10 +525,22 @@ fn main() {
             sequential_sessions_are_independent,
         ),
         ("criterion_measurement_counts", criterion_measurement_counts),
+        (
+            "profiler_runs_of_the_same_code_compare_unchanged",
+            profiler_runs_of_the_same_code_compare_unchanged,
+        ),
         ("auto_picks_the_right_backend", auto_picks_the_right_backend),
         (
             "attribute_with_the_allocator_backend_and_limits",
             attribute_with_the_allocator_backend_and_limits,
+        ),
+        (
+            "expectations_and_in_memory_sessions",
+            expectations_and_in_memory_sessions,
+        ),
+        (
+            "limit_panic_points_at_the_users_function",
+            limit_panic_points_at_the_users_function,
         ),
         (
             "ebpf_is_refused_without_privileges",

@@ -14,14 +14,19 @@ pub(crate) struct Args {
     pub backend: Option<LitStr>,
     pub scope: Option<LitStr>,
     pub krate: Option<Path>,
+    pub in_memory: Option<Span>,
     pub limits: LimitArgs,
 }
 
-/// `max_allocations = N`, `max_bytes = N`, `max_peak = N` (non-negative integer literals, `_`
-/// separators allowed, no suffix) and the flag `no_leaks`; each value keeps its span.
+/// `max_allocations = N`, `allocations = N` (exactly), `min_allocations = N`, `max_bytes = N`,
+/// `max_peak = N`, `max_blocks = N` (non-negative integer literals, `_` separators allowed, no
+/// suffix) and the flag `no_leaks`; each value keeps its span.
 #[derive(Default)]
 pub(crate) struct LimitArgs {
     pub max_allocations: Option<(u64, Span)>,
+    pub allocations: Option<(u64, Span)>,
+    pub min_allocations: Option<(u64, Span)>,
+    pub max_blocks: Option<(u64, Span)>,
     pub max_bytes: Option<(u64, Span)>,
     pub max_peak: Option<(u64, Span)>,
     pub no_leaks: Option<Span>,
@@ -30,6 +35,9 @@ pub(crate) struct LimitArgs {
 impl LimitArgs {
     pub(crate) fn is_empty(&self) -> bool {
         self.max_allocations.is_none()
+            && self.allocations.is_none()
+            && self.min_allocations.is_none()
+            && self.max_blocks.is_none()
             && self.max_bytes.is_none()
             && self.max_peak.is_none()
             && self.no_leaks.is_none()
@@ -57,6 +65,12 @@ impl LimitArgs {
             &mut self.max_bytes
         } else if key.is_ident("max_peak") {
             &mut self.max_peak
+        } else if key.is_ident("allocations") {
+            &mut self.allocations
+        } else if key.is_ident("min_allocations") {
+            &mut self.min_allocations
+        } else if key.is_ident("max_blocks") {
+            &mut self.max_blocks
         } else {
             return Ok(false);
         };
@@ -65,6 +79,38 @@ impl LimitArgs {
         }
         *slot = Some(integer(meta)?);
         Ok(true)
+    }
+
+    /// Refuses limits no function can keep, spanned at the value that conflicts.
+    fn check_conflicts(&self) -> syn::Result<()> {
+        if let Some((n, _)) = self.allocations {
+            for (name, other) in [
+                ("max_allocations", self.max_allocations),
+                ("min_allocations", self.min_allocations),
+            ] {
+                if let Some((_, span)) = other {
+                    return Err(syn::Error::new(
+                        span,
+                        format!(
+                            "`allocations = {n}` already pins the count exactly: remove \
+                             `{name}`, or replace `allocations` with a range"
+                        ),
+                    ));
+                }
+            }
+        }
+        if let (Some((min, span)), Some((max, _))) = (self.min_allocations, self.max_allocations)
+            && min > max
+        {
+            return Err(syn::Error::new(
+                span,
+                format!(
+                    "`min_allocations = {min}` is above `max_allocations = {max}`: no function \
+                     can keep both"
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -168,6 +214,25 @@ impl Args {
                     if args.limits.take(&meta)? {
                         continue;
                     }
+                    if meta.path().is_ident("in_memory") {
+                        if args.in_memory.is_some() {
+                            return Err(twice(meta.path()));
+                        }
+                        let Meta::Path(p) = &meta else {
+                            return Err(syn::Error::new_spanned(
+                                &meta,
+                                "`in_memory` is a flag: write `in_memory`, without a value",
+                            ));
+                        };
+                        if args.output.is_some() {
+                            return Err(syn::Error::new_spanned(
+                                p,
+                                "`in_memory` writes no artifact, so `output` has no use: keep one",
+                            ));
+                        }
+                        args.in_memory = Some(p.span());
+                        continue;
+                    }
                     let key = meta.path();
                     let slot = if key.is_ident("name") {
                         &mut args.name
@@ -182,8 +247,9 @@ impl Args {
                             key,
                             "unknown #[memtrack] option: expected `name = \"…\"`, \
                              `output = \"…\"`, `backend = \"auto\"|\"ebpf\"|\"alloc\"`, \
-                             `scope = \"threads\"|\"process\"`, `crate = path`, `max_allocations = N`, \
-                             `max_bytes = N`, `max_peak = N` or `no_leaks`",
+                             `scope = \"threads\"|\"process\"`, `crate = path`, `in_memory`, \
+                             `max_allocations = N`, `allocations = N`, `min_allocations = N`, \
+                             `max_bytes = N`, `max_peak = N`, `max_blocks = N` or `no_leaks`",
                         ));
                     };
                     if slot.is_some() {
@@ -216,10 +282,17 @@ impl Args {
                              the threads it spawns, the default) or \"process\"",
                         ));
                     }
+                    if key.is_ident("output") && args.in_memory.is_some() {
+                        return Err(syn::Error::new_spanned(
+                            key,
+                            "`in_memory` writes no artifact, so `output` has no use: keep one",
+                        ));
+                    }
                     *slot = Some(value);
                 }
             }
         }
+        args.limits.check_conflicts()?;
         Ok(args)
     }
 }

@@ -2,21 +2,25 @@
 //!
 //! ```ignore
 //! fn f(args) -> R {
-//!     let __memtrack_guard = ::memtrack::__private::start(NAME, OUTPUT);
-//!     BODY
+//!     let __memtrack_guard = ::memtrack::__private::start(NAME, OUTPUT, BACKEND, IN_MEMORY, FAIL);
+//!     BODY_STATEMENTS
 //! }
 //! ```
 //! The guard is the first local, so it is dropped last: after every local of the body and
 //! during unwinding from a panic. The return value is moved out before that, so whatever the
-//! caller later does with it is not counted.
+//! caller later does with it is not counted. The body's statements are spliced into the
+//! function's block (not nested as a block of their own), so a body such as `{ 42 }` does not
+//! become `{ let g = …; { 42 } }`, which warns `unused_braces` in the user's crate.
 //!
-//! With limits, the guard comes from `start_limited(NAME, OUTPUT, Limits::new().max_bytes(N)…)`
-//! and its drop panics on a violated limit (see `memtrack::__private::start_limited`).
+//! With limits, the guard comes from `start_limited(NAME, OUTPUT, BACKEND, FAIL, Limits::new()
+//! .max_bytes(N)…)` and its drop fails on a violated limit. `FAIL` is a closure that panics,
+//! generated here with the span of the function's name: the panic happens in the guard's
+//! `Drop` (where `#[track_caller]` does not reach), but its location is the user's function,
+//! not memtrack's source.
 
 use proc_macro2::{Literal, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::ItemFn;
-use syn::spanned::Spanned;
 
 use crate::attr::Args;
 
@@ -59,8 +63,17 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
         Some(s) => quote!(::core::option::Option::Some(#s)),
         None => quote!(::core::option::Option::None),
     };
+    let in_memory = match args.in_memory {
+        Some(span) => quote_spanned!(span=> true),
+        None => quote!(false),
+    };
+    // The location a failure reports: `panic!` spanned at the function's name.
+    let fn_span = item.sig.ident.span();
+    let fail = quote_spanned! {fn_span=>
+        |__memtrack_message: ::std::string::String| ::core::panic!("{}", __memtrack_message)
+    };
     let start = if args.limits.is_empty() {
-        quote!(#krate::__private::start(#name, #output, #backend, #scope))
+        quote!(#krate::__private::start(#name, #output, #backend, #scope, #in_memory, #fail))
     } else {
         let l = &args.limits;
         // Each value keeps the span of the user's literal.
@@ -73,6 +86,15 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
             .max_allocations
             .map(value)
             .map(|n| quote!(.max_allocations(#n)));
+        let allocations = l
+            .allocations
+            .map(value)
+            .map(|n| quote!(.expect_allocations(#n)));
+        let min_allocations = l
+            .min_allocations
+            .map(value)
+            .map(|n| quote!(.min_allocations(#n)));
+        let max_blocks = l.max_blocks.map(value).map(|n| quote!(.max_blocks(#n)));
         let max_bytes = l.max_bytes.map(value).map(|n| quote!(.max_bytes(#n)));
         let max_peak = l.max_peak.map(value).map(|n| quote!(.max_peak(#n)));
         let no_leaks = l.no_leaks.map(|span| quote_spanned!(span=> .no_leaks()));
@@ -82,21 +104,18 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
                 #output,
                 #backend,
                 #scope,
-                #krate::__private::Limits::new() #max_allocations #max_bytes #max_peak #no_leaks,
+                #in_memory,
+                #fail,
+                #krate::__private::Limits::new()
+                    #max_allocations #allocations #min_allocations #max_bytes #max_peak
+                    #max_blocks #no_leaks,
             )
         }
     };
-    let body = &item.block;
-    let span = body.span();
-    let block = quote_spanned! {span=>
-        {
-            let __memtrack_guard = #start;
-            #body
-        }
-    };
-    match syn::parse2(block) {
-        Ok(b) => *item.block = b,
+    let guard: syn::Stmt = match syn::parse2(quote! { let __memtrack_guard = #start; }) {
+        Ok(s) => s,
         Err(e) => return e.to_compile_error(),
-    }
+    };
+    item.block.stmts.insert(0, guard);
     quote!(#item)
 }

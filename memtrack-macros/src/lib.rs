@@ -15,10 +15,14 @@
 //! Options: `name = "…"` (default: the function's path, e.g. `my_crate::bench::parse_json`),
 //! `output = "…"` (directory of the artifact; default `$MEMTRACK_DIR`, else
 //! `<target dir>/memtrack`), `crate = path` (where `memtrack` is, if renamed).
+//! `in_memory`: write no artifact (the report and its limits are all there is).
 //! Limits for tests: `max_allocations = N`, `max_bytes = N` (bytes allocated in total),
-//! `max_peak = N` (peak live heap bytes), `no_leaks` (no heap block live at the end); values
-//! are non-negative integer literals (`65_536`), each limit passes at its value, and a
-//! violation panics with the measured numbers when the body ends (see `memtrack::Limits`).
+//! `max_peak = N` (peak live heap bytes), `max_blocks = N` (most heap blocks live at once),
+//! `no_leaks` (no heap block live at the end); expectations: `allocations = N` (exactly),
+//! `min_allocations = N`. Values are non-negative integer literals (`65_536`), each limit
+//! passes at its value, contradictory ones are compile errors, and a violation panics with the
+//! measured numbers when the body ends, at the location of the function (see
+//! `memtrack::Limits`).
 //! `async fn` is refused at compile time: the tracker counts whole threads, and while an async
 //! function awaits, other tasks run on its threads.
 

@@ -11,6 +11,9 @@ pub struct Guard {
     /// The session's name, for messages when the limits cannot be checked; cloned only when
     /// there are limits, and before recording starts, so that it is not counted.
     limited_name: Option<String>,
+    /// Panics with its message, at the location of the user's function (the expansion makes
+    /// it with that span: the panic happens in `Drop`, where `#[track_caller]` does not reach).
+    fail: fn(String),
 }
 
 /// Starts the session of a `#[memtrack]` function, after any session running in this process
@@ -23,8 +26,10 @@ pub fn start(
     output: Option<&str>,
     backend: Option<&str>,
     scope: Option<&str>,
+    in_memory: bool,
+    fail: fn(String),
 ) -> Guard {
-    start_limited(name, output, backend, scope, Limits::new())
+    start_limited(name, output, backend, scope, in_memory, fail, Limits::new())
 }
 
 /// [`start`] for a `#[memtrack(max_allocations = …, …)]` function: when the guard is dropped,
@@ -34,32 +39,40 @@ pub fn start(
 /// panics with the reason instead of running the function unrecorded. Nested in a session
 /// that records this thread, its limits could only be checked against the outer session's
 /// numbers, so it panics saying so (put the limits on the outer function, or call this one
-/// outside it).
+/// outside it). Every panic goes through `fail`, so that its location is the user's function.
 pub fn start_limited(
     name: &str,
     output: Option<&str>,
     backend: Option<&str>,
     scope: Option<&str>,
+    in_memory: bool,
+    fail: fn(String),
     limits: Limits,
 ) -> Guard {
     // Nested: join the running session, allocating nothing (it counts this thread).
     if crate::session::recorded_here() {
         if !limits.is_empty() {
             let active = crate::session::active_name().unwrap_or_default();
-            fail(format!(
-                "memtrack: {name}: the limits ({limits}) cannot be checked: this #[memtrack] \
-                 function runs inside session {active:?}, which records its allocations as \
-                 part of its own; put the limits on the outer function, or call {name} \
-                 outside it"
-            ));
+            fail_with(
+                fail,
+                format!(
+                    "memtrack: {name}: the limits ({limits}) cannot be checked: this #[memtrack] \
+                     function runs inside session {active:?}, which records its allocations as \
+                     part of its own; put the limits on the outer function, or call {name} \
+                     outside it"
+                ),
+            );
         }
         return Guard {
             session: None,
             limits,
             limited_name: None,
+            fail,
         };
     }
-    let mut b = SessionBuilder::new(name).limits(limits);
+    let mut b = SessionBuilder::new(name)
+        .limits(limits)
+        .in_memory(in_memory);
     if let Some(dir) = output {
         b = b.output_dir(dir);
     }
@@ -76,33 +89,41 @@ pub fn start_limited(
             session: Some(s),
             limits,
             limited_name,
+            fail,
         },
         // Nested after all (the running session began while this one was being set up).
         Err(e @ crate::Error::NestedSession { .. }) if !limits.is_empty() => {
-            fail(format!(
-                "memtrack: {name}: the limits ({limits}) cannot be checked: {e}"
-            ));
+            fail_with(
+                fail,
+                format!("memtrack: {name}: the limits ({limits}) cannot be checked: {e}"),
+            );
             Guard {
                 session: None,
                 limits,
                 limited_name: None,
+                fail,
             }
         }
         Err(crate::Error::NestedSession { .. }) => Guard {
             session: None,
             limits,
             limited_name: None,
+            fail,
         },
         Err(e) if !limits.is_empty() => {
-            fail(format!(
-                "memtrack: {name}: the limits ({limits}) cannot be checked: recording did not \
+            fail_with(
+                fail,
+                format!(
+                    "memtrack: {name}: the limits ({limits}) cannot be checked: recording did not \
                  start: {e}. Fix that, or remove the limits (a #[memtrack] function without \
                  limits runs unrecorded when recording cannot start)"
-            ));
+                ),
+            );
             Guard {
                 session: None,
                 limits,
                 limited_name,
+                fail,
             }
         }
         Err(e) => {
@@ -111,6 +132,7 @@ pub fn start_limited(
                 session: None,
                 limits,
                 limited_name,
+                fail,
             }
         }
     }
@@ -125,24 +147,27 @@ impl Drop for Guard {
         match session.finish() {
             Ok(_) => {}
             Err(crate::Error::LimitExceeded { report, violations }) => {
-                fail(crate::limits::message(&report, &violations))
+                fail_with(self.fail, crate::limits::message(&report, &violations))
             }
-            Err(e) => fail(format!(
-                "memtrack: {name}: the limits ({}) cannot be checked: finishing the session \
+            Err(e) => fail_with(
+                self.fail,
+                format!(
+                    "memtrack: {name}: the limits ({}) cannot be checked: finishing the session \
                  failed: {e}",
-                self.limits
-            )),
+                    self.limits
+                ),
+            ),
         }
     }
 }
 
-/// Panics with `message`, or prints it if this thread is already panicking (a panic during
-/// unwinding aborts the process; the first panic already fails the test).
-fn fail(message: String) {
+/// Panics with `message` through `fail`, or prints it if this thread is already panicking (a
+/// panic during unwinding aborts the process; the first panic already fails the test).
+fn fail_with(fail: fn(String), message: String) {
     if std::thread::panicking() {
         eprintln!("{message}");
     } else {
-        panic!("{message}");
+        fail(message);
     }
 }
 

@@ -1,7 +1,10 @@
 //! Criterion integration (feature `criterion`).
 //!
 //! - [`Profiler`]: `cargo bench -- --profile-time 5` writes one artifact per benchmark
-//!   (`<target>/memtrack/<benchmark id>.memtrack`) and prints its summary line.
+//!   (`<target>/memtrack/<benchmark id>.memtrack`) and prints its summary line. Wrap the
+//!   routine in [`iteration`] (`b.iter(|| iteration(|| parse(input)))`) so that the artifact
+//!   stores how many iterations it covers and is compared per iteration: criterion picks the
+//!   number of iterations from timings, so totals of two runs of the same code differ.
 //! - [`Allocations`] and [`BytesAllocated`]: measurements, so criterion reports, compares and
 //!   plots **allocations per iteration** or **bytes allocated per iteration** instead of time.
 //!   They read two counters (no event stream): the BPF program's (a couple of syscalls per
@@ -17,6 +20,7 @@
 //! spawn no unrelated threads, as criterion does.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ::criterion::Throughput;
 use ::criterion::measurement::{Measurement, ValueFormatter};
@@ -26,8 +30,33 @@ use crate::human;
 use crate::session::{Session, SessionBuilder};
 use crate::tracker::{Counting, Tracker, TrackerOptions};
 
+/// Calls of [`iteration`] since the profiler last started a benchmark.
+static ITERATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Runs one iteration of a benchmark's routine and counts it for the [`Profiler`]:
+/// `b.iter(|| memtrack::criterion::iteration(|| parse(black_box(input))))`.
+///
+/// Criterion's `Profiler` hooks are told neither how many iterations criterion runs nor when
+/// it runs them (under `--profile-time` it warms up for a second, doubling the iterations per
+/// batch, then runs as many as its timing estimate fits in the profile time; see
+/// `criterion::routine::Routine::profile` in criterion 0.8), and `Bencher` keeps its
+/// iteration count private. So the routine counts itself: one relaxed atomic add per
+/// iteration, which allocates nothing. The [`Profiler`] stores the count in the artifact, and
+/// `memtrack show` and `memtrack compare` then give allocations and bytes per iteration.
+/// Allocations made outside the wrapped routine while profiling (setup in the benchmark
+/// closure, criterion's bookkeeping: about one per batch) are spread over the iterations.
+#[inline]
+pub fn iteration<O>(routine: impl FnOnce() -> O) -> O {
+    ITERATIONS.fetch_add(1, Ordering::Relaxed);
+    routine()
+}
+
 /// A criterion profiler that records each benchmark into its own artifact while criterion
 /// runs it with `--profile-time`. Install with `Criterion::default().with_profiler(Profiler::new())`.
+///
+/// If the routine counts its iterations with [`iteration`], the artifact stores their number
+/// and is compared per iteration; otherwise it holds totals over however many iterations
+/// criterion chose, which differ from run to run (the profiler says so on stderr).
 #[derive(Default)]
 pub struct Profiler {
     session: Option<Session>,
@@ -42,6 +71,7 @@ impl Profiler {
 
 impl ::criterion::profiler::Profiler for Profiler {
     fn start_profiling(&mut self, benchmark_id: &str, _benchmark_dir: &Path) {
+        ITERATIONS.store(0, Ordering::Relaxed);
         match SessionBuilder::new(benchmark_id).start() {
             Ok(s) => self.session = Some(s),
             Err(e) => eprintln!("memtrack: {benchmark_id}: not recorded: {e}"),
@@ -49,10 +79,22 @@ impl ::criterion::profiler::Profiler for Profiler {
     }
 
     fn stop_profiling(&mut self, benchmark_id: &str, _benchmark_dir: &Path) {
-        if let Some(s) = self.session.take()
-            && let Err(e) = s.finish()
-        {
+        let iterations = ITERATIONS.swap(0, Ordering::Relaxed);
+        let Some(mut s) = self.session.take() else {
+            return;
+        };
+        if iterations > 0 {
+            s.set_iterations(iterations);
+        }
+        if let Err(e) = s.finish() {
             eprintln!("memtrack: {benchmark_id}: {e}");
+        } else if iterations == 0 {
+            eprintln!(
+                "memtrack: {benchmark_id}: the artifact holds totals over criterion's \
+                 iterations, whose number varies from run to run, so two runs do not compare: \
+                 wrap the routine in `memtrack::criterion::iteration(|| …)` to store per-iteration \
+                 figures"
+            );
         }
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::thread::JoinHandle;
 
-use crate::analysis::{Analyzer, Totals};
+use crate::analysis::{Analyzer, SizeClass, SizeHistogram, Timeline, Totals};
 use crate::artifact::{Final, FrameWriter, Metadata, encode_frame, monotonic_ns};
 use crate::artifact::{FrameScratch, MAX_FRAME_EVENTS};
 use crate::error::{Error, Result};
@@ -131,6 +131,23 @@ pub struct Written {
     pub bytes: u64,
     /// Totals over every event, computed while streaming (also stored in the trailer).
     pub totals: Totals,
+    /// Allocations by size class (the non-empty classes), computed while streaming.
+    pub sizes: Vec<SizeClass>,
+    /// Live heap and mapped bytes over time in [`TIMELINE_COLUMNS`] columns (a
+    /// [`Timeline::growing`] from the first event), computed while streaming.
+    pub timeline: Timeline,
+}
+
+/// Columns of the [`Written::timeline`] (and a session report's): enough for a terminal-wide
+/// chart; a plot at full resolution reads the artifact (`memtrack plot`).
+pub const TIMELINE_COLUMNS: usize = 256;
+
+/// The final metadata the producer knows: lost events, end time, iterations.
+#[derive(Clone, Copy)]
+struct Trailer {
+    lost_events: u64,
+    end_monotonic_ns: u64,
+    iterations: Option<u64>,
 }
 
 struct WriterResult<W> {
@@ -142,6 +159,7 @@ struct WriterResult<W> {
 pub struct Encoder<W: Write + Send + 'static> {
     current: Vec<Event>,
     end_ns: Option<u64>,
+    iterations: Option<u64>,
     frame_events: usize,
     tx: Option<SyncSender<Msg>>,
     recycle: Receiver<Vec<Event>>,
@@ -150,8 +168,8 @@ pub struct Encoder<W: Write + Send + 'static> {
 
 enum Msg {
     Frame(Vec<Event>),
-    /// Lost-event count and end time for the trailer.
-    Finish(u64, u64),
+    /// What the trailer needs besides the totals.
+    Finish(Trailer),
 }
 
 impl<W: Write + Send + 'static> Encoder<W> {
@@ -185,6 +203,7 @@ impl<W: Write + Send + 'static> Encoder<W> {
         Ok(Encoder {
             current: Vec::with_capacity(opts.frame_events),
             end_ns: None,
+            iterations: None,
             frame_events: opts.frame_events,
             tx: Some(tx),
             recycle,
@@ -230,6 +249,12 @@ impl<W: Write + Send + 'static> Encoder<W> {
         self.end_ns = Some(end_monotonic_ns);
     }
 
+    /// Stores in the trailer that the recording covers `n` iterations of a measured routine
+    /// (see [`Final::iterations`]).
+    pub fn set_iterations(&mut self, n: u64) {
+        self.iterations = Some(n);
+    }
+
     /// Writes the last partial frame and the trailer (with `lost_events`, the number of events
     /// the recorder dropped), waits for the writer and returns what was written.
     pub fn finish(self, lost_events: u64) -> Result<Written> {
@@ -245,10 +270,11 @@ impl<W: Write + Send + 'static> Encoder<W> {
         };
         let tx = self.tx.take().ok_or(Error::EncoderStopped)?;
         let sent = sent.and_then(|()| {
-            tx.send(Msg::Finish(
+            tx.send(Msg::Finish(Trailer {
                 lost_events,
-                self.end_ns.unwrap_or_else(monotonic_ns),
-            ))
+                end_monotonic_ns: self.end_ns.unwrap_or_else(monotonic_ns),
+                iterations: self.iterations,
+            }))
             .map_err(|_| Error::EncoderStopped)
         });
         drop(tx);
@@ -301,18 +327,20 @@ fn writer_loop<W: Write + Send>(
     let mut batch: Vec<Vec<Event>> = Vec::with_capacity(window);
     let mut outs: Vec<Vec<u8>> = (0..window).map(|_| Vec::new()).collect();
     let mut analyzer = Analyzer::new();
+    let mut sizes = SizeHistogram::new();
+    let mut timeline = Timeline::growing(TIMELINE_COLUMNS).expect("a valid column count");
     let mut lost = None;
     loop {
         // Block for one frame, then take whatever else is already queued, up to `window`.
         match rx.recv() {
             Ok(Msg::Frame(f)) => batch.push(f),
-            Ok(Msg::Finish(l, end)) => lost = Some((l, end)),
+            Ok(Msg::Finish(t)) => lost = Some(t),
             Err(_) => {}
         }
         while lost.is_none() && batch.len() < window {
             match rx.try_recv() {
                 Ok(Msg::Frame(f)) => batch.push(f),
-                Ok(Msg::Finish(l, end)) => lost = Some((l, end)),
+                Ok(Msg::Finish(t)) => lost = Some(t),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
@@ -326,8 +354,11 @@ fn writer_loop<W: Write + Send>(
             for ((f, out), r) in batch.iter().zip(outs.iter_mut()).zip(results.iter_mut()) {
                 s.spawn(move |_| *r = compress(f, level, out));
             }
-            for f in &batch {
-                analyzer.update_all(f);
+            // Sizes and timeline beside the totals: 23.7 instead of 20.0 ns/event on this thread
+            // (1 M synth events, best of 15), which overlaps the compression on the pool.
+            for e in batch.iter().flatten() {
+                timeline.update(&mut analyzer, e);
+                sizes.update(e);
             }
         });
         let compressed: Result<()> = results.into_iter().collect();
@@ -343,14 +374,15 @@ fn writer_loop<W: Write + Send>(
         }
     }
     // No `Finish` means the encoder was dropped: leave the file without a trailer.
-    let Some((lost_events, end_monotonic_ns)) = lost else {
+    let Some(trailer) = lost else {
         return Err(Error::EncoderStopped);
     };
     let totals = analyzer.totals();
     let fin = Final {
-        lost_events,
-        end_monotonic_ns,
+        lost_events: trailer.lost_events,
+        end_monotonic_ns: trailer.end_monotonic_ns,
         totals: totals.clone(),
+        iterations: trailer.iterations,
     };
     let (frame_count, events) = (frames.frames(), frames.events());
     let (out, bytes) = frames.finish(&fin)?;
@@ -361,6 +393,8 @@ fn writer_loop<W: Write + Send>(
             events,
             bytes,
             totals,
+            sizes: sizes.classes(),
+            timeline,
         },
     })
 }

@@ -8,7 +8,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in memtrack. Each variant carries enough context (path, frame,
 /// byte offset) for its message to say what is wrong and what to do about it.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the same message as `Display` (cause and fix), not the bare variant: that is
+/// what `.unwrap()`, `.expect()` and `fn main() -> Result<…>` show. Match on the variants for
+/// the structured fields.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// An I/O operation failed; `what` says which (with the path, where there is one).
@@ -145,11 +149,49 @@ pub enum Error {
     },
 }
 
+/// The message of `Display`: `NoBackend` alone tells a user nothing, its message says the fix.
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 impl Error {
     pub(crate) fn io(what: impl Into<String>, source: io::Error) -> Self {
         Error::Io {
             what: what.into(),
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `.unwrap()` prints is `Debug`: it must say the cause and the fix, as `Display` does.
+    #[test]
+    fn debug_says_the_cause_and_the_fix() {
+        for e in [Error::NoBackend, Error::AllocatorNotInstalled] {
+            let debug = format!("{e:?}");
+            assert_eq!(debug, e.to_string());
+            assert!(debug.contains("#[global_allocator]"), "{debug}");
+        }
+        assert!(format!("{:?}", Error::NoBackend).contains("CAP_BPF and CAP_PERFMON"));
+        #[allow(clippy::unnecessary_literal_unwrap)] // the point: what `.unwrap()` prints
+        let unwrapped = std::panic::catch_unwind(|| {
+            Err::<(), _>(Error::InvalidOption(
+                "workers must be at least 1 (got 0)".into(),
+            ))
+            .unwrap()
+        })
+        .expect_err("unwrap of an Err panics");
+        let msg = unwrapped
+            .downcast_ref::<String>()
+            .expect("a formatted message");
+        assert!(
+            msg.ends_with("invalid option: workers must be at least 1 (got 0)"),
+            "{msg}"
+        );
     }
 }

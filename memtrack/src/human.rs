@@ -13,6 +13,11 @@ pub fn count(n: u64) -> String {
     out
 }
 
+/// `n` with thousands separators and `one` or `many` after it: `1 frame`, `2,048 frames`.
+pub fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", count(n), if n == 1 { one } else { many })
+}
+
 /// `n` bytes in binary units with one decimal: `512` → `"512 B"`, `1536` → `"1.5 KiB"`.
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
@@ -26,6 +31,15 @@ pub fn bytes(n: u64) -> String {
         unit += 1;
     }
     format!("{v:.1} {}", UNITS[unit])
+}
+
+/// A fractional number of bytes (a per-iteration figure): `64.00 B`, `1.5 KiB`.
+pub fn bytes_f64(v: f64) -> String {
+    if v < 1024.0 {
+        format!("{v:.2} B")
+    } else {
+        bytes(v.round() as u64)
+    }
 }
 
 /// `rows` as aligned columns separated by two spaces, one line each (trailing spaces trimmed);
@@ -70,6 +84,9 @@ mod tests {
         assert_eq!(count(999), "999");
         assert_eq!(count(1000), "1,000");
         assert_eq!(count(1_234_567), "1,234,567");
+        assert_eq!(plural(1, "frame", "frames"), "1 frame");
+        assert_eq!(plural(0, "frame", "frames"), "0 frames");
+        assert_eq!(plural(1234, "block", "blocks"), "1,234 blocks");
         assert_eq!(bytes(1023), "1023 B");
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(bytes(5 * 1024 * 1024), "5.0 MiB");

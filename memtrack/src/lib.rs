@@ -53,7 +53,7 @@ pub use analysis::{Column, Extremes, SizeClass, SizeHistogram, Timeline};
 pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, Reader};
 pub use artifact::{Output, OutputError};
 pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
-pub use encode::{Encoder, EncoderOptions, ThreadHook, Written, default_workers};
+pub use encode::{Encoder, EncoderOptions, TIMELINE_COLUMNS, ThreadHook, Written, default_workers};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind, KindTag};
 pub use limits::{Limits, Violation};

@@ -7,16 +7,24 @@ use crate::session::Report;
 
 /// What a session may allocate, for tests; empty (no limit) by default.
 ///
-/// Set with `#[memtrack(max_allocations = N, max_bytes = B, max_peak = P, no_leaks)]` or the
-/// same methods on [`SessionBuilder`](crate::SessionBuilder), and checked against the session's
-/// [`Report`] when it ends. The numbers are the report's (the accounting rules of
+/// Set with `#[memtrack(max_allocations = N, max_bytes = B, max_peak = P, max_blocks = K,
+/// no_leaks)]` (or `allocations = N`, `min_allocations = N`) or the same methods on
+/// [`SessionBuilder`](crate::SessionBuilder), and checked against the session's [`Report`]
+/// when it ends. The numbers are the report's (the accounting rules of
 /// [`Totals`](crate::Totals)):
 /// - `max_allocations`: [`Totals::allocations`](crate::Totals::allocations), successful calls
 ///   returning a heap block (a `realloc` is one allocation);
+/// - `allocations = N` (an expectation, [`Limits::expect_allocations`]): exactly `N` of them,
+///   for tests that pin a count; `min_allocations`: at least `N` (e.g. that a cache was
+///   bypassed). `allocations` cannot be combined with the other two, and `min_allocations`
+///   may not exceed `max_allocations` (a compile error on the attribute,
+///   [`Error::InvalidOption`](crate::Error::InvalidOption) from the builder's `start`);
 /// - `max_bytes`: [`Totals::bytes_allocated`](crate::Totals::bytes_allocated), the sum of the
 ///   sizes of those allocations (bytes allocated in total, not net of frees);
 /// - `max_peak`: [`Totals::peak_live_bytes`](crate::Totals::peak_live_bytes), the maximum of
 ///   live heap bytes (blocks allocated during the session and not yet freed);
+/// - `max_blocks`: [`Totals::peak_live_blocks`](crate::Totals::peak_live_blocks), the most
+///   heap blocks live at once;
 /// - `no_leaks`: [`Totals::live_blocks_at_end`](crate::Totals::live_blocks_at_end) is 0: every
 ///   heap block allocated during the session was freed by its end. Heap only: mapped regions
 ///   (`mmap`) are not counted, and a value a `#[memtrack]` function returns is still live when
@@ -50,6 +58,9 @@ use crate::session::Report;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
     max_allocations: Option<u64>,
+    exact_allocations: Option<u64>,
+    min_allocations: Option<u64>,
+    max_blocks: Option<u64>,
     max_bytes: Option<u64>,
     max_peak: Option<u64>,
     no_leaks: bool,
@@ -86,6 +97,27 @@ pub enum Violation {
         /// The limit, in bytes.
         limit: u64,
     },
+    /// Not exactly the expected number of allocations (`allocations = N`).
+    AllocationsNotExpected {
+        /// Allocations made.
+        measured: u64,
+        /// The expected number.
+        expected: u64,
+    },
+    /// Fewer allocations than `min_allocations`.
+    TooFewAllocations {
+        /// Allocations made.
+        measured: u64,
+        /// The minimum.
+        min: u64,
+    },
+    /// More heap blocks live at once than `max_blocks`.
+    Blocks {
+        /// The most live heap blocks at once.
+        measured: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// Heap blocks still live at the end, with `no_leaks`.
     Leaks {
         /// Live heap blocks at the end.
@@ -105,6 +137,52 @@ impl Limits {
     pub fn max_allocations(mut self, n: u64) -> Self {
         self.max_allocations = Some(n);
         self
+    }
+
+    /// Exactly `n` allocations (an expectation for tests that pin a count; see the type docs).
+    pub fn expect_allocations(mut self, n: u64) -> Self {
+        self.exact_allocations = Some(n);
+        self
+    }
+
+    /// At least `n` allocations.
+    pub fn min_allocations(mut self, n: u64) -> Self {
+        self.min_allocations = Some(n);
+        self
+    }
+
+    /// At most `n` heap blocks live at once (the peak of live blocks; `n` passes).
+    pub fn max_blocks(mut self, n: u64) -> Self {
+        self.max_blocks = Some(n);
+        self
+    }
+
+    /// `Err` with the reason and the fix if no session can keep these limits: an exact count
+    /// combined with a minimum or maximum, or a minimum above the maximum.
+    pub fn validate(&self) -> crate::Result<()> {
+        let bad = |m: String| Err(crate::Error::InvalidOption(m));
+        if let Some(n) = self.exact_allocations {
+            for (name, other) in [
+                ("max_allocations", self.max_allocations),
+                ("min_allocations", self.min_allocations),
+            ] {
+                if let Some(o) = other {
+                    return bad(format!(
+                        "expect_allocations({n}) and {name}({o}) are both set: an exact count \
+                         already bounds the allocations; keep one"
+                    ));
+                }
+            }
+        }
+        if let (Some(min), Some(max)) = (self.min_allocations, self.max_allocations)
+            && min > max
+        {
+            return bad(format!(
+                "min_allocations({min}) is above max_allocations({max}): no session can keep \
+                 both; lower the minimum or raise the maximum"
+            ));
+        }
+        Ok(())
     }
 
     /// At most `bytes` bytes allocated in total (not net of frees).
@@ -130,8 +208,8 @@ impl Limits {
         *self == Limits::default()
     }
 
-    /// The limits `report` violates, in the order incomplete, allocations, bytes, peak, leaks;
-    /// empty if it keeps them all (or if there are no limits).
+    /// The limits `report` violates, in the order incomplete, allocations (exact, minimum,
+    /// maximum), bytes, peak, blocks, leaks; empty if it keeps them all (or if there are none).
     pub fn check(&self, report: &Report) -> Vec<Violation> {
         let mut out = Vec::new();
         if self.is_empty() {
@@ -144,6 +222,18 @@ impl Limits {
             });
         }
         let over = |limit: Option<u64>, measured: u64| limit.filter(|&l| measured > l);
+        if let Some(expected) = self.exact_allocations.filter(|&n| n != t.allocations) {
+            out.push(Violation::AllocationsNotExpected {
+                measured: t.allocations,
+                expected,
+            });
+        }
+        if let Some(min) = self.min_allocations.filter(|&n| t.allocations < n) {
+            out.push(Violation::TooFewAllocations {
+                measured: t.allocations,
+                min,
+            });
+        }
         if let Some(limit) = over(self.max_allocations, t.allocations) {
             out.push(Violation::Allocations {
                 measured: t.allocations,
@@ -159,6 +249,12 @@ impl Limits {
         if let Some(limit) = over(self.max_peak, t.peak_live_bytes) {
             out.push(Violation::Peak {
                 measured: t.peak_live_bytes,
+                limit,
+            });
+        }
+        if let Some(limit) = over(self.max_blocks, t.peak_live_blocks) {
+            out.push(Violation::Blocks {
+                measured: t.peak_live_blocks,
                 limit,
             });
         }
@@ -189,6 +285,12 @@ impl Limits {
 impl fmt::Display for Limits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts = Vec::new();
+        if let Some(n) = self.exact_allocations {
+            parts.push(format!("allocations = {}", human::count(n)));
+        }
+        if let Some(n) = self.min_allocations {
+            parts.push(format!("min_allocations {}", human::count(n)));
+        }
         if let Some(n) = self.max_allocations {
             parts.push(format!("max_allocations {}", human::count(n)));
         }
@@ -197,6 +299,9 @@ impl fmt::Display for Limits {
         }
         if let Some(n) = self.max_peak {
             parts.push(format!("max_peak {} B", human::count(n)));
+        }
+        if let Some(n) = self.max_blocks {
+            parts.push(format!("max_blocks {}", human::count(n)));
         }
         if self.no_leaks {
             parts.push("no_leaks".into());
@@ -228,6 +333,25 @@ impl fmt::Display for Violation {
                     c(limit)
                 )
             }
+            Violation::AllocationsNotExpected { measured, expected } => write!(
+                f,
+                "allocations {}, expected exactly {} (allocations = {})",
+                c(measured),
+                c(expected),
+                c(expected)
+            ),
+            Violation::TooFewAllocations { measured, min } => write!(
+                f,
+                "allocations {} < min_allocations {}",
+                c(measured),
+                c(min)
+            ),
+            Violation::Blocks { measured, limit } => write!(
+                f,
+                "peak live blocks {} > max_blocks {}",
+                c(measured),
+                c(limit)
+            ),
             Violation::Bytes { measured, limit } => write!(
                 f,
                 "bytes allocated {} B > max_bytes {} B",
@@ -264,7 +388,7 @@ pub(crate) fn message(report: &Report, violations: &[Violation]) -> String {
         "memtrack: {} — {} → {}",
         report.name,
         describe(violations),
-        report.path.display()
+        report.where_written()
     )
 }
 
@@ -287,15 +411,18 @@ mod tests {
         };
         Report {
             name: "parse".into(),
-            path: PathBuf::from("t/parse.memtrack"),
+            path: Some(PathBuf::from("t/parse.memtrack")),
             totals,
             lost_events: lost,
             duration: Duration::ZERO,
             events: 0,
             artifact_bytes: 0,
+            sizes: Vec::new(),
+            timeline: crate::Timeline::growing(1).unwrap(),
             backend: crate::Backend::Ebpf,
             scope: crate::Scope::Threads,
             out_of_scope: 0,
+            iterations: None,
         }
     }
 
@@ -380,6 +507,65 @@ mod tests {
         assert_eq!(
             l.max_peak(4096).to_string(),
             "max_allocations 1,000, max_bytes 1,048,576 B, max_peak 4,096 B, no_leaks"
+        );
+    }
+
+    #[test]
+    fn expectations_and_max_blocks() {
+        let mut r = report(3, 10, 10, (0, 0), 0);
+        r.totals.peak_live_blocks = 5;
+        let exact = Limits::new().expect_allocations(3).max_blocks(5);
+        assert_eq!(exact.check(&r), vec![]);
+        assert_eq!(
+            Limits::new().expect_allocations(4).max_blocks(4).check(&r),
+            vec![
+                Violation::AllocationsNotExpected {
+                    measured: 3,
+                    expected: 4
+                },
+                Violation::Blocks {
+                    measured: 5,
+                    limit: 4
+                },
+            ]
+        );
+        let v = Limits::new()
+            .min_allocations(4)
+            .max_allocations(9)
+            .check(&r);
+        assert_eq!(
+            describe(&v),
+            "allocations 3 < min_allocations 4",
+            "min passes at its value, fails below"
+        );
+        assert_eq!(Limits::new().min_allocations(3).check(&r), vec![]);
+        assert_eq!(
+            describe(&Limits::new().expect_allocations(2).max_blocks(1).check(&r)),
+            "allocations 3, expected exactly 2 (allocations = 2); peak live blocks 5 > max_blocks 1"
+        );
+        assert_eq!(exact.to_string(), "allocations = 3, max_blocks 5");
+    }
+
+    #[test]
+    fn contradictory_limits_are_refused_with_the_fix() {
+        let msg = |l: Limits| l.validate().unwrap_err().to_string();
+        assert_eq!(
+            msg(Limits::new().expect_allocations(3).max_allocations(2)),
+            "invalid option: expect_allocations(3) and max_allocations(2) are both set: an exact \
+             count already bounds the allocations; keep one"
+        );
+        assert!(msg(Limits::new().expect_allocations(3).min_allocations(3)).contains("keep one"));
+        assert_eq!(
+            msg(Limits::new().min_allocations(5).max_allocations(4)),
+            "invalid option: min_allocations(5) is above max_allocations(4): no session can keep \
+             both; lower the minimum or raise the maximum"
+        );
+        assert!(
+            Limits::new()
+                .min_allocations(4)
+                .max_allocations(4)
+                .validate()
+                .is_ok()
         );
     }
 

@@ -14,12 +14,13 @@
 //! `memtrack show` recovers.
 
 use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::analysis::Totals;
+use crate::analysis::{SizeClass, Timeline, Totals};
 use crate::artifact::{Backend, Metadata, Output};
 use crate::encode::EncoderOptions;
 use crate::encode::Written;
@@ -62,6 +63,7 @@ pub struct SessionBuilder {
     limits: Limits,
     backend: Option<BackendChoice>,
     scope: Scope,
+    in_memory: bool,
 }
 
 /// Which recorder a session uses. A session uses exactly one, so no allocation is ever
@@ -151,6 +153,7 @@ impl SessionBuilder {
             limits: Limits::new(),
             backend: None,
             scope: Scope::default(),
+            in_memory: false,
         }
     }
 
@@ -179,6 +182,15 @@ impl SessionBuilder {
     /// process sets it: the tracker is loaded once.
     pub fn ringbuf_mib(mut self, mib: u64) -> Self {
         self.ringbuf_bytes = Some(mib << 20);
+        self
+    }
+
+    /// Write no artifact: the events are analysed as they stream and then dropped, and the
+    /// [`Report`] (and the limits checked against it) is all that remains; its
+    /// [`Report::path`] is `None` and the summary line says "not written (in-memory
+    /// session)". For tests that only assert: nothing to clean up, no output directory needed.
+    pub fn in_memory(mut self, in_memory: bool) -> Self {
+        self.in_memory = in_memory;
         self
     }
 
@@ -214,6 +226,27 @@ impl SessionBuilder {
     /// [`SessionBuilder::max_allocations`]).
     pub fn max_peak(mut self, bytes: u64) -> Self {
         self.limits = self.limits.max_peak(bytes);
+        self
+    }
+
+    /// Fail [`Session::finish`] unless the session makes exactly `n` allocations: for tests that
+    /// pin a count. Cannot be combined with [`SessionBuilder::max_allocations`] or
+    /// [`SessionBuilder::min_allocations`] ([`SessionBuilder::start`] says so).
+    pub fn expect_allocations(mut self, n: u64) -> Self {
+        self.limits = self.limits.expect_allocations(n);
+        self
+    }
+
+    /// Fail [`Session::finish`] if the session makes fewer than `n` allocations (`n` passes).
+    pub fn min_allocations(mut self, n: u64) -> Self {
+        self.limits = self.limits.min_allocations(n);
+        self
+    }
+
+    /// Fail [`Session::finish`] if more than `n` heap blocks are ever live at once (the peak
+    /// of live blocks; see [`SessionBuilder::max_allocations`]).
+    pub fn max_blocks(mut self, n: u64) -> Self {
+        self.limits = self.limits.max_blocks(n);
         self
     }
 
@@ -257,6 +290,7 @@ impl SessionBuilder {
                 "workers must be at least 1 (got 0)".into(),
             ));
         }
+        self.limits.validate()?;
         {
             let mut active = ACTIVE.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(other) = active.as_ref()
@@ -305,28 +339,35 @@ impl SessionBuilder {
         } else {
             None
         };
-        let dir = match self.output_dir {
-            Some(d) => d,
-            None => default_output_dir(),
+        let (path, output, file) = if self.in_memory {
+            (PathBuf::new(), None, Out::Discard)
+        } else {
+            let dir = match self.output_dir {
+                Some(d) => d,
+                None => default_output_dir(),
+            };
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+            let file_name = sanitize(&self.name);
+            let output = Output::create(dir.join(format!("{file_name}.memtrack")))?;
+            let path = output.path().to_path_buf();
+            let file = output.writer()?;
+            drop((dir, file_name));
+            (path, Some(output), Out::File(file))
         };
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        let file_name = sanitize(&self.name);
-        let output = Output::create(dir.join(format!("{file_name}.memtrack")))?;
-        let path = output.path().to_path_buf();
-        let file = output.writer()?;
-        drop((dir, file_name));
         let meta = Metadata::now(std::process::id(), backend).with_name(&self.name);
         let mut session = Session {
             name: self.name,
+            in_memory: self.in_memory,
             path,
-            output: Some(output),
+            output,
             quiet: self.quiet,
             limits: self.limits,
             scope: self.scope,
             started: Instant::now(),
             recording: None,
             meta,
+            iterations: None,
         };
         // Recording starts last: nothing here may allocate or free after it (the metadata is
         // kept in the session and freed after recording stops).
@@ -355,6 +396,8 @@ impl SessionBuilder {
 #[must_use = "the session records until it is finished or dropped"]
 pub struct Session {
     name: String,
+    /// No artifact: `path` is empty and there is no `output`.
+    in_memory: bool,
     path: PathBuf,
     /// The artifact being written, put in place by `finish`.
     output: Option<Output>,
@@ -364,12 +407,42 @@ pub struct Session {
     started: Instant,
     recording: Option<Active>,
     meta: Metadata,
+    iterations: Option<u64>,
+}
+
+/// Where a session's events go once encoded: its temporary file, or nowhere (in memory).
+enum Out {
+    File(File),
+    Discard,
+}
+
+impl Write for Out {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Out::File(f) => f.write(buf),
+            Out::Discard => Ok(buf.len()),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match self {
+            Out::File(f) => f.write_all(buf),
+            Out::Discard => Ok(()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Out::File(f) => f.flush(),
+            Out::Discard => Ok(()),
+        }
+    }
 }
 
 /// The recorder a session runs.
 enum Active {
-    Ebpf(Recording<'static, File>),
-    Alloc(AllocRecording<File>),
+    Ebpf(Recording<'static, Out>),
+    Alloc(AllocRecording<Out>),
 }
 
 /// What a recorder wrote and what it could not record.
@@ -380,6 +453,13 @@ struct Stopped {
 }
 
 impl Active {
+    fn set_iterations(&mut self, n: u64) {
+        match self {
+            Active::Ebpf(r) => r.set_iterations(n),
+            Active::Alloc(r) => r.set_iterations(n),
+        }
+    }
+
     /// Stops recording and finishes the artifact.
     fn stop(self) -> Result<Stopped> {
         match self {
@@ -416,9 +496,20 @@ impl Session {
         &self.name
     }
 
-    /// Where the artifact will be once the session is finished.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Where the artifact will be once the session is finished; `None` for an in-memory
+    /// session ([`SessionBuilder::in_memory`]).
+    pub fn path(&self) -> Option<&Path> {
+        (!self.in_memory).then_some(self.path.as_path())
+    }
+
+    /// Declares that the session covers `n` iterations of a measured routine: the artifact
+    /// stores `n` ([`Final::iterations`](crate::Final::iterations)), and the summary line,
+    /// `memtrack show` and `memtrack compare` give allocations and bytes per iteration, which
+    /// stay comparable when the number of iterations varies from run to run (criterion's
+    /// [`Profiler`](crate::criterion::Profiler) does this). Call it before
+    /// [`Session::finish`]; the last call counts.
+    pub fn set_iterations(&mut self, n: u64) {
+        self.iterations = Some(n);
     }
 
     /// Where the artifact is while the session runs: a temporary file beside
@@ -439,12 +530,15 @@ impl Session {
     }
 
     fn finish_inner(&mut self) -> Result<Report> {
-        let Some(recording) = self.recording.take() else {
+        let Some(mut recording) = self.recording.take() else {
             return Err(Error::InvalidOption(
                 "the session is already finished".into(),
             ));
         };
         let duration = self.started.elapsed();
+        if let Some(n) = self.iterations {
+            recording.set_iterations(n);
+        }
         if matches!(recording, Active::Ebpf(_))
             && WAITERS.load(Ordering::SeqCst) > 0
             && let Some(hold) = Tracker::loaded().and_then(|t| t.hold().ok())
@@ -463,15 +557,18 @@ impl Session {
             }
             Ok(Report {
                 name: self.name.clone(),
-                path: self.path.clone(),
+                path: (!self.in_memory).then(|| self.path.clone()),
                 lost_events,
                 duration,
                 events: written.events,
                 artifact_bytes: written.bytes,
                 totals: written.totals,
+                sizes: written.sizes,
+                timeline: written.timeline,
                 backend: self.meta.backend,
                 scope: self.scope,
                 out_of_scope,
+                iterations: self.iterations,
             })
         });
         set_idle();
@@ -500,10 +597,17 @@ impl Drop for Session {
 pub struct Report {
     /// The session's name.
     pub name: String,
-    /// The artifact.
-    pub path: PathBuf,
+    /// The artifact; `None` for an in-memory session ([`SessionBuilder::in_memory`]).
+    pub path: Option<PathBuf>,
     /// Totals over every event (see the accounting rules in [`Totals`]), with per-thread totals.
     pub totals: Totals,
+    /// Allocations by size class, the non-empty classes, smallest first (what `memtrack show`
+    /// tabulates), computed while streaming.
+    pub sizes: Vec<SizeClass>,
+    /// Live heap and mapped bytes over the session, downsampled to
+    /// [`TIMELINE_COLUMNS`](crate::TIMELINE_COLUMNS) columns without losing extremes (the
+    /// column holding the peak has it as its `heap.max`), computed while streaming.
+    pub timeline: Timeline,
     /// Events lost because the ring buffer was full: non-zero means the numbers are incomplete.
     pub lost_events: u64,
     /// Wall-clock time the session recorded.
@@ -522,6 +626,9 @@ pub struct Report {
     /// code ran on threads that existed before the session (use [`Scope::Process`]) or, with
     /// the allocator recorder, were spawned without [`in_session`](crate::in_session).
     pub out_of_scope: u64,
+    /// Iterations of a measured routine the session covers, if declared
+    /// ([`Session::set_iterations`]): then allocations and bytes are also given per iteration.
+    pub iterations: Option<u64>,
 }
 
 impl Report {
@@ -540,16 +647,31 @@ impl Report {
         self.totals.peak_live_bytes
     }
 
+    /// The artifact's path for messages, or `not written (in-memory session)`.
+    pub fn where_written(&self) -> String {
+        match &self.path {
+            Some(p) => p.display().to_string(),
+            None => "not written (in-memory session)".into(),
+        }
+    }
+
     /// The one-line summary printed when a session ends, e.g.
-    /// `memtrack: parse_json — 12,345 allocs (1.2 MiB), peak 512.0 KiB, 5 live (320 B), 0 lost → target/memtrack/parse_json.memtrack`.
+    /// `memtrack: parse_json — 12,345 allocations, 1.2 MiB allocated in total; peak live heap
+    /// 512.0 KiB; still live at the end: 5 blocks (320 B); no events lost; scope: this thread
+    /// and the threads it spawned →
+    /// target/memtrack/parse_json.memtrack` (on one line). Bytes are heap bytes (malloc
+    /// family; mappings are not counted); "allocated in total" is the sum of the sizes of
+    /// every allocation, not net of frees; "still live at the end" is what was allocated during
+    /// the session and not freed by its end; "events lost" counts events the recorder dropped
+    /// (non-zero: every number is incomplete).
     pub fn summary_line(&self) -> String {
         let t = &self.totals;
         let lost = if self.lost_events == 0 {
-            "0 lost".to_string()
+            "no events lost".to_string()
         } else {
             format!(
-                "{} LOST (incomplete: raise the ring buffer size)",
-                human::count(self.lost_events)
+                "{} LOST (the numbers are incomplete: raise the ring buffer size)",
+                human::plural(self.lost_events, "event", "events")
             )
         };
         let scope = match (self.scope, self.out_of_scope) {
@@ -561,17 +683,27 @@ impl Report {
                 human::count(n)
             ),
         };
+        let per_iteration = match self.iterations {
+            Some(n) => format!(
+                "per iteration (of {}): {:.2} allocations, {} allocated; over all of them: ",
+                human::count(n),
+                t.allocations as f64 / n.max(1) as f64,
+                human::bytes_f64(t.bytes_allocated as f64 / n.max(1) as f64),
+            ),
+            None => String::new(),
+        };
         format!(
-            "memtrack: {} — {} allocs ({}), peak {}, {} live ({}), {}, {} → {}",
+            "memtrack: {} — {per_iteration}{}, {} allocated in total; peak live heap {}; still \
+             live at the end: {} ({}); {}; {} → {}",
             self.name,
-            human::count(t.allocations),
+            human::plural(t.allocations, "allocation", "allocations"),
             human::bytes(t.bytes_allocated),
             human::bytes(t.peak_live_bytes),
-            human::count(t.live_blocks_at_end),
+            human::plural(t.live_blocks_at_end, "block", "blocks"),
             human::bytes(t.live_bytes_at_end),
             lost,
             scope,
-            self.path.display()
+            self.where_written()
         ) + if self.backend == Backend::Alloc {
             " (Rust allocator only: C/libc allocations and mmaps are not covered)"
         } else {
@@ -637,6 +769,57 @@ mod tests {
         assert!(
             msg.contains("\"dtrace\"") && msg.contains("\"alloc\""),
             "{msg}"
+        );
+    }
+
+    fn report(allocations: u64, live_blocks: u64, lost_events: u64) -> Report {
+        Report {
+            name: "parse".into(),
+            path: Some(PathBuf::from("t/parse.memtrack")),
+            totals: Totals {
+                allocations,
+                bytes_allocated: 1_572_864,
+                peak_live_bytes: 1536,
+                live_blocks_at_end: live_blocks,
+                live_bytes_at_end: 48,
+                ..Default::default()
+            },
+            lost_events,
+            duration: Duration::ZERO,
+            events: 0,
+            artifact_bytes: 0,
+            sizes: Vec::new(),
+            timeline: Timeline::growing(1).unwrap(),
+            backend: Backend::Ebpf,
+            scope: Scope::Threads,
+            out_of_scope: 0,
+            iterations: None,
+        }
+    }
+
+    /// Every number says what it is; singular and plural are right.
+    #[test]
+    fn summary_line_explains_itself() {
+        assert_eq!(
+            report(20_013, 20_001, 0).summary_line(),
+            "memtrack: parse — 20,013 allocations, 1.5 MiB allocated in total; peak live heap \
+             1.5 KiB; still live at the end: 20,001 blocks (48 B); no events lost; scope: this \
+             thread and the threads it spawned → t/parse.memtrack"
+        );
+        assert_eq!(
+            report(1, 1, 1).summary_line(),
+            "memtrack: parse — 1 allocation, 1.5 MiB allocated in total; peak live heap \
+             1.5 KiB; still live at the end: 1 block (48 B); 1 event LOST (the numbers are \
+             incomplete: raise the ring buffer size); scope: this thread and the threads it \
+             spawned → t/parse.memtrack"
+        );
+        let mut r = report(2, 0, 0);
+        r.path = None;
+        assert!(
+            r.summary_line()
+                .ends_with("; no events lost; scope: this thread and the threads it spawned → not written (in-memory session)"),
+            "{}",
+            r.summary_line()
         );
     }
 

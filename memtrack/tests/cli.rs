@@ -5,7 +5,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{memtrack, text};
-use memtrack::{Analyzer, Synth, SynthOptions};
+use memtrack::{Analyzer, Event, EventKind, Synth, SynthOptions};
 
 /// A 3-thread synth artifact `t.memtrack` in `dir`.
 fn synth(dir: &Path, events: u64, seed: u64) -> PathBuf {
@@ -123,7 +123,10 @@ fn bad_input_gets_a_clear_error() {
     let out = memtrack(&["verify", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out).contains("version 9.0 is not supported"),
+        text(&out).contains(&format!(
+            "version 9.{} is not supported",
+            memtrack::VERSION_MINOR
+        )),
         "{}",
         text(&out)
     );
@@ -149,4 +152,45 @@ fn bad_input_gets_a_clear_error() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert!(!never.exists() && left.len() == 2, "left behind: {left:?}");
+}
+
+/// One frame, one thread, one block: singular words, and what each number is said in words.
+#[test]
+fn show_says_what_each_number_is_with_correct_plurals() {
+    let dir = tempfile::tempdir().unwrap();
+    // One allocation of 48 B by thread 7 that stays live, one 16 B allocation freed.
+    let events = [
+        Event::new(
+            1_000,
+            7,
+            7,
+            EventKind::Malloc {
+                addr: 0x10,
+                size: 48,
+            },
+        ),
+        Event::new(
+            1_001,
+            7,
+            7,
+            EventKind::Malloc {
+                addr: 0x90,
+                size: 16,
+            },
+        ),
+        Event::new(1_002, 7, 7, EventKind::Free { addr: 0x90 }),
+    ];
+    let path = common::write(&dir.path().join("one.memtrack"), Some("one"), &events, 1);
+    let out = memtrack(&["show", common::s(&path)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let show = text(&out);
+    for line in [
+        ", 1 frame)",
+        "  events        3 over 0.000 ms, from 1 thread, 1 event lost\n",
+        "  allocations   2 (64 B allocated in total)\n",
+        "  peak live     64 B of heap; at most 2 blocks live at once\n",
+        "  live at end   1 block (48 B) allocated while recording and not freed\n",
+    ] {
+        assert!(show.contains(line), "{line:?} in:\n{show}");
+    }
 }

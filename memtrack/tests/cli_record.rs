@@ -43,8 +43,11 @@ fn record_forwards_exit_code_and_prints_summary() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(7), "{stderr}");
     assert!(stderr.contains("memtrack: 3 allocations"), "{stderr}");
-    assert!(stderr.contains("live at end in 1 blocks"), "{stderr}");
-    assert!(stderr.contains("0 lost events"), "{stderr}");
+    assert!(
+        stderr.contains("still live at the end: 1 block ("),
+        "{stderr}"
+    );
+    assert!(stderr.contains("; 0 events lost -> "), "{stderr}");
     assert!(stderr.contains(&out_file.display().to_string()), "{stderr}");
     let verify = memtrack().arg("verify").arg(&out_file).output().unwrap();
     assert!(

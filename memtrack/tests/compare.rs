@@ -370,3 +370,71 @@ fn lossy_incomplete_and_corrupt_inputs_are_refused() {
         "{err}"
     );
 }
+
+/// `n` alloc/free pairs of 64 B written as a criterion Profiler would: with `iterations`.
+fn profiled(dir: &Path, file: &str, pairs: u64, iterations: Option<u64>) -> std::path::PathBuf {
+    use memtrack::{Backend, Encoder, EncoderOptions, Metadata};
+    let path = dir.join(file);
+    let meta = Metadata::now(7, Backend::Other).with_name("parse");
+    let f = std::fs::File::create(&path).unwrap();
+    let mut enc = Encoder::new(f, &meta, EncoderOptions::new().workers(1)).unwrap();
+    enc.extend(alloc_free_pairs(pairs, 64)).unwrap();
+    if let Some(n) = iterations {
+        enc.set_iterations(n);
+    }
+    enc.finish(0).unwrap();
+    path
+}
+
+/// Issue 9, defect 4: the same code run 480 then 300 times is unchanged per iteration, and
+/// `show` says so; a per-iteration artifact and plain totals are refused, naming both.
+#[test]
+fn profiler_artifacts_compare_per_iteration() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = profiled(dir.path(), "base.memtrack", 480, Some(480));
+    let head = profiled(dir.path(), "head.memtrack", 300, Some(300));
+    let out = memtrack(&["compare", s(&base), s(&head), "--threshold", "0%"]);
+    let table = text(&out);
+    assert_eq!(code(&out), 0, "{table}");
+    assert!(
+        row(&table, "parse", "allocations").contains("1.00/iter"),
+        "{table}"
+    );
+    for metric in ["allocations", "bytes", "peak"] {
+        assert!(
+            row(&table, "parse", metric).ends_with("unchanged"),
+            "{table}"
+        );
+    }
+    let json = memtrack(&["compare", s(&base), s(&head), "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["rows"][1]["head_per_iteration"], 64.0);
+    assert_eq!(v["rows"][1]["head_iterations"], 300);
+    assert_eq!(v["rows"][1]["head"], 300 * 64);
+
+    let show = text(&memtrack(&["show", s(&head)]));
+    assert!(
+        show.contains("  per iteration 1.00 allocations, 64.00 B allocated (over 300 iterations"),
+        "{show}"
+    );
+    let show = memtrack(&["show", "--json", s(&head)]);
+    let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(
+        (v["iterations"].as_u64(), v["format_version"].as_str()),
+        (Some(300), Some("1.1"))
+    );
+    assert_eq!(v["per_iteration"]["bytes_allocated"], 64.0);
+
+    let plain = profiled(dir.path(), "plain.memtrack", 300, None);
+    let out = memtrack(&["compare", s(&base), s(&plain)]);
+    let err = text(&out);
+    assert_eq!(code(&out), 2, "{err}");
+    assert!(
+        err.contains("base.memtrack) holds per-iteration figures (480 iterations)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("plain.memtrack) plain totals (no iteration count)"),
+        "{err}"
+    );
+}

@@ -11,6 +11,13 @@
 //!   whatever the threshold (the relative change is infinite). `head < base` is an
 //!   *improvement*, whatever its size; `head == base` is *unchanged*; growth up to the threshold
 //!   is *within threshold*.
+//! - **Per iteration.** A benchmark that records how many iterations it covers
+//!   ([`Benchmark::iterations`]: criterion's `Profiler` stores it) is compared per iteration:
+//!   its `allocations` and `bytes` are divided by its iterations and judged at the precision
+//!   they are printed, hundredths (`1.00` allocations, `64.00` B), since criterion runs a
+//!   different number of iterations each time (and a handful of its own allocations per run
+//!   spread over them). `peak` is a maximum, not a sum: it is compared as is. A benchmark with
+//!   iterations and one without are not compared at all ([`Comparison::mismatched`]).
 //! - The inputs must be whole recordings: the caller refuses lossy, recovered or corrupt
 //!   artifacts before they get here (`memtrack compare` does).
 
@@ -59,6 +66,20 @@ impl Metric {
         match self {
             Metric::Allocations => human::count(v),
             Metric::Bytes | Metric::Peak => human::bytes(v),
+        }
+    }
+
+    /// Whether the metric is a sum over the iterations (then compared per iteration), not a
+    /// maximum.
+    pub const fn per_iteration(self) -> bool {
+        matches!(self, Metric::Allocations | Metric::Bytes)
+    }
+
+    /// A per-iteration value for people: `1.00/iter`, `64.00 B/iter`.
+    fn human_per_iteration(self, v: f64) -> String {
+        match self {
+            Metric::Allocations => format!("{v:.2}/iter"),
+            Metric::Bytes | Metric::Peak => format!("{}/iter", human::bytes_f64(v)),
         }
     }
 }
@@ -214,6 +235,9 @@ pub struct Benchmark {
     pub path: PathBuf,
     /// Its totals.
     pub totals: Totals,
+    /// Iterations of the measured routine its totals cover, if recorded (see the module docs:
+    /// then it is compared per iteration).
+    pub iterations: Option<u64>,
 }
 
 impl Benchmark {
@@ -223,8 +247,41 @@ impl Benchmark {
             name: name.into(),
             path: path.into(),
             totals,
+            iterations: None,
         }
     }
+
+    /// The same benchmark, its totals covering `iterations` iterations (from the artifact's
+    /// [`Final::iterations`](crate::Final::iterations)); `None` for plain totals.
+    pub fn with_iterations(mut self, iterations: Option<u64>) -> Self {
+        self.iterations = iterations;
+        self
+    }
+
+    /// Why this benchmark (the base) and `head` are not compared when one counted its
+    /// iterations and the other did not (see [`Comparison::mismatched`]), naming both files.
+    pub fn mismatch_with(&self, head: &Benchmark) -> String {
+        mismatch(self, head)
+    }
+
+    /// What its iterations are, for messages: `per iteration (480,313 iterations)` or `totals
+    /// (no iteration count)`.
+    pub fn kind(&self) -> String {
+        match self.iterations {
+            Some(n) => format!(
+                "per-iteration figures ({})",
+                human::plural(n, "iteration", "iterations")
+            ),
+            None => "plain totals (no iteration count)".into(),
+        }
+    }
+}
+
+/// `total / iterations` in hundredths, rounded half up, exactly (the precision per-iteration
+/// figures are printed and judged at). `iterations` 0 counts as 1.
+fn hundredths(total: u64, iterations: u64) -> u64 {
+    let n = iterations.max(1) as u128;
+    ((total as u128 * 200 + n) / (2 * n)).min(u64::MAX as u128) as u64
 }
 
 /// One metric of one benchmark in both sets.
@@ -239,7 +296,16 @@ pub struct Row {
     pub base: u64,
     /// Its value in the head.
     pub head: u64,
-    /// `(head − base) / base × 100`; `None` when the base is 0 and the head is not.
+    /// Iterations of the base, if it is compared per iteration.
+    pub base_iterations: Option<u64>,
+    /// Iterations of the head, if it is compared per iteration.
+    pub head_iterations: Option<u64>,
+    /// The base's value per iteration (rounded to hundredths), if compared per iteration.
+    pub base_per_iteration: Option<f64>,
+    /// The head's value per iteration (rounded to hundredths), if compared per iteration.
+    pub head_per_iteration: Option<f64>,
+    /// `(head − base) / base × 100` of the compared values (per iteration, when they are);
+    /// `None` when the base is 0 and the head is not.
     pub change_percent: Option<f64>,
     /// The verdict under the comparison's threshold.
     pub verdict: Verdict,
@@ -259,6 +325,11 @@ pub struct Comparison {
     pub added: Vec<Benchmark>,
     /// Benchmarks only in the base, by name.
     pub removed: Vec<Benchmark>,
+    /// Benchmarks in both whose figures are not of the same kind, `(base, head)`: one counted
+    /// its iterations and the other did not. They get no rows: a total over an unknown number
+    /// of iterations says nothing about a per-iteration figure. `memtrack compare` refuses
+    /// them.
+    pub mismatched: Vec<(Benchmark, Benchmark)>,
 }
 
 impl Comparison {
@@ -277,20 +348,39 @@ impl Comparison {
         head_sorted.sort_by(|a, b| a.name.cmp(&b.name));
         let mut rows = Vec::new();
         let mut added = Vec::new();
+        let mut mismatched = Vec::new();
         for h in head_sorted {
             let Some(b) = base.iter().find(|b| b.name == h.name) else {
                 added.push(h.clone());
                 continue;
             };
+            let iterations = match (b.iterations, h.iterations) {
+                (Some(bi), Some(hi)) => Some((bi, hi)),
+                (None, None) => None,
+                _ => {
+                    mismatched.push((b.clone(), h.clone()));
+                    continue;
+                }
+            };
             for &m in &metrics {
                 let (bv, hv) = (m.value(&b.totals), m.value(&h.totals));
+                let per = iterations.filter(|_| m.per_iteration());
+                // Judged on what is printed: hundredths per iteration, or the totals.
+                let (bj, hj) = match per {
+                    Some((bi, hi)) => (hundredths(bv, bi), hundredths(hv, hi)),
+                    None => (bv, hv),
+                };
                 rows.push(Row {
                     benchmark: h.name.clone(),
                     metric: m,
                     base: bv,
                     head: hv,
-                    change_percent: change_percent(bv, hv),
-                    verdict: threshold.judge(bv, hv),
+                    base_iterations: per.map(|p| p.0),
+                    head_iterations: per.map(|p| p.1),
+                    base_per_iteration: per.map(|_| bj as f64 / 100.0),
+                    head_per_iteration: per.map(|_| hj as f64 / 100.0),
+                    change_percent: change_percent(bj, hj),
+                    verdict: threshold.judge(bj, hj),
                 });
             }
         }
@@ -306,6 +396,7 @@ impl Comparison {
             rows,
             added,
             removed,
+            mismatched,
         }
     }
 
@@ -354,8 +445,8 @@ impl Comparison {
             cells.push([
                 r.benchmark.clone(),
                 r.metric.name().into(),
-                r.metric.human(r.base),
-                r.metric.human(r.head),
+                r.human_base(),
+                r.human_head(),
                 change_text(r.change_percent),
                 r.verdict.human().into(),
             ]);
@@ -368,6 +459,9 @@ impl Comparison {
             for b in list {
                 out.push_str(&format!("{what}: {} ({})\n", b.name, b.path.display()));
             }
+        }
+        for (b, h) in &self.mismatched {
+            out.push_str(&format!("not compared: {}\n", mismatch(b, h)));
         }
         out
     }
@@ -386,8 +480,8 @@ impl Comparison {
                     "| {} | {} | {} | {} | {} | {} |\n",
                     md_escape(&r.benchmark),
                     r.metric.name(),
-                    r.metric.human(r.base),
-                    r.metric.human(r.head),
+                    r.human_base(),
+                    r.human_head(),
                     change_text(r.change_percent),
                     r.verdict.markdown()
                 ));
@@ -402,6 +496,12 @@ impl Comparison {
                 let names: Vec<String> = list.iter().map(|b| md_escape(&b.name)).collect();
                 out.push_str(&format!("**{what}:** {}\n\n", names.join(", ")));
             }
+        }
+        for (b, h) in &self.mismatched {
+            out.push_str(&format!(
+                "**Not compared:** {}\n\n",
+                md_escape(&mismatch(b, h))
+            ));
         }
         out
     }
@@ -420,12 +520,50 @@ impl Comparison {
                 "metric": r.metric.name(),
                 "base": r.base,
                 "head": r.head,
+                "base_iterations": r.base_iterations,
+                "head_iterations": r.head_iterations,
+                "base_per_iteration": r.base_per_iteration,
+                "head_per_iteration": r.head_per_iteration,
                 "change_percent": r.change_percent,
                 "verdict": r.verdict.name(),
             })).collect::<Vec<_>>(),
             "added": self.added.iter().map(bench).collect::<Vec<_>>(),
             "removed": self.removed.iter().map(bench).collect::<Vec<_>>(),
+            "mismatched": self.mismatched.iter().map(|(b, h)| serde_json::json!({
+                "benchmark": h.name,
+                "base": {"file": b.path, "iterations": b.iterations},
+                "head": {"file": h.path, "iterations": h.iterations},
+            })).collect::<Vec<_>>(),
         })
+    }
+}
+
+/// Why a pair is not compared, naming both files and what each holds.
+fn mismatch(base: &Benchmark, head: &Benchmark) -> String {
+    format!(
+        "{}: the base ({}) holds {} and the head ({}) {}: record both the same way (criterion's \
+         Profiler with `memtrack::criterion::iteration`, or both without)",
+        head.name,
+        base.path.display(),
+        base.kind(),
+        head.path.display(),
+        head.kind()
+    )
+}
+
+impl Row {
+    fn human_base(&self) -> String {
+        match self.base_per_iteration {
+            Some(v) => self.metric.human_per_iteration(v),
+            None => self.metric.human(self.base),
+        }
+    }
+
+    fn human_head(&self) -> String {
+        match self.head_per_iteration {
+            Some(v) => self.metric.human_per_iteration(v),
+            None => self.metric.human(self.head),
+        }
     }
 }
 
@@ -499,6 +637,67 @@ mod tests {
         assert_eq!(zero.judge(1_000_000, 1_000_001), Verdict::Regressed);
         assert_eq!(change_percent(200, 250), Some(25.0));
         assert_eq!(change_percent(0, 5), None);
+    }
+
+    fn bench(name: &str, allocations: u64, bytes: u64, peak: u64, it: Option<u64>) -> Benchmark {
+        let totals = Totals {
+            allocations,
+            bytes_allocated: bytes,
+            peak_live_bytes: peak,
+            ..Totals::default()
+        };
+        Benchmark::new(name, format!("{name}.memtrack"), totals).with_iterations(it)
+    }
+
+    /// The issue's case: the same code, 480,313 then 300,195 iterations (plus one allocation
+    /// of criterion's own in the longer run) is unchanged per iteration, not -37.50%.
+    #[test]
+    fn per_iteration_figures_compare_across_iteration_counts() {
+        let base = [bench("b", 480_313, 480_313 * 64, 64, Some(480_313))];
+        let head = [bench("b", 300_196, 300_195 * 64 + 8, 64, Some(300_195))];
+        let c = Comparison::new(&base, &head, &Metric::ALL, Threshold::default());
+        let got: Vec<_> = c
+            .rows
+            .iter()
+            .map(|r| (r.metric, r.head_per_iteration, r.verdict))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Metric::Allocations, Some(1.0), Verdict::Unchanged),
+                (Metric::Bytes, Some(64.0), Verdict::Unchanged),
+                (Metric::Peak, None, Verdict::Unchanged),
+            ]
+        );
+        assert!(c.to_table().contains("1.00/iter"), "{}", c.to_table());
+        // Without the iteration counts the same totals read as a 37.50 % improvement.
+        let plain = |b: &Benchmark| b.clone().with_iterations(None);
+        let c = Comparison::new(
+            &[plain(&base[0])],
+            &[plain(&head[0])],
+            &[Metric::Allocations],
+            Threshold::default(),
+        );
+        assert_eq!(c.rows[0].verdict, Verdict::Improved);
+        // 1.5 allocations per iteration instead of 1 is a regression.
+        let worse = [bench("b", 3, 192, 64, Some(2))];
+        let c = Comparison::new(&base, &worse, &[Metric::Allocations], Threshold::default());
+        assert_eq!(
+            (c.rows[0].head_per_iteration, c.rows[0].verdict),
+            (Some(1.5), Verdict::Regressed)
+        );
+    }
+
+    #[test]
+    fn per_iteration_and_plain_totals_are_not_compared() {
+        let base = [bench("b", 10, 640, 64, Some(10))];
+        let head = [bench("b", 10, 640, 64, None)];
+        let c = Comparison::new(&base, &head, &Metric::ALL, Threshold::default());
+        assert!(c.rows.is_empty());
+        assert_eq!(c.mismatched.len(), 1);
+        assert_eq!(hundredths(2, 3), 67);
+        assert_eq!(hundredths(1, 200), 1, "0.005 rounds up");
+        assert_eq!(hundredths(u64::MAX, 1), u64::MAX);
     }
 
     #[test]

@@ -108,6 +108,10 @@ pub struct Totals {
     pub peak_live_bytes: u64,
     /// Timestamp (ns) of the event at which the peak was first reached.
     pub peak_ts: u64,
+    /// Maximum number of live heap blocks over the event order (blocks allocated while
+    /// recording and not yet freed). Absent from the totals of format 1.0 trailers (read as 0).
+    #[serde(default)]
+    pub peak_live_blocks: u64,
     /// Live heap bytes after the last event.
     pub live_bytes_at_end: u64,
     /// Live heap blocks after the last event.
@@ -240,6 +244,7 @@ impl Analyzer {
             *live_bytes = live_bytes.saturating_sub(old);
         }
         *live_bytes = live_bytes.saturating_add(size);
+        t.peak_live_blocks = t.peak_live_blocks.max(live.len() as u64);
     }
 
     #[inline]
@@ -367,6 +372,7 @@ mod tests {
             (t.peak_live_bytes, t.live_bytes_at_end, t.live_blocks_at_end),
             (305, 305, 2)
         );
+        assert_eq!(t.peak_live_blocks, 2);
         assert_eq!(
             t.per_thread[&1].allocations + t.per_thread[&2].allocations,
             3

@@ -8,6 +8,13 @@
 //! column gives the step line of the full-resolution series as it would look at that width: every
 //! peak survives (the column holding [`Totals::peak_live_bytes`](super::Totals) has it as `max`).
 //! Memory is `O(n)` whatever the number of events.
+//!
+//! When the time range is not known in advance (a session streaming its events),
+//! [`Timeline::growing`] starts at 1 ns per column from the first sample and doubles the span
+//! whenever a sample falls past it, merging columns pairwise (column `k` of the doubled span
+//! covers exactly columns `2k` and `2k + 1` of the old one, and extremes merge exactly): the
+//! result is the timeline [`Timeline::new`] gives over `[first_ts, first_ts + span_ns)`,
+//! with at least half of its columns inside the recorded range.
 
 use crate::analysis::Analyzer;
 use crate::error::{Error, Result};
@@ -28,6 +35,16 @@ pub struct Extremes {
 }
 
 impl Extremes {
+    /// `self` followed by `next` (a later stretch of the same series).
+    fn then(self, next: Extremes) -> Extremes {
+        Extremes {
+            enter: self.enter,
+            min: self.min.min(next.min),
+            max: self.max.max(next.max),
+            last: next.last,
+        }
+    }
+
     #[inline]
     fn start(enter: u64, v: u64) -> Self {
         Extremes {
@@ -76,7 +93,14 @@ pub struct Timeline {
     cur: usize,
     cur_lo: u64,
     cur_hi: u64,
+    /// Doubles its span instead of folding late samples into the last column.
+    growing: bool,
+    /// Whether a sample has set `first_ts` (growing timelines start at their first sample).
+    started: bool,
 }
+
+/// A growing timeline stops doubling here (and keeps later samples in its last column).
+const MAX_GROWING_SPAN: u64 = 1 << 62;
 
 impl Timeline {
     /// A timeline of `columns` columns over `[first_ts, last_ts]` (nanoseconds). Samples outside
@@ -100,9 +124,53 @@ impl Timeline {
             cur: 0,
             cur_lo: 0,
             cur_hi: 0,
+            growing: false,
+            started: true,
         };
         t.set_current(0);
         Ok(t)
+    }
+
+    /// A timeline of `columns` columns whose range starts at the first sample pushed and grows
+    /// to cover the last (see the module docs). Errors as [`Timeline::new`].
+    pub fn growing(columns: usize) -> Result<Self> {
+        let mut t = Timeline::new(0, columns as u64, columns)?;
+        t.growing = true;
+        t.started = false;
+        Ok(t)
+    }
+
+    /// Timestamp of the start of column 0, nanoseconds (CLOCK_MONOTONIC for recordings).
+    pub fn first_ts(&self) -> u64 {
+        self.first_ts
+    }
+
+    /// Doubles the span: column `k` becomes the merge of columns `2k` and `2k + 1`.
+    #[cold]
+    fn double(&mut self) {
+        let n = self.cols.len();
+        let old = std::mem::replace(&mut self.cols, vec![None; n]);
+        self.span_ns *= 2;
+        self.scale = n as f64 / self.span_ns as f64;
+        for (k, c) in old.into_iter().enumerate() {
+            let Some(c) = c else { continue };
+            let j = k / 2;
+            let start_ns = self.col_start(j);
+            self.cols[j] = Some(match self.cols[j].take() {
+                None => Column {
+                    index: j,
+                    start_ns,
+                    ..c
+                },
+                Some(a) => Column {
+                    index: j,
+                    start_ns,
+                    events: a.events + c.events,
+                    heap: a.heap.then(c.heap),
+                    mapped: a.mapped.then(c.mapped),
+                },
+            });
+        }
     }
 
     /// Number of columns.
@@ -124,7 +192,11 @@ impl Timeline {
         self.cur = k;
         self.cur_lo = self.first_ts.saturating_add(self.col_start(k));
         self.cur_hi = if k + 1 == self.cols.len() {
-            u64::MAX
+            if self.growing {
+                self.first_ts.saturating_add(self.span_ns)
+            } else {
+                u64::MAX
+            }
         } else {
             self.first_ts.saturating_add(self.col_start(k + 1))
         };
@@ -132,7 +204,18 @@ impl Timeline {
 
     #[cold]
     fn locate(&mut self, ts: u64) {
+        if !self.started {
+            self.started = true;
+            self.first_ts = ts;
+        }
         let off = ts.saturating_sub(self.first_ts);
+        while self.growing && off >= self.span_ns {
+            if self.span_ns >= MAX_GROWING_SPAN {
+                self.growing = false;
+            } else {
+                self.double();
+            }
+        }
         let mut k = ((off as f64 * self.scale) as usize).min(self.cols.len() - 1);
         // The float estimate can be one off at a boundary: settle it with the exact starts.
         while k > 0 && self.col_start(k) > off {
@@ -232,6 +315,49 @@ mod tests {
             (cols[2].heap.enter, cols[2].heap.min, cols[2].heap.last),
             (5, 3, 3)
         );
+    }
+
+    /// Growing from the first sample gives the timeline of the final range, column for column.
+    #[test]
+    fn growing_equals_the_fixed_timeline_of_its_final_span() {
+        let samples: Vec<(u64, u64, u64)> = (0..5_000u64)
+            .map(|i| {
+                (
+                    1_000_000 + i * i * 37 % 9_999_991 + i,
+                    (i * 7919) % 100_003,
+                    i % 4 * 4096,
+                )
+            })
+            .collect();
+        let mut sorted = samples.clone();
+        sorted.sort();
+        let mut g = Timeline::growing(64).unwrap();
+        for &(ts, h, m) in &sorted {
+            g.push(ts, h, m);
+        }
+        let first = sorted[0].0;
+        let last = sorted.last().unwrap().0;
+        assert_eq!(g.first_ts(), first);
+        assert!(g.span_ns() > last - first && g.span_ns() <= 2 * (last - first));
+        assert!(
+            g.columns().count() >= 32,
+            "at least half of the columns are in range"
+        );
+        let mut f = Timeline::new(first, first + g.span_ns(), 64).unwrap();
+        for &(ts, h, m) in &sorted {
+            f.push(ts, h, m);
+        }
+        let (gc, fc): (Vec<_>, Vec<_>) = (
+            g.columns().copied().collect(),
+            f.columns().copied().collect(),
+        );
+        assert_eq!(gc, fc);
+        let peak = sorted.iter().map(|s| s.1).max().unwrap();
+        assert_eq!(gc.iter().map(|c| c.heap.max).max(), Some(peak));
+        // One sample: an instant, in column 0.
+        let mut one = Timeline::growing(8).unwrap();
+        one.push(42, 1, 0);
+        assert_eq!((one.first_ts(), one.columns().count()), (42, 1));
     }
 
     #[test]

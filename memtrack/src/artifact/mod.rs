@@ -31,7 +31,8 @@ pub const TRAILER_MAGIC: [u8; 4] = *b"MTIX";
 /// The format's major version: readers reject any other.
 pub const VERSION_MAJOR: u16 = 1;
 /// The format's minor version: additions readers of the same major version may ignore.
-pub const VERSION_MINOR: u16 = 0;
+/// 1 added the optional `iterations` key of the final metadata.
+pub const VERSION_MINOR: u16 = 1;
 /// Size of the fixed part of the header before the metadata JSON.
 pub(crate) const HEADER_FIXED: usize = 20;
 /// Size of a frame header.
@@ -126,6 +127,13 @@ pub struct Final {
     pub end_monotonic_ns: u64,
     /// Totals over every event of the file, computed by the writer while streaming.
     pub totals: Totals,
+    /// Iterations of the measured routine the recording covers, when the writer counted them
+    /// (criterion's [`Profiler`](crate::criterion) with `memtrack::criterion::iteration`): its
+    /// allocations and bytes are then compared per iteration, since the number of iterations
+    /// varies from run to run. Absent (format 1.0, or a plain session): the totals are the
+    /// figures. Since format 1.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iterations: Option<u64>,
 }
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of every event timestamp.

@@ -258,6 +258,19 @@ fn analyse(reader: &Reader, what: &str) -> memtrack::Result<Totals> {
     Ok(a.totals())
 }
 
+/// Whether the totals stored in `reader`'s trailer are those of its decoded events. A format
+/// 1.0 trailer predates `peak_live_blocks`: there is nothing to check that one against.
+fn stored_totals_agree(reader: &Reader, decoded: &Totals) -> bool {
+    let Some(fin) = reader.final_metadata() else {
+        return false;
+    };
+    let mut stored = fin.totals.clone();
+    if reader.version().1 == 0 {
+        stored.peak_live_blocks = decoded.peak_live_blocks;
+    }
+    stored == *decoded
+}
+
 fn warn_if_recovered(reader: &Reader) -> bool {
     match reader.completeness() {
         Completeness::Complete => false,
@@ -287,6 +300,8 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
     let (t, sizes) = (a.totals(), sizes.classes());
     let meta = reader.metadata();
     let lost = reader.final_metadata().map(|f| f.lost_events);
+    let iterations = reader.final_metadata().and_then(|f| f.iterations);
+    let per_iteration = |v: u64| iterations.map(|n| v as f64 / n.max(1) as f64);
     let (major, minor) = reader.version();
     if json {
         let mut v = serde_json::json!({
@@ -303,6 +318,7 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             "bytes_allocated": t.bytes_allocated,
             "bytes_freed": t.bytes_freed,
             "peak_live_bytes": t.peak_live_bytes,
+            "peak_live_blocks": t.peak_live_blocks,
             "live_bytes_at_end": t.live_bytes_at_end,
             "live_blocks_at_end": t.live_blocks_at_end,
             "mapped_bytes_peak": t.mapped_bytes_peak,
@@ -313,6 +329,13 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             "file_bytes": reader.file_bytes(),
             "size_classes": sizes,
         });
+        if let Some(n) = iterations {
+            v["iterations"] = n.into();
+            v["per_iteration"] = serde_json::json!({
+                "allocations": per_iteration(t.allocations),
+                "bytes_allocated": per_iteration(t.bytes_allocated),
+            });
+        }
         if threads {
             v["per_thread"] = t
                 .per_thread
@@ -336,10 +359,10 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
     use std::fmt::Write as _;
     let _ = writeln!(
         o,
-        "{}  (format {major}.{minor}, {}, {} frames{})",
+        "{}  (format {major}.{minor}, {}, {}{})",
         path.display(),
         human::bytes(reader.file_bytes()),
-        human::count(reader.frames().len() as u64),
+        human::plural(reader.frames().len() as u64, "frame", "frames"),
         if recovered {
             ", RECOVERED: incomplete"
         } else {
@@ -366,15 +389,30 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
     let dur = t.last_ts.saturating_sub(t.first_ts);
     let _ = writeln!(
         o,
-        "  events        {} over {:.3} ms, {} threads, lost {}",
+        "  events        {} over {:.3} ms, from {}, {}",
         human::count(t.events),
         dur as f64 / 1e6,
-        t.threads,
-        lost.map_or("unknown (no trailer)".to_string(), human::count)
+        human::plural(t.threads, "thread", "threads"),
+        lost.map_or("lost events unknown (no trailer)".to_string(), |n| {
+            format!("{} lost", human::plural(n, "event", "events"))
+        })
     );
+    if let (Some(n), Some(a), Some(b)) = (
+        iterations,
+        per_iteration(t.allocations),
+        per_iteration(t.bytes_allocated),
+    ) {
+        let _ = writeln!(
+            o,
+            "  per iteration {a:.2} allocations, {} allocated (over {}; the totals below \
+             cover them all)",
+            human::bytes_f64(b),
+            human::plural(n, "iteration", "iterations")
+        );
+    }
     let _ = writeln!(
         o,
-        "  allocations   {} ({})",
+        "  allocations   {} ({} allocated in total)",
         human::count(t.allocations),
         human::bytes(t.bytes_allocated)
     );
@@ -392,11 +430,16 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             String::new()
         }
     );
-    let _ = writeln!(o, "  peak live     {}", human::bytes(t.peak_live_bytes));
     let _ = writeln!(
         o,
-        "  live at end   {} blocks ({})",
-        human::count(t.live_blocks_at_end),
+        "  peak live     {} of heap; at most {} live at once",
+        human::bytes(t.peak_live_bytes),
+        human::plural(t.peak_live_blocks, "block", "blocks")
+    );
+    let _ = writeln!(
+        o,
+        "  live at end   {} ({}) allocated while recording and not freed",
+        human::plural(t.live_blocks_at_end, "block", "blocks"),
         human::bytes(t.live_bytes_at_end)
     );
     let _ = writeln!(
@@ -438,10 +481,7 @@ fn verify(path: &Path) -> memtrack::Result<ExitCode> {
         Ok(t) => t,
         Err(e) => return fail(e.to_string()),
     };
-    let fin = reader
-        .final_metadata()
-        .expect("complete files have a trailer");
-    if fin.totals != totals {
+    if !stored_totals_agree(&reader, &totals) {
         return fail(
             "the totals stored in the trailer differ from the totals of the decoded events".into(),
         );
@@ -560,14 +600,14 @@ fn record(
     let written = file.commit()?;
     let t = &out.recorded.written.totals;
     eprintln!(
-        "memtrack: {} allocations, {} allocated, peak {} live, {} live at end in {} blocks, \
-         {} lost events -> {}",
-        human::count(t.allocations),
+        "memtrack: {}, {} allocated in total; peak live heap {}; still live at the end: {} \
+         ({}); {} lost -> {}",
+        human::plural(t.allocations, "allocation", "allocations"),
         human::bytes(t.bytes_allocated),
         human::bytes(t.peak_live_bytes),
+        human::plural(t.live_blocks_at_end, "block", "blocks"),
         human::bytes(t.live_bytes_at_end),
-        human::count(t.live_blocks_at_end),
-        human::count(out.recorded.lost_events),
+        human::plural(out.recorded.lost_events, "event", "events"),
         written.display()
     );
     if out.recorded.lost_events > 0 {

@@ -108,6 +108,7 @@ fn invariant_tsc() -> bool {
 pub(crate) struct AllocRecording<W: Write + Send + 'static> {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<Encoder<W>>>>,
+    iterations: Option<u64>,
 }
 
 /// Starts recording the Rust allocator into an artifact written to `out`.
@@ -179,10 +180,16 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
     Ok(AllocRecording {
         stop,
         thread: Some(thread),
+        iterations: None,
     })
 }
 
 impl<W: Write + Send + 'static> AllocRecording<W> {
+    /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine.
+    pub(crate) fn set_iterations(&mut self, n: u64) {
+        self.iterations = Some(n);
+    }
+
     /// Stops recording, drains every ring and finishes the artifact; also returns the number
     /// of events lost (only if the collector failed while a thread waited for room).
     pub(crate) fn stop(mut self) -> Result<(Written, u64)> {
@@ -202,7 +209,11 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
             .map_err(|_| Error::io("collector thread", std::io::Error::other("panicked")));
         *COLLECTOR.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let lost = super::LOST.load(Ordering::Relaxed);
-        joined??.finish(lost).map(|w| (w, lost))
+        let mut encoder = joined??;
+        if let Some(n) = self.iterations {
+            encoder.set_iterations(n);
+        }
+        encoder.finish(lost).map(|w| (w, lost))
     }
 }
 

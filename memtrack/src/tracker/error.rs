@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 /// Why the eBPF tracker could not load, attach or record.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum TrackerError {
     /// The kernel refused to load BPF programs or create uprobes for lack of privileges.
@@ -131,5 +131,12 @@ impl LibbpfLog {
 impl Drop for LibbpfLog {
     fn drop(&mut self) {
         libbpf_rs::set_print(self.0.take());
+    }
+}
+
+/// The message of `Display` (cause and fix), which `.unwrap()` prints; see [`crate::Error`].
+impl std::fmt::Debug for TrackerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }

@@ -411,6 +411,7 @@ impl Tracker {
             poller: Some(poller),
             drops_at_start: at_start.drops,
             out_of_scope_at_start: at_start.out_of_scope,
+            iterations: None,
             _out: PhantomData,
         })
     }
@@ -492,6 +493,7 @@ pub struct Recording<'t, W: Write + Send + 'static> {
     poller: Option<PollerRecording>,
     drops_at_start: u64,
     out_of_scope_at_start: u64,
+    iterations: Option<u64>,
     _out: PhantomData<fn() -> W>,
 }
 
@@ -509,6 +511,12 @@ pub struct Recorded {
 }
 
 impl<W: Write + Send + 'static> Recording<'_, W> {
+    /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine
+    /// (see [`Final::iterations`](crate::Final::iterations)).
+    pub fn set_iterations(&mut self, n: u64) {
+        self.iterations = Some(n);
+    }
+
     /// Stops recording: switch off, drain the ring buffer's tail, finish the artifact.
     pub fn stop(mut self) -> crate::Result<Recorded> {
         self.stop_inner()
@@ -553,6 +561,10 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         let encoder = drained.encoder::<W>().ok_or_else(|| {
             TrackerError::InvalidOption("the poller returned another recording's encoder".into())
         })?;
+        let mut encoder = encoder;
+        if let Some(n) = self.iterations {
+            encoder.set_iterations(n);
+        }
         let written = encoder.finish(lost_events)?;
         if let Some(e) = push_error {
             return Err(e);

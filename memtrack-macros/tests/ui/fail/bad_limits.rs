@@ -36,4 +36,16 @@ fn not_a_literal() {}
 #[memtrack::memtrack(max_allocs = 5)]
 fn unknown() {}
 
+#[memtrack::memtrack(allocations = 3, max_allocations = 2)]
+fn exact_and_max() {}
+
+#[memtrack::memtrack(min_allocations = 1, allocations = 3)]
+fn min_and_exact() {}
+
+#[memtrack::memtrack(min_allocations = 5, max_allocations = 4)]
+fn min_above_max() {}
+
+#[memtrack::memtrack(max_blocks = -1)]
+fn negative_blocks() {}
+
 fn main() {}

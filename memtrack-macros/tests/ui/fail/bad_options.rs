@@ -16,6 +16,15 @@ fn repeated_crate() {}
 #[memtrack::memtrack(name = "")]
 fn empty_name() {}
 
+#[memtrack::memtrack(in_memory = true)]
+fn in_memory_with_value() {}
+
+#[memtrack::memtrack(in_memory, output = "target/x")]
+fn in_memory_and_output() {}
+
+#[memtrack::memtrack(in_memory, in_memory)]
+fn in_memory_twice() {}
+
 fn main() {}
 
 #[memtrack::memtrack(backend = "dtrace")]

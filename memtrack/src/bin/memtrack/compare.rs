@@ -80,6 +80,16 @@ pub fn run(
         base_set[0].name = head_set[0].name.clone();
     }
     let cmp = Comparison::new(&base_set, &head_set, &metric.metrics(), threshold);
+    if !cmp.mismatched.is_empty() {
+        for (b, h) in &cmp.mismatched {
+            eprintln!("memtrack: error: {}", b.mismatch_with(h));
+        }
+        eprintln!(
+            "memtrack: refusing to compare per-iteration figures with plain totals: {}",
+            memtrack::human::plural(cmp.mismatched.len() as u64, "benchmark", "benchmarks")
+        );
+        return Ok(ExitCode::from(INPUT_ERROR));
+    }
     let out = match format {
         Format::Table => cmp.to_table(),
         Format::Markdown => cmp.to_markdown(),
@@ -168,7 +178,7 @@ fn load(path: &Path) -> Result<Benchmark, String> {
         ));
     }
     let totals = super::analyse(&reader, "reading").map_err(|e| e.to_string())?;
-    if totals != fin.totals {
+    if !super::stored_totals_agree(&reader, &totals) {
         return Err(format!(
             "{}: the totals stored in the trailer differ from the decoded events: the artifact \
              is corrupt",
@@ -182,5 +192,5 @@ fn load(path: &Path) -> Result<Benchmark, String> {
             |s| s.to_string_lossy().into(),
         ),
     };
-    Ok(Benchmark::new(name, path, totals))
+    Ok(Benchmark::new(name, path, totals).with_iterations(fin.iterations))
 }
