@@ -35,6 +35,7 @@ pub use record::{RecordOutcome, record_command};
 use crate::artifact::Metadata;
 use crate::encode::{Encoder, EncoderOptions, Written};
 use bpf::{Bpf, exclude_tid, gettid, mapped_objects};
+pub(crate) use poll::record_to_event;
 use poll::{Poller, PollerRecording};
 
 /// Default ring buffer: 256 MiB (4 Mi events of 64 bytes in flight).
