@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! ir-gate [check] [--threshold PCT] [--baseline FILE] [--driver BIN] [--runs N] [--jobs N]
-//! ir-gate update  [--baseline FILE] [--driver BIN] [--runs N] [--jobs N]
+//! ir-gate update  [--baseline FILE] [--driver BIN] [--runs N] [--jobs N] [--reclassify]
 //! ir-gate abba BASE_BIN HEAD_BIN [--rounds N]
 //! ```
 //!
@@ -11,8 +11,9 @@
 //! of each run and their median, and compares it with the baseline: exit 1 when an operation
 //! grew more than the threshold (3 %, or `--threshold`, or `$MEMTRACK_IR_THRESHOLD`), 2 on any
 //! error (callgrind output that does not parse, an operation missing on one side, ...), else 0.
-//! `update` measures every operation and rewrites the baseline; an operation whose Ir/op varies
-//! more than 0.5 % between runs is marked wall-clock only and not gated. `abba` times two
+//! `update` measures every operation and rewrites the baseline; an operation whose Ir/op varied
+//! more than 0.5 % between runs (in this update or an earlier one, see [`classify`]) is marked
+//! wall-clock only and not gated. `abba` times two
 //! drivers (base and head builds) alternating A B B A.
 //!
 //! A Rust binary rather than a script: the CI machine has no Python, JSON needs serde anyway,
@@ -266,8 +267,23 @@ struct BaselineOp {
     /// Each run's Ir/op.
     runs: Vec<f64>,
     spread_percent: f64,
-    /// False: the spread exceeded 0.5 %: wall-clock only (ABBA), not gated.
+    /// The largest spread of any update since the operation's scope or sizes last changed:
+    /// one noisy sample is enough to show that its count is not deterministic.
+    max_spread_percent: f64,
+    /// False: `max_spread_percent` exceeds 0.5 %: wall-clock only (ABBA), not gated.
     gated: bool,
+}
+
+/// Whether an operation measured with `spread` is gated, and the largest spread seen: that of
+/// the previous baseline counts too (same scope and sizes, unless `reclassify`), so that an
+/// operation near the limit does not flip between gated and not from one update to the next.
+fn classify(prev: Option<&BaselineOp>, op: &OpInfo, spread: f64, reclassify: bool) -> (f64, bool) {
+    let max = prev
+        .filter(|p| {
+            !reclassify && p.scope == op.scope && (p.small, p.large) == (op.small, op.large)
+        })
+        .map_or(spread, |p| p.max_spread_percent.max(spread));
+    (max, max <= MAX_GATED_SPREAD)
 }
 
 fn read_baseline(path: &Path) -> Result<Baseline> {
@@ -677,6 +693,7 @@ struct Args {
     runs: usize,
     jobs: usize,
     rounds: usize,
+    reclassify: bool,
     positional: Vec<String>,
 }
 
@@ -689,6 +706,7 @@ fn parse_args(args: &[String]) -> Result<Args> {
         runs: 0,
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         rounds: 3,
+        reclassify: false,
         positional: Vec::new(),
     };
     let mut it = args.iter();
@@ -712,6 +730,7 @@ fn parse_args(args: &[String]) -> Result<Args> {
             "--runs" => a.runs = count("--runs", value("--runs")?)?,
             "--jobs" => a.jobs = count("--jobs", value("--jobs")?)?,
             "--rounds" => a.rounds = count("--rounds", value("--rounds")?)?,
+            "--reclassify" => a.reclassify = true,
             "check" | "update" | "abba" if first => a.cmd = arg.clone(),
             s if s.starts_with('-') => return Err(GateError::Usage(format!("unknown option {s}"))),
             s => a.positional.push(s.to_string()),
@@ -731,7 +750,7 @@ fn parse_args(args: &[String]) -> Result<Args> {
         ("abba", 2) | ("check" | "update", 0) => Ok(a),
         _ => Err(GateError::Usage(
             "usage: ir-gate [check|update] [--threshold PCT] [--baseline FILE] [--driver BIN] \
-             [--runs N] [--jobs N] | ir-gate abba BASE_BIN HEAD_BIN [--rounds N]"
+             [--runs N] [--jobs N] [--reclassify] | ir-gate abba BASE_BIN HEAD_BIN [--rounds N]"
                 .into(),
         )),
     }
@@ -782,9 +801,9 @@ fn check(a: &Args) -> Result<bool> {
                 base: Some(b.ir_per_op),
                 now: None,
                 change: None,
-                spread: Some(b.spread_percent),
+                spread: Some(b.max_spread_percent),
                 verdict: format!(
-                    "wall-clock only (baseline spread > {MAX_GATED_SPREAD}%): not gated, use ABBA"
+                    "wall-clock only (spread seen > {MAX_GATED_SPREAD}%): not gated, use ABBA"
                 ),
             });
             continue;
@@ -847,11 +866,9 @@ fn update(a: &Args) -> Result<()> {
     let mut rows = Vec::new();
     for (o, runs) in ops.iter().zip(measured) {
         let (median, spread) = median_spread(&runs)?;
-        let gated = spread <= MAX_GATED_SPREAD;
-        let prev = old
-            .as_ref()
-            .and_then(|b| b.ops.get(&o.name))
-            .map(|b| b.ir_per_op);
+        let prev_op = old.as_ref().and_then(|b| b.ops.get(&o.name));
+        let (max_spread, gated) = classify(prev_op, o, spread, a.reclassify);
+        let prev = prev_op.map(|b| b.ir_per_op);
         rows.push(Row {
             name: o.name.clone(),
             base: prev,
@@ -860,6 +877,11 @@ fn update(a: &Args) -> Result<()> {
             spread: Some(spread),
             verdict: if gated {
                 "gated".into()
+            } else if max_spread > spread {
+                format!(
+                    "wall-clock only ({max_spread:.3}% > {MAX_GATED_SPREAD}% in an earlier \
+                     update; --reclassify forgets it)"
+                )
             } else {
                 format!("wall-clock only (spread > {MAX_GATED_SPREAD}%)")
             },
@@ -873,6 +895,7 @@ fn update(a: &Args) -> Result<()> {
                 ir_per_op: median,
                 runs,
                 spread_percent: spread,
+                max_spread_percent: max_spread,
                 gated,
             },
         );
@@ -1133,6 +1156,7 @@ mod tests {
             ir_per_op: 100.0,
             runs: vec![100.0; 3],
             spread_percent: 0.0,
+            max_spread_percent: 0.0,
             gated: true,
         };
         Baseline {
@@ -1213,6 +1237,24 @@ mod tests {
         std::fs::write(&p, serde_json::to_string(&b).unwrap()).unwrap();
         assert_eq!(read_baseline(&p), Ok(b));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_noisy_operation_stays_wall_clock_only() {
+        let op = parse_list(LIST).unwrap().remove(0);
+        let mut prev = baseline(&["encode"]).ops.remove("encode").unwrap();
+        assert_eq!(classify(None, &op, 0.2, false), (0.2, true));
+        assert_eq!(classify(None, &op, 0.6, false), (0.6, false));
+        assert_eq!(classify(Some(&prev), &op, 0.2, false), (0.2, true));
+        prev.max_spread_percent = 0.7;
+        assert_eq!(classify(Some(&prev), &op, 0.2, false), (0.7, false));
+        assert_eq!(classify(Some(&prev), &op, 0.2, true), (0.2, true));
+        prev.large *= 2;
+        assert_eq!(
+            classify(Some(&prev), &op, 0.2, false),
+            (0.2, true),
+            "other sizes"
+        );
     }
 
     #[test]
