@@ -431,7 +431,10 @@ fn table(rows: &[Row], runs: usize) -> String {
                 r.name.clone(),
                 f(r.base, 3),
                 f(r.now, 3),
-                r.change.map_or("-".into(), |c| format!("{c:+.2}%")),
+                // A change that rounds to 0 prints as +0.00%, not -0.00%.
+                r.change.map_or("-".into(), |c| {
+                    format!("{:+.2}%", if c.abs() < 0.005 { 0.0 } else { c })
+                }),
                 r.spread.map_or("-".into(), |s| format!("{s:.3}%")),
                 r.verdict.clone(),
             ]
