@@ -440,36 +440,27 @@ fn table(rows: &[Row], runs: usize) -> String {
             ]
         })
         .collect();
-    let mut w = header.clone().map(|h| h.len());
-    for c in &cells {
+    align(&header, &cells)
+}
+
+/// Six columns: the first left-aligned, the middle four right-aligned, the last as is.
+fn align(header: &[String; 6], cells: &[[String; 6]]) -> String {
+    let mut w = header.clone().map(|h| h.chars().count());
+    for c in cells {
         for (i, s) in c.iter().enumerate() {
-            w[i] = w[i].max(s.len());
+            w[i] = w[i].max(s.chars().count());
         }
     }
     let line = |c: &[String; 6]| {
-        format!(
-            "{:<w0$}  {:>w1$}  {:>w2$}  {:>w3$}  {:>w4$}  {}",
-            c[0],
-            c[1],
-            c[2],
-            c[3],
-            c[4],
-            c[5],
-            w0 = w[0],
-            w1 = w[1],
-            w2 = w[2],
-            w3 = w[3],
-            w4 = w[4]
-        )
-        .trim_end()
-        .to_string()
+        let mut l = format!("{:<w$}", c[0], w = w[0]);
+        for i in 1..5 {
+            l += &format!("  {:>w$}", c[i], w = w[i]);
+        }
+        l += "  ";
+        l += &c[5];
+        l.trim_end().to_string() + "\n"
     };
-    let mut out = line(&header) + "\n";
-    for c in &cells {
-        out += &line(c);
-        out.push('\n');
-    }
-    out
+    cells.iter().map(line).fold(line(header), |a, l| a + &l)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -983,10 +974,16 @@ fn abba(a: &Args) -> Result<()> {
         a.rounds,
         2 * a.rounds
     );
-    println!("operation\tbase median\tbase range\thead median\thead range\tchange of medians");
-    for r in rows {
-        println!("{}", r.join("\t"));
-    }
+    let header = [
+        "operation",
+        "base median",
+        "base range",
+        "head median",
+        "head range",
+        "change of medians",
+    ]
+    .map(String::from);
+    print!("{}", align(&header, &rows));
     Ok(())
 }
 
