@@ -11,6 +11,8 @@
 //! of each run and their median, and compares it with the baseline: exit 1 when an operation
 //! grew more than the threshold (3 %, or `--threshold`, or `$MEMTRACK_IR_THRESHOLD`), 2 on any
 //! error (callgrind output that does not parse, an operation missing on one side, ...), else 0.
+//! The baseline records rustc's and valgrind's versions and a hash of the driver's source:
+//! counts of another compiler or another driver do not compare, and `check` refuses them.
 //! `update` measures every operation and rewrites the baseline; an operation whose Ir/op varied
 //! more than 0.5 % between runs (in this update or an earlier one, see [`classify`]) is marked
 //! wall-clock only and not gated. `abba` times two
@@ -74,6 +76,50 @@ impl fmt::Display for GateError {
 }
 
 type Result<T> = std::result::Result<T, GateError>;
+
+/// The driver's source, whose hash the baseline records.
+fn driver_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/ir/driver.rs")
+}
+
+/// FNV-1a (64 bits) of `bytes`, in hex: a change of the driver is a change of measurement.
+fn driver_hash(bytes: &[u8]) -> String {
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{h:016x}")
+}
+
+fn read_driver_hash() -> Result<String> {
+    let p = driver_source();
+    std::fs::read(&p)
+        .map(|b| driver_hash(&b))
+        .map_err(|e| GateError::Run {
+            what: format!("reading {}", p.display()),
+            problem: e.to_string(),
+        })
+}
+
+/// The baseline must come from this toolchain and this driver.
+fn same_measurement(base: &Baseline, rustc: &str, valgrind: &str, driver: &str) -> Result<()> {
+    if (rustc, valgrind) != (base.rustc.as_str(), base.valgrind.as_str()) {
+        return Err(GateError::Baseline(format!(
+            "measured with {} and {}, this machine has {rustc} and {valgrind}: instruction \
+             counts of different compilers do not compare. Re-measure the base commit with this \
+             toolchain (`ir-gate update`), in a commit of its own",
+            base.rustc, base.valgrind
+        )));
+    }
+    if driver != base.driver {
+        return Err(GateError::Baseline(format!(
+            "benches/ir/driver.rs changed since the baseline was measured (hash {} then, {driver} \
+             now): both sides must run the same driver. Commit the driver change on its own, with \
+             `ir-gate update` (a driver change changes the measurement, not memtrack)",
+            base.driver
+        )));
+    }
+    Ok(())
+}
 
 /// The `Ir` total of a callgrind output file (its `totals:` line, else `summary:`).
 fn parse_callgrind(file: &Path, text: &str) -> Result<u64> {
@@ -253,6 +299,10 @@ struct Baseline {
     /// `rustc -vV`'s release line and valgrind's version: Ir of other builds do not compare.
     rustc: String,
     valgrind: String,
+    /// FNV-1a of `benches/ir/driver.rs` ([`driver_hash`]): both sides must run the same driver.
+    /// (Empty in a baseline from before it was recorded: `check` refuses it, `update` reads it.)
+    #[serde(default)]
+    driver: String,
     runs: usize,
     ops: BTreeMap<String, BaselineOp>,
 }
@@ -764,14 +814,7 @@ fn check(a: &Args) -> Result<bool> {
     )?;
     let base = read_baseline(&a.baseline)?;
     let (rustc, valgrind) = toolchain()?;
-    if (rustc.as_str(), valgrind.as_str()) != (base.rustc.as_str(), base.valgrind.as_str()) {
-        return Err(GateError::Baseline(format!(
-            "measured with {} and {}, this machine has {rustc} and {valgrind}: instruction \
-             counts of different compilers do not compare. Re-measure the base commit with this \
-             toolchain (`ir-gate update`), in a commit of its own",
-            base.rustc, base.valgrind
-        )));
-    }
+    same_measurement(&base, &rustc, &valgrind, &read_driver_hash()?)?;
     let driver = driver(a)?;
     let ops = list(&driver)?;
     let pairs = reconcile(&ops, &base)?;
@@ -854,6 +897,7 @@ fn update(a: &Args) -> Result<()> {
             .into(),
         rustc,
         valgrind,
+        driver: read_driver_hash()?,
         runs: a.runs,
         ops: BTreeMap::new(),
     };
@@ -1163,6 +1207,7 @@ mod tests {
             note: String::new(),
             rustc: "rustc 1".into(),
             valgrind: "valgrind-3".into(),
+            driver: "00".into(),
             runs: 3,
             ops: names.iter().map(|n| (n.to_string(), op.clone())).collect(),
         }
@@ -1254,6 +1299,24 @@ mod tests {
             classify(Some(&prev), &op, 0.2, false),
             (0.2, true),
             "other sizes"
+        );
+    }
+
+    #[test]
+    fn the_baseline_must_come_from_the_same_toolchain_and_driver() {
+        let b = baseline(&["encode"]);
+        assert_eq!(same_measurement(&b, "rustc 1", "valgrind-3", "00"), Ok(()));
+        let e = same_measurement(&b, "rustc 2", "valgrind-3", "00").unwrap_err();
+        assert!(e.to_string().contains("different compilers"), "{e}");
+        let e = same_measurement(&b, "rustc 1", "valgrind-4", "00").unwrap_err();
+        assert!(e.to_string().contains("valgrind-4"), "{e}");
+        let e = same_measurement(&b, "rustc 1", "valgrind-3", "01").unwrap_err();
+        assert!(e.to_string().contains("driver.rs changed"), "{e}");
+        assert_eq!(driver_hash(b""), "cbf29ce484222325");
+        assert_eq!(driver_hash(b"a"), "af63dc4c8601ec8c");
+        assert!(
+            read_driver_hash().is_ok(),
+            "the driver's source is where the gate looks"
         );
     }
 
