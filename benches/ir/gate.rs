@@ -600,7 +600,11 @@ fn version(cmd: &str, arg: &str) -> Result<String> {
 /// The compiler and valgrind of this machine, to compare with the baseline's.
 fn toolchain() -> Result<(String, String)> {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    Ok((version(&rustc, "-V")?, version("valgrind", "--version")?))
+    let valgrind = version("valgrind", "--version").map_err(|e| GateError::Run {
+        what: "valgrind".into(),
+        problem: format!("{e} (the gate needs valgrind: apt-get install valgrind)"),
+    })?;
+    Ok((version(&rustc, "-V")?, valgrind))
 }
 
 /// One callgrind run of `op` at `ops` operations: its Ir.
@@ -638,6 +642,7 @@ fn callgrind(driver: &Path, dir: &Path, op: &OpInfo, ops: u64, run: usize) -> Re
         problem: format!("cannot read: {e}"),
     })?;
     let ir = parse_callgrind(&file, &text)?;
+    // Kept only when it does not parse, to be looked at.
     let _ = std::fs::remove_file(&file);
     Ok(ir)
 }
@@ -699,8 +704,13 @@ fn measure(
     if tty {
         eprintln!();
     }
-    let _ = std::fs::remove_dir_all(&dir);
     let mut results = results.into_inner().expect("results");
+    // The failure that stopped the runs, not the runs it cancelled; its files are kept.
+    if let Some(e) = results.values().find_map(|r| r.as_ref().err()) {
+        eprintln!("ir-gate: callgrind files kept in {}", dir.display());
+        return Err(e.clone());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     let mut per_op = Vec::new();
     for (i, (op, small, large)) in ops.iter().enumerate() {
         let mut v = Vec::new();
@@ -1318,6 +1328,40 @@ mod tests {
             read_driver_hash().is_ok(),
             "the driver's source is where the gate looks"
         );
+    }
+
+    /// The runner's failures, with fake drivers (shell scripts) under the real valgrind.
+    #[test]
+    fn failed_runs_are_errors() {
+        if version("valgrind", "--version").is_err() {
+            eprintln!("skipped: valgrind is not installed (apt-get install valgrind)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("ir-gate-fake-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let op = parse_list(LIST).unwrap().remove(0);
+        let fake = |name: &str, body: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            let p = dir.join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let cases = [
+            (
+                "fails",
+                "echo 'hotpaths: unknown operation' >&2; exit 2",
+                "unknown operation",
+            ),
+            ("silent", "exit 0", "did not report"),
+            // Reports the run but never enters memtrack_ir_measured.
+            ("liar", "echo \"$2 $3 ok 1\"", "0 instructions counted"),
+        ];
+        for (name, body, want) in cases {
+            let e = callgrind(&fake(name, body), &dir, &op, 65536, 0).unwrap_err();
+            assert!(e.to_string().contains(want), "{name}: {e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
