@@ -183,3 +183,38 @@ pub fn fn_path(type_name: &'static str) -> &'static str {
 pub fn active_session() -> Option<String> {
     crate::session::active_name()
 }
+
+/// Hooks for the hot-path gate (`benches/ir/driver.rs`): each calls the real code path of one
+/// operation that is otherwise reachable only through private items. Not public API.
+pub mod hotpath {
+    use crate::artifact::{FrameScratch, encode_frame};
+    use crate::error::Result;
+    use crate::event::Event;
+
+    /// Encodes frames as the encoder's workers do: events to a finished frame record (columns,
+    /// zstd compression, header and CRC), with reusable scratch buffers.
+    pub struct FrameEncoder(FrameScratch);
+
+    impl FrameEncoder {
+        /// Scratch for zstd `level` (1 ..= 19).
+        pub fn new(level: i32) -> Result<Self> {
+            FrameScratch::new(level).map(FrameEncoder)
+        }
+
+        /// Encodes `events` into one frame record in `out` (cleared first).
+        pub fn encode(&mut self, events: &[Event], out: &mut Vec<u8>) -> Result<()> {
+            encode_frame(events, &mut self.0, out)
+        }
+    }
+
+    /// What the eBPF tracker's poller makes of one ring-buffer record (`None`: malformed).
+    #[inline]
+    pub fn bpf_record_to_event(data: &[u8]) -> Option<Event> {
+        crate::tracker::record_to_event(data)
+    }
+
+    /// Events the allocator backend's threads wrote that its collector has not drained yet.
+    pub fn alloc_undrained() -> usize {
+        crate::recorder::undrained()
+    }
+}

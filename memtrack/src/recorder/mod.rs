@@ -230,6 +230,21 @@ impl Ring {
 
 /// Every ring of every thread that recorded, until the collector has drained a closed one.
 pub(crate) static REGISTRY: Mutex<Vec<Arc<Ring>>> = Mutex::new(Vec::new());
+
+/// Events written to the threads' rings that the collector has not drained yet. The hot-path
+/// gate's driver waits for 0 between bursts, so that its measured thread never waits for room.
+pub(crate) fn undrained() -> usize {
+    let rings = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    rings
+        .iter()
+        .map(|r| {
+            // Tail first: it never passes a head value read after it.
+            let tail = r.tail.0.load(Ordering::Acquire);
+            r.head.0.load(Ordering::Acquire) - tail
+        })
+        .sum()
+}
+
 /// Events of threads whose ring was already torn down (thread-local destructors at exit).
 pub(crate) static OVERFLOW: Mutex<Vec<(u32, Raw)>> = Mutex::new(Vec::new());
 

@@ -44,6 +44,7 @@ use crate::encode::{Encoder, EncoderOptions, Written};
 use crate::scope::Scope;
 use bpf::{Bpf, exclude_tid, gettid, mapped_objects};
 use memtrack_bpf::RawSwitch;
+pub(crate) use poll::record_to_event;
 use poll::{Poller, PollerRecording};
 
 /// Default ring buffer: 256 MiB (4 Mi events of 64 bytes in flight).
