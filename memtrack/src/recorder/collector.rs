@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
-use super::{EPOCH, OVERFLOW, REGISTRY, Raw, STREAM, SWITCH, exclude_current_thread, tsc};
+use super::{OVERFLOW, REGISTRY, Raw, STREAM, SWITCH, exclude_current_thread, tsc};
 use crate::artifact::{Metadata, monotonic_ns};
 use crate::encode::{Encoder, EncoderOptions, Written};
 use crate::error::{Error, Result};
@@ -145,8 +145,8 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
         meta,
         EncoderOptions::new().workers(workers).on_thread_start(hook),
     )?;
-    // A new epoch; whatever an earlier session left in the rings is dropped.
-    EPOCH.fetch_add(1, Ordering::Relaxed);
+    // A new epoch and scope; whatever an earlier session left in the rings is dropped.
+    super::begin_session(scope);
     drain_all(&mut |_, _| {});
     super::LOST.store(0, Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
@@ -175,7 +175,6 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
         }
         std::thread::sleep(Duration::from_micros(100));
     }
-    super::enter_scope(scope);
     SWITCH.fetch_or(STREAM, Ordering::SeqCst);
     Ok(AllocRecording {
         stop,
@@ -198,7 +197,6 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
 
     fn stop_inner(&mut self) -> Result<(Written, u64)> {
         SWITCH.fetch_and(!STREAM, Ordering::SeqCst);
-        super::leave_scope();
         let Some(thread) = self.thread.take() else {
             return Err(Error::InvalidOption("recording already stopped".into()));
         };
@@ -228,7 +226,7 @@ impl<W: Write + Send + 'static> Drop for AllocRecording<W> {
 /// Drains every ring and the overflow, calling `f(tid, raw)` for the current epoch's events;
 /// forgets closed rings once drained.
 fn drain_all(f: &mut dyn FnMut(u32, &Raw)) {
-    let epoch = EPOCH.load(Ordering::Relaxed) as u8;
+    let epoch = super::epoch();
     let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     reg.retain(|ring| {
         // Read `closed` first: a ring seen closed has no write after this drain.

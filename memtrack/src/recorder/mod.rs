@@ -40,16 +40,17 @@ use crate::scope::Scope;
 static SWITCH: AtomicU32 = AtomicU32::new(0);
 const STREAM: u32 = 1;
 const COUNT: u32 = 2;
-/// Incremented by every session: ring slots carry it, so a late write of an old session
-/// cannot leak into the next one.
-static EPOCH: AtomicU32 = AtomicU32::new(0);
+/// The current session, in one word so that a call reads a consistent pair: its epoch (high 32
+/// bits; incremented by every session, ring slots carry it, so that a late write of an old
+/// session cannot leak into the next one) and its scope (low 32 bits: 0 for the whole process,
+/// else the generation number that the threads in its scope carry in [`THREAD_SCOPE`]). A call
+/// that read the switch during one session and the rest after the next began is recorded with
+/// the epoch it read the scope with, so it is either in the new session's scope or dropped.
+static SESSION: AtomicU64 = AtomicU64::new(0);
 /// Events dropped because recording stopped while their thread waited for room (the
 /// collector failed): reported as lost.
 pub(crate) static LOST: AtomicU64 = AtomicU64::new(0);
-/// The running session's scope: 0 for the whole process, else the generation number that
-/// the threads in its scope carry in [`THREAD_SCOPE`].
-static SCOPE_GEN: AtomicU32 = AtomicU32::new(0);
-/// The last generation handed out (never 0).
+/// The last scope generation handed out (never 0).
 static LAST_GEN: AtomicU32 = AtomicU32::new(0);
 /// Calls of threads outside a thread-scoped session's scope, not recorded.
 pub(crate) static OUT_OF_SCOPE: AtomicU64 = AtomicU64::new(0);
@@ -269,9 +270,9 @@ thread_local! {
     static THREAD_SCOPE: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Puts the calling thread in the scope of the session about to start (called on the
-/// session's thread, before the switch goes on).
-pub(crate) fn enter_scope(scope: Scope) {
+/// Begins a new session's epoch and scope, putting the calling thread (the session's) in it;
+/// called before the switch goes on.
+pub(crate) fn begin_session(scope: Scope) {
     OUT_OF_SCOPE.store(0, Ordering::Relaxed);
     let generation = match scope {
         Scope::Process => 0,
@@ -284,12 +285,13 @@ pub(crate) fn enter_scope(scope: Scope) {
             g
         }
     };
-    SCOPE_GEN.store(generation, Ordering::Relaxed);
+    let epoch = (SESSION.load(Ordering::Relaxed) >> 32).wrapping_add(1) & 0xffff_ffff;
+    SESSION.store(epoch << 32 | u64::from(generation), Ordering::SeqCst);
 }
 
-/// Ends the running session's scope (after the switch went off).
-pub(crate) fn leave_scope() {
-    SCOPE_GEN.store(0, Ordering::Relaxed);
+/// The current session's epoch, as ring slots carry it.
+pub(crate) fn epoch() -> u8 {
+    (SESSION.load(Ordering::Relaxed) >> 32) as u8
 }
 
 /// Whether the calling thread is in the scope of the allocator recorder's running session.
@@ -297,7 +299,7 @@ pub(crate) fn current_thread_in_scope() -> bool {
     if SWITCH.load(Ordering::Relaxed) & STREAM == 0 {
         return false;
     }
-    let g = SCOPE_GEN.load(Ordering::Relaxed);
+    let g = SESSION.load(Ordering::Relaxed) as u32;
     g == 0 || THREAD_SCOPE.with(|t| t.get()) == g
 }
 
@@ -352,7 +354,8 @@ fn record(kind: KindTag, addr: u64, addr2: u64, size: u64, align: u64) {
         return;
     }
     let sw = SWITCH.load(Ordering::Relaxed);
-    let scope = SCOPE_GEN.load(Ordering::Relaxed);
+    let session = SESSION.load(Ordering::Relaxed);
+    let scope = session as u32;
     if scope != 0 && sw & STREAM != 0 && THREAD_SCOPE.with(|t| t.get()) != scope {
         OUT_OF_SCOPE.fetch_add(1, Ordering::Relaxed);
         INSIDE.with(|i| i.set(false));
@@ -377,7 +380,7 @@ fn record(kind: KindTag, addr: u64, addr2: u64, size: u64, align: u64) {
             size,
             align: align as u32,
             kind: kind as u8,
-            epoch: EPOCH.load(Ordering::Relaxed) as u8,
+            epoch: (session >> 32) as u8,
         };
         push(raw);
     }

@@ -394,12 +394,21 @@ impl Tracker {
             generation: st.sw.generation.wrapping_add(1),
             reserved: 0,
         };
-        // Recording starts last: the calling thread enters the scope, then the switch goes on.
-        let on = match scope {
-            Scope::Threads => bpf::mark_scope(&self.bpf.excluded, gettid(), sw.generation),
-            Scope::Process => Ok(()),
-        }
-        .and_then(|()| self.bpf.set_switch(sw));
+        // Recording starts last: the new scope and generation, then the calling thread enters
+        // the scope, then the switch goes on. The program may read the switch while user space
+        // writes it (a plain copy, not atomic): writing the scope first means a torn read
+        // mixes only the `enabled` bits, never an old generation with the stream on.
+        let on = self
+            .bpf
+            .set_switch(RawSwitch {
+                enabled: st.sw.enabled,
+                ..sw
+            })
+            .and_then(|()| match scope {
+                Scope::Threads => bpf::mark_scope(&self.bpf.excluded, gettid(), sw.generation),
+                Scope::Process => Ok(()),
+            })
+            .and_then(|()| self.bpf.set_switch(sw));
         if let Err(e) = on {
             drop(poller.finish());
             self.detach_after_recording(&st);
