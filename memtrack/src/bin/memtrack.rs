@@ -60,8 +60,9 @@ enum Cmd {
         base: PathBuf,
         /// The candidate: an artifact or a directory of them.
         head: PathBuf,
-        /// Growth allowed before a metric counts as regressed (`3%`, `0.5%`). Growth from 0 is
-        /// always a regression; any shrinking is an improvement.
+        /// Growth allowed before a metric counts as regressed, with its % sign (`3%`, `0.5%`;
+        /// a bare number is refused). Growth from 0 is always a regression; any shrinking is an
+        /// improvement.
         #[arg(long, default_value = "3%", value_parser = |s: &str| s.parse::<memtrack::Threshold>())]
         threshold: memtrack::Threshold,
         /// Which metric to gate on.
@@ -104,7 +105,9 @@ enum Cmd {
         output: PathBuf,
     },
     /// Run a command with every allocation, free and mapping recorded by the eBPF tracker
-    /// (needs root, or CAP_BPF + CAP_PERFMON). Exits with the command's exit code. The command
+    /// (needs root, or CAP_BPF + CAP_PERFMON). Exits with the command's exit code (128+N if
+    /// signal N ended it); 127 if the command is not found, 126 if it cannot be executed, 2 for
+    /// bad usage, 125 if memtrack itself failed. The command
     /// never gets memtrack's capabilities, and when it does not run as root a setuid program it
     /// starts gains no privileges (no_new_privs).
     Record {
@@ -116,8 +119,9 @@ enum Cmd {
         /// sudo).
         #[arg(long, value_name = "NAME")]
         user: Option<String>,
-        /// Ring buffer size in MiB (a power of two); raise it if events are lost.
-        #[arg(long, default_value_t = 256)]
+        /// Ring buffer size in MiB (a power of two from 1 to 1024); raise it if events are
+        /// lost.
+        #[arg(long, default_value_t = 256, value_parser = ringbuf_mib)]
         ringbuf_mib: u64,
         /// Do not record mmap/munmap/mremap/brk: their tracepoint slows every syscall of every
         /// process while attached; allocation probes alone cost other processes nothing.
@@ -135,10 +139,12 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
-    // compare's own exit codes: 1 is a regression, so its errors exit 2.
-    let error_code = match cli.cmd {
-        Cmd::Compare { .. } => ExitCode::from(2),
-        _ => ExitCode::FAILURE,
+    // compare's own exit codes: 1 is a regression, so its errors exit 2; record's are the
+    // command's, so its own are set apart (see `record_error_code`).
+    let kind = match cli.cmd {
+        Cmd::Compare { .. } => Some(2),
+        Cmd::Record { .. } => None,
+        _ => Some(1),
     };
     let res = match cli.cmd {
         Cmd::Show {
@@ -179,8 +185,38 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("memtrack: error: {e}");
-            error_code
+            ExitCode::from(kind.unwrap_or_else(|| record_error_code(&e)))
         }
+    }
+}
+
+/// `record`'s exit code for its own failures, apart from any code the command can exit with
+/// (as `timeout` and `env` do): 127 the command was not found, 126 it cannot be executed, 2 bad
+/// usage (an option's value), 125 memtrack failed (privileges, the output file, the tracker).
+fn record_error_code(e: &memtrack::Error) -> u8 {
+    use memtrack::TrackerError as T;
+    match e {
+        memtrack::Error::InvalidOption(_)
+        | memtrack::Error::Tracker(T::InvalidOption(_) | T::UnknownUser { .. }) => 2,
+        memtrack::Error::Tracker(T::CommandNotFound { .. }) => 127,
+        memtrack::Error::Tracker(T::NotExecutable { .. }) => 126,
+        memtrack::Error::Tracker(T::Spawn { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            127
+        }
+        memtrack::Error::Tracker(T::Spawn { .. }) => 126,
+        _ => 125,
+    }
+}
+
+/// `--ringbuf-mib`: a power of two from 1 to 1024, in MiB (the unit the user typed).
+fn ringbuf_mib(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n.is_power_of_two() && n <= 1024 => Ok(n),
+        _ => Err(format!(
+            "expected a power of two from 1 to 1024 (MiB), got {s:?}"
+        )),
     }
 }
 

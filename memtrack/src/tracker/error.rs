@@ -58,6 +58,23 @@ pub enum TrackerError {
         #[source]
         source: std::io::Error,
     },
+    /// The command is not a path to a file, and no directory of `PATH` holds it (a shell
+    /// exits 127 for this).
+    #[error("command not found: {command:?} {where_}: check its spelling, or give its path")]
+    CommandNotFound {
+        /// The program as given.
+        command: String,
+        /// Where it was looked for ("does not exist", "is in no directory of PATH").
+        where_: String,
+    },
+    /// The command names a file that cannot be executed (a shell exits 126 for this).
+    #[error("cannot run {path:?}: {why}")]
+    NotExecutable {
+        /// The file found.
+        path: PathBuf,
+        /// Why it cannot run, and the fix.
+        why: String,
+    },
     /// `--user` names no user of the password database.
     #[error("no user {user:?} in the password database: give a user name or uid that exists")]
     UnknownUser {

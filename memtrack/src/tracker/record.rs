@@ -272,20 +272,62 @@ impl Passwd {
     }
 }
 
-/// `program` as `execvp` would find it.
-fn resolve(program: &OsStr) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |c: &Path| {
-        std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
+/// `program` as `execvp` would find it, or why it cannot run: not found (a shell's 127), or
+/// found but not executable (126). A name without `/` is looked up in `PATH`; a file there
+/// that is not executable is skipped, as execvp does, and reported if nothing else is found.
+fn resolve(program: &OsStr) -> Result<PathBuf, TrackerError> {
     let p = Path::new(program);
     if program.as_bytes().contains(&b'/') {
-        return runnable(p).then(|| p.to_path_buf());
+        return match std::fs::metadata(p) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(TrackerError::CommandNotFound {
+                    command: program.to_string_lossy().into_owned(),
+                    where_: "does not exist".into(),
+                })
+            }
+            Err(e) => Err(TrackerError::NotExecutable {
+                path: p.to_path_buf(),
+                why: format!("{e}"),
+            }),
+            Ok(m) => runnable(p, &m).map(|()| p.to_path_buf()),
+        };
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
-    std::env::split_paths(&path)
-        .map(|d| d.join(p))
-        .find(|c| runnable(c))
+    let mut refused = None;
+    for c in std::env::split_paths(&path).map(|d| d.join(p)) {
+        let Ok(m) = std::fs::metadata(&c) else {
+            continue;
+        };
+        match runnable(&c, &m) {
+            Ok(()) => return Ok(c),
+            Err(e) => {
+                refused.get_or_insert(e);
+            }
+        }
+    }
+    Err(refused.unwrap_or_else(|| TrackerError::CommandNotFound {
+        command: program.to_string_lossy().into_owned(),
+        where_: "is in no directory of PATH".into(),
+    }))
+}
+
+/// Whether the file `path` (with metadata `m`) can be executed, or why not.
+fn runnable(path: &Path, m: &std::fs::Metadata) -> Result<(), TrackerError> {
+    use std::os::unix::fs::PermissionsExt;
+    let why = if m.is_dir() {
+        "it is a directory, not a program"
+    } else if !m.is_file() {
+        "it is not a regular file"
+    } else if m.permissions().mode() & 0o111 == 0 {
+        "it is not executable (no execute permission): `chmod +x` it, or run it through its \
+         interpreter"
+    } else {
+        return Ok(());
+    };
+    Err(TrackerError::NotExecutable {
+        path: path.to_path_buf(),
+        why: why.into(),
+    })
 }
 
 /// The executable and every library the dynamic loader maps for it (`ld.so --list`, run
@@ -372,8 +414,7 @@ pub fn record_command_with(
         command: program.to_string_lossy().into_owned(),
         source,
     };
-    let exe = resolve(program)
-        .ok_or_else(|| spawn_err(std::io::Error::from(std::io::ErrorKind::NotFound)))?;
+    let exe = resolve(program)?;
     let (creds, user) = Credentials::new(child)?;
     let files = objects_of(&exe, &creds);
 
