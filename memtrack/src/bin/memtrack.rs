@@ -46,10 +46,15 @@ enum Cmd {
         threads: bool,
     },
     /// Decode every frame and check checksums, counts and the trailer: exit 0 only if all is
-    /// sound, else exit 1 naming the first bad frame.
+    /// sound and the recording is whole (no lost events), else exit 1 naming the first
+    /// problem.
     Verify {
         /// The artifact.
         file: PathBuf,
+        /// Check the file's structure only (frames, checksums, counts, trailer): a recording
+        /// that lost events passes, with a note of how many.
+        #[arg(long)]
+        structure_only: bool,
     },
     /// Compare benchmarks' allocations, bytes and peak between two artifacts or two directories
     /// of `*.memtrack` artifacts (matched by benchmark name). Exit 0: no metric grew past the
@@ -152,7 +157,10 @@ fn main() -> ExitCode {
             json,
             threads,
         } => show(&file, json, threads),
-        Cmd::Verify { file } => verify(&file),
+        Cmd::Verify {
+            file,
+            structure_only,
+        } => verify(&file, structure_only),
         Cmd::Compare {
             base,
             head,
@@ -501,7 +509,7 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn verify(path: &Path) -> memtrack::Result<ExitCode> {
+fn verify(path: &Path, structure_only: bool) -> memtrack::Result<ExitCode> {
     let fail = |msg: String| {
         out(&format!("FAILED {}: {msg}\n", path.display()))?;
         Ok(ExitCode::FAILURE)
@@ -522,11 +530,30 @@ fn verify(path: &Path) -> memtrack::Result<ExitCode> {
             "the totals stored in the trailer differ from the totals of the decoded events".into(),
         );
     }
+    // A lossy recording is structurally sound but not whole: its numbers are not the
+    // program's.
+    let lost = reader.final_metadata().map_or(0, |f| f.lost_events);
+    if lost > 0 && !structure_only {
+        return fail(format!(
+            "{} lost while recording (the ring buffer was full): the file is sound but the \
+             recording is not whole; record again with a larger --ringbuf-mib, or pass \
+             --structure-only to check the file's structure alone",
+            human::plural(lost, "event was", "events were")
+        ));
+    }
     out(&format!(
-        "OK {}: {} frames, {} events, checksums, counts, index and totals sound\n",
+        "OK {}: {} frames, {} events, checksums, counts, index and totals sound{}\n",
         path.display(),
         human::count(reader.frames().len() as u64),
-        human::count(totals.events)
+        human::count(totals.events),
+        if lost > 0 {
+            format!(
+                " (structure only: {} lost, the recording is not whole)",
+                human::plural(lost, "event", "events")
+            )
+        } else {
+            String::new()
+        }
     ))?;
     Ok(ExitCode::SUCCESS)
 }
