@@ -15,6 +15,10 @@
 //! not run as root, so that a setuid or setgid program it executes runs without gaining
 //! privileges and memtrack never observes a more privileged program than the one it started.
 //! Only the command's own process is recorded: its children are not followed.
+//!
+//! Signals: INT, TERM and HUP sent to memtrack go to the command (see `Forward`); the
+//! artifact is finished once it exits. The command gets `PR_SET_PDEATHSIG(SIGKILL)`, so that
+//! it never runs on untracked after memtrack is killed.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::Write;
@@ -387,6 +391,66 @@ fn close(fd: libc::c_int) {
     unsafe { libc::close(fd) };
 }
 
+/// The recorded command's pid while [`Forward`] is installed, else 0.
+static FORWARD_TO: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// The signals memtrack passes on to the recorded command rather than dying of them: Ctrl-C,
+/// `kill`, `timeout`, a closed terminal.
+const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// While alive, INT, TERM and HUP sent to memtrack are sent on to the command, which decides
+/// whether to end; memtrack then finishes the artifact whole and exits with its code. A
+/// signal from the terminal (Ctrl-C, si_code `SI_KERNEL`) already reached the command's
+/// process group and is not sent twice. Dropped after the artifact is finished: the
+/// previous dispositions come back.
+struct Forward {
+    old: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let pid = FORWARD_TO.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler; kill is
+    // async-signal-safe.
+    unsafe {
+        let from_terminal = !info.is_null() && (*info).si_code == libc::SI_KERNEL;
+        if pid > 0 && !from_terminal {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+impl Forward {
+    fn install(pid: u32) -> Self {
+        FORWARD_TO.store(pid as i32, std::sync::atomic::Ordering::Relaxed);
+        let mut old = Vec::new();
+        for sig in FORWARDED {
+            // SAFETY: a zeroed sigaction is valid; the handler only loads an atomic and calls
+            // kill, both async-signal-safe.
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = forward as *const () as usize;
+                sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+                libc::sigemptyset(&mut sa.sa_mask);
+                let mut prev: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, &sa, &mut prev) == 0 {
+                    old.push((sig, prev));
+                }
+            }
+        }
+        Forward { old }
+    }
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        FORWARD_TO.store(0, std::sync::atomic::Ordering::Relaxed);
+        for (sig, prev) in &self.old {
+            // SAFETY: restoring a disposition sigaction returned.
+            unsafe { libc::sigaction(*sig, prev, std::ptr::null_mut()) };
+        }
+    }
+}
+
 /// Runs `command` (program and arguments) with allocation tracking, writing the artifact to
 /// `out`; returns once it has exited and the artifact is complete. The command runs with
 /// [`CommandOptions::new`]'s defaults.
@@ -449,6 +513,8 @@ pub fn record_command_with(
     let go = pipe()?;
     let err = pipe()?;
 
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: the child only calls async-signal-safe functions on memory prepared above.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -458,6 +524,12 @@ pub fn record_command_with(
         // SAFETY: child side; see above. `argv`/`envp` are NULL-terminated arrays of valid
         // C strings that outlive the call.
         unsafe {
+            // Never outlive memtrack unobserved: SIGKILL when it dies (even by SIGKILL). If it
+            // died before this line, the parent is already someone else.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            if libc::getppid() != parent {
+                libc::_exit(127);
+            }
             let mut b = 0u8;
             loop {
                 let n = libc::read(go[0], (&raw mut b).cast(), 1);
@@ -473,6 +545,8 @@ pub fn record_command_with(
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             let failed = match creds.apply() {
                 Ok(()) => {
+                    // Changing credentials cleared the parent-death signal: set it again.
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
                     libc::execve(path_c.as_ptr(), argv.as_ptr(), envp.as_ptr());
                     [STEP_EXEC, *libc::__errno_location()]
                 }
@@ -525,10 +599,9 @@ pub fn record_command_with(
     let n = unsafe { libc::read(err[0], failed.as_mut_ptr().cast(), size_of_val(&failed)) };
     close(err[0]);
 
-    // Ctrl-C reaches the whole foreground group: let the command handle it and finish the
-    // artifact once it exits (the child execs before this, so it keeps the default).
-    // SAFETY: changing this process's SIGINT disposition; restored below.
-    let old_int = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    // INT, TERM and HUP go to the command, and memtrack finishes the artifact once it exits
+    // (the child execs before this, so it keeps the default dispositions).
+    let _forward = Forward::install(pid);
     // Wait for the child; meanwhile probe libraries it maps later (a dlopen()ed allocator):
     // uprobes attached before exec cover only the files known then.
     let mut status = 0;
@@ -544,8 +617,6 @@ pub fn record_command_with(
         let _ = tracker.attach_new_objects();
         std::thread::sleep(RESCAN_PERIOD);
     }
-    // SAFETY: restoring the disposition saved above.
-    unsafe { libc::signal(libc::SIGINT, old_int) };
     let recorded = recording.stop()?;
     drop(tracker);
     if n == size_of_val(&failed) as isize {
