@@ -334,6 +334,71 @@ fn runnable(path: &Path, m: &std::fs::Metadata) -> Result<(), TrackerError> {
     })
 }
 
+/// How many `#!` interpreters the kernel follows before refusing with ELOOP
+/// (`BINPRM_MAX_RECURSION` + 1 images in all).
+const MAX_SCRIPT_DEPTH: usize = 5;
+
+/// What actually runs when `exe` is executed: `exe` itself if it is an ELF program, else the
+/// interpreter of its `#!` line, followed as the kernel does (an interpreter may be a script
+/// itself). Allocator probes belong on that program, not on a script's text.
+fn program_run_by(exe: &Path) -> Result<PathBuf, TrackerError> {
+    use std::io::Read;
+    let mut cur = exe.to_path_buf();
+    for _ in 0..MAX_SCRIPT_DEPTH {
+        // The kernel reads the first 256 bytes (BINPRM_BUF_SIZE) for the `#!` line.
+        let mut head = Vec::with_capacity(256);
+        std::fs::File::open(&cur)
+            .and_then(|f| f.take(256).read_to_end(&mut head))
+            .map_err(|e| TrackerError::NotExecutable {
+                path: cur.clone(),
+                why: format!("reading it failed: {e}"),
+            })?;
+        if head.starts_with(b"\x7fELF") {
+            return Ok(cur);
+        }
+        let Some(line) = head.strip_prefix(b"#!") else {
+            return Err(TrackerError::NotExecutable {
+                path: cur,
+                why: "it is neither an ELF program nor a script starting with a #! line: add \
+                      one (e.g. #!/bin/sh), or record its interpreter (`-- sh FILE`)"
+                    .into(),
+            });
+        };
+        let line = line.split(|&b| b == b'\n').next().unwrap_or(b"");
+        let interp = line
+            .split(|&b| b == b' ' || b == b'\t')
+            .find(|w| !w.is_empty())
+            .unwrap_or(b"");
+        if interp.is_empty() {
+            return Err(TrackerError::NotExecutable {
+                path: cur,
+                why: "its #! line names no interpreter".into(),
+            });
+        }
+        let next = PathBuf::from(OsStr::from_bytes(interp));
+        match std::fs::metadata(&next) {
+            Ok(m) => runnable(&next, &m)?,
+            Err(e) => {
+                return Err(TrackerError::NotExecutable {
+                    path: cur,
+                    why: format!(
+                        "its interpreter {} (from its #! line) cannot be used: {e}",
+                        next.display()
+                    ),
+                });
+            }
+        }
+        cur = next;
+    }
+    Err(TrackerError::NotExecutable {
+        path: exe.to_path_buf(),
+        why: format!(
+            "its chain of #! interpreters is longer than the kernel's limit of {}",
+            MAX_SCRIPT_DEPTH - 1
+        ),
+    })
+}
+
 /// The executable and every library the dynamic loader maps for it (`ld.so --list`, run
 /// with the command's credentials); just the executable if it is static.
 fn objects_of(exe: &Path, creds: &Credentials) -> Vec<PathBuf> {
@@ -480,7 +545,9 @@ pub fn record_command_with(
     };
     let exe = resolve(program)?;
     let (creds, user) = Credentials::new(child)?;
-    let files = objects_of(&exe, &creds);
+    // A script runs its interpreter: probe that (and its libraries), exec the script.
+    let image = program_run_by(&exe)?;
+    let files = objects_of(&image, &creds);
 
     // Everything the child needs is prepared before fork: after it, only async-signal-safe
     // calls (read, execve, write, _exit) are allowed.
@@ -569,7 +636,13 @@ pub fn record_command_with(
         close(err[0]);
     };
 
-    let tracker = match Tracker::attach_files(pid, &files, opts) {
+    let tracker = match Tracker::attach_files(pid, &files, opts).map_err(|e| match e {
+        TrackerError::NoAllocatorSymbols { files, .. } => TrackerError::NoAllocatorSymbols {
+            program: Some(image.clone()),
+            files,
+        },
+        e => e,
+    }) {
         Ok(t) => t,
         Err(e) => {
             kill_child();
