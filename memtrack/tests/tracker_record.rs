@@ -676,3 +676,32 @@ fn scripts_and_shims_record_their_interpreter() {
         .to_string();
     assert!(e.contains("neither an ELF program nor a script"), "{e}");
 }
+
+/// Issue 12, item 9: glibc's thread shutdown returns the blocks left in the exiting thread's
+/// cache through `free`; they were freed by the program already and are not user frees. Four
+/// workers each malloc+free one size 100 times: each leaves exactly one block in its tcache.
+#[test]
+fn thread_exit_cache_flush_is_not_counted_as_frees() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &["-lpthread"]);
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("threads")],
+        &TrackerOptions::new(),
+    );
+    assert_eq!(run.exit_code, 0);
+    let mut a = memtrack::Analyzer::new();
+    a.update_all(&run.events);
+    let t = a.totals();
+    assert_eq!(t.allocator_internal_frees, 4, "{t:?}");
+    for (tid, th) in &t.per_thread {
+        if *tid == run.pid {
+            continue;
+        }
+        // Each worker: its 100 blocks, plus the free of its cache's own struct (allocated
+        // inside glibc, so unmatched); the flushed block is not a free.
+        assert_eq!((th.allocations, th.frees), (100, 101), "thread {tid}");
+    }
+    assert_eq!(t.unmatched_frees, 4, "one cache struct per worker: {t:?}");
+}

@@ -309,8 +309,24 @@ fn stored_totals_agree(reader: &Reader, decoded: &Totals) -> bool {
         return false;
     };
     let mut stored = fin.totals.clone();
-    if reader.version().1 == 0 {
+    let minor = reader.version().1;
+    if minor == 0 {
         stored.peak_live_blocks = decoded.peak_live_blocks;
+    }
+    if minor < 2 {
+        // Before 1.2 the allocator's own frees counted as (unmatched) frees: the frees of
+        // known blocks, and all the rest, are the same numbers.
+        let mut d = decoded.clone();
+        let internal = d.allocator_internal_frees;
+        d.allocator_internal_frees = 0;
+        d.frees += internal;
+        d.unmatched_frees += internal;
+        for (tid, th) in &mut d.per_thread {
+            if let Some(s) = stored.per_thread.get(tid) {
+                th.frees = s.frees;
+            }
+        }
+        return stored == d;
     }
     stored == *decoded
 }
@@ -359,6 +375,7 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             "allocations": t.allocations,
             "frees": t.frees,
             "unmatched_frees": t.unmatched_frees,
+            "allocator_internal_frees": t.allocator_internal_frees,
             "bytes_allocated": t.bytes_allocated,
             "bytes_freed": t.bytes_freed,
             "peak_live_bytes": t.peak_live_bytes,
@@ -467,13 +484,21 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
         human::bytes(t.bytes_freed),
         if t.unmatched_frees > 0 {
             format!(
-                ", {} of blocks allocated before recording",
+                ", {} of blocks no recorded call allocated (before recording, or inside the allocator)",
                 human::count(t.unmatched_frees)
             )
         } else {
             String::new()
         }
     );
+    if t.allocator_internal_frees > 0 {
+        let _ = writeln!(
+            o,
+            "  not frees     {} by the allocator of blocks already freed (its own cache, e.g. \
+             glibc's at thread exit)",
+            human::count(t.allocator_internal_frees)
+        );
+    }
     let _ = writeln!(
         o,
         "  peak live     {} of heap; at most {} live at once",
