@@ -208,16 +208,16 @@ fn verify_fails_a_recording_that_lost_events() {
         830,
     );
     let out = memtrack(&["verify", common::s(&path)]);
-    assert_eq!(out.status.code(), Some(1), "{}", common::text(&out));
-    let t = common::text(&out);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let t = text(&out);
     assert!(
         t.starts_with("FAILED ") && t.contains("830 events were lost while recording"),
         "{t}"
     );
     assert!(t.contains("--structure-only"), "{t}");
     let out = memtrack(&["verify", "--structure-only", common::s(&path)]);
-    assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
-    let t = common::text(&out);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let t = text(&out);
     assert!(
         t.starts_with("OK ") && t.contains("structure only: 830 events lost"),
         "{t}"
@@ -230,5 +230,5 @@ fn verify_fails_a_recording_that_lost_events() {
         0,
     );
     let out = memtrack(&["verify", common::s(&whole)]);
-    assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
