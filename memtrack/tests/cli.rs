@@ -194,3 +194,41 @@ fn show_says_what_each_number_is_with_correct_plurals() {
         assert!(show.contains(line), "{line:?} in:\n{show}");
     }
 }
+
+/// Issue 12, item 8: a recording that lost events is sound as a file but not whole, and
+/// `verify` promises "exit 0 only if … sound": it fails, saying how many were lost, unless
+/// `--structure-only` asks for the file's structure alone.
+#[test]
+fn verify_fails_a_recording_that_lost_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write(
+        &dir.path().join("lossy.memtrack"),
+        None,
+        &common::alloc_free_pairs(100, 64),
+        830,
+    );
+    let out = memtrack(&["verify", common::s(&path)]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.starts_with("FAILED ") && t.contains("830 events were lost while recording"),
+        "{t}"
+    );
+    assert!(t.contains("--structure-only"), "{t}");
+    let out = memtrack(&["verify", "--structure-only", common::s(&path)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.starts_with("OK ") && t.contains("structure only: 830 events lost"),
+        "{t}"
+    );
+    // A whole recording passes either way.
+    let whole = common::write(
+        &dir.path().join("whole.memtrack"),
+        None,
+        &common::alloc_free_pairs(100, 64),
+        0,
+    );
+    let out = memtrack(&["verify", common::s(&whole)]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}

@@ -64,19 +64,19 @@ fn record_forwards_exit_code_and_prints_summary() {
         .arg(&exe)
         .output()
         .unwrap();
-    assert_eq!(bad.status.code(), Some(1));
+    assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("power of two"));
 
-    // A missing command is a spawn error, not a tracker error.
+    // A missing command is not found (127), not a tracker error.
     let missing = memtrack()
         .args(["record", "-o"])
         .arg(&out_file)
         .args(["--", "/nonexistent/cmd"])
         .output()
         .unwrap();
-    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(missing.status.code(), Some(127));
     assert!(
-        String::from_utf8_lossy(&missing.stderr).contains("cannot run"),
+        String::from_utf8_lossy(&missing.stderr).contains("command not found"),
         "{}",
         String::from_utf8_lossy(&missing.stderr)
     );
@@ -90,10 +90,87 @@ fn record_forwards_exit_code_and_prints_summary() {
             .output()
             .unwrap();
         let e = String::from_utf8_lossy(&unpriv.stderr);
-        assert_eq!(unpriv.status.code(), Some(1), "{e}");
+        assert_eq!(unpriv.status.code(), Some(125), "{e}");
         assert!(
             e.contains("CAP_BPF") && e.contains("CAP_PERFMON") && e.contains("setcap"),
             "{e}"
         );
     }
+}
+
+/// Issue 12, item 10: `record`'s own failures never look like the command's exit code: 127 not
+/// found, 126 not executable (a file without x, a directory), 2 a bad option value (in the unit
+/// typed), as shells and `timeout` report them. Needs no privileges: all fail before loading.
+#[test]
+fn record_exit_codes_tell_its_failures_from_the_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let plain = d.join("plain");
+    std::fs::write(&plain, "#!/bin/sh\ntrue\n").unwrap();
+    let sub = d.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let out_file = d.join("o.memtrack");
+    let run = |args: &[&std::ffi::OsStr]| {
+        let o = memtrack()
+            .args(["record", "-o"])
+            .arg(&out_file)
+            .args(args)
+            .env("PATH", d)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let os = |s: &'static str| std::ffi::OsStr::new(s);
+    for (args, code, expect) in [
+        (
+            vec![os("--"), os("no-such-command-here")],
+            127,
+            "command not found: \"no-such-command-here\" is in no directory of PATH",
+        ),
+        (
+            vec![os("--"), os("/nonexistent/cmd")],
+            127,
+            "command not found: \"/nonexistent/cmd\" does not exist",
+        ),
+        (
+            vec![os("--"), plain.as_os_str()],
+            126,
+            "it is not executable (no execute permission)",
+        ),
+        // Found in PATH but not executable: 126, as execvp reports EACCES.
+        (vec![os("--"), os("plain")], 126, "it is not executable"),
+        (vec![os("--"), sub.as_os_str()], 126, "it is a directory"),
+        (
+            vec![os("--ringbuf-mib"), os("0"), os("--"), os("true")],
+            2,
+            "expected a power of two from 1 to 1024 (MiB), got \"0\"",
+        ),
+        (
+            vec![os("--ringbuf-mib"), os("3"), os("--"), os("true")],
+            2,
+            "got \"3\"",
+        ),
+        (
+            vec![
+                os("--ringbuf-mib"),
+                os("99999999999999"),
+                os("--"),
+                os("true"),
+            ],
+            2,
+            "got \"99999999999999\"",
+        ),
+    ] {
+        let (got, err) = run(&args);
+        assert_eq!(got, Some(code), "{args:?}: {err}");
+        assert!(err.contains(expect), "{args:?}: {err}");
+        assert!(
+            !err.contains("entity not found") && !err.contains("bytes"),
+            "{err}"
+        );
+    }
+    assert!(!out_file.exists());
 }

@@ -421,7 +421,7 @@ fn profiler_artifacts_compare_per_iteration() {
     let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(
         (v["iterations"].as_u64(), v["format_version"].as_str()),
-        (Some(300), Some("1.1"))
+        (Some(300), Some("1.2"))
     );
     assert_eq!(v["per_iteration"]["bytes_allocated"], 64.0);
 
@@ -437,4 +437,39 @@ fn profiler_artifacts_compare_per_iteration() {
         err.contains("plain.memtrack) plain totals (no iteration count)"),
         "{err}"
     );
+}
+
+/// Issue 12, item 11: `--threshold 0.05` could mean 0.05 % or 5 % (a gate 100× apart); a
+/// bare number is a usage error showing both readings, and every output format states the
+/// threshold it gated on.
+#[test]
+fn threshold_needs_its_percent_sign_and_is_printed_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = synth(&dir.path().join("a.memtrack"), 10_000, 3);
+    let out = memtrack(&["compare", s(&a), s(&a), "--threshold", "0.05"]);
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the % sign is required")
+            && err.contains("0.05% (growth of 0.05%)")
+            && err.contains("5% (a fraction of 0.05)"),
+        "{err}"
+    );
+    for (format, expect) in [
+        ("table", "no regression beyond +0.05% growth"),
+        ("markdown", "no regression beyond +0.05% growth"),
+        ("json", "\"threshold\": \"0.05%\""),
+    ] {
+        let out = memtrack(&[
+            "compare",
+            s(&a),
+            s(&a),
+            "--threshold",
+            "0.05%",
+            "--format",
+            format,
+        ]);
+        assert_eq!(code(&out), 0, "{}", text(&out));
+        assert!(text(&out).contains(expect), "{format}: {}", text(&out));
+    }
 }

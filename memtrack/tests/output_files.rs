@@ -247,7 +247,7 @@ fn record_leaves_an_existing_artifact_whole_when_it_fails() {
     let before = fs::read(&old).unwrap();
     let before_names = names(d);
     // Each fails before recording anything, privileged or not.
-    for (args, expect) in [
+    for (args, expect, code) in [
         (
             vec![
                 "record",
@@ -259,15 +259,17 @@ fn record_leaves_an_existing_artifact_whole_when_it_fails() {
                 "/bin/true",
             ],
             "power of two",
+            2,
         ),
         (
             vec!["record", "-o", s(&old), "--", "/nonexistent/cmd"],
-            "cannot run",
+            "command not found",
+            127,
         ),
     ] {
         let out = memtrack(&args);
         let t = text(&out);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {t}");
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {t}");
         assert!(t.contains(expect), "{t}");
         assert_eq!(
             fs::read(&old).unwrap(),
@@ -282,7 +284,7 @@ fn record_leaves_an_existing_artifact_whole_when_it_fails() {
     fs::copy("/bin/true", &prog).unwrap();
     let size = fs::metadata(&prog).unwrap().size();
     let out = memtrack(&["record", "-o", s(&prog), "--", s(&prog)]);
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
         text(&out).contains("is the program being recorded"),
         "{}",

@@ -159,7 +159,7 @@ fn as_root_the_command_runs_as_root_unless_user_says_otherwise() {
         .args(["--", "/bin/true"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(
         text(&o).contains("no user \"no-such-user-here\""),
         "{}",
@@ -256,7 +256,7 @@ fn capabilities_held_by_memtrack_never_reach_the_command() {
         .args(["--", "/bin/true"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(125));
     assert!(
         text(&o).contains("switching users needs root"),
         "{}",
@@ -337,7 +337,7 @@ fn planted_symlinks_never_redirect_the_recording() {
         .arg(&marker)
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(125), "{}", text(&o));
     assert!(
         text(&o).contains("symbolic link owned by uid 65534"),
         "{}",

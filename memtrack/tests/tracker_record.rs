@@ -614,3 +614,94 @@ fn syscalls_can_be_left_out() {
     // The heap is still recorded (this panics if the two marker allocations are missing).
     between_markers(&run);
 }
+
+/// (kind, size) of heap events: what two runs of the same code share (addresses differ).
+fn shapes(kinds: &[EventKind]) -> Vec<(&'static str, u64)> {
+    kinds
+        .iter()
+        .map(|k| match *k {
+            EventKind::Malloc { size, .. } => ("malloc", size),
+            EventKind::Calloc { size, .. } => ("calloc", size),
+            EventKind::Realloc { size, .. } => ("realloc", size),
+            EventKind::AlignedAlloc { size, .. } => ("aligned", size),
+            EventKind::Free { .. } => ("free", 0),
+            _ => ("other", 0),
+        })
+        .collect()
+}
+
+/// Issue 12, item 2: a script, and a script whose interpreter is itself a script (a shim),
+/// record what actually runs: the interpreter named by the `#!` lines, found as the kernel
+/// does. Before, both failed with "no allocator symbols … statically linked?", a wrong cause.
+#[test]
+fn scripts_and_shims_record_their_interpreter() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let direct = record(
+        dir.path(),
+        &[&os(&exe), &os("basic")],
+        &TrackerOptions::new(),
+    );
+    let want = shapes(&heap_between_markers(&direct));
+    assert!(!want.is_empty());
+    let script = |name: &str, text: String| {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    };
+    // `#!ALLOC basic`: the kernel runs `ALLOC basic SCRIPT`.
+    let s = script("s", format!("#!{} basic\n", exe.display()));
+    // A shim whose interpreter is the script above: `ALLOC basic S SHIM`.
+    let shim = script("shim", format!("#!{}\n", s.display()));
+    // A shell script that execs the program: the same process, a new image.
+    let sh = script("s.sh", format!("#!/bin/sh\nexec {} basic\n", exe.display()));
+    for cmd in [&s, &shim, &sh] {
+        let run = record(dir.path(), &[&os(cmd)], &TrackerOptions::new());
+        assert_eq!(run.exit_code, 0, "{}", cmd.display());
+        assert_eq!(run.lost, 0);
+        assert_eq!(
+            shapes(&heap_between_markers(&run)),
+            want,
+            "{}",
+            cmd.display()
+        );
+    }
+    // A file that is neither ELF nor a script is refused as not executable, with the fix.
+    let text = script("notes", "just text\n".into());
+    let e = record_command(&[os(&text)], std::io::sink(), &TrackerOptions::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("neither an ELF program nor a script"), "{e}");
+}
+
+/// Issue 12, item 9: glibc's thread shutdown returns the blocks left in the exiting thread's
+/// cache through `free`; they were freed by the program already and are not user frees. Four
+/// workers each malloc+free one size 100 times: each leaves exactly one block in its tcache.
+#[test]
+fn thread_exit_cache_flush_is_not_counted_as_frees() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &["-lpthread"]);
+    let run = record(
+        dir.path(),
+        &[&os(&exe), &os("threads")],
+        &TrackerOptions::new(),
+    );
+    assert_eq!(run.exit_code, 0);
+    let mut a = memtrack::Analyzer::new();
+    a.update_all(&run.events);
+    let t = a.totals();
+    assert_eq!(t.allocator_internal_frees, 4, "{t:?}");
+    for (tid, th) in &t.per_thread {
+        if *tid == run.pid {
+            continue;
+        }
+        // Each worker: its 100 blocks, plus the free of its cache's own struct (allocated
+        // inside glibc, so unmatched); the flushed block is not a free.
+        assert_eq!((th.allocations, th.frees), (100, 101), "thread {tid}");
+    }
+    assert_eq!(t.unmatched_frees, 4, "one cache struct per worker: {t:?}");
+}

@@ -87,8 +87,9 @@ impl Metric {
 /// The largest growth threshold accepted, in parts per million (1,000,000 %).
 const MAX_PPM: u64 = 10_000_000_000;
 
-/// A growth threshold, held exactly in parts per million. Parsed from `"3%"`, `"3"` (also
-/// percent) or `"0.25%"` (at most 4 decimals), between 0 % and 1,000,000 %.
+/// A growth threshold, held exactly in parts per million. Parsed from `"3%"` or `"0.25%"` (at
+/// most 4 decimals), between 0 % and 1,000,000 %. The `%` is required: a bare `0.05` could mean
+/// 0.05 % or a fraction of 0.05 (5 %), a gate 100× apart, so it is refused with both readings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Threshold {
     ppm: u64,
@@ -158,7 +159,18 @@ impl FromStr for Threshold {
                  (0 to 1000000, at most 4 decimals)"
             )
         };
-        let num = s.trim().strip_suffix('%').unwrap_or(s.trim());
+        let Some(num) = s.trim().strip_suffix('%') else {
+            // Show both readings of a bare number, if it is one.
+            return Err(match format!("{}%", s.trim()).parse::<Threshold>() {
+                Ok(t) => format!(
+                    "invalid threshold {s:?}: the % sign is required, as a bare number reads two \
+                     ways: {t} (growth of {t}) or {} (a fraction of {})",
+                    Threshold::from_ppm(t.ppm().saturating_mul(100)),
+                    s.trim(),
+                ),
+                Err(_) => bad(),
+            });
+        };
         let (int, frac) = num.split_once('.').unwrap_or((num, ""));
         if int.is_empty() && frac.is_empty()
             || frac.len() > 4
@@ -607,12 +619,18 @@ mod tests {
     fn thresholds_parse_exactly() {
         let t = |s: &str| s.parse::<Threshold>().map(|t| t.ppm());
         assert_eq!(t("3%"), Ok(30_000));
-        assert_eq!(t("3"), Ok(30_000));
         assert_eq!(t("0.5%"), Ok(5_000));
         assert_eq!(t(".25%"), Ok(2_500));
         assert_eq!(t("0%"), Ok(0));
         assert_eq!(t("12.3456%"), Ok(123_456));
-        for bad in ["", "%", "-1%", "1.23456%", "abc", "1e3", "3 %x", "1000001%"] {
+        // A bare number is refused (issue 12, item 11): 0.05 meant as 5 % would gate 100×
+        // stricter than intended.
+        let bare = t("0.05").unwrap_err();
+        assert!(bare.contains("the % sign is required"), "{bare}");
+        assert!(bare.contains("0.05%") && bare.contains("5%"), "{bare}");
+        for bad in [
+            "", "%", "3", "0.05", "-1%", "1.23456%", "abc", "1e3", "3 %x", "1000001%",
+        ] {
             assert!(t(bad).is_err(), "{bad:?} must be refused");
         }
         assert_eq!(Threshold::from_ppm(5_000).to_string(), "0.5%");

@@ -11,6 +11,12 @@
 //! - A **free** releases a block: a `Free` event or the old block of a `Realloc`. A free of a
 //!   block allocated before recording began (unknown address) counts as a free but adds no bytes
 //!   (counted in `unmatched_frees`); `free(NULL)` is not a free.
+//! - A free of an address the recording saw freed, with no allocation there since, is the
+//!   allocator returning a block from its own cache, not a user free: glibc's thread shutdown
+//!   passes every block left in the thread's tcache (blocks the program had already freed)
+//!   through `free` again, ~435 per exiting thread. It is counted in
+//!   `allocator_internal_frees`, not in `frees` (so a program that frees everything has as
+//!   many frees as allocations), and changes no live bytes.
 //! - **Live** heap bytes change at every allocation and free; `peak_live_bytes` is their maximum
 //!   over the event order (taken after each event, so a `Realloc` moves live bytes in one step).
 //! - Mapped bytes are page-rounded (4 KiB) lengths; `munmap` of part of a mapping splits it.
@@ -100,6 +106,11 @@ pub struct Totals {
     pub frees: u64,
     /// Frees of addresses not allocated while recording (no bytes counted for them).
     pub unmatched_frees: u64,
+    /// Frees by the allocator of blocks already freed (e.g. glibc flushing an exiting
+    /// thread's cache): not in `frees`. Absent before format 1.2 (read as 0; those files
+    /// counted them in `frees` and `unmatched_frees`).
+    #[serde(default)]
+    pub allocator_internal_frees: u64,
     /// Sum of the sizes of all allocations.
     pub bytes_allocated: u64,
     /// Sum of the sizes of the blocks freed (of those allocated while recording).
@@ -136,6 +147,9 @@ pub struct Analyzer {
     t: Totals,
     live: FxHashMap<u64, u64>,
     live_bytes: u64,
+    /// Addresses freed while recording and not allocated again since: a second free of one
+    /// is the allocator's own (see the module docs).
+    freed: rustc_hash::FxHashSet<u64>,
     /// Per-thread totals, in order of first appearance, and where each tid is in it.
     threads: Vec<(u32, ThreadTotals)>,
     thread_index: FxHashMap<u32, usize>,
@@ -189,6 +203,7 @@ impl Analyzer {
             | EventKind::Calloc { addr, size }
             | EventKind::AlignedAlloc { addr, size, .. } => {
                 Self::alloc(t, th, &mut self.live, &mut self.live_bytes, addr, size);
+                self.freed.remove(&addr);
             }
             EventKind::Realloc {
                 old_addr,
@@ -196,15 +211,30 @@ impl Analyzer {
                 size,
             } => {
                 if old_addr != 0 {
-                    Self::free(t, th, &mut self.live, &mut self.live_bytes, old_addr);
+                    Self::free(
+                        t,
+                        th,
+                        &mut self.live,
+                        &mut self.freed,
+                        &mut self.live_bytes,
+                        old_addr,
+                    );
                 }
                 if new_addr != 0 {
                     Self::alloc(t, th, &mut self.live, &mut self.live_bytes, new_addr, size);
+                    self.freed.remove(&new_addr);
                 }
             }
             EventKind::Free { addr } => {
                 if addr != 0 {
-                    Self::free(t, th, &mut self.live, &mut self.live_bytes, addr);
+                    Self::free(
+                        t,
+                        th,
+                        &mut self.live,
+                        &mut self.freed,
+                        &mut self.live_bytes,
+                        addr,
+                    );
                 }
             }
             EventKind::Mmap { addr, size } => self.map(addr, size),
@@ -252,19 +282,25 @@ impl Analyzer {
         t: &mut Totals,
         th: &mut ThreadTotals,
         live: &mut FxHashMap<u64, u64>,
+        freed: &mut rustc_hash::FxHashSet<u64>,
         live_bytes: &mut u64,
         addr: u64,
     ) {
-        t.frees += 1;
-        th.frees += 1;
         match live.remove(&addr) {
             Some(size) => {
                 t.bytes_freed = t.bytes_freed.saturating_add(size);
                 th.bytes_freed = th.bytes_freed.saturating_add(size);
                 *live_bytes = live_bytes.saturating_sub(size);
+                freed.insert(addr);
+            }
+            None if freed.contains(&addr) => {
+                t.allocator_internal_frees += 1;
+                return;
             }
             None => t.unmatched_frees += 1,
         }
+        t.frees += 1;
+        th.frees += 1;
     }
 
     fn map(&mut self, addr: u64, size: u64) {

@@ -46,10 +46,15 @@ enum Cmd {
         threads: bool,
     },
     /// Decode every frame and check checksums, counts and the trailer: exit 0 only if all is
-    /// sound, else exit 1 naming the first bad frame.
+    /// sound and the recording is whole (no lost events), else exit 1 naming the first
+    /// problem.
     Verify {
         /// The artifact.
         file: PathBuf,
+        /// Check the file's structure only (frames, checksums, counts, trailer): a recording
+        /// that lost events passes, with a note of how many.
+        #[arg(long)]
+        structure_only: bool,
     },
     /// Compare benchmarks' allocations, bytes and peak between two artifacts or two directories
     /// of `*.memtrack` artifacts (matched by benchmark name). Exit 0: no metric grew past the
@@ -60,8 +65,9 @@ enum Cmd {
         base: PathBuf,
         /// The candidate: an artifact or a directory of them.
         head: PathBuf,
-        /// Growth allowed before a metric counts as regressed (`3%`, `0.5%`). Growth from 0 is
-        /// always a regression; any shrinking is an improvement.
+        /// Growth allowed before a metric counts as regressed, with its % sign (`3%`, `0.5%`;
+        /// a bare number is refused). Growth from 0 is always a regression; any shrinking is an
+        /// improvement.
         #[arg(long, default_value = "3%", value_parser = |s: &str| s.parse::<memtrack::Threshold>())]
         threshold: memtrack::Threshold,
         /// Which metric to gate on.
@@ -104,7 +110,9 @@ enum Cmd {
         output: PathBuf,
     },
     /// Run a command with every allocation, free and mapping recorded by the eBPF tracker
-    /// (needs root, or CAP_BPF + CAP_PERFMON). Exits with the command's exit code. The command
+    /// (needs root, or CAP_BPF + CAP_PERFMON). Exits with the command's exit code (128+N if
+    /// signal N ended it); 127 if the command is not found, 126 if it cannot be executed, 2 for
+    /// bad usage, 125 if memtrack itself failed. The command
     /// never gets memtrack's capabilities, and when it does not run as root a setuid program it
     /// starts gains no privileges (no_new_privs).
     Record {
@@ -116,8 +124,9 @@ enum Cmd {
         /// sudo).
         #[arg(long, value_name = "NAME")]
         user: Option<String>,
-        /// Ring buffer size in MiB (a power of two); raise it if events are lost.
-        #[arg(long, default_value_t = 256)]
+        /// Ring buffer size in MiB (a power of two from 1 to 1024); raise it if events are
+        /// lost.
+        #[arg(long, default_value_t = 256, value_parser = ringbuf_mib)]
         ringbuf_mib: u64,
         /// Do not record mmap/munmap/mremap/brk: their tracepoint slows every syscall of every
         /// process while attached; allocation probes alone cost other processes nothing.
@@ -135,10 +144,12 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
-    // compare's own exit codes: 1 is a regression, so its errors exit 2.
-    let error_code = match cli.cmd {
-        Cmd::Compare { .. } => ExitCode::from(2),
-        _ => ExitCode::FAILURE,
+    // compare's own exit codes: 1 is a regression, so its errors exit 2; record's are the
+    // command's, so its own are set apart (see `record_error_code`).
+    let kind = match cli.cmd {
+        Cmd::Compare { .. } => Some(2),
+        Cmd::Record { .. } => None,
+        _ => Some(1),
     };
     let res = match cli.cmd {
         Cmd::Show {
@@ -146,7 +157,10 @@ fn main() -> ExitCode {
             json,
             threads,
         } => show(&file, json, threads),
-        Cmd::Verify { file } => verify(&file),
+        Cmd::Verify {
+            file,
+            structure_only,
+        } => verify(&file, structure_only),
         Cmd::Compare {
             base,
             head,
@@ -179,8 +193,38 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("memtrack: error: {e}");
-            error_code
+            ExitCode::from(kind.unwrap_or_else(|| record_error_code(&e)))
         }
+    }
+}
+
+/// `record`'s exit code for its own failures, apart from any code the command can exit with
+/// (as `timeout` and `env` do): 127 the command was not found, 126 it cannot be executed, 2 bad
+/// usage (an option's value), 125 memtrack failed (privileges, the output file, the tracker).
+fn record_error_code(e: &memtrack::Error) -> u8 {
+    use memtrack::TrackerError as T;
+    match e {
+        memtrack::Error::InvalidOption(_)
+        | memtrack::Error::Tracker(T::InvalidOption(_) | T::UnknownUser { .. }) => 2,
+        memtrack::Error::Tracker(T::CommandNotFound { .. }) => 127,
+        memtrack::Error::Tracker(T::NotExecutable { .. }) => 126,
+        memtrack::Error::Tracker(T::Spawn { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            127
+        }
+        memtrack::Error::Tracker(T::Spawn { .. }) => 126,
+        _ => 125,
+    }
+}
+
+/// `--ringbuf-mib`: a power of two from 1 to 1024, in MiB (the unit the user typed).
+fn ringbuf_mib(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n.is_power_of_two() && n <= 1024 => Ok(n),
+        _ => Err(format!(
+            "expected a power of two from 1 to 1024 (MiB), got {s:?}"
+        )),
     }
 }
 
@@ -265,8 +309,24 @@ fn stored_totals_agree(reader: &Reader, decoded: &Totals) -> bool {
         return false;
     };
     let mut stored = fin.totals.clone();
-    if reader.version().1 == 0 {
+    let minor = reader.version().1;
+    if minor == 0 {
         stored.peak_live_blocks = decoded.peak_live_blocks;
+    }
+    if minor < 2 {
+        // Before 1.2 the allocator's own frees counted as (unmatched) frees: the frees of
+        // known blocks, and all the rest, are the same numbers.
+        let mut d = decoded.clone();
+        let internal = d.allocator_internal_frees;
+        d.allocator_internal_frees = 0;
+        d.frees += internal;
+        d.unmatched_frees += internal;
+        for (tid, th) in &mut d.per_thread {
+            if let Some(s) = stored.per_thread.get(tid) {
+                th.frees = s.frees;
+            }
+        }
+        return stored == d;
     }
     stored == *decoded
 }
@@ -315,6 +375,7 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             "allocations": t.allocations,
             "frees": t.frees,
             "unmatched_frees": t.unmatched_frees,
+            "allocator_internal_frees": t.allocator_internal_frees,
             "bytes_allocated": t.bytes_allocated,
             "bytes_freed": t.bytes_freed,
             "peak_live_bytes": t.peak_live_bytes,
@@ -423,13 +484,21 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
         human::bytes(t.bytes_freed),
         if t.unmatched_frees > 0 {
             format!(
-                ", {} of blocks allocated before recording",
+                ", {} of blocks no recorded call allocated (before recording, or inside the allocator)",
                 human::count(t.unmatched_frees)
             )
         } else {
             String::new()
         }
     );
+    if t.allocator_internal_frees > 0 {
+        let _ = writeln!(
+            o,
+            "  not frees     {} by the allocator of blocks already freed (its own cache, e.g. \
+             glibc's at thread exit)",
+            human::count(t.allocator_internal_frees)
+        );
+    }
     let _ = writeln!(
         o,
         "  peak live     {} of heap; at most {} live at once",
@@ -465,7 +534,7 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn verify(path: &Path) -> memtrack::Result<ExitCode> {
+fn verify(path: &Path, structure_only: bool) -> memtrack::Result<ExitCode> {
     let fail = |msg: String| {
         out(&format!("FAILED {}: {msg}\n", path.display()))?;
         Ok(ExitCode::FAILURE)
@@ -486,11 +555,30 @@ fn verify(path: &Path) -> memtrack::Result<ExitCode> {
             "the totals stored in the trailer differ from the totals of the decoded events".into(),
         );
     }
+    // A lossy recording is structurally sound but not whole: its numbers are not the
+    // program's.
+    let lost = reader.final_metadata().map_or(0, |f| f.lost_events);
+    if lost > 0 && !structure_only {
+        return fail(format!(
+            "{} lost while recording (the ring buffer was full): the file is sound but the \
+             recording is not whole; record again with a larger --ringbuf-mib, or pass \
+             --structure-only to check the file's structure alone",
+            human::plural(lost, "event was", "events were")
+        ));
+    }
     out(&format!(
-        "OK {}: {} frames, {} events, checksums, counts, index and totals sound\n",
+        "OK {}: {} frames, {} events, checksums, counts, index and totals sound{}\n",
         path.display(),
         human::count(reader.frames().len() as u64),
-        human::count(totals.events)
+        human::count(totals.events),
+        if lost > 0 {
+            format!(
+                " (structure only: {} lost, the recording is not whole)",
+                human::plural(lost, "event", "events")
+            )
+        } else {
+            String::new()
+        }
     ))?;
     Ok(ExitCode::SUCCESS)
 }

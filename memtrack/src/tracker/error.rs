@@ -22,12 +22,16 @@ pub enum TrackerError {
          kernel built with CONFIG_DEBUG_INFO_BTF=y (Linux 5.8 or newer)"
     )]
     NoBtf,
-    /// None of the target's loaded objects defines an allocator entry point.
+    /// None of the target's objects defines an allocator entry point.
     #[error(
-        "no allocator symbols (malloc, free, operator new, je_*/mi_* ...) found in {files:?}: \
-         is the program statically linked with a stripped allocator? Build it with symbols"
+        "no allocator entry point (malloc, free, operator new, je_*/mi_* ...) is defined in \
+         {}{files:?}: memtrack finds the allocator by its symbols, so a program statically \
+         linked with a stripped allocator cannot be recorded; build it with symbols",
+        program.as_ref().map_or(String::new(), |p| format!("{} or the libraries it loads: ", p.display()))
     )]
     NoAllocatorSymbols {
+        /// The program that runs (for a script, its interpreter), if known.
+        program: Option<PathBuf>,
         /// The files searched.
         files: Vec<PathBuf>,
     },
@@ -57,6 +61,23 @@ pub enum TrackerError {
         /// Why.
         #[source]
         source: std::io::Error,
+    },
+    /// The command is not a path to a file, and no directory of `PATH` holds it (a shell
+    /// exits 127 for this).
+    #[error("command not found: {command:?} {where_}: check its spelling, or give its path")]
+    CommandNotFound {
+        /// The program as given.
+        command: String,
+        /// Where it was looked for ("does not exist", "is in no directory of PATH").
+        where_: String,
+    },
+    /// The command names a file that cannot be executed (a shell exits 126 for this).
+    #[error("cannot run {path:?}: {why}")]
+    NotExecutable {
+        /// The file found.
+        path: PathBuf,
+        /// Why it cannot run, and the fix.
+        why: String,
     },
     /// `--user` names no user of the password database.
     #[error("no user {user:?} in the password database: give a user name or uid that exists")]

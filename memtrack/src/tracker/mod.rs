@@ -237,6 +237,7 @@ impl Tracker {
         }
         if bpf.sites() == 0 {
             return Err(TrackerError::NoAllocatorSymbols {
+                program: None,
                 files: files.to_vec(),
             });
         }

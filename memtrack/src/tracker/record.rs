@@ -15,6 +15,10 @@
 //! not run as root, so that a setuid or setgid program it executes runs without gaining
 //! privileges and memtrack never observes a more privileged program than the one it started.
 //! Only the command's own process is recorded: its children are not followed.
+//!
+//! Signals: INT, TERM and HUP sent to memtrack go to the command (see `Forward`); the
+//! artifact is finished once it exits. The command gets `PR_SET_PDEATHSIG(SIGKILL)`, so that
+//! it never runs on untracked after memtrack is killed.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::Write;
@@ -272,20 +276,127 @@ impl Passwd {
     }
 }
 
-/// `program` as `execvp` would find it.
-fn resolve(program: &OsStr) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |c: &Path| {
-        std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
+/// `program` as `execvp` would find it, or why it cannot run: not found (a shell's 127), or
+/// found but not executable (126). A name without `/` is looked up in `PATH`; a file there
+/// that is not executable is skipped, as execvp does, and reported if nothing else is found.
+fn resolve(program: &OsStr) -> Result<PathBuf, TrackerError> {
     let p = Path::new(program);
     if program.as_bytes().contains(&b'/') {
-        return runnable(p).then(|| p.to_path_buf());
+        return match std::fs::metadata(p) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(TrackerError::CommandNotFound {
+                    command: program.to_string_lossy().into_owned(),
+                    where_: "does not exist".into(),
+                })
+            }
+            Err(e) => Err(TrackerError::NotExecutable {
+                path: p.to_path_buf(),
+                why: format!("{e}"),
+            }),
+            Ok(m) => runnable(p, &m).map(|()| p.to_path_buf()),
+        };
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
-    std::env::split_paths(&path)
-        .map(|d| d.join(p))
-        .find(|c| runnable(c))
+    let mut refused = None;
+    for c in std::env::split_paths(&path).map(|d| d.join(p)) {
+        let Ok(m) = std::fs::metadata(&c) else {
+            continue;
+        };
+        match runnable(&c, &m) {
+            Ok(()) => return Ok(c),
+            Err(e) => {
+                refused.get_or_insert(e);
+            }
+        }
+    }
+    Err(refused.unwrap_or_else(|| TrackerError::CommandNotFound {
+        command: program.to_string_lossy().into_owned(),
+        where_: "is in no directory of PATH".into(),
+    }))
+}
+
+/// Whether the file `path` (with metadata `m`) can be executed, or why not.
+fn runnable(path: &Path, m: &std::fs::Metadata) -> Result<(), TrackerError> {
+    use std::os::unix::fs::PermissionsExt;
+    let why = if m.is_dir() {
+        "it is a directory, not a program"
+    } else if !m.is_file() {
+        "it is not a regular file"
+    } else if m.permissions().mode() & 0o111 == 0 {
+        "it is not executable (no execute permission): `chmod +x` it, or run it through its \
+         interpreter"
+    } else {
+        return Ok(());
+    };
+    Err(TrackerError::NotExecutable {
+        path: path.to_path_buf(),
+        why: why.into(),
+    })
+}
+
+/// How many `#!` interpreters the kernel follows before refusing with ELOOP
+/// (`BINPRM_MAX_RECURSION` + 1 images in all).
+const MAX_SCRIPT_DEPTH: usize = 5;
+
+/// What actually runs when `exe` is executed: `exe` itself if it is an ELF program, else the
+/// interpreter of its `#!` line, followed as the kernel does (an interpreter may be a script
+/// itself). Allocator probes belong on that program, not on a script's text.
+fn program_run_by(exe: &Path) -> Result<PathBuf, TrackerError> {
+    use std::io::Read;
+    let mut cur = exe.to_path_buf();
+    for _ in 0..MAX_SCRIPT_DEPTH {
+        // The kernel reads the first 256 bytes (BINPRM_BUF_SIZE) for the `#!` line.
+        let mut head = Vec::with_capacity(256);
+        std::fs::File::open(&cur)
+            .and_then(|f| f.take(256).read_to_end(&mut head))
+            .map_err(|e| TrackerError::NotExecutable {
+                path: cur.clone(),
+                why: format!("reading it failed: {e}"),
+            })?;
+        if head.starts_with(b"\x7fELF") {
+            return Ok(cur);
+        }
+        let Some(line) = head.strip_prefix(b"#!") else {
+            return Err(TrackerError::NotExecutable {
+                path: cur,
+                why: "it is neither an ELF program nor a script starting with a #! line: add \
+                      one (e.g. #!/bin/sh), or record its interpreter (`-- sh FILE`)"
+                    .into(),
+            });
+        };
+        let line = line.split(|&b| b == b'\n').next().unwrap_or(b"");
+        let interp = line
+            .split(|&b| b == b' ' || b == b'\t')
+            .find(|w| !w.is_empty())
+            .unwrap_or(b"");
+        if interp.is_empty() {
+            return Err(TrackerError::NotExecutable {
+                path: cur,
+                why: "its #! line names no interpreter".into(),
+            });
+        }
+        let next = PathBuf::from(OsStr::from_bytes(interp));
+        match std::fs::metadata(&next) {
+            Ok(m) => runnable(&next, &m)?,
+            Err(e) => {
+                return Err(TrackerError::NotExecutable {
+                    path: cur,
+                    why: format!(
+                        "its interpreter {} (from its #! line) cannot be used: {e}",
+                        next.display()
+                    ),
+                });
+            }
+        }
+        cur = next;
+    }
+    Err(TrackerError::NotExecutable {
+        path: exe.to_path_buf(),
+        why: format!(
+            "its chain of #! interpreters is longer than the kernel's limit of {}",
+            MAX_SCRIPT_DEPTH - 1
+        ),
+    })
 }
 
 /// The executable and every library the dynamic loader maps for it (`ld.so --list`, run
@@ -345,6 +456,66 @@ fn close(fd: libc::c_int) {
     unsafe { libc::close(fd) };
 }
 
+/// The recorded command's pid while [`Forward`] is installed, else 0.
+static FORWARD_TO: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// The signals memtrack passes on to the recorded command rather than dying of them: Ctrl-C,
+/// `kill`, `timeout`, a closed terminal.
+const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// While alive, INT, TERM and HUP sent to memtrack are sent on to the command, which decides
+/// whether to end; memtrack then finishes the artifact whole and exits with its code. A
+/// signal from the terminal (Ctrl-C, si_code `SI_KERNEL`) already reached the command's
+/// process group and is not sent twice. Dropped after the artifact is finished: the
+/// previous dispositions come back.
+struct Forward {
+    old: Vec<(libc::c_int, libc::sigaction)>,
+}
+
+extern "C" fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    let pid = FORWARD_TO.load(std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler; kill is
+    // async-signal-safe.
+    unsafe {
+        let from_terminal = !info.is_null() && (*info).si_code == libc::SI_KERNEL;
+        if pid > 0 && !from_terminal {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+impl Forward {
+    fn install(pid: u32) -> Self {
+        FORWARD_TO.store(pid as i32, std::sync::atomic::Ordering::Relaxed);
+        let mut old = Vec::new();
+        for sig in FORWARDED {
+            // SAFETY: a zeroed sigaction is valid; the handler only loads an atomic and calls
+            // kill, both async-signal-safe.
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = forward as *const () as usize;
+                sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+                libc::sigemptyset(&mut sa.sa_mask);
+                let mut prev: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, &sa, &mut prev) == 0 {
+                    old.push((sig, prev));
+                }
+            }
+        }
+        Forward { old }
+    }
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        FORWARD_TO.store(0, std::sync::atomic::Ordering::Relaxed);
+        for (sig, prev) in &self.old {
+            // SAFETY: restoring a disposition sigaction returned.
+            unsafe { libc::sigaction(*sig, prev, std::ptr::null_mut()) };
+        }
+    }
+}
+
 /// Runs `command` (program and arguments) with allocation tracking, writing the artifact to
 /// `out`; returns once it has exited and the artifact is complete. The command runs with
 /// [`CommandOptions::new`]'s defaults.
@@ -372,10 +543,11 @@ pub fn record_command_with(
         command: program.to_string_lossy().into_owned(),
         source,
     };
-    let exe = resolve(program)
-        .ok_or_else(|| spawn_err(std::io::Error::from(std::io::ErrorKind::NotFound)))?;
+    let exe = resolve(program)?;
     let (creds, user) = Credentials::new(child)?;
-    let files = objects_of(&exe, &creds);
+    // A script runs its interpreter: probe that (and its libraries), exec the script.
+    let image = program_run_by(&exe)?;
+    let files = objects_of(&image, &creds);
 
     // Everything the child needs is prepared before fork: after it, only async-signal-safe
     // calls (read, execve, write, _exit) are allowed.
@@ -408,6 +580,8 @@ pub fn record_command_with(
     let go = pipe()?;
     let err = pipe()?;
 
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: the child only calls async-signal-safe functions on memory prepared above.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -417,6 +591,12 @@ pub fn record_command_with(
         // SAFETY: child side; see above. `argv`/`envp` are NULL-terminated arrays of valid
         // C strings that outlive the call.
         unsafe {
+            // Never outlive memtrack unobserved: SIGKILL when it dies (even by SIGKILL). If it
+            // died before this line, the parent is already someone else.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            if libc::getppid() != parent {
+                libc::_exit(127);
+            }
             let mut b = 0u8;
             loop {
                 let n = libc::read(go[0], (&raw mut b).cast(), 1);
@@ -432,6 +612,8 @@ pub fn record_command_with(
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             let failed = match creds.apply() {
                 Ok(()) => {
+                    // Changing credentials cleared the parent-death signal: set it again.
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
                     libc::execve(path_c.as_ptr(), argv.as_ptr(), envp.as_ptr());
                     [STEP_EXEC, *libc::__errno_location()]
                 }
@@ -454,7 +636,13 @@ pub fn record_command_with(
         close(err[0]);
     };
 
-    let tracker = match Tracker::attach_files(pid, &files, opts) {
+    let tracker = match Tracker::attach_files(pid, &files, opts).map_err(|e| match e {
+        TrackerError::NoAllocatorSymbols { files, .. } => TrackerError::NoAllocatorSymbols {
+            program: Some(image.clone()),
+            files,
+        },
+        e => e,
+    }) {
         Ok(t) => t,
         Err(e) => {
             kill_child();
@@ -484,10 +672,9 @@ pub fn record_command_with(
     let n = unsafe { libc::read(err[0], failed.as_mut_ptr().cast(), size_of_val(&failed)) };
     close(err[0]);
 
-    // Ctrl-C reaches the whole foreground group: let the command handle it and finish the
-    // artifact once it exits (the child execs before this, so it keeps the default).
-    // SAFETY: changing this process's SIGINT disposition; restored below.
-    let old_int = unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    // INT, TERM and HUP go to the command, and memtrack finishes the artifact once it exits
+    // (the child execs before this, so it keeps the default dispositions).
+    let _forward = Forward::install(pid);
     // Wait for the child; meanwhile probe libraries it maps later (a dlopen()ed allocator):
     // uprobes attached before exec cover only the files known then.
     let mut status = 0;
@@ -503,8 +690,6 @@ pub fn record_command_with(
         let _ = tracker.attach_new_objects();
         std::thread::sleep(RESCAN_PERIOD);
     }
-    // SAFETY: restoring the disposition saved above.
-    unsafe { libc::signal(libc::SIGINT, old_int) };
     let recorded = recording.stop()?;
     drop(tracker);
     if n == size_of_val(&failed) as isize {
