@@ -6,6 +6,7 @@
 //! hotpaths list              one line per operation: name scope unit small large description
 //! hotpaths run NAME OPS      runs NAME for OPS operations (a multiple of its unit)
 //! hotpaths time NAME OPS     the same, and prints wall-clock ns per operation (ABBA runs)
+//! hotpaths cpu               the CPU features this process sees (under valgrind: valgrind's)
 //! ```
 //!
 //! Every operation builds its input once, of a size that does not depend on OPS, then repeats
@@ -380,6 +381,35 @@ fn encode_pipeline(reps: u64, m: &mut Measure) -> u64 {
     sum
 }
 
+/// CPU features that pick code paths in what the operations run (glibc's string functions,
+/// zstd, crc32fast): counts taken with different ones do not compare.
+fn cpu_features() -> String {
+    let mut f = Vec::new();
+    macro_rules! detect {
+        ($($name:tt),*) => {$(
+            if std::arch::is_x86_feature_detected!($name) {
+                f.push($name);
+            }
+        )*};
+    }
+    detect!(
+        "sse4.1",
+        "sse4.2",
+        "popcnt",
+        "pclmulqdq",
+        "avx",
+        "avx2",
+        "bmi1",
+        "bmi2",
+        "lzcnt",
+        "fma",
+        "avx512f",
+        "avx512bw",
+        "avx512vl"
+    );
+    f.join(" ")
+}
+
 fn find(name: &str) -> Result<&'static Op, String> {
     OPS.iter().find(|o| o.name == name).ok_or_else(|| {
         let names: Vec<_> = OPS.iter().map(|o| o.name).collect();
@@ -409,7 +439,8 @@ fn repetitions(op: &Op, ops: &str) -> Result<u64, String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let usage = "usage: hotpaths list | hotpaths run NAME OPS | hotpaths time NAME OPS";
+    let usage =
+        "usage: hotpaths list | hotpaths run NAME OPS | hotpaths time NAME OPS | hotpaths cpu";
     let result = match args[..] {
         ["list"] => {
             for o in OPS {
@@ -418,6 +449,10 @@ fn main() -> ExitCode {
                     o.name, o.scope, o.unit, o.small, o.large, o.about
                 );
             }
+            Ok(())
+        }
+        ["cpu"] => {
+            println!("{}", cpu_features());
             Ok(())
         }
         [cmd @ ("run" | "time"), name, ops] => find(name).and_then(|op| {

@@ -11,8 +11,9 @@
 //! of each run and their median, and compares it with the baseline: exit 1 when an operation
 //! grew more than the threshold (3 %, or `--threshold`, or `$MEMTRACK_IR_THRESHOLD`), 2 on any
 //! error (callgrind output that does not parse, an operation missing on one side, ...), else 0.
-//! The baseline records rustc's and valgrind's versions and a hash of the driver's source:
-//! counts of another compiler or another driver do not compare, and `check` refuses them.
+//! The baseline records rustc's and valgrind's versions, a hash of the driver's source and the
+//! CPU features valgrind shows the driver: counts of another compiler, driver or feature set do
+//! not compare, and `check` refuses them.
 //! `update` measures every operation and rewrites the baseline; an operation whose Ir/op varied
 //! more than 0.5 % between runs (in this update or an earlier one, see [`classify`]) is marked
 //! wall-clock only and not gated. `abba` times two
@@ -100,8 +101,14 @@ fn read_driver_hash() -> Result<String> {
         })
 }
 
-/// The baseline must come from this toolchain and this driver.
-fn same_measurement(base: &Baseline, rustc: &str, valgrind: &str, driver: &str) -> Result<()> {
+/// The baseline must come from this toolchain, this driver and these CPU features.
+fn same_measurement(
+    base: &Baseline,
+    rustc: &str,
+    valgrind: &str,
+    driver: &str,
+    cpu: &str,
+) -> Result<()> {
     if (rustc, valgrind) != (base.rustc.as_str(), base.valgrind.as_str()) {
         return Err(GateError::Baseline(format!(
             "measured with {} and {}, this machine has {rustc} and {valgrind}: instruction \
@@ -116,6 +123,14 @@ fn same_measurement(base: &Baseline, rustc: &str, valgrind: &str, driver: &str) 
              now): both sides must run the same driver. Commit the driver change on its own, with \
              `ir-gate update` (a driver change changes the measurement, not memtrack)",
             base.driver
+        )));
+    }
+    if cpu != base.cpu {
+        return Err(GateError::Baseline(format!(
+            "measured on a CPU with the features [{}] (as valgrind reports them), this one has \
+             [{cpu}]: glibc, zstd and crc32fast take other code paths, so the counts do not \
+             compare. Re-measure the base commit on this machine (`ir-gate update`)",
+            base.cpu
         )));
     }
     Ok(())
@@ -303,6 +318,10 @@ struct Baseline {
     /// (Empty in a baseline from before it was recorded: `check` refuses it, `update` reads it.)
     #[serde(default)]
     driver: String,
+    /// The CPU features the driver sees under valgrind (`hotpaths cpu`): glibc, zstd and
+    /// crc32fast pick code paths by them.
+    #[serde(default)]
+    cpu: String,
     runs: usize,
     ops: BTreeMap<String, BaselineOp>,
 }
@@ -584,6 +603,17 @@ fn build_driver() -> Result<PathBuf> {
     })
 }
 
+/// The CPU features the driver sees under valgrind, in the gate's fixed environment.
+fn cpu(driver: &Path) -> Result<String> {
+    let mut cmd = Command::new("valgrind");
+    cmd.env_clear()
+        .env("LC_ALL", "C")
+        .env("PATH", "/usr/bin:/bin");
+    cmd.args(["--tool=none", "-q"]).arg(driver).arg("cpu");
+    let out = output(&mut cmd, &format!("valgrind {} cpu", driver.display()))?;
+    Ok(out.trim().to_string())
+}
+
 fn list(driver: &Path) -> Result<Vec<OpInfo>> {
     let text = output(
         Command::new(driver).arg("list"),
@@ -824,8 +854,14 @@ fn check(a: &Args) -> Result<bool> {
     )?;
     let base = read_baseline(&a.baseline)?;
     let (rustc, valgrind) = toolchain()?;
-    same_measurement(&base, &rustc, &valgrind, &read_driver_hash()?)?;
     let driver = driver(a)?;
+    same_measurement(
+        &base,
+        &rustc,
+        &valgrind,
+        &read_driver_hash()?,
+        &cpu(&driver)?,
+    )?;
     let ops = list(&driver)?;
     let pairs = reconcile(&ops, &base)?;
     let gated: Vec<(OpInfo, u64, u64)> = pairs
@@ -908,6 +944,7 @@ fn update(a: &Args) -> Result<()> {
         rustc,
         valgrind,
         driver: read_driver_hash()?,
+        cpu: cpu(&driver)?,
         runs: a.runs,
         ops: BTreeMap::new(),
     };
@@ -1218,6 +1255,7 @@ mod tests {
             rustc: "rustc 1".into(),
             valgrind: "valgrind-3".into(),
             driver: "00".into(),
+            cpu: "avx2".into(),
             runs: 3,
             ops: names.iter().map(|n| (n.to_string(), op.clone())).collect(),
         }
@@ -1315,13 +1353,16 @@ mod tests {
     #[test]
     fn the_baseline_must_come_from_the_same_toolchain_and_driver() {
         let b = baseline(&["encode"]);
-        assert_eq!(same_measurement(&b, "rustc 1", "valgrind-3", "00"), Ok(()));
-        let e = same_measurement(&b, "rustc 2", "valgrind-3", "00").unwrap_err();
+        let same = |r, v, d, c| same_measurement(&b, r, v, d, c);
+        assert_eq!(same("rustc 1", "valgrind-3", "00", "avx2"), Ok(()));
+        let e = same("rustc 2", "valgrind-3", "00", "avx2").unwrap_err();
         assert!(e.to_string().contains("different compilers"), "{e}");
-        let e = same_measurement(&b, "rustc 1", "valgrind-4", "00").unwrap_err();
+        let e = same("rustc 1", "valgrind-4", "00", "avx2").unwrap_err();
         assert!(e.to_string().contains("valgrind-4"), "{e}");
-        let e = same_measurement(&b, "rustc 1", "valgrind-3", "01").unwrap_err();
+        let e = same("rustc 1", "valgrind-3", "01", "avx2").unwrap_err();
         assert!(e.to_string().contains("driver.rs changed"), "{e}");
+        let e = same("rustc 1", "valgrind-3", "00", "avx2 bmi2").unwrap_err();
+        assert!(e.to_string().contains("[avx2 bmi2]"), "{e}");
         assert_eq!(driver_hash(b""), "cbf29ce484222325");
         assert_eq!(driver_hash(b"a"), "af63dc4c8601ec8c");
         assert!(
