@@ -265,7 +265,8 @@ impl RawConfig {
     /// Size of `.rodata` in bytes.
     pub const SIZE: usize = size_of::<Self>();
 
-    /// Settings for `tgid` with the default 64 KiB wakeup watermark and this machine's page size.
+    /// Settings for `tgid` with the default 64 KiB wakeup watermark and a 4096-byte page size
+    /// (the loader sets `page_size` to the running machine's).
     pub fn new(tgid: u32) -> Self {
         Self {
             target_tgid: tgid,

@@ -14,7 +14,11 @@
 //!
 //! Options: `name = "…"` (default: the function's path, e.g. `my_crate::bench::parse_json`),
 //! `output = "…"` (directory of the artifact; default `$MEMTRACK_DIR`, else
-//! `<target dir>/memtrack`), `crate = path` (where `memtrack` is, if renamed).
+//! `<target dir>/memtrack`), `crate = path` (where `memtrack` is, if renamed),
+//! `backend = "auto"|"ebpf"|"alloc"` (which recorder; default `$MEMTRACK_BACKEND`, else `auto`),
+//! `scope = "threads"|"process"` (the function's thread and the threads it spawns, the
+//! default; or every thread of the process). A `#[memtrack]` function called inside another's
+//! session joins it (no artifact of its own; its own limits are refused there).
 //! `in_memory`: write no artifact (the report and its limits are all there is).
 //! Limits for tests: `max_allocations = N`, `max_bytes = N` (bytes allocated in total),
 //! `max_peak = N` (peak live heap bytes), `max_blocks = N` (most heap blocks live at once),

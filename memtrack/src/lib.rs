@@ -30,6 +30,14 @@
 //! The accounting rules of the totals (what counts as an allocation, how `realloc` counts, what
 //! the peak is) are in [`analysis`](Analyzer).
 
+// The recorders read the TSC (`rdtsc`), attach uprobes by x86-64 register conventions and
+// find the dynamic loader at its Linux x86-64 path: nothing else is supported yet.
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+compile_error!(
+    "memtrack supports Linux on x86-64 only (its recorders use rdtsc, x86-64 uprobe registers \
+     and Linux's eBPF); build it on such a machine"
+);
+
 #[doc(hidden)]
 pub mod __private;
 mod analysis;

@@ -712,8 +712,8 @@ impl Report {
     }
 }
 
-/// A file name from a session name: path separators, `::` and anything outside
-/// `[A-Za-z0-9._-]` become `_`; never empty, never hidden, at most 200 bytes.
+/// A file name from a session name: `::` becomes `.`, path separators and anything else
+/// outside `[A-Za-z0-9._-]` become `_`; never empty, never hidden, at most 200 bytes.
 pub(crate) fn sanitize(name: &str) -> String {
     let mut out: String = name
         .replace("::", ".")

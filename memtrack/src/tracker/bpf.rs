@@ -81,8 +81,9 @@ fn handle(obj: &Object, pred: impl Fn(&str) -> bool, what: &str) -> Result<Arc<M
 }
 
 impl Bpf {
-    /// Loads the program for process `target` with a ring buffer of `ringbuf_bytes` and, if
-    /// `syscalls`, attaches the syscall tracepoint. Recording stays disabled.
+    /// Loads the program for process `target` with a ring buffer of `ringbuf_bytes`. Nothing
+    /// is attached: the probes and tracepoints (the syscall one only if `syscalls`) are
+    /// attached per recording.
     pub(crate) fn load(target: u32, ringbuf_bytes: u64, syscalls: bool) -> Result<Self> {
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(TrackerError::NoBtf);
