@@ -11,11 +11,12 @@
 
 use std::cell::RefCell;
 use std::io::Write;
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use crate::analysis::{Analyzer, SizeClass, SizeHistogram, Timeline, Totals};
+use crate::analysis::{Analyzer, SizeClass, SizeHistogram, Stats, Timeline, Totals};
 use crate::artifact::{Final, FrameWriter, Metadata, encode_frame, monotonic_ns};
 use crate::artifact::{FrameScratch, MAX_FRAME_EVENTS};
 use crate::error::{Error, Result};
@@ -155,6 +156,52 @@ struct WriterResult<W> {
     written: Written,
 }
 
+/// Where a mid-recording snapshot is asked for and answered: made before recording starts and
+/// shared by the measured thread, the thread feeding the encoder and the encoder's writer, so
+/// that asking allocates nothing on the measured thread (a mutex and a condition variable).
+#[derive(Default)]
+pub(crate) struct Snapshot {
+    /// Set by the asking thread; the feeding thread takes it.
+    requested: std::sync::atomic::AtomicBool,
+    answer: Mutex<Option<Stats>>,
+    answered: Condvar,
+}
+
+impl Snapshot {
+    /// Asks for a snapshot and waits for it (the feeding thread must call
+    /// [`Snapshot::take_request`] and [`Encoder::snapshot`]); `None` after `timeout`.
+    pub(crate) fn ask(&self, timeout: Duration) -> Option<Stats> {
+        let mut answer = self.answer.lock().unwrap_or_else(|e| e.into_inner());
+        *answer = None;
+        self.requested
+            .store(true, std::sync::atomic::Ordering::Release);
+        let deadline = Instant::now() + timeout;
+        while answer.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            answer = self
+                .answered
+                .wait_timeout(answer, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        answer.take()
+    }
+
+    /// Whether a snapshot was asked for since the last call (for the feeding thread).
+    pub(crate) fn take_request(&self) -> bool {
+        self.requested
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    fn answer(&self, stats: Stats) {
+        *self.answer.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+        self.answered.notify_all();
+    }
+}
+
 /// Streams events into an artifact; see the module docs for the pipeline.
 pub struct Encoder<W: Write + Send + 'static> {
     current: Vec<Event>,
@@ -168,6 +215,8 @@ pub struct Encoder<W: Write + Send + 'static> {
 
 enum Msg {
     Frame(Vec<Event>),
+    /// Answer with the analysis of every event sent before this.
+    Snapshot(Arc<Snapshot>),
     /// What the trailer needs besides the totals.
     Finish(Trailer),
 }
@@ -241,6 +290,17 @@ impl<W: Write + Send + 'static> Encoder<W> {
         let full = std::mem::replace(&mut self.current, next);
         let tx = self.tx.as_ref().ok_or(Error::EncoderStopped)?;
         tx.send(Msg::Frame(full)).map_err(|_| Error::EncoderStopped)
+    }
+
+    /// Answers `snapshot` with the analysis of every event pushed so far, once the writer has
+    /// analysed them (the events pushed so far end the current frame).
+    pub(crate) fn snapshot(&mut self, snapshot: &Arc<Snapshot>) -> Result<()> {
+        if !self.current.is_empty() {
+            self.ship()?;
+        }
+        let tx = self.tx.as_ref().ok_or(Error::EncoderStopped)?;
+        tx.send(Msg::Snapshot(Arc::clone(snapshot)))
+            .map_err(|_| Error::EncoderStopped)
     }
 
     /// Sets the end time stored in the trailer (ns, CLOCK_MONOTONIC); by default it is the time
@@ -330,22 +390,35 @@ fn writer_loop<W: Write + Send>(
     let mut sizes = SizeHistogram::new();
     let mut timeline = Timeline::growing(TIMELINE_COLUMNS).expect("a valid column count");
     let mut lost = None;
+    let mut snapshots: Vec<Arc<Snapshot>> = Vec::new();
     loop {
-        // Block for one frame, then take whatever else is already queued, up to `window`.
+        // Block for one frame, then take whatever else is already queued, up to `window`,
+        // stopping at a snapshot (it is answered once the frames before it are analysed).
         match rx.recv() {
             Ok(Msg::Frame(f)) => batch.push(f),
+            Ok(Msg::Snapshot(s)) => snapshots.push(s),
             Ok(Msg::Finish(t)) => lost = Some(t),
             Err(_) => {}
         }
-        while lost.is_none() && batch.len() < window {
+        while lost.is_none() && snapshots.is_empty() && batch.len() < window {
             match rx.try_recv() {
                 Ok(Msg::Frame(f)) => batch.push(f),
+                Ok(Msg::Snapshot(s)) => snapshots.push(s),
                 Ok(Msg::Finish(t)) => lost = Some(t),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
         if batch.is_empty() {
-            break;
+            if snapshots.is_empty() {
+                break;
+            }
+            for s in snapshots.drain(..) {
+                s.answer(analyzer.stats());
+            }
+            if lost.is_some() {
+                break;
+            }
+            continue;
         }
         let outs = &mut outs[..batch.len()];
         let mut results: Vec<Result<()>> = (0..batch.len()).map(|_| Ok(())).collect();
@@ -368,6 +441,9 @@ fn writer_loop<W: Write + Send>(
         }
         for f in batch.drain(..) {
             let _ = recycle.try_send(f);
+        }
+        for s in snapshots.drain(..) {
+            s.answer(analyzer.stats());
         }
         if lost.is_some() {
             break;

@@ -55,7 +55,7 @@ mod session;
 mod synth;
 mod tracker;
 
-pub use analysis::{Analyzer, KindCounts, ThreadTotals, Totals};
+pub use analysis::{Analyzer, KindCounts, Stats, ThreadTotals, Totals};
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use analysis::{Column, Extremes, SizeClass, SizeHistogram, Timeline};
 pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, Reader};

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::analysis::{SizeClass, Timeline, Totals};
+use crate::analysis::{SizeClass, Stats, Timeline, Totals};
 use crate::artifact::{Backend, Metadata, Output};
 use crate::encode::EncoderOptions;
 use crate::encode::Written;
@@ -518,6 +518,22 @@ impl Session {
     /// complete frame. `None` once finished, or when the path is a device written in place.
     pub fn partial_path(&self) -> Option<&Path> {
         self.output.as_ref().and_then(Output::partial_path)
+    }
+
+    /// The numbers so far (allocations, bytes, live now, peak so far), like dhat-rs's
+    /// `HeapStats::get()`: every allocation and free made before the call (by the threads in
+    /// the session's scope) is counted. It waits for the recorder to drain and analyse them:
+    /// up to the eBPF poller's 10 ms drain period, or the allocator recorder's 2 ms merge
+    /// window. It allocates nothing on the calling thread, so calling it changes no number;
+    /// each call ends the artifact's current frame, so call it between phases, not per event.
+    pub fn stats(&self) -> Result<Stats> {
+        match &self.recording {
+            Some(Active::Ebpf(r)) => r.stats(),
+            Some(Active::Alloc(r)) => r.stats(),
+            None => Err(Error::InvalidOption(
+                "the session is already finished: its Report has the final numbers".into(),
+            )),
+        }
     }
 
     /// Stops recording, finishes the artifact (replacing any file of the same name

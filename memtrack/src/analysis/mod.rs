@@ -92,6 +92,30 @@ pub struct ThreadTotals {
     pub bytes_freed: u64,
 }
 
+/// The headline numbers of a recording at one moment (a mid-session snapshot), under the
+/// accounting rules of [`Totals`]: a plain `Copy` value, so taking one allocates nothing on the
+/// measured thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Allocations so far ([`Totals::allocations`]).
+    pub allocations: u64,
+    /// Bytes allocated so far, in total ([`Totals::bytes_allocated`]).
+    pub bytes_allocated: u64,
+    /// Heap blocks freed so far ([`Totals::frees`]).
+    pub frees: u64,
+    /// Heap blocks allocated while recording and live now.
+    pub live_blocks: u64,
+    /// Their bytes.
+    pub live_bytes: u64,
+    /// Most heap blocks live at once so far ([`Totals::peak_live_blocks`]).
+    pub peak_live_blocks: u64,
+    /// Most heap bytes live at once so far ([`Totals::peak_live_bytes`]).
+    pub peak_live_bytes: u64,
+    /// Events recorded so far.
+    pub events: u64,
+}
+
 /// Totals over a sequence of events. See the module docs for the accounting rules.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -351,6 +375,21 @@ impl Analyzer {
     /// Mapped bytes (page-rounded) now.
     pub fn mapped_bytes(&self) -> u64 {
         self.mapped
+    }
+
+    /// The headline numbers so far, without the per-thread map ([`Analyzer::totals`] builds
+    /// one): what a mid-session [`Session::stats`](crate::Session::stats) returns.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            allocations: self.t.allocations,
+            bytes_allocated: self.t.bytes_allocated,
+            frees: self.t.frees,
+            live_blocks: self.live.len() as u64,
+            live_bytes: self.live_bytes,
+            peak_live_blocks: self.t.peak_live_blocks,
+            peak_live_bytes: self.t.peak_live_bytes,
+            events: self.t.events,
+        }
     }
 
     /// The totals so far.

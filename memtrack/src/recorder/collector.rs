@@ -8,8 +8,9 @@ use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
 use super::{OVERFLOW, REGISTRY, Raw, STREAM, SWITCH, exclude_current_thread, tsc};
+use crate::analysis::Stats;
 use crate::artifact::{Metadata, monotonic_ns};
-use crate::encode::{Encoder, EncoderOptions, Written};
+use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventKind, KindTag};
 use crate::scope::Scope;
@@ -107,6 +108,7 @@ fn invariant_tsc() -> bool {
 /// A recording with the allocator backend; [`AllocRecording::stop`] finishes the artifact.
 pub(crate) struct AllocRecording<W: Write + Send + 'static> {
     stop: Arc<AtomicBool>,
+    snapshot: Arc<Snapshot>,
     thread: Option<JoinHandle<Result<Encoder<W>>>>,
     iterations: Option<u64>,
 }
@@ -150,13 +152,18 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
     drain_all(&mut |_, _| {});
     super::LOST.store(0, Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
-    let (stop2, counted) = (Arc::clone(&stop), Arc::clone(&started));
+    let snapshot = Arc::new(Snapshot::default());
+    let (stop2, counted, snapshot2) = (
+        Arc::clone(&stop),
+        Arc::clone(&started),
+        Arc::clone(&snapshot),
+    );
     let thread = std::thread::Builder::new()
         .name("memtrack-collect".into())
         .spawn(move || {
             exclude_current_thread();
             counted.fetch_add(1, Ordering::Release);
-            let r = collect(encoder, &stop2);
+            let r = collect(encoder, &stop2, &snapshot2);
             if r.is_err() {
                 // Producers waiting for room must not wait for a collector that is gone.
                 SWITCH.fetch_and(!STREAM, Ordering::SeqCst);
@@ -178,12 +185,29 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
     SWITCH.fetch_or(STREAM, Ordering::SeqCst);
     Ok(AllocRecording {
         stop,
+        snapshot,
         thread: Some(thread),
         iterations: None,
     })
 }
 
 impl<W: Write + Send + 'static> AllocRecording<W> {
+    /// The numbers so far: every event recorded before the call, merged and analysed (the
+    /// collector keeps the newest 2 ms back to merge them in order, so this takes 2–3 ms).
+    /// Allocates nothing on the calling thread.
+    pub(crate) fn stats(&self) -> Result<Stats> {
+        wake();
+        self.snapshot.ask(Duration::from_secs(10)).ok_or_else(|| {
+            Error::io(
+                "taking a snapshot",
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "memtrack's collector thread did not answer within 10 s",
+                ),
+            )
+        })
+    }
+
     /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine.
     pub(crate) fn set_iterations(&mut self, n: u64) {
         self.iterations = Some(n);
@@ -281,7 +305,10 @@ fn event(c: &Clock, pid: u32, tid: u32, r: &Raw) -> Event {
 fn collect<W: Write + Send + 'static>(
     mut enc: Encoder<W>,
     stop: &AtomicBool,
+    snapshot: &Arc<Snapshot>,
 ) -> Result<Encoder<W>> {
+    // A snapshot asked for at this TSC: answered once every event before it is encoded.
+    let mut snapshot_at: Option<u64> = None;
     let pid = std::process::id();
     // Events drained but younger than the lag, in timestamp order. A deque: the emitted front
     // is popped without moving the rest (which holds up to LAG_NS of events).
@@ -293,6 +320,9 @@ fn collect<W: Write + Send + 'static>(
             std::thread::sleep(Duration::from_millis(1));
         }
         let now = tsc();
+        if snapshot_at.is_none() && snapshot.take_request() {
+            snapshot_at = Some(now);
+        }
         let before = pending.len();
         drain_all(&mut |tid, r| pending.push_back((tid, *r)));
         // Each ring's events arrive sorted; with one thread allocating, so does the whole
@@ -316,6 +346,12 @@ fn collect<W: Write + Send + 'static>(
             pending.pop_front();
         }
         drop(clock);
+        if let Some(at) = snapshot_at
+            && horizon >= at
+        {
+            enc.snapshot(snapshot)?;
+            snapshot_at = None;
+        }
         if last {
             return Ok(enc);
         }

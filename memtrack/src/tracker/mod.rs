@@ -39,8 +39,9 @@ use once_cell::sync::OnceCell;
 pub use error::TrackerError;
 pub use record::{CommandOptions, RecordOutcome, record_command, record_command_with};
 
+use crate::analysis::Stats;
 use crate::artifact::Metadata;
-use crate::encode::{Encoder, EncoderOptions, Written};
+use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
 use crate::scope::Scope;
 use bpf::{Bpf, exclude_tid, gettid, mapped_objects};
 use memtrack_bpf::RawSwitch;
@@ -379,7 +380,10 @@ impl Tracker {
             .get_or_try_init(|| Poller::spawn(Arc::clone(&self.bpf.events), exclude))?;
         let mut st = self.state();
         let attached = self.attach_for_recording(&st, scope);
-        let poller = match attached.and_then(|()| Ok(poller.record(Box::new(encoder))?)) {
+        let snapshot = Arc::new(Snapshot::default());
+        let recorded =
+            attached.and_then(|()| Ok(poller.record(Box::new(encoder), Arc::clone(&snapshot))?));
+        let poller = match recorded {
             Ok(p) => p,
             Err(e) => {
                 self.detach_after_recording(&st);
@@ -420,6 +424,7 @@ impl Tracker {
         Ok(Recording {
             tracker: self,
             poller: Some(poller),
+            snapshot,
             drops_at_start: at_start.drops,
             out_of_scope_at_start: at_start.out_of_scope,
             iterations: None,
@@ -502,6 +507,7 @@ impl Drop for Counting<'_> {
 pub struct Recording<'t, W: Write + Send + 'static> {
     tracker: &'t Tracker,
     poller: Option<PollerRecording>,
+    snapshot: Arc<Snapshot>,
     drops_at_start: u64,
     out_of_scope_at_start: u64,
     iterations: Option<u64>,
@@ -522,6 +528,19 @@ pub struct Recorded {
 }
 
 impl<W: Write + Send + 'static> Recording<'_, W> {
+    /// The numbers so far: everything submitted before the call, drained and analysed (within
+    /// the poller's 10 ms drain period). Allocates nothing on the calling thread.
+    pub fn stats(&self) -> crate::Result<Stats> {
+        self.snapshot.ask(Duration::from_secs(10)).ok_or_else(|| {
+            TrackerError::Io {
+                what: "taking a snapshot: memtrack's poller thread did not answer within 10 s"
+                    .into(),
+                source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+            }
+            .into()
+        })
+    }
+
     /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine
     /// (see [`Final::iterations`](crate::Final::iterations)).
     pub fn set_iterations(&mut self, n: u64) {

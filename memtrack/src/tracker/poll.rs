@@ -14,7 +14,7 @@ use memtrack_bpf::{RawEvent, kind};
 
 use super::TrackerError;
 use super::bpf::{exclude_tid, gettid};
-use crate::encode::Encoder;
+use crate::encode::{Encoder, Snapshot};
 use crate::event::{Event, EventKind};
 
 /// How often the poller drains when no wakeup comes: events are submitted without wakeups
@@ -73,12 +73,17 @@ pub(crate) fn record_to_event(data: &[u8]) -> Option<Event> {
 /// Where a recording's events go: the session's encoder, whatever it writes to.
 pub(crate) trait Sink: Send {
     fn push(&mut self, ev: Event) -> crate::Result<()>;
+    fn snapshot(&mut self, s: &Arc<Snapshot>) -> crate::Result<()>;
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
 
 impl<W: Write + Send + 'static> Sink for Encoder<W> {
     fn push(&mut self, ev: Event) -> crate::Result<()> {
         Encoder::push(self, ev)
+    }
+
+    fn snapshot(&mut self, s: &Arc<Snapshot>) -> crate::Result<()> {
+        Encoder::snapshot(self, s)
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
@@ -110,6 +115,7 @@ enum Cmd {
     Record {
         sink: Box<dyn Sink>,
         stop: Arc<AtomicBool>,
+        snapshot: Arc<Snapshot>,
         done: SyncSender<Result<Drained, TrackerError>>,
     },
     Quit,
@@ -170,13 +176,18 @@ impl Poller {
         }
     }
 
-    /// Starts draining into `sink`.
-    pub(crate) fn record(&self, sink: Box<dyn Sink>) -> Result<PollerRecording, TrackerError> {
+    /// Starts draining into `sink`; answers `snapshot`'s requests.
+    pub(crate) fn record(
+        &self,
+        sink: Box<dyn Sink>,
+        snapshot: Arc<Snapshot>,
+    ) -> Result<PollerRecording, TrackerError> {
         let stop = Arc::new(AtomicBool::new(false));
         let (done, done_rx) = sync_channel(1);
         let cmd = Cmd::Record {
             sink,
             stop: Arc::clone(&stop),
+            snapshot,
             done,
         };
         self.cmds
@@ -251,7 +262,13 @@ fn run(events: &MapHandle, cmds: &Receiver<Cmd>, ready: &SyncSender<Result<(), T
         }
     };
     let _ = ready.send(Ok(()));
-    while let Ok(Cmd::Record { sink, stop, done }) = cmds.recv() {
+    while let Ok(Cmd::Record {
+        sink,
+        stop,
+        snapshot,
+        done,
+    }) = cmds.recv()
+    {
         *state.borrow_mut() = Some(Active {
             sink,
             push_error: None,
@@ -267,6 +284,17 @@ fn run(events: &MapHandle, cmds: &Receiver<Cmd>, ready: &SyncSender<Result<(), T
                 rb.poll(DRAIN_PERIOD)
                     .map_err(|e| TrackerError::bpf("polling the ring buffer", e))?;
                 drain()?;
+                if snapshot.take_request() {
+                    // Everything submitted before the request is in the ring buffer now.
+                    drain()?;
+                    let mut st = state.borrow_mut();
+                    let a = st.as_mut().expect("set above");
+                    if a.push_error.is_none()
+                        && let Err(e) = a.sink.snapshot(&snapshot)
+                    {
+                        a.push_error = Some(e);
+                    }
+                }
             }
             // The tail: recording is off, but a program that passed the switch just before
             // may still be filling its record; drain until two passes 1 ms apart find nothing.
