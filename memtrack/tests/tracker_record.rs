@@ -615,6 +615,52 @@ fn syscalls_can_be_left_out() {
     between_markers(&run);
 }
 
+/// Issue 12, item 12: by default mmap/munmap are recorded through libc's wrappers (pid-scoped
+/// uprobes, no cost to other processes), so a raw `syscall(SYS_mmap)` is not seen; the raw
+/// option's global tracepoint sees both. Before, the default was the tracepoint (all four).
+#[test]
+fn syscalls_through_libc_by_default_raw_on_request() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let page = 4096;
+    let maps = |opts: &TrackerOptions| {
+        let run = record(dir.path(), &[&os(&exe), &os("rawmaps")], opts);
+        assert_eq!(run.exit_code, 0);
+        between_markers(&run)
+            .into_iter()
+            .filter_map(|k| match k {
+                EventKind::Mmap { size, .. } => Some(("mmap", size)),
+                EventKind::Munmap { size, .. } => Some(("munmap", size)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        maps(&TrackerOptions::new()),
+        [("mmap", 3 * page), ("munmap", 3 * page)]
+    );
+    assert_eq!(
+        maps(&TrackerOptions::new().raw_syscalls(true)),
+        [
+            ("mmap", 3 * page),
+            ("munmap", 3 * page),
+            ("mmap", 7 * page),
+            ("munmap", 7 * page)
+        ]
+    );
+    let bad = record_command(
+        &[exe.clone().into_os_string()],
+        std::io::sink(),
+        &TrackerOptions::new().syscalls(false).raw_syscalls(true),
+    );
+    assert!(
+        matches!(&bad, Err(e) if e.to_string().contains("raw syscalls")),
+        "{:?}",
+        bad.err()
+    );
+}
+
 /// (kind, size) of heap events: what two runs of the same code share (addresses differ).
 fn shapes(kinds: &[EventKind]) -> Vec<(&'static str, u64)> {
     kinds

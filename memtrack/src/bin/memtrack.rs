@@ -128,10 +128,15 @@ enum Cmd {
         /// lost.
         #[arg(long, default_value_t = 256, value_parser = ringbuf_mib)]
         ringbuf_mib: u64,
-        /// Do not record mmap/munmap/mremap/brk: their tracepoint slows every syscall of every
-        /// process while attached; allocation probes alone cost other processes nothing.
+        /// Do not record mmap/munmap/mremap/brk at all. By default they are recorded through
+        /// libc's wrappers, for the command only (no cost to other processes).
         #[arg(long)]
         no_syscalls: bool,
+        /// Record mmap/munmap/mremap/brk as raw syscalls, also those that bypass libc (the
+        /// dynamic loader's mappings, syscall(2), static programs). Its tracepoint slows every
+        /// syscall of every process on the machine while recording (see the README).
+        #[arg(long, conflicts_with = "no_syscalls")]
+        raw_syscalls: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
@@ -186,8 +191,15 @@ fn main() -> ExitCode {
             user,
             ringbuf_mib,
             no_syscalls,
+            raw_syscalls,
             command,
-        } => record(&output, user, ringbuf_mib, no_syscalls, &command),
+        } => record(
+            &output,
+            user,
+            ringbuf_mib,
+            (!no_syscalls, raw_syscalls),
+            &command,
+        ),
     };
     match res {
         Ok(code) => code,
@@ -646,7 +658,7 @@ fn record(
     output: &Path,
     user: Option<String>,
     ringbuf_mib: u64,
-    no_syscalls: bool,
+    (syscalls, raw_syscalls): (bool, bool),
     command: &[std::ffi::OsString],
 ) -> memtrack::Result<ExitCode> {
     if is_the_program(output, command) {
@@ -657,7 +669,8 @@ fn record(
     }
     let opts = memtrack::TrackerOptions::new()
         .ringbuf_bytes(ringbuf_mib.saturating_mul(1 << 20))
-        .syscalls(!no_syscalls);
+        .syscalls(syscalls)
+        .raw_syscalls(raw_syscalls);
     // SAFETY: geteuid has no preconditions.
     let runs_as_root = unsafe { libc::geteuid() } == 0 && user.is_none();
     if let Some(p) = find_program(command)
