@@ -125,8 +125,8 @@ enum Cmd {
         #[arg(long, value_name = "NAME")]
         user: Option<String>,
         /// Ring buffer size in MiB (a power of two from 1 to 1024); raise it if events are
-        /// lost.
-        #[arg(long, default_value_t = 256, value_parser = ringbuf_mib)]
+        /// lost. Resident memory is about twice this (the pages are mapped twice).
+        #[arg(long, default_value_t = memtrack::DEFAULT_RINGBUF_BYTES >> 20, value_parser = ringbuf_mib)]
         ringbuf_mib: u64,
         /// Do not record mmap/munmap/mremap/brk at all. By default they are recorded through
         /// libc's wrappers, for the command only (no cost to other processes).
