@@ -44,6 +44,8 @@ pub const PROG_NOP: &str = "mt_nop";
 /// It runs for every syscall of every process on the machine; the default records these
 /// syscalls through libc's wrappers ([`Entry::is_syscall`] sites) instead.
 pub const PROG_SYS_EXIT: &str = "mt_sys_exit";
+/// The `tp_btf/sched_process_exec` program: an [`kind::EXEC`] event when the target execs.
+pub const PROG_EXEC: &str = "mt_exec";
 /// The `tp_btf/sched_process_fork` program: threads spawned by a thread in scope join it.
 pub const PROG_FORK: &str = "mt_fork";
 
@@ -67,6 +69,8 @@ pub mod kind {
     pub const MREMAP: u32 = 8;
     /// `brk` syscall.
     pub const BRK: u32 = 9;
+    /// The process replaced its image (`execve`): its heap ends.
+    pub const EXEC: u32 = 10;
 }
 
 /// The shape of an allocator entry point (`MT_ENTRY_*` of memtrack.h): where its arguments

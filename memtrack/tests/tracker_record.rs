@@ -751,3 +751,53 @@ fn thread_exit_cache_flush_is_not_counted_as_frees() {
     }
     assert_eq!(t.unmatched_frees, 4, "one cache struct per worker: {t:?}");
 }
+
+/// Issue 12, item 12: `sh -c 'exec ./prog'` counted the shell's blocks, discarded by exec, as
+/// live at the end. A process image's heap ends at exec: what the program leaves live is the
+/// same as when it is recorded alone, and the shell's blocks live at the exec are counted as
+/// discarded.
+#[test]
+fn exec_ends_the_images_heap() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let totals = |run: &Run| {
+        let mut a = memtrack::Analyzer::new();
+        a.update_all(&run.events);
+        a.totals()
+    };
+    let alone = record(
+        dir.path(),
+        &[&os(&exe), &os("basic")],
+        &TrackerOptions::new(),
+    );
+    let script = os(format!("exec {} basic", exe.display()));
+    let via_sh = record(
+        dir.path(),
+        &[&os("/bin/sh"), &os("-c"), &script],
+        &TrackerOptions::new(),
+    );
+    assert_eq!((alone.exit_code, via_sh.exit_code), (0, 0));
+    let execs: Vec<usize> = (via_sh.events.iter().enumerate())
+        .filter(|(_, e)| e.kind == EventKind::Exec)
+        .map(|(i, _)| i)
+        .collect();
+    // memtrack's forked child -> sh (recording is on before it execs), then sh -> alloc.
+    assert_eq!(execs.len(), 2, "{execs:?}");
+    assert_eq!(execs[0], 0, "the command's own exec comes first");
+    assert!(execs.iter().all(|&i| via_sh.events[i].pid == via_sh.pid));
+    // What the shell left live at the exec, replayed independently of the Exec handling.
+    let mut shell = memtrack::Analyzer::new();
+    shell.update_all(&via_sh.events[..execs[1]]);
+    let shell = shell.totals();
+    assert!(shell.live_blocks_at_end > 0, "the shell allocated nothing?");
+    let (a, s) = (totals(&alone), totals(&via_sh));
+    assert_eq!(
+        (s.blocks_discarded_at_exec, s.bytes_discarded_at_exec),
+        (shell.live_blocks_at_end, shell.live_bytes_at_end)
+    );
+    assert_eq!(
+        (s.live_blocks_at_end, s.live_bytes_at_end),
+        (a.live_blocks_at_end, a.live_bytes_at_end)
+    );
+}

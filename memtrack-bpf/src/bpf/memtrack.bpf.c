@@ -586,6 +586,23 @@ int mt_fork(__u64 *ctx)
 	return 0;
 }
 
+/*
+ * The target replaced its image (execve succeeded): the old image's heap is gone, so its live
+ * blocks must not be carried into the new one. Runs in the exec'ing task after the new image
+ * is set up, before it runs. Attached only while recording (it runs for every exec on the
+ * machine, which is rare: one comparison each).
+ */
+SEC("tp_btf/sched_process_exec")
+int mt_exec(__u64 *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if ((__u32)(pid_tgid >> 32) != config.target_tgid || !(sw.enabled & MT_SWITCH_STREAM))
+		return 0;
+	emit(pid_tgid, MT_KIND_EXEC, 0, 0, 0, 0);
+	return 0;
+}
+
 /* Does nothing: attached at the same sites as the real programs, it measures the kernel's
  * uprobe floor (trap + dispatch) that every configuration pays. Not used for recording. */
 SEC("uprobe.multi")

@@ -18,6 +18,7 @@
 #define MT_KIND_MUNMAP 7
 #define MT_KIND_MREMAP 8
 #define MT_KIND_BRK 9
+#define MT_KIND_EXEC 10 /* the process replaced its image (execve): its heap ends here */
 
 /* Bits of the runtime switch (`sw.enabled` in .bss). Mirrored by `memtrack_bpf::SWITCH_*`. */
 #define MT_SWITCH_STREAM 1 /* record events into the ring buffer (and count them) */

@@ -394,6 +394,8 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             "peak_live_blocks": t.peak_live_blocks,
             "live_bytes_at_end": t.live_bytes_at_end,
             "live_blocks_at_end": t.live_blocks_at_end,
+            "blocks_discarded_at_exec": t.blocks_discarded_at_exec,
+            "bytes_discarded_at_exec": t.bytes_discarded_at_exec,
             "mapped_bytes_peak": t.mapped_bytes_peak,
             "mapped_bytes_at_end": t.mapped_bytes_at_end,
             "threads": t.threads,
@@ -523,6 +525,15 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
         human::plural(t.live_blocks_at_end, "block", "blocks"),
         human::bytes(t.live_bytes_at_end)
     );
+    if t.blocks_discarded_at_exec > 0 {
+        let _ = writeln!(
+            o,
+            "  exec ended    {} ({}) still live when their image was replaced (not freed, not \
+             live at the end)",
+            human::plural(t.blocks_discarded_at_exec, "block", "blocks"),
+            human::bytes(t.bytes_discarded_at_exec)
+        );
+    }
     let _ = writeln!(
         o,
         "  mapped        peak {}, at end {}",
@@ -711,6 +722,14 @@ fn record(
         human::plural(out.recorded.lost_events, "event", "events"),
         written.display()
     );
+    if t.blocks_discarded_at_exec > 0 {
+        eprintln!(
+            "memtrack: {} ({}) were still live when the program replaced its image (exec): \
+             counted as discarded at exec, not as live at the end",
+            human::plural(t.blocks_discarded_at_exec, "block", "blocks"),
+            human::bytes(t.bytes_discarded_at_exec)
+        );
+    }
     if out.recorded.lost_events > 0 {
         eprintln!(
             "memtrack: warning: {} events were lost because the {ringbuf_mib} MiB ring buffer \

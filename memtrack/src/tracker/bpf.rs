@@ -35,6 +35,9 @@ pub(crate) struct Bpf {
     /// The `sched_process_fork` program's link while a thread-scoped recording runs (it runs
     /// for every thread creation on the machine, so never longer).
     fork_link: Mutex<Option<Link>>,
+    /// The `sched_process_exec` program's link while a recording runs (an exec ends the
+    /// image's heap; it runs for every exec on the machine, which is rare).
+    exec_link: Mutex<Option<Link>>,
     /// The thread closing the links of the last recording, if it has not finished.
     reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The uprobe links and what they cover; a mutex so that files can be attached while a
@@ -145,6 +148,7 @@ impl Bpf {
             syscalls,
             syscall_link: Mutex::new(None),
             fork_link: Mutex::new(None),
+            exec_link: Mutex::new(None),
             reaper: Mutex::new(None),
             attached: Mutex::new(Attached::default()),
         })
@@ -345,6 +349,16 @@ impl Bpf {
         drop(lock(&self.fork_link).take());
     }
 
+    /// Attaches the exec tracepoint for a recording.
+    pub(crate) fn attach_exec(&self) -> Result<()> {
+        self.attach_tp(&self.exec_link, memtrack_bpf::PROG_EXEC)
+    }
+
+    /// Detaches the exec tracepoint.
+    pub(crate) fn detach_exec(&self) {
+        drop(lock(&self.exec_link).take());
+    }
+
     fn attach_tp(&self, slot: &Mutex<Option<Link>>, name: &str) -> Result<()> {
         let mut link = lock(slot);
         if link.is_some() {
@@ -514,6 +528,7 @@ impl Drop for Bpf {
         self.detach_probes();
         self.detach_syscalls();
         self.detach_fork();
+        self.detach_exec();
     }
 }
 

@@ -5,6 +5,7 @@
 //! Tracker::attach(pid)            load (BTF, CO-RE); find the allocator probe sites (kept)
 //!   └─ start(out, meta, opts) ──▶ attach the uprobes (pid-scoped; libc's mmap/munmap/
 //!        │                        mremap/brk too), tp_btf sys_exit only for raw syscalls,
+//!        │                        sched_process_exec (an exec ends the image's heap),
 //!        │                        sched_process_fork for a thread scope; switch on;
 //!        │                        poller thread: poll(10 ms)+consume()
 //!        └─ stop() ───────────▶ switch off; drain the tail; Encoder::finish(lost);
@@ -470,6 +471,7 @@ impl Tracker {
         let attached = (|| {
             self.bpf.attach_probes()?;
             self.bpf.attach_syscalls()?;
+            self.bpf.attach_exec()?;
             if scope == Scope::Threads {
                 self.bpf.attach_fork()?;
             }
@@ -485,6 +487,7 @@ impl Tracker {
     fn detach_after_recording(&self, st: &SwitchState) {
         self.bpf.detach_syscalls();
         self.bpf.detach_fork();
+        self.bpf.detach_exec();
         if !st.needs_probes() {
             self.bpf.detach_probes_in_background();
         }
