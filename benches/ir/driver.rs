@@ -240,7 +240,6 @@ fn raw(e: &Event) -> RawEvent {
             size,
         } => (kind::MREMAP, new_addr, old_addr, size, 0),
         EventKind::Brk { addr } => (kind::BRK, addr, 0, 0, 0),
-        EventKind::Exec => (kind::EXEC, 0, 0, 0, 0),
         _ => unreachable!("a kind this driver does not know: add it"),
     };
     RawEvent {
