@@ -282,6 +282,7 @@ fn arb_kind() -> impl Strategy<Value = EventKind> {
             }
         }),
         a.prop_map(|addr| EventKind::Brk { addr }),
+        Just(EventKind::Exec),
     ]
 }
 

@@ -5,8 +5,8 @@
 /// Open it with libbpf (`ObjectBuilder::open_memory`), set [`RawConfig`] as the whole
 /// `.rodata` and the ring buffer's size, load, then attach per ELF file one `uprobe_multi`
 /// link of [`PROG_ENTRY`] over every [`crate::ProbeSite`] (cookie: [`Entry::cookie`]) and one of
-/// [`PROG_RET`] (as return probes) over the sites with `ret`, plus
-/// [`PROG_SYS_EXIT`].
+/// [`PROG_RET`] (as return probes, each site's cookie again) over the sites with `ret`; attach
+/// [`PROG_SYS_EXIT`] instead of the [`Entry::is_syscall`] sites to record raw syscalls.
 /// The runtime switch is the whole `.bss`, a [`RawSwitch`]; attach [`PROG_FORK`] while a
 /// recording with [`SCOPE_THREADS`] runs.
 pub static OBJECT: &[u8] = include_bytes!("bpf/memtrack.bpf.o");
@@ -40,8 +40,12 @@ pub const PROG_ENTRY: &str = "mt_entry";
 pub const PROG_RET: &str = "mt_ret";
 /// A `uprobe.multi` program that returns at once: the uprobe floor, for benchmarks.
 pub const PROG_NOP: &str = "mt_nop";
-/// The `tp_btf/sys_exit` program (mmap, munmap, mremap, brk): attach it as is.
+/// The `tp_btf/sys_exit` program (raw mmap, munmap, mremap, brk syscalls): attach it as is.
+/// It runs for every syscall of every process on the machine; the default records these
+/// syscalls through libc's wrappers ([`Entry::is_syscall`] sites) instead.
 pub const PROG_SYS_EXIT: &str = "mt_sys_exit";
+/// The `tp_btf/sched_process_exec` program: an [`kind::EXEC`] event when the target execs.
+pub const PROG_EXEC: &str = "mt_exec";
 /// The `tp_btf/sched_process_fork` program: threads spawned by a thread in scope join it.
 pub const PROG_FORK: &str = "mt_fork";
 
@@ -65,6 +69,8 @@ pub mod kind {
     pub const MREMAP: u32 = 8;
     /// `brk` syscall.
     pub const BRK: u32 = 9;
+    /// The process replaced its image (`execve`): its heap ends.
+    pub const EXEC: u32 = 10;
 }
 
 /// The shape of an allocator entry point (`MT_ENTRY_*` of memtrack.h): where its arguments
@@ -101,6 +107,14 @@ pub enum Entry {
     Free = 13,
     /// `(p)` → Free, at entry; a return probe brackets the nested `free` (operator delete).
     FreeOuter = 14,
+    /// libc's `mmap(addr, len, …)` → Mmap of the returned address (not `MAP_FAILED`).
+    Mmap = 15,
+    /// libc's `munmap(addr, len)` → Munmap when it returns 0.
+    Munmap = 16,
+    /// libc's `mremap(old, old_len, new_len, …)` → Mremap to the returned address.
+    Mremap = 17,
+    /// libc's `brk(addr)` → Brk to `addr` when it returns 0 (`sbrk` calls it).
+    Brk = 18,
 }
 
 impl Entry {
@@ -113,6 +127,15 @@ impl Entry {
     /// brackets a nested one).
     pub const fn needs_return(self) -> bool {
         !matches!(self, Entry::Free)
+    }
+
+    /// Whether this is one of libc's syscall wrappers (mmap, munmap, mremap, brk) rather than
+    /// an allocator entry point: attached only when syscalls are recorded through them.
+    pub const fn is_syscall(self) -> bool {
+        matches!(
+            self,
+            Entry::Mmap | Entry::Munmap | Entry::Mremap | Entry::Brk
+        )
     }
 }
 

@@ -28,6 +28,7 @@ pub use abi::MAP_EVENTS;
 pub use abi::MAP_STATS;
 pub use abi::OBJECT;
 pub use abi::PROG_ENTRY;
+pub use abi::PROG_EXEC;
 pub use abi::PROG_FORK;
 pub use abi::PROG_NOP;
 pub use abi::PROG_RET;

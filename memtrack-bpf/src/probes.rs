@@ -103,10 +103,25 @@ const CXX: &[ProbeSpec] = &[
     p("_ZdaPvSt11align_val_tRKSt9nothrow_t", Entry::FreeOuter),
 ];
 
+/// libc's syscall wrappers: the exported names and glibc's internal aliases (the same
+/// addresses; malloc calls `__mmap`, `__munmap`, `__mremap` and, through `sbrk`, `__brk`).
+const SYSCALLS: &[ProbeSpec] = &[
+    p("mmap", Entry::Mmap),
+    p("mmap64", Entry::Mmap),
+    p("__mmap", Entry::Mmap),
+    p("munmap", Entry::Munmap),
+    p("__munmap", Entry::Munmap),
+    p("mremap", Entry::Mremap),
+    p("__mremap", Entry::Mremap),
+    p("brk", Entry::Brk),
+    p("__brk", Entry::Brk),
+];
+
 /// Every probed entry point: the libc names (also under jemalloc's `je_` and `_rjem_`
-/// prefixes, and jemalloc's `mallocx`/`rallocx`/`dallocx`/`sdallocx`), mimalloc's `mi_*`, and
-/// C++ `operator new`/`delete` (all sized, aligned and nothrow variants).
-pub static PROBES: &[&[ProbeSpec]] = &[LIBC, MIMALLOC, CXX];
+/// prefixes, and jemalloc's `mallocx`/`rallocx`/`dallocx`/`sdallocx`), mimalloc's `mi_*`,
+/// C++ `operator new`/`delete` (all sized, aligned and nothrow variants), and libc's
+/// mmap/munmap/mremap/brk wrappers ([`Entry::is_syscall`]).
+pub static PROBES: &[&[ProbeSpec]] = &[LIBC, MIMALLOC, CXX, SYSCALLS];
 
 /// Looks `name` up among [`PROBES`], stripping a jemalloc prefix for the libc names. Also
 /// returns the table's rank: when several probed names alias one function, the lowest rank
@@ -121,6 +136,9 @@ fn spec_for(name: &str) -> Option<(u8, ProbeSpec)> {
     }
     if let Some(s) = find(CXX, name) {
         return Some((2, s));
+    }
+    if let Some(s) = find(SYSCALLS, name) {
+        return Some((3, s));
     }
     PREFIXED
         .iter()
@@ -245,5 +263,19 @@ mod tests {
         }
         let offsets: HashSet<_> = sites.iter().map(|s| s.symbol_offset).collect();
         assert_eq!(offsets.len(), sites.len());
+        // The syscall wrappers: one site each (mmap = mmap64 = __mmap), with a return probe.
+        let sys: Vec<Entry> = sites
+            .iter()
+            .filter(|s| s.entry.is_syscall())
+            .inspect(|s| assert!(s.ret, "{s:?}"))
+            .map(|s| s.entry)
+            .collect();
+        let mut sorted = sys.clone();
+        sorted.sort_by_key(|e| e.cookie());
+        assert_eq!(
+            sorted,
+            [Entry::Mmap, Entry::Munmap, Entry::Mremap, Entry::Brk],
+            "{sys:?}"
+        );
     }
 }

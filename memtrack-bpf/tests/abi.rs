@@ -104,6 +104,7 @@ fn every_program_the_loader_names_exists() {
         memtrack_bpf::PROG_NOP,
         memtrack_bpf::PROG_SYS_EXIT,
         memtrack_bpf::PROG_FORK,
+        memtrack_bpf::PROG_EXEC,
     ] {
         let f: Option<Func<'_>> = btf.type_by_name(n);
         assert!(f.is_some(), "no BPF program {n} in the object");

@@ -100,6 +100,10 @@ pub enum EventKind {
         /// The new program break.
         addr: u64,
     },
+    /// The process replaced its image (a successful `execve`): the heap of the old image
+    /// is gone. Its blocks still live are neither live afterwards nor freed (the analysis
+    /// counts them as discarded at exec). Since format 1.3.
+    Exec,
 }
 
 /// The numeric tag of each [`EventKind`], as stored in artifacts and sent by the BPF program.
@@ -124,11 +128,13 @@ pub enum KindTag {
     Mremap = 8,
     /// [`EventKind::Brk`]
     Brk = 9,
+    /// [`EventKind::Exec`]
+    Exec = 10,
 }
 
 impl KindTag {
     /// Every tag, in numeric order.
-    pub const ALL: [KindTag; 9] = [
+    pub const ALL: [KindTag; 10] = [
         KindTag::Malloc,
         KindTag::Calloc,
         KindTag::Realloc,
@@ -138,6 +144,7 @@ impl KindTag {
         KindTag::Munmap,
         KindTag::Mremap,
         KindTag::Brk,
+        KindTag::Exec,
     ];
 
     /// The tag with numeric value `v`, if it is one this version knows.
@@ -152,6 +159,7 @@ impl KindTag {
             7 => KindTag::Munmap,
             8 => KindTag::Mremap,
             9 => KindTag::Brk,
+            10 => KindTag::Exec,
             _ => return None,
         })
     }
@@ -168,10 +176,11 @@ impl KindTag {
             KindTag::Munmap => "munmap",
             KindTag::Mremap => "mremap",
             KindTag::Brk => "brk",
+            KindTag::Exec => "exec",
         }
     }
 
-    /// Index into per-kind arrays (`0..9`).
+    /// Index into per-kind arrays (`0..10`).
     pub const fn index(self) -> usize {
         self as usize - 1
     }
@@ -190,6 +199,7 @@ impl EventKind {
             EventKind::Munmap { .. } => KindTag::Munmap,
             EventKind::Mremap { .. } => KindTag::Mremap,
             EventKind::Brk { .. } => KindTag::Brk,
+            EventKind::Exec => KindTag::Exec,
         }
     }
 

@@ -178,7 +178,8 @@ impl SessionBuilder {
         self
     }
 
-    /// Ring buffer size in MiB, a power of two (default 256). Only the first session of a
+    /// Ring buffer size in MiB, a power of two (default 8:
+    /// [`DEFAULT_RINGBUF_BYTES`](crate::DEFAULT_RINGBUF_BYTES)). Only the first session of a
     /// process sets it: the tracker is loaded once.
     pub fn ringbuf_mib(mut self, mib: u64) -> Self {
         self.ringbuf_bytes = Some(mib << 20);

@@ -615,6 +615,52 @@ fn syscalls_can_be_left_out() {
     between_markers(&run);
 }
 
+/// Issue 12, item 12: by default mmap/munmap are recorded through libc's wrappers (pid-scoped
+/// uprobes, no cost to other processes), so a raw `syscall(SYS_mmap)` is not seen; the raw
+/// option's global tracepoint sees both. Before, the default was the tracepoint (all four).
+#[test]
+fn syscalls_through_libc_by_default_raw_on_request() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let page = 4096;
+    let maps = |opts: &TrackerOptions| {
+        let run = record(dir.path(), &[&os(&exe), &os("rawmaps")], opts);
+        assert_eq!(run.exit_code, 0);
+        between_markers(&run)
+            .into_iter()
+            .filter_map(|k| match k {
+                EventKind::Mmap { size, .. } => Some(("mmap", size)),
+                EventKind::Munmap { size, .. } => Some(("munmap", size)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        maps(&TrackerOptions::new()),
+        [("mmap", 3 * page), ("munmap", 3 * page)]
+    );
+    assert_eq!(
+        maps(&TrackerOptions::new().raw_syscalls(true)),
+        [
+            ("mmap", 3 * page),
+            ("munmap", 3 * page),
+            ("mmap", 7 * page),
+            ("munmap", 7 * page)
+        ]
+    );
+    let bad = record_command(
+        &[exe.clone().into_os_string()],
+        std::io::sink(),
+        &TrackerOptions::new().syscalls(false).raw_syscalls(true),
+    );
+    assert!(
+        matches!(&bad, Err(e) if e.to_string().contains("raw syscalls")),
+        "{:?}",
+        bad.err()
+    );
+}
+
 /// (kind, size) of heap events: what two runs of the same code share (addresses differ).
 fn shapes(kinds: &[EventKind]) -> Vec<(&'static str, u64)> {
     kinds
@@ -704,4 +750,54 @@ fn thread_exit_cache_flush_is_not_counted_as_frees() {
         assert_eq!((th.allocations, th.frees), (100, 101), "thread {tid}");
     }
     assert_eq!(t.unmatched_frees, 4, "one cache struct per worker: {t:?}");
+}
+
+/// Issue 12, item 12: `sh -c 'exec ./prog'` counted the shell's blocks, discarded by exec, as
+/// live at the end. A process image's heap ends at exec: what the program leaves live is the
+/// same as when it is recorded alone, and the shell's blocks live at the exec are counted as
+/// discarded.
+#[test]
+fn exec_ends_the_images_heap() {
+    require_privileges!();
+    let dir = tmp();
+    let exe = build(dir.path(), "alloc.c", "alloc", &[]);
+    let totals = |run: &Run| {
+        let mut a = memtrack::Analyzer::new();
+        a.update_all(&run.events);
+        a.totals()
+    };
+    let alone = record(
+        dir.path(),
+        &[&os(&exe), &os("basic")],
+        &TrackerOptions::new(),
+    );
+    let script = os(format!("exec {} basic", exe.display()));
+    let via_sh = record(
+        dir.path(),
+        &[&os("/bin/sh"), &os("-c"), &script],
+        &TrackerOptions::new(),
+    );
+    assert_eq!((alone.exit_code, via_sh.exit_code), (0, 0));
+    let execs: Vec<usize> = (via_sh.events.iter().enumerate())
+        .filter(|(_, e)| e.kind == EventKind::Exec)
+        .map(|(i, _)| i)
+        .collect();
+    // memtrack's forked child -> sh (recording is on before it execs), then sh -> alloc.
+    assert_eq!(execs.len(), 2, "{execs:?}");
+    assert_eq!(execs[0], 0, "the command's own exec comes first");
+    assert!(execs.iter().all(|&i| via_sh.events[i].pid == via_sh.pid));
+    // What the shell left live at the exec, replayed independently of the Exec handling.
+    let mut shell = memtrack::Analyzer::new();
+    shell.update_all(&via_sh.events[..execs[1]]);
+    let shell = shell.totals();
+    assert!(shell.live_blocks_at_end > 0, "the shell allocated nothing?");
+    let (a, s) = (totals(&alone), totals(&via_sh));
+    assert_eq!(
+        (s.blocks_discarded_at_exec, s.bytes_discarded_at_exec),
+        (shell.live_blocks_at_end, shell.live_bytes_at_end)
+    );
+    assert_eq!(
+        (s.live_blocks_at_end, s.live_bytes_at_end),
+        (a.live_blocks_at_end, a.live_bytes_at_end)
+    );
 }

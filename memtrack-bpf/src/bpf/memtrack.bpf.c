@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT OR Apache-2.0
 /*
  * memtrack's allocation tracker: uprobes on allocator entry points (entry + return where the
- * result is needed) and a tp_btf/sys_exit program for mmap/munmap/mremap/brk, for ONE process
- * (config.target_tgid). Every event goes into the `events` ring buffer as a
+ * result is needed) and on libc's mmap/munmap/mremap/brk wrappers, for ONE process
+ * (config.target_tgid); a tp_btf/sys_exit program records those syscalls instead when raw
+ * syscalls are asked for. Every event goes into the `events` ring buffer as a
  * `struct memtrack_event` (memtrack.h).
  *
  * Nesting: allocator entry points call each other (operator new -> malloc, delete -> free,
@@ -79,6 +80,12 @@ struct call_state {
 	__u64 align;
 	__u32 kind;     /* MT_KIND_* of the outer call */
 	__u32 flags;    /* CS_* */
+	/* The syscall wrapper call in progress (they nest inside allocator calls, never in each
+	 * other: malloc -> sbrk -> brk is probed at brk only). */
+	__u32 sys_entry; /* MT_ENTRY_MMAP..MT_ENTRY_BRK; 0: none (or sys_gen is stale) */
+	__u32 sys_gen;   /* the generation in which sys_entry was set */
+	__u64 sys_addr;  /* mmap/munmap/mremap/brk's first argument */
+	__u64 sys_len;   /* mmap/munmap's length, mremap's new length */
 };
 #define CS_MEMPTR 1 /* posix_memalign: the block is in *addr, the return value is an errno */
 
@@ -293,7 +300,64 @@ static __always_inline int mt_rallocx(struct pt_regs *ctx)
 	return enter(ctx, MT_KIND_REALLOC, ctx->di, ctx->si, 0, 0);
 }
 
-/* The return of every probed allocation call: only the outermost emits. */
+/*
+ * libc's mmap/munmap/mremap/brk wrappers (entry + return): the same functions malloc calls
+ * internally (`__mmap` is `mmap`), probed for the target's pid only, so other processes pay
+ * nothing (the tp_btf/sys_exit program below slows every syscall on the machine). Raw
+ * syscalls that bypass libc (the dynamic loader's own mappings, syscall(2), static or
+ * non-glibc programs) are not seen; mt_sys_exit records those when asked for.
+ */
+static __always_inline int sys_enter(struct pt_regs *ctx, __u32 entry, __u64 addr, __u64 len)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct call_state *cs;
+
+	if (!should_record(pid_tgid))
+		return 0;
+	cs = thread_state(1);
+	if (!cs || cs->excluded || !in_scope(cs, 0))
+		return 0;
+	cs->sys_entry = entry;
+	cs->sys_gen = sw.generation;
+	cs->sys_addr = addr;
+	cs->sys_len = len;
+	return 0;
+}
+
+/* The wrapper's return: -1 (MAP_FAILED) is an error for all four; munmap and brk return 0. */
+static __always_inline int sys_ret(__u64 pid_tgid, __u64 ret)
+{
+	struct call_state *cs = thread_state(0);
+	__u32 entry;
+
+	if (!cs || cs->sys_entry == 0 || cs->sys_gen != sw.generation)
+		return 0;
+	entry = cs->sys_entry;
+	cs->sys_entry = 0;
+	if (!sw.enabled || ret == (__u64)-1)
+		return 0;
+	switch (entry) {
+	case MT_ENTRY_MMAP:
+		emit(pid_tgid, MT_KIND_MMAP, ret, 0, cs->sys_len, 0);
+		break;
+	case MT_ENTRY_MUNMAP:
+		if (ret == 0)
+			emit(pid_tgid, MT_KIND_MUNMAP, cs->sys_addr, 0, cs->sys_len, 0);
+		break;
+	case MT_ENTRY_MREMAP:
+		emit(pid_tgid, MT_KIND_MREMAP, ret, cs->sys_addr, cs->sys_len, 0);
+		break;
+	case MT_ENTRY_BRK:
+		/* brk(0) only asks for the break. */
+		if (ret == 0 && cs->sys_addr)
+			emit(pid_tgid, MT_KIND_BRK, cs->sys_addr, 0, 0, 0);
+		break;
+	}
+	return 0;
+}
+
+/* The return of every probed allocation call (only the outermost emits) and syscall wrapper
+ * (its cookie says which). */
 SEC("uretprobe.multi")
 int mt_ret(struct pt_regs *ctx)
 {
@@ -303,6 +367,8 @@ int mt_ret(struct pt_regs *ctx)
 
 	if ((__u32)(pid_tgid >> 32) != config.target_tgid)
 		return 0;
+	if (bpf_get_attach_cookie(ctx) >= MT_ENTRY_MMAP)
+		return sys_ret(pid_tgid, ret);
 	cs = thread_state(0);
 	if (!cs || cs->depth == 0 || cs->call_gen != sw.generation)
 		return 0;
@@ -428,12 +494,20 @@ int mt_entry(struct pt_regs *ctx)
 		return mt_free(ctx);
 	case MT_ENTRY_FREE_OUTER:
 		return mt_free_outer(ctx);
+	case MT_ENTRY_MMAP:
+	case MT_ENTRY_MUNMAP:
+		return sys_enter(ctx, (__u32)bpf_get_attach_cookie(ctx), ctx->di, ctx->si);
+	case MT_ENTRY_MREMAP:
+		return sys_enter(ctx, MT_ENTRY_MREMAP, ctx->di, ctx->dx);
+	case MT_ENTRY_BRK:
+		return sys_enter(ctx, MT_ENTRY_BRK, ctx->di, 0);
 	}
 	return 0;
 }
 
 /*
- * Syscalls: tp_btf/sys_exit(struct pt_regs *regs, long ret) only. At exit the saved user
+ * Raw syscalls (only when asked for: the default is the wrapper probes above):
+ * tp_btf/sys_exit(struct pt_regs *regs, long ret) only. At exit the saved user
  * registers still hold the number (orig_ax) and the arguments of these four syscalls, so no
  * sys_enter program and no per-thread state are needed. Any syscall tracepoint puts every
  * syscall of every process on the slow path: an unrelated process's getppid() went from 124
@@ -509,6 +583,23 @@ int mt_fork(__u64 *ctx)
 	child_cs = bpf_task_storage_get(&calls, child, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (child_cs)
 		child_cs->scope_gen = sw.generation;
+	return 0;
+}
+
+/*
+ * The target replaced its image (execve succeeded): the old image's heap is gone, so its live
+ * blocks must not be carried into the new one. Runs in the exec'ing task after the new image
+ * is set up, before it runs. Attached only while recording (it runs for every exec on the
+ * machine, which is rare: one comparison each).
+ */
+SEC("tp_btf/sched_process_exec")
+int mt_exec(__u64 *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if ((__u32)(pid_tgid >> 32) != config.target_tgid || !(sw.enabled & MT_SWITCH_STREAM))
+		return 0;
+	emit(pid_tgid, MT_KIND_EXEC, 0, 0, 0, 0);
 	return 0;
 }
 

@@ -18,6 +18,7 @@
 #define MT_KIND_MUNMAP 7
 #define MT_KIND_MREMAP 8
 #define MT_KIND_BRK 9
+#define MT_KIND_EXEC 10 /* the process replaced its image (execve): its heap ends here */
 
 /* Bits of the runtime switch (`sw.enabled` in .bss). Mirrored by `memtrack_bpf::SWITCH_*`. */
 #define MT_SWITCH_STREAM 1 /* record events into the ring buffer (and count them) */
@@ -57,6 +58,11 @@ struct memtrack_switch {
 #define MT_ENTRY_RALLOCX 12           /* jemalloc (p, size, flags) -> Realloc */
 #define MT_ENTRY_FREE 13              /* (p) -> Free; no return probe */
 #define MT_ENTRY_FREE_OUTER 14        /* (p) -> Free; brackets a nested free (operator delete) */
+/* libc's syscall wrappers (entry + return; the return probe carries the same cookie). */
+#define MT_ENTRY_MMAP 15              /* (addr, len, ...) -> Mmap of the result */
+#define MT_ENTRY_MUNMAP 16            /* (addr, len) -> Munmap when it returns 0 */
+#define MT_ENTRY_MREMAP 17            /* (old, old_len, new_len, ...) -> Mremap of the result */
+#define MT_ENTRY_BRK 18               /* (addr) -> Brk when it returns 0 */
 
 /*
  * One ring-buffer record: 56 bytes, 8-aligned (64 with the ring buffer's 8-byte header).

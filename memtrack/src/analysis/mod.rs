@@ -20,6 +20,11 @@
 //! - **Live** heap bytes change at every allocation and free; `peak_live_bytes` is their maximum
 //!   over the event order (taken after each event, so a `Realloc` moves live bytes in one step).
 //! - Mapped bytes are page-rounded (4 KiB) lengths; `munmap` of part of a mapping splits it.
+//! - An `Exec` event ends the process image's heap: the blocks of that process still live are
+//!   **discarded at exec** (`blocks_discarded_at_exec`, `bytes_discarded_at_exec`), neither
+//!   freed nor live afterwards; the image's mappings and the addresses it had freed go too
+//!   (the new image starts with an empty address space). Mappings and freed addresses are not
+//!   kept per process yet: a recording covers one process.
 
 mod compare;
 mod histogram;
@@ -151,6 +156,13 @@ pub struct Totals {
     pub live_bytes_at_end: u64,
     /// Live heap blocks after the last event.
     pub live_blocks_at_end: u64,
+    /// Heap blocks still live when their process replaced its image (`Exec`): gone with the
+    /// old image, so neither freed nor live at the end. Absent before format 1.3 (read as 0).
+    #[serde(default)]
+    pub blocks_discarded_at_exec: u64,
+    /// Their bytes. Absent before format 1.3 (read as 0).
+    #[serde(default)]
+    pub bytes_discarded_at_exec: u64,
     /// Maximum of mapped bytes (page-rounded) over the event order.
     pub mapped_bytes_peak: u64,
     /// Mapped bytes (page-rounded) after the last event.
@@ -169,7 +181,8 @@ pub struct Totals {
 #[derive(Default)]
 pub struct Analyzer {
     t: Totals,
-    live: FxHashMap<u64, u64>,
+    /// Live blocks: address -> (size, pid).
+    live: FxHashMap<u64, (u64, u32)>,
     live_bytes: u64,
     /// Addresses freed while recording and not allocated again since: a second free of one
     /// is the allocator's own (see the module docs).
@@ -226,7 +239,8 @@ impl Analyzer {
             EventKind::Malloc { addr, size }
             | EventKind::Calloc { addr, size }
             | EventKind::AlignedAlloc { addr, size, .. } => {
-                Self::alloc(t, th, &mut self.live, &mut self.live_bytes, addr, size);
+                let block = (addr, size, e.pid);
+                Self::alloc(t, th, &mut self.live, &mut self.live_bytes, block);
                 self.freed.remove(&addr);
             }
             EventKind::Realloc {
@@ -245,7 +259,8 @@ impl Analyzer {
                     );
                 }
                 if new_addr != 0 {
-                    Self::alloc(t, th, &mut self.live, &mut self.live_bytes, new_addr, size);
+                    let block = (new_addr, size, e.pid);
+                    Self::alloc(t, th, &mut self.live, &mut self.live_bytes, block);
                     self.freed.remove(&new_addr);
                 }
             }
@@ -273,6 +288,7 @@ impl Analyzer {
                 self.map(new_addr, size);
             }
             EventKind::Brk { .. } => {}
+            EventKind::Exec => self.exec(e.pid),
         }
         if self.live_bytes > self.t.peak_live_bytes {
             self.t.peak_live_bytes = self.live_bytes;
@@ -284,17 +300,16 @@ impl Analyzer {
     fn alloc(
         t: &mut Totals,
         th: &mut ThreadTotals,
-        live: &mut FxHashMap<u64, u64>,
+        live: &mut FxHashMap<u64, (u64, u32)>,
         live_bytes: &mut u64,
-        addr: u64,
-        size: u64,
+        (addr, size, pid): (u64, u64, u32),
     ) {
         t.allocations += 1;
         t.bytes_allocated = t.bytes_allocated.saturating_add(size);
         th.allocations += 1;
         th.bytes_allocated = th.bytes_allocated.saturating_add(size);
         // A block at an address that is already live means its free was not seen: replace it.
-        if let Some(old) = live.insert(addr, size) {
+        if let Some((old, _)) = live.insert(addr, (size, pid)) {
             *live_bytes = live_bytes.saturating_sub(old);
         }
         *live_bytes = live_bytes.saturating_add(size);
@@ -305,13 +320,13 @@ impl Analyzer {
     fn free(
         t: &mut Totals,
         th: &mut ThreadTotals,
-        live: &mut FxHashMap<u64, u64>,
+        live: &mut FxHashMap<u64, (u64, u32)>,
         freed: &mut rustc_hash::FxHashSet<u64>,
         live_bytes: &mut u64,
         addr: u64,
     ) {
         match live.remove(&addr) {
-            Some(size) => {
+            Some((size, _)) => {
                 t.bytes_freed = t.bytes_freed.saturating_add(size);
                 th.bytes_freed = th.bytes_freed.saturating_add(size);
                 *live_bytes = live_bytes.saturating_sub(size);
@@ -325,6 +340,24 @@ impl Analyzer {
         }
         t.frees += 1;
         th.frees += 1;
+    }
+
+    /// Process `pid` replaced its image: its heap and address space are gone.
+    fn exec(&mut self, pid: u32) {
+        let t = &mut self.t;
+        let live_bytes = &mut self.live_bytes;
+        self.live.retain(|_, &mut (size, p)| {
+            if p != pid {
+                return true;
+            }
+            t.blocks_discarded_at_exec += 1;
+            t.bytes_discarded_at_exec = t.bytes_discarded_at_exec.saturating_add(size);
+            *live_bytes = live_bytes.saturating_sub(size);
+            false
+        });
+        self.freed.clear();
+        self.maps.clear();
+        self.mapped = 0;
     }
 
     fn map(&mut self, addr: u64, size: u64) {
@@ -453,6 +486,66 @@ mod tests {
             3
         );
         assert_eq!(t.threads, 2);
+    }
+
+    /// Issue 12, item 12: a process image's heap ends at exec. The blocks the old image left
+    /// live are discarded (not freed, not live at the end), another process's are kept, and
+    /// the new image's blocks count as usual.
+    #[test]
+    fn exec_discards_the_old_images_live_blocks() {
+        let mut a = Analyzer::new();
+        let at = |pid, kind| Event::new(0, pid, pid, kind);
+        a.update(&at(
+            1,
+            EventKind::Malloc {
+                addr: 0x10,
+                size: 40,
+            },
+        ));
+        a.update(&at(
+            1,
+            EventKind::Malloc {
+                addr: 0x20,
+                size: 2,
+            },
+        ));
+        a.update(&at(1, EventKind::Free { addr: 0x20 }));
+        a.update(&at(
+            2,
+            EventKind::Malloc {
+                addr: 0x90,
+                size: 7,
+            },
+        ));
+        a.update(&at(
+            1,
+            EventKind::Mmap {
+                addr: 0x10000,
+                size: PAGE,
+            },
+        ));
+        a.update(&at(1, EventKind::Exec));
+        // The new image's allocator may hand out the old addresses again.
+        a.update(&at(
+            1,
+            EventKind::Malloc {
+                addr: 0x20,
+                size: 5,
+            },
+        ));
+        a.update(&at(1, EventKind::Free { addr: 0x10 }));
+        let t = a.totals();
+        assert_eq!(
+            (t.blocks_discarded_at_exec, t.bytes_discarded_at_exec),
+            (1, 40)
+        );
+        assert_eq!((t.live_blocks_at_end, t.live_bytes_at_end), (2, 12));
+        assert_eq!((t.allocations, t.frees, t.bytes_freed), (4, 2, 2));
+        // 0x10 went with the old image: freeing it in the new one is unmatched.
+        assert_eq!(t.unmatched_frees, 1);
+        assert_eq!((t.mapped_bytes_at_end, t.mapped_bytes_peak), (0, PAGE));
+        assert_eq!(t.peak_live_bytes, 47);
+        assert_eq!(t.kinds.get(KindTag::Exec), 1);
     }
 
     #[test]

@@ -140,6 +140,7 @@ pub(crate) fn encode_events(events: &[Event], cols: &mut Columns, raw: &mut Vec<
             } => (old_addr, Some(new_addr), Some(size), None),
             EventKind::AlignedAlloc { addr, size, align } => (addr, None, Some(size), Some(align)),
             EventKind::Free { addr } | EventKind::Brk { addr } => (addr, None, None, None),
+            EventKind::Exec => (0, None, None, None),
         };
         addr_c.put(zigzag(addr.wrapping_sub(prev_addr) as i64));
         prev_addr = addr;
@@ -303,7 +304,7 @@ pub(crate) fn decode_events(
         addr = addr.wrapping_add(unzigzag(addr_c.varint()?) as u64);
         let tag = KindTag::from_u8(k).ok_or_else(|| {
             format!(
-                "unknown event kind {k} (written by a newer memtrack? this one knows kinds 1-9)"
+                "unknown event kind {k} (written by a newer memtrack? this one knows kinds 1-10)"
             )
         })?;
         let kind = match tag {
@@ -340,6 +341,7 @@ pub(crate) fn decode_events(
             },
             KindTag::Free => EventKind::Free { addr },
             KindTag::Brk => EventKind::Brk { addr },
+            KindTag::Exec => EventKind::Exec,
         };
         out.push(Event::new(ts, pid, tid, kind));
     }

@@ -32,7 +32,7 @@ pub const TRAILER_MAGIC: [u8; 4] = *b"MTIX";
 pub const VERSION_MAJOR: u16 = 1;
 /// The format's minor version: additions readers of the same major version may ignore.
 /// 1 added the optional `iterations` key of the final metadata.
-pub const VERSION_MINOR: u16 = 2;
+pub const VERSION_MINOR: u16 = 3;
 /// Size of the fixed part of the header before the metadata JSON.
 pub(crate) const HEADER_FIXED: usize = 20;
 /// Size of a frame header.

@@ -125,13 +125,18 @@ enum Cmd {
         #[arg(long, value_name = "NAME")]
         user: Option<String>,
         /// Ring buffer size in MiB (a power of two from 1 to 1024); raise it if events are
-        /// lost.
-        #[arg(long, default_value_t = 256, value_parser = ringbuf_mib)]
+        /// lost. Resident memory is about twice this (the pages are mapped twice).
+        #[arg(long, default_value_t = memtrack::DEFAULT_RINGBUF_BYTES >> 20, value_parser = ringbuf_mib)]
         ringbuf_mib: u64,
-        /// Do not record mmap/munmap/mremap/brk: their tracepoint slows every syscall of every
-        /// process while attached; allocation probes alone cost other processes nothing.
+        /// Do not record mmap/munmap/mremap/brk at all. By default they are recorded through
+        /// libc's wrappers, for the command only (no cost to other processes).
         #[arg(long)]
         no_syscalls: bool,
+        /// Record mmap/munmap/mremap/brk as raw syscalls, also those that bypass libc (the
+        /// dynamic loader's mappings, syscall(2), static programs). Its tracepoint slows every
+        /// syscall of every process on the machine while recording (see the README).
+        #[arg(long, conflicts_with = "no_syscalls")]
+        raw_syscalls: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
@@ -186,8 +191,15 @@ fn main() -> ExitCode {
             user,
             ringbuf_mib,
             no_syscalls,
+            raw_syscalls,
             command,
-        } => record(&output, user, ringbuf_mib, no_syscalls, &command),
+        } => record(
+            &output,
+            user,
+            ringbuf_mib,
+            (!no_syscalls, raw_syscalls),
+            &command,
+        ),
     };
     match res {
         Ok(code) => code,
@@ -382,6 +394,8 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             "peak_live_blocks": t.peak_live_blocks,
             "live_bytes_at_end": t.live_bytes_at_end,
             "live_blocks_at_end": t.live_blocks_at_end,
+            "blocks_discarded_at_exec": t.blocks_discarded_at_exec,
+            "bytes_discarded_at_exec": t.bytes_discarded_at_exec,
             "mapped_bytes_peak": t.mapped_bytes_peak,
             "mapped_bytes_at_end": t.mapped_bytes_at_end,
             "threads": t.threads,
@@ -511,6 +525,15 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
         human::plural(t.live_blocks_at_end, "block", "blocks"),
         human::bytes(t.live_bytes_at_end)
     );
+    if t.blocks_discarded_at_exec > 0 {
+        let _ = writeln!(
+            o,
+            "  exec ended    {} ({}) still live when their image was replaced (not freed, not \
+             live at the end)",
+            human::plural(t.blocks_discarded_at_exec, "block", "blocks"),
+            human::bytes(t.bytes_discarded_at_exec)
+        );
+    }
     let _ = writeln!(
         o,
         "  mapped        peak {}, at end {}",
@@ -646,7 +669,7 @@ fn record(
     output: &Path,
     user: Option<String>,
     ringbuf_mib: u64,
-    no_syscalls: bool,
+    (syscalls, raw_syscalls): (bool, bool),
     command: &[std::ffi::OsString],
 ) -> memtrack::Result<ExitCode> {
     if is_the_program(output, command) {
@@ -657,7 +680,8 @@ fn record(
     }
     let opts = memtrack::TrackerOptions::new()
         .ringbuf_bytes(ringbuf_mib.saturating_mul(1 << 20))
-        .syscalls(!no_syscalls);
+        .syscalls(syscalls)
+        .raw_syscalls(raw_syscalls);
     // SAFETY: geteuid has no preconditions.
     let runs_as_root = unsafe { libc::geteuid() } == 0 && user.is_none();
     if let Some(p) = find_program(command)
@@ -698,6 +722,14 @@ fn record(
         human::plural(out.recorded.lost_events, "event", "events"),
         written.display()
     );
+    if t.blocks_discarded_at_exec > 0 {
+        eprintln!(
+            "memtrack: {} ({}) were still live when the program replaced its image (exec): \
+             counted as discarded at exec, not as live at the end",
+            human::plural(t.blocks_discarded_at_exec, "block", "blocks"),
+            human::bytes(t.bytes_discarded_at_exec)
+        );
+    }
     if out.recorded.lost_events > 0 {
         eprintln!(
             "memtrack: warning: {} events were lost because the {ringbuf_mib} MiB ring buffer \

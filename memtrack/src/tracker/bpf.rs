@@ -26,20 +26,36 @@ pub(crate) struct Bpf {
     stats_buf: Mutex<Vec<u8>>,
     /// The per-thread state map, where memtrack's own threads are marked excluded.
     pub(crate) excluded: Arc<MapHandle>,
-    /// Whether to record syscalls (the `tp_btf/sys_exit` program).
-    syscalls: bool,
-    /// The syscall tracepoint's link while a recording runs. The program runs for every
-    /// syscall of every process (~85 ns each, measured on getppid), so it is attached only
-    /// while recording, never for the tracker's whole lifetime.
+    /// How mmap, munmap, mremap and brk are recorded, if at all.
+    syscalls: Syscalls,
+    /// The raw-syscall tracepoint's link while a recording runs ([`Syscalls::Raw`] only).
+    /// The program runs for every syscall of every process (~85 ns each, measured on
+    /// getppid), so it is attached only while recording, never for the tracker's lifetime.
     syscall_link: Mutex<Option<Link>>,
     /// The `sched_process_fork` program's link while a thread-scoped recording runs (it runs
     /// for every thread creation on the machine, so never longer).
     fork_link: Mutex<Option<Link>>,
+    /// The `sched_process_exec` program's link while a recording runs (an exec ends the
+    /// image's heap; it runs for every exec on the machine, which is rare).
+    exec_link: Mutex<Option<Link>>,
     /// The thread closing the links of the last recording, if it has not finished.
     reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The uprobe links and what they cover; a mutex so that files can be attached while a
     /// recording runs (libraries the target maps later).
     attached: Mutex<Attached>,
+}
+
+/// How a tracker records mmap, munmap, mremap and brk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Syscalls {
+    /// Not at all.
+    Off,
+    /// Through uprobes on libc's wrappers, for the target's pid only: other processes pay
+    /// nothing; raw syscalls that bypass libc are missed.
+    Wrappers,
+    /// Through the global `tp_btf/sys_exit` program: every syscall, at a cost to every
+    /// process on the machine while recording.
+    Raw,
 }
 
 /// One ELF file's probe sites, resolved once (parsing the ELF and placing the probes is the
@@ -48,8 +64,8 @@ struct ProbedFile {
     path: PathBuf,
     /// Entry-probe offsets and their cookies (`memtrack_bpf::Entry`).
     entry: Vec<(usize, u64)>,
-    /// Offsets that also get a return probe.
-    ret: Vec<usize>,
+    /// Offsets that also get a return probe, and their cookies (the same as at entry).
+    ret: Vec<(usize, u64)>,
 }
 
 #[derive(Default)]
@@ -81,10 +97,10 @@ fn handle(obj: &Object, pred: impl Fn(&str) -> bool, what: &str) -> Result<Arc<M
 }
 
 impl Bpf {
-    /// Loads the program for process `target` with a ring buffer of `ringbuf_bytes`. Nothing
-    /// is attached: the probes and tracepoints (the syscall one only if `syscalls`) are
+    /// Loads the program for process `target` with a ring buffer of `ringbuf_bytes`, recording
+    /// syscalls as `syscalls` says. Nothing is attached: the probes and tracepoints are
     /// attached per recording.
-    pub(crate) fn load(target: u32, ringbuf_bytes: u64, syscalls: bool) -> Result<Self> {
+    pub(crate) fn load(target: u32, ringbuf_bytes: u64, syscalls: Syscalls) -> Result<Self> {
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(TrackerError::NoBtf);
         }
@@ -133,6 +149,7 @@ impl Bpf {
             syscalls,
             syscall_link: Mutex::new(None),
             fork_link: Mutex::new(None),
+            exec_link: Mutex::new(None),
             reaper: Mutex::new(None),
             attached: Mutex::new(Attached::default()),
         })
@@ -153,7 +170,12 @@ impl Bpf {
         if !attached.probed.insert((meta.dev(), meta.ino())) {
             return Ok(0);
         }
-        let sites = memtrack_bpf::probe_sites(path)?;
+        let mut sites = memtrack_bpf::probe_sites(path)?;
+        // The wrappers' probes only in the mode that uses them: with the raw tracepoint too,
+        // every mapping would be recorded twice.
+        if self.syscalls != Syscalls::Wrappers {
+            sites.retain(|s| !s.entry.is_syscall());
+        }
         if sites.is_empty() {
             return Ok(0);
         }
@@ -166,7 +188,7 @@ impl Bpf {
             ret: sites
                 .iter()
                 .filter(|s| s.ret)
-                .map(|s| s.offset as usize)
+                .map(|s| (s.offset as usize, s.entry.cookie()))
                 .collect(),
         };
         if attached.live {
@@ -256,7 +278,8 @@ impl Bpf {
             ..Default::default()
         };
         let ret = UprobeMultiOpts {
-            offsets: file.ret.clone(),
+            offsets: file.ret.iter().map(|&(o, _)| o).collect(),
+            cookies: file.ret.iter().map(|&(_, c)| c).collect(),
             retprobe: true,
             ..Default::default()
         };
@@ -304,9 +327,9 @@ impl Bpf {
             .sites
     }
 
-    /// Attaches the syscall tracepoint (if syscalls are recorded) for a recording.
+    /// Attaches the raw-syscall tracepoint (if [`Syscalls::Raw`]) for a recording.
     pub(crate) fn attach_syscalls(&self) -> Result<()> {
-        if !self.syscalls {
+        if self.syscalls != Syscalls::Raw {
             return Ok(());
         }
         self.attach_tp(&self.syscall_link, memtrack_bpf::PROG_SYS_EXIT)
@@ -325,6 +348,16 @@ impl Bpf {
     /// Detaches the thread-creation tracepoint.
     pub(crate) fn detach_fork(&self) {
         drop(lock(&self.fork_link).take());
+    }
+
+    /// Attaches the exec tracepoint for a recording.
+    pub(crate) fn attach_exec(&self) -> Result<()> {
+        self.attach_tp(&self.exec_link, memtrack_bpf::PROG_EXEC)
+    }
+
+    /// Detaches the exec tracepoint.
+    pub(crate) fn detach_exec(&self) {
+        drop(lock(&self.exec_link).take());
     }
 
     fn attach_tp(&self, slot: &Mutex<Option<Link>>, name: &str) -> Result<()> {
@@ -496,6 +529,7 @@ impl Drop for Bpf {
         self.detach_probes();
         self.detach_syscalls();
         self.detach_fork();
+        self.detach_exec();
     }
 }
 

@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! Tracker::attach(pid)            load (BTF, CO-RE); find the allocator probe sites (kept)
-//!   └─ start(out, meta, opts) ──▶ attach the uprobes (pid-scoped), tp_btf sys_exit (and
-//!        │                        sched_process_fork for a thread scope); switch on;
+//!   └─ start(out, meta, opts) ──▶ attach the uprobes (pid-scoped; libc's mmap/munmap/
+//!        │                        mremap/brk too), tp_btf sys_exit only for raw syscalls,
+//!        │                        sched_process_exec (an exec ends the image's heap),
+//!        │                        sched_process_fork for a thread scope; switch on;
 //!        │                        poller thread: poll(10 ms)+consume()
 //!        └─ stop() ───────────▶ switch off; drain the tail; Encoder::finish(lost);
 //!                                 detach everything; Recorded
@@ -17,8 +19,12 @@
 //! of its life. The loaded object, the probe sites and the ring buffer's mapping are kept.
 //!
 //! Uprobes are attached with the target's pid, never -1: other processes pay nothing for them.
-//! The syscall and fork tracepoints are global: while attached, every syscall of every process
-//! takes the kernel's slow path; the program returns after one comparison for other processes.
+//! mmap, munmap, mremap and brk are recorded by default through uprobes on libc's wrappers
+//! (the functions malloc itself calls), so a recording costs other processes nothing; the
+//! optional raw-syscall tracepoint ([`TrackerOptions::raw_syscalls`]) and the fork
+//! tracepoint of a thread scope are global: while attached, every syscall (or fork) of every
+//! process takes the kernel's slow path, and the program returns after one comparison for
+//! other processes.
 //! In-process, memtrack's own threads (the poller, the encoder's writer and workers) are
 //! excluded in BPF by tid, so the numbers are the user's code alone.
 
@@ -43,19 +49,25 @@ use crate::analysis::Stats;
 use crate::artifact::Metadata;
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
 use crate::scope::Scope;
-use bpf::{Bpf, exclude_tid, gettid, mapped_objects};
+use bpf::{Bpf, Syscalls, exclude_tid, gettid, mapped_objects};
 use memtrack_bpf::RawSwitch;
 pub(crate) use poll::record_to_event;
 use poll::{Poller, PollerRecording};
 
-/// Default ring buffer: 256 MiB (4 Mi events of 64 bytes in flight).
-pub const DEFAULT_RINGBUF_BYTES: u64 = 256 << 20;
+/// Default ring buffer: 8 MiB (128 Ki events of 64 bytes in flight). Sized from the measured
+/// ceiling of the probes here, ~730,000 events/s (~46 MB/s) with two threads allocating on a
+/// 2-core machine: 8 MiB holds ~180 ms of it, 18 drain periods, and lost nothing with a busy
+/// loop competing for the cores (1 MiB, the size for two periods, lost 13,801 of 4 M events).
+/// Its pages are mapped twice and all resident: `record -- /bin/true` was 529 MB resident
+/// with 256 MiB, 21 MB with 8 MiB.
+pub const DEFAULT_RINGBUF_BYTES: u64 = 8 << 20;
 
 /// Settings fixed when a [`Tracker`] loads.
 #[derive(Debug, Clone)]
 pub struct TrackerOptions {
     ringbuf_bytes: u64,
     syscalls: bool,
+    raw_syscalls: bool,
 }
 
 impl Default for TrackerOptions {
@@ -63,6 +75,7 @@ impl Default for TrackerOptions {
         Self {
             ringbuf_bytes: DEFAULT_RINGBUF_BYTES,
             syscalls: true,
+            raw_syscalls: false,
         }
     }
 }
@@ -80,12 +93,31 @@ impl TrackerOptions {
         self
     }
 
-    /// Whether to record mmap, munmap, mremap and brk (default: yes). Their tracepoint slows
-    /// every syscall of every process on the machine while attached (getppid: 124 → 209 ns,
-    /// measured here); without it the tracker costs other processes nothing.
+    /// Whether to record mmap, munmap, mremap and brk (default: yes). They are recorded
+    /// through uprobes on libc's wrappers for the target's pid only, which cost other
+    /// processes nothing; calls that bypass libc's wrappers are missed (see
+    /// [`TrackerOptions::raw_syscalls`]).
     pub fn syscalls(mut self, on: bool) -> Self {
         self.syscalls = on;
         self
+    }
+
+    /// Record mmap, munmap, mremap and brk as raw syscalls (default: no): also those that
+    /// bypass libc's wrappers (the dynamic loader mapping libraries, `syscall(2)`, static or
+    /// non-glibc code). Its `tp_btf/sys_exit` program runs for every syscall of every process
+    /// on the machine while recording, slowing other processes (see the README's measured
+    /// cost). Needs [`TrackerOptions::syscalls`] on.
+    pub fn raw_syscalls(mut self, on: bool) -> Self {
+        self.raw_syscalls = on;
+        self
+    }
+
+    fn syscall_mode(&self) -> Syscalls {
+        match (self.syscalls, self.raw_syscalls) {
+            (false, _) => Syscalls::Off,
+            (true, false) => Syscalls::Wrappers,
+            (true, true) => Syscalls::Raw,
+        }
     }
 
     fn validate(&self) -> Result<(), TrackerError> {
@@ -94,6 +126,12 @@ impl TrackerOptions {
             return Err(TrackerError::InvalidOption(format!(
                 "the ring buffer size must be a power of two between 4 KiB and 1 GiB (got {b} bytes)"
             )));
+        }
+        if self.raw_syscalls && !self.syscalls {
+            return Err(TrackerError::InvalidOption(
+                "raw syscalls are a way of recording syscalls, which are switched off: drop                  one of the two options"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -228,7 +266,7 @@ impl Tracker {
     ) -> Result<Self, TrackerError> {
         opts.validate()?;
         let _log = error::LibbpfLog::capture();
-        let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscalls)?;
+        let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscall_mode())?;
         for f in files {
             // A file that vanished or is not ELF (a font, a locale archive) is not an error.
             match bpf.add_file(f) {
@@ -432,12 +470,13 @@ impl Tracker {
         })
     }
 
-    /// Attaches what a recording needs: the probes, the syscall tracepoint, the fork
-    /// tracepoint for a thread scope.
+    /// Attaches what a recording needs: the probes, the raw-syscall tracepoint if asked for,
+    /// the fork tracepoint for a thread scope.
     fn attach_for_recording(&self, st: &SwitchState, scope: Scope) -> crate::Result<()> {
         let attached = (|| {
             self.bpf.attach_probes()?;
             self.bpf.attach_syscalls()?;
+            self.bpf.attach_exec()?;
             if scope == Scope::Threads {
                 self.bpf.attach_fork()?;
             }
@@ -453,6 +492,7 @@ impl Tracker {
     fn detach_after_recording(&self, st: &SwitchState) {
         self.bpf.detach_syscalls();
         self.bpf.detach_fork();
+        self.bpf.detach_exec();
         if !st.needs_probes() {
             self.bpf.detach_probes_in_background();
         }

@@ -58,6 +58,7 @@ pub(crate) fn to_event(r: &RawEvent) -> Option<Event> {
             size: r.size,
         },
         kind::BRK => EventKind::Brk { addr: r.addr },
+        kind::EXEC => EventKind::Exec,
         _ => return None,
     };
     Some(Event::new(r.ts, r.pid, r.tid, k))
@@ -360,8 +361,8 @@ mod tests {
             }
         );
         assert!(to_event(&RawEvent { kind: 0, ..raw }).is_none());
-        assert!(to_event(&RawEvent { kind: 10, ..raw }).is_none());
-        for k in 1..=9u32 {
+        assert!(to_event(&RawEvent { kind: 11, ..raw }).is_none());
+        for k in 1..=10u32 {
             let ev = to_event(&RawEvent { kind: k, ..raw }).unwrap();
             assert_eq!(
                 ev.kind.tag() as u32,
