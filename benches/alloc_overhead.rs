@@ -1,28 +1,40 @@
 //! Marginal cost of the allocator backend per event, on an allocation-heavy workload: a
 //! 64-slot ring of blocks of varying sizes (8..1032 bytes), N = 2,000,000 alloc+free pairs.
-//! Three configurations side by side, interleaved 7 times, medians:
-//! untracked (`System` directly), `memtrack::Allocator` with no session, and with a session
-//! recording (the allocator backend). Targets: ≤ 1 ns/event with no session, ≤ 20 ns/event
-//! recording.
+//! Three configurations side by side: untracked (`System` directly), `memtrack::Allocator`
+//! with no session, and with a session recording (the allocator backend).
+//! Targets: ≤ 1 ns/event with no session, ≤ 20 ns/event recording, end to end.
 //!
-//! Run: `cargo bench --bench alloc_overhead` (no privileges needed).
+//! How it avoids flattering itself:
+//! - every configuration runs a warm-up burst first (else the first one timed absorbs the cold
+//!   start: page faults of a fresh heap, a cold cache after a sleep);
+//! - the configurations are interleaved and their order alternates every round (A B C, C B A,
+//!   ...), so a slow phase of the machine hits each of them alike; medians of the rounds;
+//! - "recording" is timed from the first allocation to the end of `Session::finish` (the
+//!   collector's drain, the queued frames, the last compression, the trailer), minus the time
+//!   `finish` takes for an empty session in the same round (start-up and shutdown that do not
+//!   depend on N);
+//! - besides wall time it reports the CPU time of the whole process (every thread: collector,
+//!   encoder, compression), per event, over the untracked run's;
+//! - a run that lost an event, or did not record every allocation, fails the bench.
+//!
+//! Run: `cargo bench --bench alloc_overhead` (no privileges needed). Quote the load average.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use memtrack::{Allocator, BackendChoice, SessionBuilder};
+use memtrack::{Allocator, BackendChoice, Session, SessionBuilder};
 
 #[global_allocator]
 static GLOBAL: Allocator = Allocator::system();
 
 const N: usize = 2_000_000;
+const ROUNDS: usize = 7;
 
-/// `n` alloc+free pairs through `a`: 2n events. Returns ns per pair.
-fn workload(a: &dyn GlobalAlloc, n: usize) -> f64 {
+/// `n` alloc+free pairs through `a`: 2n events.
+fn workload(a: &dyn GlobalAlloc, n: usize) {
     let mut ring: [(*mut u8, Layout); 64] = [(std::ptr::null_mut(), Layout::new::<u8>()); 64];
     let mut x: u32 = 12345;
-    let t = Instant::now();
     for i in 0..n {
         x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
         let size = 8 + (x >> 22) as usize; // 8..1032
@@ -36,14 +48,58 @@ fn workload(a: &dyn GlobalAlloc, n: usize) -> f64 {
         *slot = (unsafe { a.alloc(layout) }, layout);
         black_box(slot.0);
     }
-    let elapsed = t.elapsed().as_nanos() as f64;
     for (p, l) in ring {
         if !p.is_null() {
             // SAFETY: as above.
             unsafe { a.dealloc(p, l) };
         }
     }
-    elapsed / n as f64
+}
+
+/// CPU time of the whole process (all threads), ns.
+fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Wall and process-CPU nanoseconds of `f`.
+fn timed(f: impl FnOnce()) -> (f64, f64) {
+    let (c, t) = (process_cpu_ns(), Instant::now());
+    f();
+    let wall = t.elapsed().as_nanos() as f64;
+    (wall, (process_cpu_ns() - c) as f64)
+}
+
+fn session(dir: &std::path::Path, name: &str) -> Session {
+    SessionBuilder::new(name)
+        .backend(BackendChoice::Alloc)
+        .output_dir(dir)
+        .quiet(true)
+        .start()
+        .expect("allocator backend session")
+}
+
+/// A session around `workload(n)`, timed from the first allocation to the end of `finish`;
+/// fails on a lost event or a missed allocation.
+fn recorded(dir: &std::path::Path, wrapper: &Allocator, n: usize) -> (f64, f64) {
+    let s = session(dir, "alloc_overhead");
+    let mut report = None;
+    let t = timed(|| {
+        workload(wrapper, n);
+        report = Some(s.finish().expect("finish"));
+    });
+    let r = report.expect("finished");
+    assert_eq!(
+        r.lost_events, 0,
+        "a run lost events: its figure would be wrong"
+    );
+    assert_eq!(r.totals.allocations, n as u64, "every allocation recorded");
+    t
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -57,59 +113,92 @@ fn main() {
     }
     let wrapper = Allocator::system();
     let dir = tempfile::tempdir().expect("tempdir");
+    // Warm-up: a heap grown to the workload's size, the session machinery loaded once.
+    workload(&System, N / 10);
+    workload(&wrapper, N / 10);
+    recorded(dir.path(), &wrapper, N / 10);
     // Sized up front: the vectors must not grow while a session records.
-    let (mut untracked, mut idle, mut recording) = (
-        Vec::with_capacity(7),
-        Vec::with_capacity(7),
-        Vec::with_capacity(7),
-    );
-    for _ in 0..7 {
-        untracked.push(workload(&System, N));
-        idle.push(workload(&wrapper, N));
-        let s = SessionBuilder::new("alloc_overhead")
-            .backend(BackendChoice::Alloc)
-            .output_dir(dir.path())
-            .quiet(true)
-            .start()
-            .expect("allocator backend session");
-        recording.push(workload(&wrapper, N));
-        let r = s.finish().expect("finish");
-        assert_eq!(r.totals.allocations, N as u64, "every allocation recorded");
+    let mut wall: [Vec<f64>; 4] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
+    let mut cpu: [Vec<f64>; 4] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
+    for round in 0..ROUNDS {
+        let mut order = [0, 1, 2, 3];
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for config in order {
+            let (w, c) = match config {
+                0 => timed(|| workload(&System, N)),
+                1 => timed(|| workload(&wrapper, N)),
+                2 => recorded(dir.path(), &wrapper, N),
+                // The fixed cost of a session's `finish` (no events), subtracted from 2's.
+                _ => recorded(dir.path(), &wrapper, 0),
+            };
+            wall[config].push(w);
+            cpu[config].push(c);
+        }
     }
-    // The cost on the measured thread alone: bursts that fit the thread's ring, so the
-    // producer never waits for the collector and encoder.
+    let [u, i, r, e] = wall.map(median);
+    let [cu, ci, cr, ce] = cpu.map(median);
+    let pairs = N as f64;
+    let events = 2.0 * pairs;
+    println!(
+        "alloc_overhead: N = {N} alloc+free pairs (2 events each), medians of {ROUNDS} \
+         interleaved rounds (order alternating), warmed up"
+    );
+    println!(
+        "                                wall ns/pair   marginal ns/event   CPU ns/event over untracked"
+    );
+    println!("  untracked (System)            {:12.2}", u / pairs);
+    println!(
+        "  Allocator, no session         {:12.2}   {:+17.2}   {:+.2}",
+        i / pairs,
+        (i - u) / events,
+        (ci - cu) / events
+    );
+    println!(
+        "  Allocator, session, to finish {:12.2}   {:+17.2}   {:+.2}",
+        (r - e) / pairs,
+        (r - e - u) / events,
+        (cr - ce - cu) / events
+    );
+    println!(
+        "  (an empty session's finish: {:.2} ms wall, {:.2} ms CPU, subtracted above)",
+        e / 1e6,
+        ce / 1e6
+    );
+    burst(dir.path(), &wrapper);
+}
+
+/// The cost on the measured thread alone: bursts that fit the thread's ring, so the producer
+/// never waits for the collector and encoder; warmed up, order alternating.
+fn burst(dir: &std::path::Path, wrapper: &Allocator) {
     const BURST: usize = 2_000;
-    let (mut b_untracked, mut b_recording) = (Vec::with_capacity(200), Vec::with_capacity(200));
-    let s = SessionBuilder::new("alloc_overhead_burst")
-        .backend(BackendChoice::Alloc)
-        .output_dir(dir.path())
-        .quiet(true)
-        .start()
-        .expect("allocator backend session");
-    for _ in 0..200 {
-        b_untracked.push(workload(&System, BURST));
-        b_recording.push(workload(&wrapper, BURST));
-        // Let the collector drain the ring between bursts.
-        std::thread::sleep(std::time::Duration::from_millis(3));
+    const BURSTS: usize = 200;
+    let (mut bu, mut br) = (Vec::with_capacity(BURSTS), Vec::with_capacity(BURSTS));
+    let s = session(dir, "alloc_overhead_burst");
+    workload(&System, BURST);
+    workload(wrapper, BURST);
+    for i in 0..BURSTS {
+        // Let the collector drain the ring between bursts, then warm the cache again.
+        std::thread::sleep(Duration::from_millis(3));
+        workload(&System, BURST);
+        let one = |a: &dyn GlobalAlloc| timed(|| workload(a, BURST)).0;
+        if i % 2 == 0 {
+            bu.push(one(&System));
+            br.push(one(wrapper));
+        } else {
+            br.push(one(wrapper));
+            bu.push(one(&System));
+        }
     }
-    s.finish().expect("finish");
-    let (bu, br) = (median(b_untracked), median(b_recording));
-    let (u, i, r) = (median(untracked), median(idle), median(recording));
-    println!(
-        "alloc_overhead: N = {N} alloc+free pairs (2 events each), medians of 7 interleaved runs"
-    );
-    println!("  untracked (System)            {u:8.2} ns/pair");
-    println!(
-        "  Allocator, no session         {i:8.2} ns/pair   marginal {:+.2} ns/event",
-        (i - u) / 2.0
-    );
-    println!(
-        "  Allocator, session recording  {r:8.2} ns/pair   marginal {:+.2} ns/event",
-        (r - u) / 2.0
-    );
+    let r = s.finish().expect("finish");
+    assert_eq!(r.lost_events, 0, "the burst session lost events");
+    let (bu, br) = (median(bu), median(br));
     println!(
         "  bursts of {BURST} pairs that fit the thread's ring (the cost on the measured thread): \
-         untracked {bu:.2}, recording {br:.2} ns/pair, marginal {:+.2} ns/event (medians of 200)",
-        (br - bu) / 2.0
+         untracked {:.2}, recording {:.2} ns/pair, marginal {:+.2} ns/event (medians of {BURSTS})",
+        bu / BURST as f64,
+        br / BURST as f64,
+        (br - bu) / BURST as f64 / 2.0
     );
 }

@@ -4,51 +4,96 @@
 //! ```text
 //! sudo cargo run --release --example tracker_overhead [PAIRS] [RUNS]
 //! ```
+//! The tracker is loaded first; then every run times the untracked loop and a recording of the
+//! same loop, in alternating order (ABBA), after a warm-up of both. A tracked run is timed from
+//! the first pair to the end of `Recording::stop` (drain, last frames, trailer), minus the
+//! median time an empty recording's `stop` takes. A run that lost an event fails. Medians.
 //! The uprobe floor at the same sites is measured by
 //! `cargo run --release -p memtrack-bpf --example overhead`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use memtrack::{Backend, EncoderOptions, Metadata, Tracker, TrackerOptions};
+use memtrack::{Backend, EncoderOptions, Metadata, Recorded, Tracker, TrackerOptions};
 
-fn pairs_ns(pairs: u64) -> f64 {
-    let t = Instant::now();
-    for _ in 0..pairs {
+fn pairs(n: u64) {
+    for _ in 0..n {
         // The System allocator: one malloc(16) and one free per iteration.
         drop(black_box(Box::new([0u8; 16])));
     }
-    t.elapsed().as_nanos() as f64 / pairs as f64
 }
 
-fn median(pairs: u64, runs: usize) -> f64 {
-    let mut v: Vec<f64> = (0..runs).map(|_| pairs_ns(pairs)).collect();
+fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-fn main() -> Result<(), memtrack::Error> {
-    let args: Vec<String> = std::env::args().collect();
-    let pairs: u64 = args.get(1).map_or(1_000_000, |a| a.parse().expect("PAIRS"));
-    let runs: usize = args.get(2).map_or(5, |a| a.parse().expect("RUNS"));
-    let untracked = median(pairs, runs);
-    let tracker = Tracker::global(&TrackerOptions::new())?;
+/// Records `n` pairs; ns from the first pair to the end of `stop`.
+fn tracked(tracker: &Tracker, n: u64) -> Result<(f64, Recorded), memtrack::Error> {
     let path = std::env::temp_dir().join("tracker_overhead.memtrack");
     let file =
         std::fs::File::create(&path).map_err(|e| memtrack::Error::InvalidOption(e.to_string()))?;
     let meta = Metadata::now(std::process::id(), Backend::Ebpf).with_name("tracker_overhead");
     let rec = tracker.start(file, &meta, EncoderOptions::new(), 1)?;
-    let tracked = median(pairs, runs);
+    let t = Instant::now();
+    pairs(n);
     let recorded = rec.stop()?;
-    println!("{pairs} pairs, median of {runs} runs, ns per malloc+free pair");
-    println!("untracked {untracked:>9.1}");
-    println!("tracked   {tracked:>9.1}");
+    let ns = t.elapsed().as_nanos() as f64;
+    if recorded.lost_events > 0 {
+        return Err(memtrack::Error::InvalidOption(format!(
+            "a run lost {} events: its time would be wrong (raise the ring buffer)",
+            recorded.lost_events
+        )));
+    }
+    Ok((ns, recorded))
+}
+
+fn untracked(n: u64) -> f64 {
+    let t = Instant::now();
+    pairs(n);
+    t.elapsed().as_nanos() as f64
+}
+
+fn main() -> Result<(), memtrack::Error> {
+    let args: Vec<String> = std::env::args().collect();
+    let n: u64 = args.get(1).map_or(1_000_000, |a| a.parse().expect("PAIRS"));
+    let runs: usize = args.get(2).map_or(5, |a| a.parse().expect("RUNS"));
+    let tracker = Tracker::global(&TrackerOptions::new())?;
+    // Warm-up of both sides.
+    untracked(n / 10);
+    tracked(tracker, n / 10)?;
+    let (mut u, mut t, mut empty) = (Vec::new(), Vec::new(), Vec::new());
+    let mut last = None;
+    for run in 0..runs {
+        let mut one_tracked = || -> Result<(), memtrack::Error> {
+            let (ns, rec) = tracked(tracker, n)?;
+            t.push(ns);
+            last = Some(rec);
+            empty.push(tracked(tracker, 0)?.0);
+            Ok(())
+        };
+        if run % 2 == 0 {
+            u.push(untracked(n));
+            one_tracked()?;
+        } else {
+            one_tracked()?;
+            u.push(untracked(n));
+        }
+    }
+    let (u, t, e) = (median(u), median(t), median(empty));
+    let per = |x: f64| x / n as f64;
+    println!("{n} pairs, medians of {runs} interleaved runs, ns per malloc+free pair");
+    println!("untracked {:>9.1}", per(u));
     println!(
-        "recorded {} events ({} allocations), {} lost, artifact {} bytes",
-        recorded.written.events,
-        recorded.written.totals.allocations,
-        recorded.lost_events,
-        recorded.written.bytes
+        "tracked   {:>9.1}   (to the end of stop, minus an empty recording's {:.2} ms)",
+        per(t - e),
+        e / 1e6
     );
+    if let Some(r) = last {
+        println!(
+            "last run: {} events ({} allocations), {} lost, artifact {} bytes",
+            r.written.events, r.written.totals.allocations, r.lost_events, r.written.bytes
+        );
+    }
     Ok(())
 }
