@@ -149,7 +149,7 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
     )?;
     // A new epoch and scope; whatever an earlier session left in the rings is dropped.
     super::begin_session(scope);
-    drain_all(&mut |_, _| {});
+    drain_all(|_, _| {});
     super::LOST.store(0, Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
     let snapshot = Arc::new(Snapshot::default());
@@ -248,13 +248,15 @@ impl<W: Write + Send + 'static> Drop for AllocRecording<W> {
 }
 
 /// Drains every ring and the overflow, calling `f(tid, raw)` for the current epoch's events;
-/// forgets closed rings once drained.
-fn drain_all(f: &mut dyn FnMut(u32, &Raw)) {
+/// forgets closed rings once drained. Generic, not `dyn`: called once per event, the closure
+/// must inline (a dynamic call per event cost the collector ~45 instructions per event).
+fn drain_all(mut f: impl FnMut(u32, &Raw)) {
     let epoch = super::epoch();
     let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     reg.retain(|ring| {
         // Read `closed` first: a ring seen closed has no write after this drain.
         let closed = ring.closed.load(Ordering::Acquire);
+        let f = &mut f;
         ring.drain(|r| {
             if r.epoch == epoch {
                 f(ring.tid, r)
@@ -324,7 +326,7 @@ fn collect<W: Write + Send + 'static>(
             snapshot_at = Some(now);
         }
         let before = pending.len();
-        drain_all(&mut |tid, r| pending.push_back((tid, *r)));
+        drain_all(|tid, r| pending.push_back((tid, *r)));
         // Each ring's events arrive sorted; with one thread allocating, so does the whole
         // batch, and checking the new events is all the work. Otherwise a stable sort merges
         // the runs.
@@ -338,12 +340,13 @@ fn collect<W: Write + Send + 'static>(
         let clock = CLOCK.lock().unwrap_or_else(|e| e.into_inner());
         let c = clock.as_ref().expect("calibrated before recording");
         let horizon = now.saturating_sub((LAG_NS as f64 / c.scale) as u64);
-        while let Some((tid, r)) = pending.front() {
-            if !last && r.tsc >= horizon {
-                break;
-            }
-            enc.push(event(c, pid, *tid, r))?;
-            pending.pop_front();
+        let ready = if last {
+            pending.len()
+        } else {
+            pending.partition_point(|(_, r)| r.tsc < horizon)
+        };
+        for (tid, r) in pending.drain(..ready) {
+            enc.push(event(c, pid, tid, &r))?;
         }
         drop(clock);
         if let Some(at) = snapshot_at
