@@ -119,7 +119,8 @@ struct Padded<T>(T);
 
 /// A single-producer (its thread) single-consumer (the collector) ring of [`Raw`] slots.
 pub(crate) struct Ring {
-    slots: Box<[UnsafeCell<Raw>]>,
+    /// A fixed-size array, so that indexing by `% RING` needs no bounds check.
+    slots: Box<[UnsafeCell<Raw>; RING]>,
     /// Slots written (producer-owned; published with Release).
     head: Padded<AtomicUsize>,
     /// Producer-only: the head position at which the producer next looks at `tail` (to wait
@@ -145,7 +146,11 @@ unsafe impl Sync for Ring {}
 impl Ring {
     fn new(tid: u32) -> Self {
         Ring {
-            slots: (0..RING).map(|_| UnsafeCell::new(Raw::default())).collect(),
+            slots: (0..RING)
+                .map(|_| UnsafeCell::new(Raw::default()))
+                .collect::<Box<[_]>>()
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("RING slots collected")),
             head: Padded(AtomicUsize::new(0)),
             next_check: Padded(AtomicUsize::new(0)),
             tail: Padded(AtomicUsize::new(0)),
@@ -254,6 +259,8 @@ struct RingHandle(Option<Arc<Ring>>);
 
 impl Drop for RingHandle {
     fn drop(&mut self) {
+        // From here on the thread's calls take the locked overflow path.
+        RING_PTR.with(|p| p.set(std::ptr::null()));
         if let Some(r) = &self.0 {
             r.closed.store(true, Ordering::Release);
         }
@@ -265,6 +272,9 @@ thread_local! {
     /// it can be read at any point of the thread's life, thread-local teardown included.
     static INSIDE: Cell<bool> = const { Cell::new(false) };
     static RING_HANDLE: UnsafeCell<RingHandle> = const { UnsafeCell::new(RingHandle(None)) };
+    /// The ring `RING_HANDLE` holds, or null: a plain pointer (no destructor, so no lazy
+    /// registration check on every call) for the hot path. Cleared when the handle drops.
+    static RING_PTR: Cell<*const Ring> = const { Cell::new(std::ptr::null()) };
     static TID: Cell<u32> = const { Cell::new(0) };
     /// The generation of the thread-scoped session this thread belongs to (0: none).
     static THREAD_SCOPE: Cell<u32> = const { Cell::new(0) };
@@ -387,7 +397,22 @@ fn record(kind: KindTag, addr: u64, addr2: u64, size: u64, align: u64) {
     INSIDE.with(|i| i.set(false));
 }
 
+#[inline(always)]
 fn push(raw: Raw) {
+    let ring = RING_PTR.with(|p| p.get());
+    if ring.is_null() {
+        push_slow(raw);
+    } else {
+        // SAFETY: a non-null RING_PTR points into the Arc that this thread's RING_HANDLE holds
+        // (set with it, cleared before it drops), so the ring is alive.
+        unsafe { &*ring }.push(raw);
+    }
+}
+
+/// The thread's first event (creates its ring), or one after its ring was torn down.
+#[cold]
+#[inline(never)]
+fn push_slow(raw: Raw) {
     let pushed = RING_HANDLE.try_with(|h| {
         // SAFETY: the handle is only touched by its own thread, and not re-entrantly
         // (`INSIDE` is set around every access).
@@ -400,6 +425,7 @@ fn push(raw: Raw) {
                 .push(Arc::clone(&ring));
             ring
         });
+        RING_PTR.with(|p| p.set(Arc::as_ptr(ring)));
         ring.push(raw);
     });
     if pushed.is_err() {
