@@ -177,16 +177,32 @@ pub struct Totals {
     pub per_thread: BTreeMap<u32, ThreadTotals>,
 }
 
+/// What the analysis knows of an address of the heap.
+#[derive(Clone, Copy)]
+enum Block {
+    /// A block of this many bytes is live there, allocated by this process.
+    Live(u64, u32),
+    /// Freed while recording, not allocated again since: a second free of it is the
+    /// allocator's own (see the module docs).
+    Freed,
+}
+
+/// The heap as the events describe it. One map for live and freed addresses, so that an
+/// allocation and a free cost one hash-table operation each (a live map plus a freed set cost
+/// two each).
+#[derive(Default)]
+struct Heap {
+    blocks: FxHashMap<u64, Block>,
+    /// Live blocks (the `Live` entries of `blocks`) and their bytes.
+    live_blocks: u64,
+    live_bytes: u64,
+}
+
 /// Computes [`Totals`] from events fed in order.
 #[derive(Default)]
 pub struct Analyzer {
     t: Totals,
-    /// Live blocks: address -> (size, pid).
-    live: FxHashMap<u64, (u64, u32)>,
-    live_bytes: u64,
-    /// Addresses freed while recording and not allocated again since: a second free of one
-    /// is the allocator's own (see the module docs).
-    freed: rustc_hash::FxHashSet<u64>,
+    heap: Heap,
     /// Per-thread totals, in order of first appearance, and where each tid is in it.
     threads: Vec<(u32, ThreadTotals)>,
     thread_index: FxHashMap<u32, usize>,
@@ -239,9 +255,7 @@ impl Analyzer {
             EventKind::Malloc { addr, size }
             | EventKind::Calloc { addr, size }
             | EventKind::AlignedAlloc { addr, size, .. } => {
-                let block = (addr, size, e.pid);
-                Self::alloc(t, th, &mut self.live, &mut self.live_bytes, block);
-                self.freed.remove(&addr);
+                Self::alloc(t, th, &mut self.heap, (addr, size, e.pid));
             }
             EventKind::Realloc {
                 old_addr,
@@ -249,31 +263,15 @@ impl Analyzer {
                 size,
             } => {
                 if old_addr != 0 {
-                    Self::free(
-                        t,
-                        th,
-                        &mut self.live,
-                        &mut self.freed,
-                        &mut self.live_bytes,
-                        old_addr,
-                    );
+                    Self::free(t, th, &mut self.heap, old_addr);
                 }
                 if new_addr != 0 {
-                    let block = (new_addr, size, e.pid);
-                    Self::alloc(t, th, &mut self.live, &mut self.live_bytes, block);
-                    self.freed.remove(&new_addr);
+                    Self::alloc(t, th, &mut self.heap, (new_addr, size, e.pid));
                 }
             }
             EventKind::Free { addr } => {
                 if addr != 0 {
-                    Self::free(
-                        t,
-                        th,
-                        &mut self.live,
-                        &mut self.freed,
-                        &mut self.live_bytes,
-                        addr,
-                    );
+                    Self::free(t, th, &mut self.heap, addr);
                 }
             }
             EventKind::Mmap { addr, size } => self.map(addr, size),
@@ -290,8 +288,8 @@ impl Analyzer {
             EventKind::Brk { .. } => {}
             EventKind::Exec => self.exec(e.pid),
         }
-        if self.live_bytes > self.t.peak_live_bytes {
-            self.t.peak_live_bytes = self.live_bytes;
+        if self.heap.live_bytes > self.t.peak_live_bytes {
+            self.t.peak_live_bytes = self.heap.live_bytes;
             self.t.peak_ts = e.ts;
         }
     }
@@ -300,39 +298,35 @@ impl Analyzer {
     fn alloc(
         t: &mut Totals,
         th: &mut ThreadTotals,
-        live: &mut FxHashMap<u64, (u64, u32)>,
-        live_bytes: &mut u64,
+        heap: &mut Heap,
         (addr, size, pid): (u64, u64, u32),
     ) {
         t.allocations += 1;
         t.bytes_allocated = t.bytes_allocated.saturating_add(size);
         th.allocations += 1;
         th.bytes_allocated = th.bytes_allocated.saturating_add(size);
-        // A block at an address that is already live means its free was not seen: replace it.
-        if let Some((old, _)) = live.insert(addr, (size, pid)) {
-            *live_bytes = live_bytes.saturating_sub(old);
+        match heap.blocks.insert(addr, Block::Live(size, pid)) {
+            // A block at an address that is already live means its free was not seen: replace it.
+            Some(Block::Live(old, _)) => heap.live_bytes = heap.live_bytes.saturating_sub(old),
+            Some(Block::Freed) | None => heap.live_blocks += 1,
         }
-        *live_bytes = live_bytes.saturating_add(size);
-        t.peak_live_blocks = t.peak_live_blocks.max(live.len() as u64);
+        heap.live_bytes = heap.live_bytes.saturating_add(size);
+        t.peak_live_blocks = t.peak_live_blocks.max(heap.live_blocks);
     }
 
     #[inline]
-    fn free(
-        t: &mut Totals,
-        th: &mut ThreadTotals,
-        live: &mut FxHashMap<u64, (u64, u32)>,
-        freed: &mut rustc_hash::FxHashSet<u64>,
-        live_bytes: &mut u64,
-        addr: u64,
-    ) {
-        match live.remove(&addr) {
-            Some((size, _)) => {
+    fn free(t: &mut Totals, th: &mut ThreadTotals, heap: &mut Heap, addr: u64) {
+        match heap.blocks.get_mut(&addr) {
+            Some(b @ Block::Live(..)) => {
+                let Block::Live(size, _) = std::mem::replace(b, Block::Freed) else {
+                    unreachable!("matched Live")
+                };
                 t.bytes_freed = t.bytes_freed.saturating_add(size);
                 th.bytes_freed = th.bytes_freed.saturating_add(size);
-                *live_bytes = live_bytes.saturating_sub(size);
-                freed.insert(addr);
+                heap.live_bytes = heap.live_bytes.saturating_sub(size);
+                heap.live_blocks -= 1;
             }
-            None if freed.contains(&addr) => {
+            Some(Block::Freed) => {
                 t.allocator_internal_frees += 1;
                 return;
             }
@@ -345,17 +339,19 @@ impl Analyzer {
     /// Process `pid` replaced its image: its heap and address space are gone.
     fn exec(&mut self, pid: u32) {
         let t = &mut self.t;
-        let live_bytes = &mut self.live_bytes;
-        self.live.retain(|_, &mut (size, p)| {
-            if p != pid {
-                return true;
+        let heap = &mut self.heap;
+        heap.blocks.retain(|_, b| match *b {
+            // The freed addresses go with the image (they are not kept per process yet).
+            Block::Freed => false,
+            Block::Live(_, p) if p != pid => true,
+            Block::Live(size, _) => {
+                t.blocks_discarded_at_exec += 1;
+                t.bytes_discarded_at_exec = t.bytes_discarded_at_exec.saturating_add(size);
+                heap.live_bytes = heap.live_bytes.saturating_sub(size);
+                heap.live_blocks -= 1;
+                false
             }
-            t.blocks_discarded_at_exec += 1;
-            t.bytes_discarded_at_exec = t.bytes_discarded_at_exec.saturating_add(size);
-            *live_bytes = live_bytes.saturating_sub(size);
-            false
         });
-        self.freed.clear();
         self.maps.clear();
         self.mapped = 0;
     }
@@ -402,7 +398,7 @@ impl Analyzer {
 
     /// Live heap bytes now.
     pub fn live_bytes(&self) -> u64 {
-        self.live_bytes
+        self.heap.live_bytes
     }
 
     /// Mapped bytes (page-rounded) now.
@@ -417,8 +413,8 @@ impl Analyzer {
             allocations: self.t.allocations,
             bytes_allocated: self.t.bytes_allocated,
             frees: self.t.frees,
-            live_blocks: self.live.len() as u64,
-            live_bytes: self.live_bytes,
+            live_blocks: self.heap.live_blocks,
+            live_bytes: self.heap.live_bytes,
             peak_live_blocks: self.t.peak_live_blocks,
             peak_live_bytes: self.t.peak_live_bytes,
             events: self.t.events,
@@ -428,8 +424,8 @@ impl Analyzer {
     /// The totals so far.
     pub fn totals(&self) -> Totals {
         let mut t = self.t.clone();
-        t.live_bytes_at_end = self.live_bytes;
-        t.live_blocks_at_end = self.live.len() as u64;
+        t.live_bytes_at_end = self.heap.live_bytes;
+        t.live_blocks_at_end = self.heap.live_blocks;
         t.mapped_bytes_at_end = self.mapped;
         t.threads = self.threads.len() as u64;
         t.per_thread = self.threads.iter().copied().collect();
