@@ -10,6 +10,18 @@ use crate::event::{Event, EventKind, KindTag};
 /// Number of length-prefixed columns after the kind column.
 const VAR_COLUMNS: usize = 7;
 
+/// Bytes of the prefix varint of a value below 2^56 with `lz` leading zero bits:
+/// ⌈(64 − lz) / 7⌉.
+const VARINT_LEN: [u8; 65] = {
+    let mut t = [0u8; 65];
+    let mut lz = 0;
+    while lz <= 64 {
+        t[lz] = (64 - lz).div_ceil(7) as u8;
+        lz += 1;
+    }
+    t
+};
+
 /// Encodes `v` as a prefix varint (FORMAT.md): below 2^56, `n` = 1..=8 bytes holding
 /// `(v << n) | 1 << (n - 1)` little-endian, so the first byte's lowest set bit gives the length;
 /// otherwise a zero byte and 8 bytes of `v`. Returns the bytes (9, of which the first `n` count).
@@ -17,7 +29,9 @@ const VAR_COLUMNS: usize = 7;
 fn prefix_varint(v: u64) -> ([u8; 9], usize) {
     let mut b = [0u8; 9];
     if v < 1 << 56 {
-        let n = (64 - (v | 1).leading_zeros() as usize).div_ceil(7);
+        // A table instead of `div_ceil(7)`: the division by 7 was ~10 instructions per value,
+        // ~40 per event of the encoder (callgrind).
+        let n = VARINT_LEN[(v | 1).leading_zeros() as usize] as usize;
         let w = (v << n) | (1 << (n - 1));
         b[..8].copy_from_slice(&w.to_le_bytes());
         (b, n)
