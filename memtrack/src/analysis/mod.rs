@@ -227,7 +227,7 @@ impl Analyzer {
     }
 
     /// Feeds one event.
-    #[inline]
+    #[inline(always)]
     pub fn update(&mut self, e: &Event) {
         let t = &mut self.t;
         if t.events == 0 {
