@@ -66,6 +66,27 @@ fn shared_dir() -> tempfile::TempDir {
     dir
 }
 
+/// Runs commands that execute freshly copied binaries. Another test thread that forks while
+/// a copy's file is still open for writing holds it open until its child execs, and an exec of
+/// the copy in that window fails with ETXTBSY ("Text file busy"): try again, a few times.
+trait RunExec {
+    fn run_exec(&mut self) -> std::process::Output;
+}
+
+impl RunExec for Command {
+    fn run_exec(&mut self) -> std::process::Output {
+        for _ in 0..20 {
+            match self.output() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {}
+                Ok(o) if String::from_utf8_lossy(&o.stderr).contains("Text file busy") => {}
+                r => return r.unwrap(),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("{self:?}: still 'Text file busy' after 20 tries");
+    }
+}
+
 /// A copy of the memtrack binary in `dir`, mode 0755.
 fn copy_memtrack(dir: &Path, name: &str) -> PathBuf {
     let p = dir.join(name);
@@ -90,8 +111,7 @@ fn record_status(
         .args(["record", "-o", s(out)])
         .args(extra)
         .args(["--", "/bin/grep", "-E", STATUS, "/proc/self/status"])
-        .output()
-        .unwrap();
+        .run_exec();
     let st = status(&String::from_utf8_lossy(&o.stdout));
     (o, st)
 }
@@ -99,8 +119,7 @@ fn record_status(
 fn verified(memtrack: &Path, artifact: &Path) {
     let v = Command::new(memtrack)
         .args(["verify", s(artifact)])
-        .output()
-        .unwrap();
+        .run_exec();
     assert!(v.status.success(), "{}", text(&v));
 }
 
@@ -144,8 +163,7 @@ fn as_root_the_command_runs_as_root_unless_user_says_otherwise() {
         .args(["record", "--user", "nobody", "-o"])
         .arg(dir.path().join("env.memtrack"))
         .args(["--", "/usr/bin/env"])
-        .output()
-        .unwrap();
+        .run_exec();
     let env = String::from_utf8_lossy(&o.stdout);
     assert!(
         env.lines().any(|l| l == "USER=nobody") && env.lines().any(|l| l == "LOGNAME=nobody"),
@@ -157,8 +175,7 @@ fn as_root_the_command_runs_as_root_unless_user_says_otherwise() {
         .args(["record", "--user", "no-such-user-here", "-o"])
         .arg(dir.path().join("x.memtrack"))
         .args(["--", "/bin/true"])
-        .output()
-        .unwrap();
+        .run_exec();
     assert_eq!(o.status.code(), Some(2));
     assert!(
         text(&o).contains("no user \"no-such-user-here\""),
@@ -224,8 +241,7 @@ fn capabilities_held_by_memtrack_never_reach_the_command() {
     let direct = Command::new(nobody[0])
         .args(&nobody[1..])
         .args([s(&id), "-u"])
-        .output()
-        .unwrap();
+        .run_exec();
     if String::from_utf8_lossy(&direct.stdout).trim() != "0" {
         eprintln!("SKIPPED (part): setuid bits have no effect here (nosuid mount?)");
         return;
@@ -236,8 +252,7 @@ fn capabilities_held_by_memtrack_never_reach_the_command() {
         .args(["record", "-o"])
         .arg(dir.path().join("id.memtrack"))
         .args(["--", s(&id), "-u"])
-        .output()
-        .unwrap();
+        .run_exec();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
@@ -254,8 +269,7 @@ fn capabilities_held_by_memtrack_never_reach_the_command() {
         .args(["record", "--user", "root", "-o"])
         .arg(dir.path().join("u.memtrack"))
         .args(["--", "/bin/true"])
-        .output()
-        .unwrap();
+        .run_exec();
     assert_eq!(o.status.code(), Some(125));
     assert!(
         text(&o).contains("switching users needs root"),
@@ -280,8 +294,7 @@ fn a_setuid_install_of_memtrack_is_refused() {
             "-o",
             "/etc/memtrack-must-not-exist",
         ])
-        .output()
-        .unwrap();
+        .run_exec();
     assert!(!Path::new("/etc/memtrack-must-not-exist").exists());
     let t = text(&o);
     if t.contains("Permission denied") {
@@ -314,8 +327,7 @@ fn planted_symlinks_never_redirect_the_recording() {
         .args(["record", "-o"])
         .arg(d.join("x.memtrack"))
         .args(["--", "/bin/true"])
-        .output()
-        .unwrap();
+        .run_exec();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
     assert!(
@@ -335,8 +347,7 @@ fn planted_symlinks_never_redirect_the_recording() {
         .arg(&planted)
         .args(["--", "/usr/bin/touch"])
         .arg(&marker)
-        .output()
-        .unwrap();
+        .run_exec();
     assert_eq!(o.status.code(), Some(125), "{}", text(&o));
     assert!(
         text(&o).contains("symbolic link owned by uid 65534"),
