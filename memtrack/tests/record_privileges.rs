@@ -70,11 +70,11 @@ fn shared_dir() -> tempfile::TempDir {
 /// a copy's file is still open for writing holds it open until its child execs, and an exec of
 /// the copy in that window fails with ETXTBSY ("Text file busy"): try again, a few times.
 trait RunExec {
-    fn run_exec(&mut self) -> std::process::Output;
+    fn run_exec(&mut self) -> Output;
 }
 
 impl RunExec for Command {
-    fn run_exec(&mut self) -> std::process::Output {
+    fn run_exec(&mut self) -> Output {
         for _ in 0..20 {
             match self.output() {
                 Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {}
