@@ -566,44 +566,11 @@ fn a_thread_outside_the_scope_waits_its_turn() {
 
 /// A mid-session snapshot counts what came before it, exactly, and costs no allocation.
 fn stats_mid_session() {
-    let s = memtrack::SessionBuilder::new("stats")
-        .quiet(true)
-        .start()
-        .unwrap();
-    let a = black_box(Vec::<u8>::with_capacity(100));
-    let b = black_box(Vec::<u8>::with_capacity(200));
-    let st = s.stats().expect("stats");
-    assert_eq!(
-        (
-            st.allocations,
-            st.bytes_allocated,
-            st.live_blocks,
-            st.live_bytes
-        ),
-        (2, 300, 2, 300),
-        "{st:?}"
-    );
-    drop(a);
-    let st = s.stats().expect("stats");
-    assert_eq!(
-        (
-            st.allocations,
-            st.frees,
-            st.live_blocks,
-            st.live_bytes,
-            st.peak_live_bytes
-        ),
-        (2, 1, 1, 200, 300),
-        "{st:?}"
-    );
-    drop(b);
-    let r = s.finish().expect("finish");
-    // Taking the snapshots allocated and freed nothing on this thread.
-    assert_eq!(
-        (r.allocations(), r.totals.frees, r.totals.live_blocks_at_end),
-        (2, 2, 0),
-        "{}",
-        r.summary_line()
+    harness::check_stats_mid_session(
+        memtrack::SessionBuilder::new("stats")
+            .quiet(true)
+            .start()
+            .unwrap(),
     );
 }
 

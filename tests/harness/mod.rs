@@ -27,6 +27,47 @@ pub fn assert_one_thread_per_size(evs: &[Event], threads: u64, base: u64, per_th
     assert_eq!(tids.len() as u64, threads);
 }
 
+/// Makes two blocks (100 and 200 bytes) in `s`, takes a snapshot after each step, and checks
+/// the snapshots count exactly what came before them and that taking them allocated nothing.
+#[allow(dead_code)] // not every binary takes snapshots
+pub fn check_stats_mid_session(s: memtrack::Session) {
+    let a = std::hint::black_box(Vec::<u8>::with_capacity(100));
+    let b = std::hint::black_box(Vec::<u8>::with_capacity(200));
+    let st = s.stats().expect("stats");
+    assert_eq!(
+        (
+            st.allocations,
+            st.bytes_allocated,
+            st.live_blocks,
+            st.live_bytes
+        ),
+        (2, 300, 2, 300),
+        "{st:?}"
+    );
+    drop(a);
+    let st = s.stats().expect("stats");
+    assert_eq!(
+        (
+            st.allocations,
+            st.frees,
+            st.live_blocks,
+            st.live_bytes,
+            st.peak_live_bytes
+        ),
+        (2, 1, 1, 200, 300),
+        "{st:?}"
+    );
+    drop(b);
+    let r = s.finish().expect("finish");
+    // Taking the snapshots allocated and freed nothing on this thread.
+    assert_eq!(
+        (r.allocations(), r.totals.frees, r.totals.live_blocks_at_end),
+        (2, 2, 0),
+        "{}",
+        r.summary_line()
+    );
+}
+
 /// Runs `tests` in order in a fresh `$MEMTRACK_DIR`; with `skip`, reports each as skipped
 /// and why. Exits with status 1 if any failed.
 pub fn run(tests: &[(&str, fn())], skip: Option<String>) {
