@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -162,7 +163,7 @@ struct WriterResult<W> {
 #[derive(Default)]
 pub(crate) struct Snapshot {
     /// Set by the asking thread; the feeding thread takes it.
-    requested: std::sync::atomic::AtomicBool,
+    requested: AtomicBool,
     answer: Mutex<Option<Stats>>,
     answered: Condvar,
 }
@@ -173,8 +174,7 @@ impl Snapshot {
     pub(crate) fn ask(&self, timeout: Duration) -> Option<Stats> {
         let mut answer = self.answer.lock().unwrap_or_else(|e| e.into_inner());
         *answer = None;
-        self.requested
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.requested.store(true, Ordering::Release);
         let deadline = Instant::now() + timeout;
         while answer.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -192,8 +192,7 @@ impl Snapshot {
 
     /// Whether a snapshot was asked for since the last call (for the feeding thread).
     pub(crate) fn take_request(&self) -> bool {
-        self.requested
-            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        self.requested.swap(false, Ordering::AcqRel)
     }
 
     fn answer(&self, stats: Stats) {

@@ -341,7 +341,7 @@ impl SessionBuilder {
             None
         };
         let (path, output, file) = if self.in_memory {
-            (PathBuf::new(), None, Out::Discard)
+            (None, None, Out::Discard)
         } else {
             let dir = match self.output_dir {
                 Some(d) => d,
@@ -354,12 +354,11 @@ impl SessionBuilder {
             let path = output.path().to_path_buf();
             let file = output.writer()?;
             drop((dir, file_name));
-            (path, Some(output), Out::File(file))
+            (Some(path), Some(output), Out::File(file))
         };
         let meta = Metadata::now(std::process::id(), backend).with_name(&self.name);
         let mut session = Session {
             name: self.name,
-            in_memory: self.in_memory,
             path,
             output,
             quiet: self.quiet,
@@ -397,9 +396,8 @@ impl SessionBuilder {
 #[must_use = "the session records until it is finished or dropped"]
 pub struct Session {
     name: String,
-    /// No artifact: `path` is empty and there is no `output`.
-    in_memory: bool,
-    path: PathBuf,
+    /// The artifact's path; `None` for an in-memory session (then there is no `output`).
+    path: Option<PathBuf>,
     /// The artifact being written, put in place by `finish`.
     output: Option<Output>,
     quiet: bool,
@@ -500,7 +498,7 @@ impl Session {
     /// Where the artifact will be once the session is finished; `None` for an in-memory
     /// session ([`SessionBuilder::in_memory`]).
     pub fn path(&self) -> Option<&Path> {
-        (!self.in_memory).then_some(self.path.as_path())
+        self.path.as_deref()
     }
 
     /// Declares that the session covers `n` iterations of a measured routine: the artifact
@@ -574,7 +572,7 @@ impl Session {
             }
             Ok(Report {
                 name: self.name.clone(),
-                path: (!self.in_memory).then(|| self.path.clone()),
+                path: self.path.clone(),
                 lost_events,
                 duration,
                 events: written.events,

@@ -407,7 +407,7 @@ impl Analyzer {
     }
 
     /// The headline numbers so far, without the per-thread map ([`Analyzer::totals`] builds
-    /// one): what a mid-session [`Session::stats`](crate::Session::stats) returns.
+    /// one): what a mid-session `Session::stats` returns.
     pub fn stats(&self) -> Stats {
         Stats {
             allocations: self.t.allocations,

@@ -128,7 +128,7 @@ pub struct Final {
     /// Totals over every event of the file, computed by the writer while streaming.
     pub totals: Totals,
     /// Iterations of the measured routine the recording covers, when the writer counted them
-    /// (criterion's [`Profiler`](crate::criterion) with `memtrack::criterion::iteration`): its
+    /// (criterion's `memtrack::criterion::Profiler` with `memtrack::criterion::iteration`): its
     /// allocations and bytes are then compared per iteration, since the number of iterations
     /// varies from run to run. Absent (format 1.0, or a plain session): the totals are the
     /// figures. Since format 1.1.
