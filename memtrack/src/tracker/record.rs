@@ -663,6 +663,11 @@ pub fn record_command_with(
         }
     };
 
+    // INT, TERM and HUP go to the command, and memtrack finishes the artifact once it exits.
+    // Installed before the child may exec: a signal sent as soon as the command runs (a
+    // short `timeout`) must find the handler, not kill memtrack. The child was forked before
+    // this, so it keeps the default dispositions.
+    let _forward = Forward::install(pid);
     // Let the child exec, and learn whether execve failed.
     // SAFETY: writing one byte from a valid buffer to our pipe, then closing our end.
     unsafe { libc::write(go[1], [1u8].as_ptr().cast(), 1) };
@@ -672,9 +677,6 @@ pub fn record_command_with(
     let n = unsafe { libc::read(err[0], failed.as_mut_ptr().cast(), size_of_val(&failed)) };
     close(err[0]);
 
-    // INT, TERM and HUP go to the command, and memtrack finishes the artifact once it exits
-    // (the child execs before this, so it keeps the default dispositions).
-    let _forward = Forward::install(pid);
     // Wait for the child; meanwhile probe libraries it maps later (a dlopen()ed allocator):
     // uprobes attached before exec cover only the files known then.
     let mut status = 0;
