@@ -111,7 +111,14 @@ fn sequential_sessions_are_independent() {
             (0..n).map(|i| 10 + i).sum::<u64>()
         );
         assert_eq!(report.lost_events, 0);
-        assert_eq!(totals(name), report.totals, "report = artifact's trailer");
+        // The artifact holds exactly those blocks, counted from its events by the test.
+        let (_, evs) = read(name);
+        let c = memtrack_test_support::count(&evs);
+        assert_eq!(
+            (c.allocations, c.bytes_allocated, c.frees),
+            (n, (0..n).map(|i| 10 + i).sum::<u64>(), n),
+            "{evs:?}"
+        );
     }
 }
 
@@ -310,7 +317,23 @@ fn builder_limits_return_the_report_and_every_violation() {
          bytes allocated 1,164 B > max_bytes 1,163 B; peak 1,164 B > max_peak 1,163 B; \
          live at end 1 block (1,000 B) with no_leaks"
     );
-    assert_eq!(report.totals, totals("builder_over"), "report = artifact");
+    assert_eq!(
+        (report.allocations(), report.totals.live_bytes_at_end),
+        (3, 1000)
+    );
+    // The artifact, counted from its events by the test: the same three blocks, one still live.
+    let (_, evs) = read("builder_over");
+    let c = memtrack_test_support::count(&evs);
+    assert_eq!(
+        (
+            c.allocations,
+            c.bytes_allocated,
+            c.live_blocks_at_end,
+            c.live_bytes_at_end
+        ),
+        (3, 1164, 1, 1000),
+        "{evs:?}"
+    );
 }
 
 #[memtrack(name = "limits_panicking", max_allocations = 0)]

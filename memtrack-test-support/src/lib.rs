@@ -247,34 +247,99 @@ pub fn check_stats_mid_session(s: memtrack::Session) {
     );
 }
 
-/// Counts of heap events computed from the events themselves, without memtrack's `Analyzer`:
-/// the independent oracle for reports and trailers.
+/// Totals computed from the events by the test, with the simplest model of the rules the
+/// README states (not memtrack's `Analyzer`): the independent oracle for `show`, reports and
+/// trailers. For well-formed streams (every free frees a live block, mappings do not overlap),
+/// as the fixtures and `Synth` make.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counted {
-    /// malloc, calloc, realloc (with a new block) and the aligned family.
+    /// malloc, calloc, the aligned family, and reallocs that return a block.
     pub allocations: u64,
     /// The sum of their sizes.
     pub bytes_allocated: u64,
-    /// Events of kind `Free`.
+    /// Frees of a block (`free`, or a `realloc` moving or freeing its old block).
     pub frees: u64,
+    /// The sizes of the blocks those frees freed.
+    pub bytes_freed: u64,
+    /// The most heap bytes live at once.
+    pub peak_live_bytes: u64,
+    /// Blocks and bytes live after the last event.
+    pub live_blocks_at_end: u64,
+    /// See `live_blocks_at_end`.
+    pub live_bytes_at_end: u64,
+    /// The most mapped bytes at once (mappings are whole 4 KiB pages).
+    pub mapped_bytes_peak: u64,
+    /// Mapped bytes after the last event.
+    pub mapped_bytes_at_end: u64,
 }
 
 /// [`Counted`] over `evs`.
 pub fn count(evs: &[Event]) -> Counted {
-    let mut c = Counted::default();
-    for e in evs {
-        match e.kind {
-            EventKind::Malloc { size, .. }
-            | EventKind::Calloc { size, .. }
-            | EventKind::AlignedAlloc { size, .. }
-            | EventKind::Realloc { size, .. } => {
-                c.allocations += 1;
-                c.bytes_allocated += size;
+    use std::collections::HashMap;
+    fn pages(size: u64) -> u64 {
+        size.div_ceil(4096) * 4096
+    }
+    fn free(c: &mut Counted, live: &mut HashMap<u64, u64>, live_bytes: &mut u64, addr: u64) {
+        if addr != 0 {
+            c.frees += 1;
+            if let Some(size) = live.remove(&addr) {
+                c.bytes_freed += size;
+                *live_bytes -= size;
             }
-            EventKind::Free { .. } => c.frees += 1,
-            _ => {}
         }
     }
+    let mut c = Counted::default();
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut maps: HashMap<u64, u64> = HashMap::new();
+    let (mut live_bytes, mut mapped) = (0u64, 0u64);
+    for e in evs {
+        let mut alloc = None;
+        match e.kind {
+            EventKind::Malloc { addr, size }
+            | EventKind::Calloc { addr, size }
+            | EventKind::AlignedAlloc { addr, size, .. } => alloc = Some((addr, size)),
+            EventKind::Realloc {
+                old_addr,
+                new_addr,
+                size,
+            } => {
+                free(&mut c, &mut live, &mut live_bytes, old_addr);
+                if new_addr != 0 {
+                    alloc = Some((new_addr, size));
+                }
+            }
+            EventKind::Free { addr } => free(&mut c, &mut live, &mut live_bytes, addr),
+            EventKind::Mmap { addr, size } => {
+                maps.insert(addr, pages(size));
+                mapped += pages(size);
+            }
+            EventKind::Munmap { addr, .. } => mapped -= maps.remove(&addr).unwrap_or(0),
+            EventKind::Mremap {
+                old_addr,
+                new_addr,
+                size,
+            } => {
+                mapped -= maps.remove(&old_addr).unwrap_or(0);
+                maps.insert(new_addr, pages(size));
+                mapped += pages(size);
+            }
+            EventKind::Brk { .. } => {}
+            other => panic!("count() has no rule for {other:?}: add the README's rule for it"),
+        }
+        if let Some((addr, size)) = alloc {
+            c.allocations += 1;
+            c.bytes_allocated += size;
+            live_bytes += size;
+            if let Some(old) = live.insert(addr, size) {
+                live_bytes -= old;
+            }
+        }
+        c.peak_live_bytes = c.peak_live_bytes.max(live_bytes);
+        c.mapped_bytes_peak = c.mapped_bytes_peak.max(mapped);
+    }
+    c.live_blocks_at_end = live.len() as u64;
+    c.live_bytes_at_end = live_bytes;
+    c.mapped_bytes_at_end = mapped;
     c
 }
 
