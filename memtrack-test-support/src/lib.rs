@@ -103,15 +103,15 @@ pub fn missing(needs: &[Need]) -> Option<String> {
                     .collect();
                 if !lacking.is_empty() {
                     why.push(format!(
-                        "needs {} (not in this process's effective capabilities: run as root, \
-                         e.g. `sudo -E cargo test`)",
+                        "needs {}, not in this process's effective capabilities: run as \
+                         root, e.g. `sudo -E cargo test`",
                         lacking.join(" + ")
                     ));
                 }
             }
             Need::Tool(tool) if !on_path(tool) => why.push(format!("needs `{tool}` on PATH")),
             Need::File(path, fix) if !Path::new(path).exists() => {
-                why.push(format!("needs {path} ({fix})"))
+                why.push(format!("needs {path}: {fix}"))
             }
             _ => {}
         }
@@ -158,7 +158,7 @@ pub fn requires(name: &str, needs: &'static [Need], f: impl FnOnce() + Send + 's
 pub fn lacking(name: &str, needs: &'static [Need], f: impl FnOnce() + Send + 'static) -> Trial {
     Trial::ignorable_test(name, move || match missing(needs) {
         None => Ok(Completion::ignored_with(
-            "checks a refusal seen only without these privileges, and this process has them (CI runs it unprivileged too)",
+            "checks a refusal seen only without these privileges, and this process has them; CI runs it unprivileged too",
         )),
         Some(_) => outcome(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))),
     })
