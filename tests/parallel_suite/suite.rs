@@ -27,7 +27,8 @@ fn allocate(n: usize, size: usize) {
 fn session(name: &str, body: impl FnOnce()) -> Report {
     let s = SessionBuilder::new(name)
         .backend(BACKEND)
-        .output_dir(std::env::temp_dir().join("memtrack-parallel-suite"))
+        // Cargo's per-target scratch directory, not a fixed name in the shared /tmp.
+        .output_dir(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("parallel-suite"))
         .quiet(true)
         .start_waiting()
         .expect("session starts");
