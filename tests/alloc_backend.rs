@@ -9,7 +9,7 @@ use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
 use std::hint::black_box;
 
 use memtrack::{Backend, BackendChoice, Event, EventKind, Reader, SessionBuilder, memtrack};
-use memtrack_test_support::{TRACKER, lacking, test};
+use memtrack_test_support::{TRACKER, lacking, test, three_blocks};
 
 #[global_allocator]
 static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
@@ -31,10 +31,7 @@ fn events(report: &memtrack::Report) -> Vec<Event> {
 fn exact_counts() {
     black_box(vec![0u8; 77]); // before: not counted
     let s = session("alloc_exact");
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
     let r = s.finish().unwrap();
     black_box(vec![0u8; 77]); // after: not counted
     let t = &r.totals;
@@ -217,18 +214,7 @@ fn threads_outside_the_scope_are_counted_apart() {
 }
 
 fn sequential_sessions_are_independent() {
-    for (name, n) in [("alloc_seq_a", 5u64), ("alloc_seq_b", 9)] {
-        let s = session(name);
-        for i in 0..n {
-            black_box(Vec::<u8>::with_capacity(10 + i as usize));
-        }
-        let r = s.finish().unwrap();
-        assert_eq!(r.totals.allocations, n);
-        assert_eq!(
-            r.totals.bytes_allocated,
-            (0..n).map(|i| 10 + i).sum::<u64>()
-        );
-    }
+    memtrack_test_support::check_sequential_sessions(session);
 }
 
 fn criterion_measurement_counts() {
@@ -309,10 +295,7 @@ fn profiler_runs_of_the_same_code_compare_unchanged() {
 /// Exactly 3 allocations: within `max_allocations = 3`.
 #[memtrack(name = "alloc_macro", backend = "alloc", max_allocations = 3, no_leaks)]
 fn macro_within_limits() {
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
 }
 
 #[memtrack(name = "alloc_macro_over", backend = "alloc", max_allocations = 2)]
@@ -382,10 +365,7 @@ fn limit_panic_points_at_the_users_function() {
     no_leaks
 )]
 fn expectation_kept() {
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
 }
 
 #[memtrack(
@@ -400,10 +380,7 @@ fn expectation_missed() {
 }
 
 fn expectation_kept_body() {
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
 }
 
 /// `allocations = N` and `max_blocks` on the attribute and the builder, in memory: no file.

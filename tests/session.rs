@@ -10,7 +10,7 @@ use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 
 use memtrack::{Event, EventKind, Reader, Totals, memtrack};
-use memtrack_test_support::{Cap, Need, TRACKER, requires, test};
+use memtrack_test_support::{Cap, Need, TRACKER, requires, test, three_blocks};
 
 fn dir() -> PathBuf {
     PathBuf::from(std::env::var_os("MEMTRACK_DIR").expect("set by main"))
@@ -38,10 +38,7 @@ fn noise() {
 /// Exactly 3 allocations (100 + 64 + 1000 bytes: malloc, malloc, calloc) and 3 frees.
 #[memtrack(name = "exact")]
 fn exact() {
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
 }
 
 fn exact_counts_and_nothing_outside() {
@@ -96,30 +93,12 @@ fn panic_still_writes_a_complete_artifact() {
 }
 
 fn sequential_sessions_are_independent() {
-    for (name, n) in [("seq_a", 5u64), ("seq_b", 9)] {
-        let s = memtrack::SessionBuilder::new(name)
+    memtrack_test_support::check_sequential_sessions(|name| {
+        memtrack::SessionBuilder::new(name)
             .quiet(true)
             .start()
-            .unwrap();
-        for i in 0..n {
-            black_box(Vec::<u8>::with_capacity(10 + i as usize));
-        }
-        let report = s.finish().unwrap();
-        assert_eq!(report.allocations(), n, "{name}");
-        assert_eq!(
-            report.bytes_allocated(),
-            (0..n).map(|i| 10 + i).sum::<u64>()
-        );
-        assert_eq!(report.lost_events, 0);
-        // The artifact holds exactly those blocks, counted from its events by the test.
-        let (_, evs) = read(name);
-        let c = memtrack_test_support::count(&evs);
-        assert_eq!(
-            (c.allocations, c.bytes_allocated, c.frees),
-            (n, (0..n).map(|i| 10 + i).sum::<u64>(), n),
-            "{evs:?}"
-        );
-    }
+            .unwrap()
+    });
 }
 
 fn concurrent_session_is_refused() {
@@ -191,10 +170,7 @@ fn criterion_measurement_counts_per_iteration() {
     no_leaks
 )]
 fn limits_at_boundary() {
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
 }
 
 /// The same allocations, one under every limit, and the 1,000-byte block returned (so live at
@@ -207,9 +183,7 @@ fn limits_at_boundary() {
     no_leaks
 )]
 fn limits_over() -> Vec<u8> {
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
+    let (a, b, c) = three_blocks();
     drop((a, b));
     c
 }
@@ -272,17 +246,12 @@ fn builder_limits_return_the_report_and_every_violation() {
             .unwrap()
     };
     let s = start("builder_boundary", 3, 1164);
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
     let report = s.finish().expect("limits equal to the numbers pass");
     assert_eq!((report.allocations(), report.bytes_allocated()), (3, 1164));
 
     let s = start("builder_over", 2, 1163);
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
+    let (a, b, c) = three_blocks();
     drop((a, b));
     let err = s.finish().expect_err("limits exceeded");
     drop(c);

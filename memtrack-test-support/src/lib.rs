@@ -207,6 +207,50 @@ pub fn assert_one_thread_per_size(evs: &[Event], threads: u64, base: u64, per_th
     assert_eq!(tids.len() as u64, threads);
 }
 
+/// The three blocks many tests count, all live at once: 100 bytes (malloc), 64 (a boxed
+/// `[u64; 8]`: malloc) and 1,000 zeroed bytes (calloc): 3 allocations, 1,164 bytes, a peak of
+/// 1,164. Dropping them frees all three.
+#[inline(never)]
+pub fn three_blocks() -> (Vec<u8>, Box<[u64; 8]>, Vec<u8>) {
+    let a: Vec<u8> = std::hint::black_box(Vec::with_capacity(100));
+    let b = std::hint::black_box(Box::new([7u64; 8]));
+    let c = std::hint::black_box(vec![0u8; 1000]);
+    (a, b, c)
+}
+
+/// Two sessions one after the other, started by `start`, making 5 and 9 blocks of `10 + i`
+/// bytes: each report counts its own blocks only, and the artifact's events (counted by
+/// [`count`]) hold exactly them.
+pub fn check_sequential_sessions(start: impl Fn(&str) -> memtrack::Session) {
+    for (name, n) in [("seq_a", 5u64), ("seq_b", 9)] {
+        let s = start(name);
+        for i in 0..n {
+            std::hint::black_box(Vec::<u8>::with_capacity(10 + i as usize));
+        }
+        let report = s.finish().expect("finish");
+        let bytes = (0..n).map(|i| 10 + i).sum::<u64>();
+        assert_eq!(
+            (report.allocations(), report.bytes_allocated()),
+            (n, bytes),
+            "{name}: {}",
+            report.summary_line()
+        );
+        assert_eq!(report.lost_events, 0);
+        let path = report.path.as_ref().expect("written to a file");
+        let events: Vec<Event> = memtrack::Reader::open(path)
+            .expect("artifact")
+            .events()
+            .collect::<Result<_, _>>()
+            .expect("decode");
+        let c = count(&events);
+        assert_eq!(
+            (c.allocations, c.bytes_allocated, c.frees),
+            (n, bytes, n),
+            "{name}: {events:?}"
+        );
+    }
+}
+
 /// Makes two blocks (100 and 200 bytes) in `s`, takes a snapshot after each step, and checks
 /// the snapshots count exactly what came before them and that taking them allocated nothing.
 pub fn check_stats_mid_session(s: memtrack::Session) {
