@@ -17,8 +17,8 @@ use memtrack_test_support::{Need, TRACKER, Trial, requires};
 const MARK_BEGIN: u64 = 0xbe01;
 const MARK_END: u64 = 0xbe02;
 
-/// What every test here needs: the tracker, and a compiler for the fixtures.
-const NEEDS: &[Need] = &[TRACKER, Need::Tool("cc")];
+/// What every test here needs: the tracker, and the C and C++ compilers for the fixtures.
+const NEEDS: &[Need] = &[TRACKER, Need::Tool("cc"), Need::Tool("c++")];
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
