@@ -7,13 +7,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
+use super::RecorderError as Error;
 use super::{OVERFLOW, REGISTRY, Raw, STREAM, SWITCH, exclude_current_thread, tsc};
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, monotonic_ns};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
-use crate::error::{Error, Result};
 use crate::event::{Event, EventKind, KindTag};
 use crate::scope::Scope;
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How often the collector drains the rings, and how far behind "now" it keeps events back
 /// so that a producer preempted between its TSC read and its publish is still merged in order.
@@ -58,10 +60,9 @@ fn calibrate() -> Result<()> {
         std::thread::sleep(Duration::from_millis(2));
         let (t1, m1) = (tsc(), monotonic_ns());
         if t1 <= t0 {
-            return Err(Error::InvalidOption(
+            return Err(Error::UnsupportedCpu(
                 "the CPU's time-stamp counter does not advance: the allocator backend needs an \
-                 invariant TSC; use the eBPF backend"
-                    .into(),
+                 invariant TSC; use the eBPF backend",
             ));
         }
         let mut clock = Clock {
@@ -121,16 +122,13 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
     scope: Scope,
 ) -> Result<AllocRecording<W>> {
     if !invariant_tsc() {
-        return Err(Error::InvalidOption(
+        return Err(Error::UnsupportedCpu(
             "the allocator backend needs an invariant TSC (cpuinfo flags constant_tsc and \
-             nonstop_tsc), which this CPU does not report; use the eBPF backend"
-                .into(),
+             nonstop_tsc), which this CPU does not report; use the eBPF backend",
         ));
     }
     if SWITCH.load(Ordering::Relaxed) & STREAM != 0 {
-        return Err(Error::InvalidOption(
-            "the allocator backend is already recording".into(),
-        ));
+        return Err(Error::AlreadyRecording);
     }
     calibrate()?;
     // memtrack's threads mark themselves as its own when they start; recording is switched on
@@ -170,15 +168,18 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
             }
             r
         })
-        .map_err(|e| Error::io("starting the collector thread", e))?;
+        .map_err(|source| Error::Io {
+            what: "starting the collector thread",
+            source,
+        })?;
     *COLLECTOR.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread.thread().clone());
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while started.load(Ordering::Acquire) < workers + 2 {
         if std::time::Instant::now() > deadline {
-            return Err(Error::io(
-                "starting the allocator recorder",
-                std::io::Error::other("memtrack's threads did not start within 5 s"),
-            ));
+            return Err(Error::Io {
+                what: "starting the allocator recorder",
+                source: std::io::Error::other("memtrack's threads did not start within 5 s"),
+            });
         }
         std::thread::sleep(Duration::from_micros(100));
     }
@@ -197,15 +198,15 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
     /// Allocates nothing on the calling thread.
     pub(crate) fn stats(&self) -> Result<Stats> {
         wake();
-        self.snapshot.ask(Duration::from_secs(10)).ok_or_else(|| {
-            Error::io(
-                "taking a snapshot",
-                std::io::Error::new(
+        self.snapshot
+            .ask(Duration::from_secs(10))
+            .ok_or_else(|| Error::Io {
+                what: "taking a snapshot",
+                source: std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     "memtrack's collector thread did not answer within 10 s",
                 ),
-            )
-        })
+            })
     }
 
     /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine.
@@ -222,20 +223,21 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
     fn stop_inner(&mut self) -> Result<(Written, u64)> {
         SWITCH.fetch_and(!STREAM, Ordering::SeqCst);
         let Some(thread) = self.thread.take() else {
-            return Err(Error::InvalidOption("recording already stopped".into()));
+            return Err(Error::Internal("the recording was already stopped"));
         };
         self.stop.store(true, Ordering::Release);
         thread.thread().unpark();
-        let joined = thread
-            .join()
-            .map_err(|_| Error::io("collector thread", std::io::Error::other("panicked")));
+        let joined = thread.join().map_err(|_| Error::Io {
+            what: "collector thread",
+            source: std::io::Error::other("panicked"),
+        });
         *COLLECTOR.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let lost = super::LOST.load(Ordering::Relaxed);
         let mut encoder = joined??;
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
         }
-        encoder.finish(lost).map(|w| (w, lost))
+        Ok((encoder.finish(lost)?, lost))
     }
 }
 

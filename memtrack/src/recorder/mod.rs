@@ -23,6 +23,7 @@
 //! - **Before `main` and with no session**: the wrapper only forwards (one relaxed load).
 
 mod collector;
+mod error;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::{Cell, UnsafeCell};
@@ -32,6 +33,7 @@ use std::sync::{Arc, Mutex};
 pub(crate) use collector::{AllocRecording, start_recording};
 #[cfg(feature = "criterion")]
 pub(crate) use collector::{CountingGuard, counters, start_counting};
+pub use error::RecorderError;
 
 use crate::event::KindTag;
 use crate::scope::Scope;
@@ -321,7 +323,7 @@ pub(crate) fn current_thread_in_scope() -> bool {
 /// spawned from it. The eBPF recorder sees every thread being created and needs no help; the
 /// allocator recorder ([`Allocator`]) cannot see a spawn, so a thread it should record must be
 /// started through this wrapper (elsewhere its allocations are counted in
-/// [`Report::out_of_scope`](crate::Report::out_of_scope), not recorded). Outside a session, or
+/// the report's `out_of_scope`, not recorded). Outside a session, or
 /// with [`Scope::Process`], it changes nothing.
 pub fn in_session<F, R>(f: F) -> impl FnOnce() -> R + Send + 'static
 where

@@ -337,7 +337,7 @@ impl Tracker {
         meta: &Metadata,
         opts: EncoderOptions,
         workers: usize,
-    ) -> crate::Result<Recording<'_, W>> {
+    ) -> Result<Recording<'_, W>, TrackerError> {
         self.start_scoped(out, meta, opts, workers, Scope::Process)
     }
 
@@ -350,17 +350,16 @@ impl Tracker {
         opts: EncoderOptions,
         workers: usize,
         scope: Scope,
-    ) -> crate::Result<Recording<'_, W>> {
+    ) -> Result<Recording<'_, W>, TrackerError> {
         if scope == Scope::Threads && !self.in_process {
             return Err(TrackerError::InvalidOption(
                 "a thread scope needs the tracker of this process (Tracker::global); \
                  a tracker attached to another process records all of it"
                     .into(),
-            )
-            .into());
+            ));
         }
         if self.recording.swap(true, Ordering::AcqRel) {
-            return Err(TrackerError::AlreadyRecording.into());
+            return Err(TrackerError::AlreadyRecording);
         }
         let result = self.start_inner(out, meta, opts, workers, scope);
         if result.is_err() {
@@ -376,7 +375,7 @@ impl Tracker {
         opts: EncoderOptions,
         workers: usize,
         scope: Scope,
-    ) -> crate::Result<Recording<'_, W>> {
+    ) -> Result<Recording<'_, W>, TrackerError> {
         let exclude = self.in_process.then(|| Arc::clone(&self.bpf.excluded));
         let registered = Arc::new(AtomicUsize::new(0));
         let opts = match &exclude {
@@ -472,7 +471,7 @@ impl Tracker {
 
     /// Attaches what a recording needs: the probes, the raw-syscall tracepoint if asked for,
     /// the fork tracepoint for a thread scope.
-    fn attach_for_recording(&self, st: &SwitchState, scope: Scope) -> crate::Result<()> {
+    fn attach_for_recording(&self, st: &SwitchState, scope: Scope) -> Result<(), TrackerError> {
         let attached = (|| {
             self.bpf.attach_probes()?;
             self.bpf.attach_syscalls()?;
@@ -570,15 +569,14 @@ pub struct Recorded {
 impl<W: Write + Send + 'static> Recording<'_, W> {
     /// The numbers so far: everything submitted before the call, drained and analysed (within
     /// the poller's 10 ms drain period). Allocates nothing on the calling thread.
-    pub fn stats(&self) -> crate::Result<Stats> {
-        self.snapshot.ask(Duration::from_secs(10)).ok_or_else(|| {
-            TrackerError::Io {
+    pub fn stats(&self) -> Result<Stats, TrackerError> {
+        self.snapshot
+            .ask(Duration::from_secs(10))
+            .ok_or_else(|| TrackerError::Io {
                 what: "taking a snapshot: memtrack's poller thread did not answer within 10 s"
                     .into(),
                 source: std::io::Error::from(std::io::ErrorKind::TimedOut),
-            }
-            .into()
-        })
+            })
     }
 
     /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine
@@ -588,13 +586,13 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
     }
 
     /// Stops recording: switch off, drain the ring buffer's tail, finish the artifact.
-    pub fn stop(mut self) -> crate::Result<Recorded> {
+    pub fn stop(mut self) -> Result<Recorded, TrackerError> {
         self.stop_inner()
     }
 
-    fn stop_inner(&mut self) -> crate::Result<Recorded> {
+    fn stop_inner(&mut self) -> Result<Recorded, TrackerError> {
         let Some(poller) = self.poller.take() else {
-            return Err(TrackerError::InvalidOption("recording already stopped".into()).into());
+            return Err(TrackerError::Internal("the recording was already stopped"));
         };
         let t = self.tracker;
         let off = {
@@ -629,7 +627,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             + drained.malformed;
         let push_error = drained.push_error.take();
         let encoder = drained.encoder::<W>().ok_or_else(|| {
-            TrackerError::InvalidOption("the poller returned another recording's encoder".into())
+            TrackerError::Internal("the poller returned another recording's encoder")
         })?;
         let mut encoder = encoder;
         if let Some(n) = self.iterations {
@@ -637,7 +635,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         }
         let written = encoder.finish(lost_events)?;
         if let Some(e) = push_error {
-            return Err(e);
+            return Err(e.into());
         }
         Ok(Recorded {
             written,

@@ -14,7 +14,7 @@ use memtrack_bpf::{RawEvent, kind};
 
 use super::TrackerError;
 use super::bpf::{exclude_tid, gettid};
-use crate::encode::{Encoder, Snapshot};
+use crate::encode::{EncodeError, Encoder, Snapshot};
 use crate::event::{Event, EventKind};
 
 /// How often the poller drains when no wakeup comes: events are submitted without wakeups
@@ -73,17 +73,17 @@ pub(crate) fn record_to_event(data: &[u8]) -> Option<Event> {
 
 /// Where a recording's events go: the session's encoder, whatever it writes to.
 pub(crate) trait Sink: Send {
-    fn push(&mut self, ev: Event) -> crate::Result<()>;
-    fn snapshot(&mut self, s: &Arc<Snapshot>) -> crate::Result<()>;
+    fn push(&mut self, ev: Event) -> Result<(), EncodeError>;
+    fn snapshot(&mut self, s: &Arc<Snapshot>) -> Result<(), EncodeError>;
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
 
 impl<W: Write + Send + 'static> Sink for Encoder<W> {
-    fn push(&mut self, ev: Event) -> crate::Result<()> {
+    fn push(&mut self, ev: Event) -> Result<(), EncodeError> {
         Encoder::push(self, ev)
     }
 
-    fn snapshot(&mut self, s: &Arc<Snapshot>) -> crate::Result<()> {
+    fn snapshot(&mut self, s: &Arc<Snapshot>) -> Result<(), EncodeError> {
         Encoder::snapshot(self, s)
     }
 
@@ -96,7 +96,7 @@ impl<W: Write + Send + 'static> Sink for Encoder<W> {
 pub(crate) struct Drained {
     pub(crate) sink: Box<dyn Sink>,
     /// The first error of `Encoder::push`, if any (later events were dropped).
-    pub(crate) push_error: Option<crate::Error>,
+    pub(crate) push_error: Option<EncodeError>,
     /// Records of an unknown kind or size (a mismatched object).
     pub(crate) malformed: u64,
 }
@@ -172,7 +172,7 @@ impl Poller {
             }
             Err(_) => {
                 let _ = thread.join();
-                Err(TrackerError::InvalidOption("the poller thread died".into()))
+                Err(TrackerError::PollerDied)
             }
         }
     }
@@ -195,7 +195,7 @@ impl Poller {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(cmd)
-            .map_err(|_| TrackerError::InvalidOption("the poller thread died".into()))?;
+            .map_err(|_| TrackerError::PollerDied)?;
         Ok(PollerRecording {
             stop,
             done: done_rx,
@@ -222,14 +222,14 @@ impl PollerRecording {
         self.stop.store(true, Ordering::Release);
         self.done
             .recv()
-            .unwrap_or_else(|_| Err(TrackerError::InvalidOption("the poller thread died".into())))
+            .unwrap_or_else(|_| Err(TrackerError::PollerDied))
     }
 }
 
 /// The recording being drained, if any.
 struct Active {
     sink: Box<dyn Sink>,
-    push_error: Option<crate::Error>,
+    push_error: Option<EncodeError>,
     malformed: u64,
 }
 

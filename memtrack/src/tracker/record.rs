@@ -523,7 +523,7 @@ pub fn record_command(
     command: &[OsString],
     out: impl Write + Send + 'static,
     opts: &TrackerOptions,
-) -> crate::Result<RecordOutcome> {
+) -> Result<RecordOutcome, TrackerError> {
     record_command_with(command, out, opts, &CommandOptions::new())
 }
 
@@ -534,7 +534,7 @@ pub fn record_command_with(
     out: impl Write + Send + 'static,
     opts: &TrackerOptions,
     child: &CommandOptions,
-) -> crate::Result<RecordOutcome> {
+) -> Result<RecordOutcome, TrackerError> {
     opts.validate()?;
     let program = command
         .first()
