@@ -407,8 +407,7 @@ impl Tracker {
                         workers + 1
                     ),
                     source: std::io::Error::from(std::io::ErrorKind::TimedOut),
-                }
-                .into());
+                });
             }
         }
         let at_start = self.bpf.stats()?;
@@ -419,7 +418,7 @@ impl Tracker {
         let attached = self.attach_for_recording(&st, scope);
         let snapshot = Arc::new(Snapshot::default());
         let recorded =
-            attached.and_then(|()| Ok(poller.record(Box::new(encoder), Arc::clone(&snapshot))?));
+            attached.and_then(|()| poller.record(Box::new(encoder), Arc::clone(&snapshot)));
         let poller = match recorded {
             Ok(p) => p,
             Err(e) => {
@@ -454,7 +453,7 @@ impl Tracker {
         if let Err(e) = on {
             drop(poller.finish());
             self.detach_after_recording(&st);
-            return Err(e.into());
+            return Err(e);
         }
         st.sw = sw;
         st.recording = true;
@@ -484,7 +483,7 @@ impl Tracker {
         if attached.is_err() {
             self.detach_after_recording(st);
         }
-        Ok(attached?)
+        attached
     }
 
     /// Detaches what only a recording needs (the probes stay while counting).
@@ -626,9 +625,9 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             // Records the poller could not decode (a mismatched object) are lost too.
             + drained.malformed;
         let push_error = drained.push_error.take();
-        let encoder = drained.encoder::<W>().ok_or_else(|| {
-            TrackerError::Internal("the poller returned another recording's encoder")
-        })?;
+        let encoder = drained
+            .encoder::<W>()
+            .ok_or({ TrackerError::Internal("the poller returned another recording's encoder") })?;
         let mut encoder = encoder;
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
