@@ -625,9 +625,9 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             // Records the poller could not decode (a mismatched object) are lost too.
             + drained.malformed;
         let push_error = drained.push_error.take();
-        let encoder = drained
-            .encoder::<W>()
-            .ok_or({ TrackerError::Internal("the poller returned another recording's encoder") })?;
+        let encoder = drained.encoder::<W>().ok_or(TrackerError::Internal(
+            "the poller returned another recording's encoder",
+        ))?;
         let mut encoder = encoder;
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
