@@ -41,7 +41,7 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Event, EventKind};
+use crate::event::{Event, EventKind, HeapOps};
 
 const PAGE: u64 = 4096;
 
@@ -93,6 +93,26 @@ struct Heap {
     /// Live blocks (the `Live` entries of `blocks`) and their bytes.
     live_blocks: u64,
     live_bytes: u64,
+}
+
+/// The heap's part of [`Analyzer::update`]: what the kind table's rule calls for one event.
+struct HeapUpdate<'a> {
+    t: &'a mut Totals,
+    th: &'a mut ThreadTotals,
+    heap: &'a mut Heap,
+    pid: u32,
+}
+
+impl HeapOps for HeapUpdate<'_> {
+    #[inline(always)]
+    fn alloc(&mut self, addr: u64, size: u64) {
+        Analyzer::alloc(self.t, self.th, self.heap, (addr, size, self.pid));
+    }
+
+    #[inline(always)]
+    fn free(&mut self, addr: u64) {
+        Analyzer::free(self.t, self.th, self.heap, addr);
+    }
 }
 
 /// Computes [`Totals`] from events fed in order.
@@ -148,29 +168,26 @@ impl Analyzer {
         };
         let th = &mut self.threads[slot].1;
         th.events += 1;
+        // The heap's rule is the kind table's (a realloc frees its old block first).
+        let mut ops = HeapUpdate {
+            t,
+            th,
+            heap: &mut self.heap,
+            pid: e.pid,
+        };
+        if !e.kind.apply_heap(&mut ops) {
+            self.other(e);
+        }
+        if self.heap.live_bytes > self.t.peak_live_bytes {
+            self.t.peak_live_bytes = self.heap.live_bytes;
+            self.t.peak_ts = e.ts;
+        }
+    }
+
+    /// Feeds an event that is not of the heap.
+    #[inline]
+    fn other(&mut self, e: &Event) {
         match e.kind {
-            EventKind::Malloc { addr, size }
-            | EventKind::Calloc { addr, size }
-            | EventKind::AlignedAlloc { addr, size, .. } => {
-                Self::alloc(t, th, &mut self.heap, (addr, size, e.pid));
-            }
-            EventKind::Realloc {
-                old_addr,
-                new_addr,
-                size,
-            } => {
-                if old_addr != 0 {
-                    Self::free(t, th, &mut self.heap, old_addr);
-                }
-                if new_addr != 0 {
-                    Self::alloc(t, th, &mut self.heap, (new_addr, size, e.pid));
-                }
-            }
-            EventKind::Free { addr } => {
-                if addr != 0 {
-                    Self::free(t, th, &mut self.heap, addr);
-                }
-            }
             EventKind::Mmap { addr, size } => self.map(addr, size),
             EventKind::Munmap { addr, size } => self.unmap(addr, size),
             EventKind::Mremap {
@@ -182,12 +199,9 @@ impl Analyzer {
                 self.unmap(old_addr, old);
                 self.map(new_addr, size);
             }
-            EventKind::Brk { .. } => {}
             EventKind::Exec => self.exec(e.pid),
-        }
-        if self.heap.live_bytes > self.t.peak_live_bytes {
-            self.t.peak_live_bytes = self.heap.live_bytes;
-            self.t.peak_ts = e.ts;
+            // `brk` is only counted; the heap's kinds are `apply_heap`'s.
+            _ => {}
         }
     }
 

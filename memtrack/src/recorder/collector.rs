@@ -12,7 +12,7 @@ use super::{OVERFLOW, REGISTRY, Raw, STREAM, SWITCH, exclude_current_thread, tsc
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, monotonic_ns};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
-use crate::event::{Event, EventKind, KindTag};
+use crate::event::{Event, EventKind, RawRecord};
 use crate::scope::Scope;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -280,29 +280,31 @@ fn drain_all(mut f: impl FnMut(u32, &Raw)) {
     }
 }
 
-fn event(c: &Clock, pid: u32, tid: u32, r: &Raw) -> Event {
-    let kind = match KindTag::from_u8(r.kind) {
-        Some(KindTag::Calloc) => EventKind::Calloc {
-            addr: r.addr,
-            size: r.size,
-        },
-        Some(KindTag::Realloc) => EventKind::Realloc {
-            old_addr: r.addr,
-            new_addr: r.addr2,
-            size: r.size,
-        },
-        Some(KindTag::AlignedAlloc) => EventKind::AlignedAlloc {
-            addr: r.addr,
-            size: r.size,
-            align: r.align as u64,
-        },
-        Some(KindTag::Free) => EventKind::Free { addr: r.addr },
-        _ => EventKind::Malloc {
-            addr: r.addr,
-            size: r.size,
-        },
-    };
-    Event::new(to_ns(c, r.tsc), pid, tid, kind)
+/// The event `r` stands for; `None` for a kind number this build does not know (slot memory
+/// not written by `record`: a bug), which the caller counts as lost.
+fn event(c: &Clock, pid: u32, tid: u32, r: &Raw) -> Option<Event> {
+    let kind = EventKind::from_raw(r.kind as u32, r)?;
+    Some(Event::new(to_ns(c, r.tsc), pid, tid, kind))
+}
+
+/// A slot as the kind table reads it: a realloc's old block is `addr2`.
+impl RawRecord for Raw {
+    #[inline(always)]
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    #[inline(always)]
+    fn old_addr(&self) -> u64 {
+        self.addr2
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        self.size
+    }
+    #[inline(always)]
+    fn align(&self) -> u64 {
+        self.align as u64
+    }
 }
 
 /// The collector loop: every tick, drain, sort what is older than the lag, encode it.
@@ -348,7 +350,14 @@ fn collect<W: Write + Send + 'static>(
             pending.partition_point(|(_, r)| r.tsc < horizon)
         };
         for (tid, r) in pending.drain(..ready) {
-            enc.push(event(c, pid, tid, &r))?;
+            match event(c, pid, tid, &r) {
+                Some(ev) => enc.push(ev)?,
+                // Never silently another kind: the session reports it lost, so its numbers
+                // say they are incomplete and cannot serve as a baseline.
+                None => {
+                    super::LOST.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         drop(clock);
         if let Some(at) = snapshot_at
@@ -399,4 +408,59 @@ pub(crate) fn counters() -> (u64, u64, u64) {
         super::COUNT_BYTES.load(Ordering::Relaxed),
         super::COUNT_FREES.load(Ordering::Relaxed),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::KindTag;
+
+    /// A slot of an unknown kind is no event (the collector counts it lost); it used to become
+    /// a `Malloc`.
+    #[test]
+    fn unknown_kinds_are_not_events() {
+        let c = Clock {
+            tsc0: 0,
+            mono0: 1_000,
+            scale: 1.0,
+            mult: 1 << 32,
+        };
+        let raw = Raw {
+            tsc: 5,
+            addr: 0x2000,
+            addr2: 0x1000,
+            size: 96,
+            align: 64,
+            kind: 0,
+            epoch: 0,
+        };
+        for kind in [0, KindTag::ALL.len() as u8 + 1, u8::MAX] {
+            assert_eq!(event(&c, 1, 2, &Raw { kind, ..raw }), None, "kind {kind}");
+        }
+        let realloc = Raw {
+            kind: KindTag::Realloc as u8,
+            ..raw
+        };
+        assert_eq!(
+            event(&c, 1, 2, &realloc),
+            Some(Event::new(
+                1_005,
+                1,
+                2,
+                EventKind::Realloc {
+                    old_addr: 0x1000,
+                    new_addr: 0x2000,
+                    size: 96
+                }
+            ))
+        );
+        let free = Raw {
+            kind: KindTag::Free as u8,
+            ..raw
+        };
+        assert_eq!(
+            event(&c, 1, 2, &free).map(|e| e.kind),
+            Some(EventKind::Free { addr: 0x2000 })
+        );
+    }
 }

@@ -10,12 +10,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use libbpf_rs::{MapHandle, RingBufferBuilder};
-use memtrack_bpf::{RawEvent, kind};
+use memtrack_bpf::RawEvent;
 
 use super::TrackerError;
 use super::bpf::{exclude_tid, gettid};
 use crate::encode::{EncodeError, Encoder, Snapshot};
-use crate::event::{Event, EventKind};
+use crate::event::{Event, EventKind, RawRecord};
 
 /// How often the poller drains when no wakeup comes: events are submitted without wakeups
 /// (a wakeup per event costs ~1.3 µs here), so `poll()` alone would wait for the 64 KiB
@@ -23,45 +23,31 @@ use crate::event::{Event, EventKind};
 const DRAIN_PERIOD: Duration = Duration::from_millis(10);
 
 /// The [`Event`] a ring-buffer record stands for; `None` for a kind this build does not know.
+#[inline]
 pub(crate) fn to_event(r: &RawEvent) -> Option<Event> {
-    let k = match r.kind {
-        kind::MALLOC => EventKind::Malloc {
-            addr: r.addr,
-            size: r.size,
-        },
-        kind::CALLOC => EventKind::Calloc {
-            addr: r.addr,
-            size: r.size,
-        },
-        kind::REALLOC => EventKind::Realloc {
-            old_addr: r.old_addr,
-            new_addr: r.addr,
-            size: r.size,
-        },
-        kind::ALIGNED_ALLOC => EventKind::AlignedAlloc {
-            addr: r.addr,
-            size: r.size,
-            align: r.align,
-        },
-        kind::FREE => EventKind::Free { addr: r.addr },
-        kind::MMAP => EventKind::Mmap {
-            addr: r.addr,
-            size: r.size,
-        },
-        kind::MUNMAP => EventKind::Munmap {
-            addr: r.addr,
-            size: r.size,
-        },
-        kind::MREMAP => EventKind::Mremap {
-            old_addr: r.old_addr,
-            new_addr: r.addr,
-            size: r.size,
-        },
-        kind::BRK => EventKind::Brk { addr: r.addr },
-        kind::EXEC => EventKind::Exec,
-        _ => return None,
-    };
-    Some(Event::new(r.ts, r.pid, r.tid, k))
+    EventKind::from_raw(r.kind, &Ring(r)).map(|k| Event::new(r.ts, r.pid, r.tid, k))
+}
+
+/// A ring-buffer record as the kind table reads it.
+struct Ring<'a>(&'a RawEvent);
+
+impl RawRecord for Ring<'_> {
+    #[inline(always)]
+    fn addr(&self) -> u64 {
+        self.0.addr
+    }
+    #[inline(always)]
+    fn old_addr(&self) -> u64 {
+        self.0.old_addr
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        self.0.size
+    }
+    #[inline(always)]
+    fn align(&self) -> u64 {
+        self.0.align
+    }
 }
 
 /// What the poller does with one ring-buffer record: its [`Event`], or `None` for a record of
@@ -318,6 +304,8 @@ fn run(events: &MapHandle, cmds: &Receiver<Cmd>, ready: &SyncSender<Result<(), T
 
 #[cfg(test)]
 mod tests {
+    use memtrack_bpf::kind;
+
     use super::*;
 
     #[test]
