@@ -16,7 +16,8 @@ pub enum TrackerError {
         /// What was refused.
         what: String,
     },
-    /// The kernel has no BTF (`/sys/kernel/btf/vmlinux`), which the syscall tracepoints need.
+    /// The kernel has no BTF (`/sys/kernel/btf/vmlinux`), which CO-RE and the `tp_btf` programs
+    /// (exec, fork, raw syscalls) need.
     #[error(
         "the kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): memtrack needs a \
          kernel built with CONFIG_DEBUG_INFO_BTF=y (Linux 5.8 or newer)"
