@@ -29,6 +29,8 @@ use crate::limits::Limits;
 use crate::recorder::{AllocRecording, allocator_installed};
 use crate::report::Report;
 use crate::scope::Scope;
+#[cfg(feature = "criterion")]
+use crate::tracker::Counting;
 use crate::tracker::{ProbeHold, Recording, Tracker, TrackerOptions};
 
 /// Name of the session running in this process, if any (sessions of one process take turns:
@@ -115,7 +117,7 @@ fn privileged() -> bool {
 
 /// The backend a session (or a criterion measurement) uses: `choice`, else
 /// `$MEMTRACK_BACKEND`, else `auto`; see [`BackendChoice`].
-pub(crate) fn resolve_backend(choice: Option<BackendChoice>) -> Result<Backend> {
+fn resolve_backend(choice: Option<BackendChoice>) -> Result<Backend> {
     let choice = match choice {
         Some(b) => b,
         None => match std::env::var("MEMTRACK_BACKEND") {
@@ -619,6 +621,51 @@ impl Drop for Session {
             && let Err(e) = self.finish_inner()
         {
             eprintln!("memtrack: {}: {e}", self.name);
+        }
+    }
+}
+
+/// Keeps a backend counting while it exists (what criterion's measurements read): the BPF
+/// program's counters, or the allocator backend's (chosen as for sessions:
+/// `$MEMTRACK_BACKEND`, else `auto`). Counts only, records no event.
+#[cfg(feature = "criterion")]
+pub(crate) enum Counter {
+    Ebpf {
+        tracker: &'static Tracker,
+        _counting: Counting<'static>,
+    },
+    Alloc(crate::recorder::CountingGuard),
+}
+
+#[cfg(feature = "criterion")]
+impl Counter {
+    /// Starts counting with the backend sessions would use (the error says what is missing).
+    pub(crate) fn new() -> Result<Self> {
+        Ok(match resolve_backend(None)? {
+            Backend::Alloc => Counter::Alloc(crate::recorder::start_counting()),
+            _ => {
+                let tracker = Tracker::global(&TrackerOptions::new())?;
+                Counter::Ebpf {
+                    tracker,
+                    _counting: tracker.counting()?,
+                }
+            }
+        })
+    }
+
+    /// (allocations, bytes allocated) so far.
+    pub(crate) fn read(&self) -> (u64, u64) {
+        match self {
+            // A failed map read is a broken BPF setup, not a measurement: there is no sane
+            // value to return, and criterion's trait has no error path.
+            Counter::Ebpf { tracker, .. } => {
+                let c = tracker.counters().expect("reading memtrack's BPF counters");
+                (c.allocations, c.bytes_allocated)
+            }
+            Counter::Alloc(_) => {
+                let (allocs, bytes, _) = crate::recorder::counters();
+                (allocs, bytes)
+            }
         }
     }
 }
