@@ -80,7 +80,9 @@ macro_rules! for_each_kind {
 }
 
 macro_rules! abi_kinds {
-    ($($variant:ident = $tag:literal, $abi:ident, $name:literal, $role:ident { $($field:ident),* };)*) => {
+    ($(
+        $variant:ident = $tag:literal, $abi:ident, $name:literal, $role:ident { $($field:ident),* };
+    )*) => {
         /// `MT_KIND_*` of `memtrack.h`, derived from [`for_each_kind!`](crate::for_each_kind):
         /// the same numbers as `memtrack::KindTag`.
         pub mod kind {

@@ -163,4 +163,32 @@ mod tests {
             "{msg}"
         );
     }
+
+    /// A lower layer's error keeps its message in the crate-wide one, and contradictory limits
+    /// are still `InvalidOption` (as documented for `start`).
+    #[test]
+    fn layers_errors_compose_with_their_messages() {
+        let format = || crate::artifact::FormatError::NotAnArtifact {
+            path: "t.memtrack".into(),
+        };
+        let e = Error::from(format());
+        assert!(matches!(e, Error::Format(_)));
+        assert_eq!(e.to_string(), format().to_string());
+        assert!(e.to_string().contains("not a memtrack artifact"), "{e}");
+        let stopped = Error::from(crate::tracker::TrackerError::from(
+            crate::encode::EncodeError::Stopped,
+        ));
+        assert_eq!(
+            stopped.to_string(),
+            "the encoder stopped early; `finish()` reports why"
+        );
+        let limits = crate::Limits::new()
+            .min_allocations(2)
+            .max_allocations(1)
+            .validate()
+            .unwrap_err();
+        let e = Error::from(limits.clone());
+        assert!(matches!(e, Error::InvalidOption(_)));
+        assert_eq!(e.to_string(), limits.to_string());
+    }
 }

@@ -112,7 +112,9 @@ pub enum EventKind {
 // matches on `EventKind` it generates are exhaustive, so a kind in the table without a variant
 // above (or the reverse) does not compile.
 macro_rules! derive_kinds {
-    ($($variant:ident = $tag:literal, $abi:ident, $name:literal, $role:ident { $($field:ident),* };)*) => {
+    ($(
+        $variant:ident = $tag:literal, $abi:ident, $name:literal, $role:ident { $($field:ident),* };
+    )*) => {
         /// The numeric tag of each [`EventKind`], as stored in artifacts and sent by the BPF
         /// program (`MT_KIND_*` of memtrack.h).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

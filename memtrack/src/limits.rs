@@ -9,8 +9,8 @@ use crate::human;
 ///
 /// Set with `#[memtrack(max_allocations = N, max_bytes = B, max_peak = P, max_blocks = K,
 /// no_leaks)]` (or `allocations = N`, `min_allocations = N`) or the same methods on
-/// `SessionBuilder`, and checked against the session's totals when it ends. The numbers are the report's (the accounting rules of
-/// [`Totals`](crate::Totals)):
+/// `SessionBuilder`, and checked against the session's totals (and lost events) when it ends.
+/// The numbers are the report's (the accounting rules of [`Totals`](crate::Totals)):
 /// - `max_allocations`: [`Totals::allocations`](crate::Totals::allocations), successful calls
 ///   returning a heap block (a `realloc` is one allocation);
 /// - `allocations = N` (an expectation, [`Limits::expect_allocations`]): exactly `N` of them,
@@ -33,10 +33,9 @@ use crate::human;
 /// limit is reported, not only the first, each with its measured number.
 ///
 /// How a violation fails:
-/// - `Session::finish` returns
-///   `Error::LimitExceeded`, which keeps the session's `Report` (the
-///   artifact is written too). A session dropped without `finish` only prints that error:
-///   `Drop` never panics.
+/// - `Session::finish` returns `Error::LimitExceeded`, which keeps the session's `Report`
+///   (the artifact is written too). A session dropped without `finish` only prints that
+///   error: `Drop` never panics.
 /// - A `#[memtrack]` function panics when its body ends, with a message such as
 ///   `memtrack: parse — allocations 1,234 > max_allocations 1,000; live at end 3 blocks (96 B)
 ///   with no_leaks → target/memtrack/parse.memtrack`, so a `#[test]` fails. If the body is

@@ -83,7 +83,10 @@ const MAX_COLUMNS: usize = 1 << 20;
 
 /// A [`Timeline`] was asked for with no columns, or more than 1 Mi.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid option: a timeline needs between 1 and {max} columns (got {columns})", max = MAX_COLUMNS)]
+#[error(
+    "invalid option: a timeline needs between 1 and {max} columns (got {columns})",
+    max = MAX_COLUMNS
+)]
 pub struct InvalidTimeline {
     /// The number of columns asked for.
     pub columns: usize,
