@@ -67,8 +67,8 @@ pub enum Error {
     BadElf {
         /// The file.
         path: std::path::PathBuf,
-        /// What is wrong.
-        what: &'static str,
+        /// What is wrong (the `object` crate's message).
+        what: String,
     },
 }
 

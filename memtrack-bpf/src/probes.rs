@@ -172,7 +172,7 @@ pub fn probe_sites(path: &std::path::Path) -> Result<Vec<ProbeSite>> {
 /// `mi_malloc`): two probes at one address would record each call twice.
 pub fn probe_sites_in(elf: &Elf) -> Vec<ProbeSite> {
     // symbol offset -> (rank, symbol, spec, size)
-    let mut best: HashMap<u64, (u8, String, ProbeSpec, u64)> = HashMap::new();
+    let mut best: HashMap<u64, (u8, &str, ProbeSpec, u64)> = HashMap::new();
     for sym in elf.functions() {
         let Some((rank, spec)) = spec_for(&sym.name) else {
             continue;
@@ -181,7 +181,7 @@ pub fn probe_sites_in(elf: &Elf) -> Vec<ProbeSite> {
             continue;
         };
         match best.get(&offset) {
-            Some((r, name, ..)) if (*r, name.as_str()) <= (rank, sym.name.as_str()) => {}
+            Some((r, name, ..)) if (*r, *name) <= (rank, sym.name) => {}
             _ => {
                 best.insert(offset, (rank, sym.name, spec, sym.size));
             }
@@ -192,9 +192,9 @@ pub fn probe_sites_in(elf: &Elf) -> Vec<ProbeSite> {
         .map(|(symbol_offset, (_, symbol, spec, size))| {
             // The branch-target scan needs the whole body; bound it for absurd sizes.
             let len = (size as usize).clamp(crate::placement::MAX_PREFIX, 1 << 20);
-            let placement = place_probe(&elf.bytes(symbol_offset, len));
+            let placement = place_probe(elf.bytes(symbol_offset, len));
             ProbeSite {
-                symbol,
+                symbol: symbol.to_owned(),
                 entry: spec.entry,
                 ret: spec.entry.needs_return(),
                 symbol_offset,
