@@ -129,6 +129,28 @@ impl Entry {
         !matches!(self, Entry::Free)
     }
 
+    /// How many of the leading argument registers (rdi, rsi, rdx, rcx, r8, r9) the entry
+    /// program reads for a site of this shape (`mt_entry` in memtrack.bpf.c: change both
+    /// together). A probe may be placed past instructions that write none of them (and not
+    /// rsp): see [`crate::place_probe`].
+    pub const fn args_read(self) -> usize {
+        match self {
+            Entry::Malloc | Entry::Zalloc | Entry::Valloc | Entry::Free | Entry::FreeOuter => 1,
+            Entry::Brk => 1,
+            Entry::Calloc
+            | Entry::Mallocn
+            | Entry::Realloc
+            | Entry::Memalign
+            | Entry::AlignedSizeFirst
+            | Entry::Mallocx
+            | Entry::Rallocx
+            | Entry::Mmap
+            | Entry::Munmap => 2,
+            // mremap's program reads rdi and rdx.
+            Entry::Reallocarray | Entry::PosixMemalign | Entry::Mremap => 3,
+        }
+    }
+
     /// Whether this is one of libc's syscall wrappers (mmap, munmap, mremap, brk) rather than
     /// an allocator entry point: attached only when syscalls are recorded through them.
     pub const fn is_syscall(self) -> bool {

@@ -192,7 +192,7 @@ pub fn probe_sites_in(elf: &Elf) -> Vec<ProbeSite> {
         .map(|(symbol_offset, (_, symbol, spec, size))| {
             // The branch-target scan needs the whole body; bound it for absurd sizes.
             let len = (size as usize).clamp(crate::placement::MAX_PREFIX, 1 << 20);
-            let placement = place_probe(elf.bytes(symbol_offset, len));
+            let placement = place_probe(elf.bytes(symbol_offset, len), spec.entry.args_read());
             ProbeSite {
                 symbol: symbol.to_owned(),
                 entry: spec.entry,
