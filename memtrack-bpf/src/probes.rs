@@ -67,9 +67,11 @@ const MIMALLOC: &[ProbeSpec] = &[
     p("mi_new_realloc", Entry::Realloc),
     p("mi_new_reallocn", Entry::Reallocarray),
     p("mi_free", Entry::Free),
-    p("mi_free_size", Entry::Free),
-    p("mi_free_aligned", Entry::Free),
-    p("mi_free_size_aligned", Entry::Free),
+    // Wrappers that call (tail-jump to) mi_free: they bracket it like operator delete, else
+    // one call would be recorded twice (mi_free_size is also mimalloc's sized delete).
+    p("mi_free_size", Entry::FreeOuter),
+    p("mi_free_aligned", Entry::FreeOuter),
+    p("mi_free_size_aligned", Entry::FreeOuter),
 ];
 
 /// C++ `operator new`/`delete` (Itanium mangling, 64-bit `size_t` = `m`). `delete` calls
