@@ -350,7 +350,7 @@ fn attach(obj: &Object, file: &Path, site: &ProbeSite, offset: u64, nop: bool) -
                 "",
                 UprobeMultiOpts {
                     offsets: vec![offset as usize],
-                    cookies: vec![site.entry.cookie()],
+                    cookies: vec![site.cookie()],
                     ..Default::default()
                 },
             )
@@ -365,7 +365,7 @@ fn attach(obj: &Object, file: &Path, site: &ProbeSite, offset: u64, nop: bool) -
                     "",
                     UprobeMultiOpts {
                         offsets: vec![offset as usize],
-                        cookies: vec![site.entry.cookie()],
+                        cookies: vec![site.cookie()],
                         retprobe: true,
                         ..Default::default()
                     },

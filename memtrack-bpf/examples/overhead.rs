@@ -76,7 +76,7 @@ fn attach(obj: &Object, nop: bool, placed: bool) -> Vec<Link> {
     let prog = |name: &str| obj.progs_mut().find(|p| p.name() == name).unwrap();
     let entry = UprobeMultiOpts {
         offsets: sites.iter().map(off).collect(),
-        cookies: sites.iter().map(|s| s.entry.cookie()).collect(),
+        cookies: sites.iter().map(|s| s.cookie()).collect(),
         ..Default::default()
     };
     let ret = UprobeMultiOpts {

@@ -21,6 +21,7 @@ mod elf;
 mod placement;
 mod probes;
 
+pub use abi::ArgReg;
 pub use abi::CALLS_SCOPE_OFFSET;
 pub use abi::Entry;
 pub use abi::MAP_CALLS;

@@ -1,6 +1,10 @@
 //! Where in a function to put its entry uprobe: see [`place_probe`] for the rule.
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, OpAccess, Register};
+use iced_x86::{
+    Code, Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, OpAccess, OpKind, Register,
+};
+
+use crate::ArgReg;
 
 /// Most instructions skipped before the probed one.
 pub const MAX_SKIP: usize = 16;
@@ -27,6 +31,29 @@ pub struct Placement {
     pub offset: u64,
     /// Why.
     pub rule: PlacementRule,
+    /// Where the first three arguments are at `offset` ([`ArgReg::ENTRY`] unless the skipped
+    /// instructions copied one elsewhere; only the arguments the program reads are tracked).
+    pub args: [ArgReg; 3],
+}
+
+impl Placement {
+    /// At the function's first instruction, for `rule`.
+    const fn at_entry(rule: PlacementRule) -> Self {
+        Self {
+            offset: 0,
+            rule,
+            args: ArgReg::ENTRY,
+        }
+    }
+
+    /// The bits of a site's cookie that say where its arguments are (`MT_COOKIE_ARG`).
+    pub fn cookie_bits(&self) -> u64 {
+        self.args
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.cookie_bits(i))
+            .fold(0, |a, b| a | b)
+    }
 }
 
 /// The x86-64 SysV argument registers, in order.
@@ -38,6 +65,47 @@ const ARGS: [Register; 6] = [
     Register::R8,
     Register::R9,
 ];
+
+/// The registers the BPF program can read an argument from, and their `MT_REG_*`.
+const READABLE: [(Register, ArgReg); 7] = [
+    (Register::RDI, ArgReg::Rdi),
+    (Register::RSI, ArgReg::Rsi),
+    (Register::RDX, ArgReg::Rdx),
+    (Register::RCX, ArgReg::Rcx),
+    (Register::R8, ArgReg::R8),
+    (Register::R9, ArgReg::R9),
+    (Register::RAX, ArgReg::Rax),
+];
+
+/// Which argument each general-purpose register holds, by the prologue so far: the entry's
+/// argument registers hold their own, a 64-bit register-to-register `mov` copies, any other
+/// write forgets.
+#[derive(Clone)]
+struct Holders(Vec<(Register, usize)>);
+
+impl Holders {
+    fn entry() -> Self {
+        Self(ARGS.iter().copied().zip(0..).collect())
+    }
+
+    fn get(&self, r: Register) -> Option<usize> {
+        self.0.iter().find(|(h, _)| *h == r).map(|&(_, i)| i)
+    }
+
+    fn forget(&mut self, r: Register) {
+        self.0.retain(|(h, _)| *h != r);
+    }
+
+    /// Where argument `i` can be read: its own register if it still holds it, else the first
+    /// readable register that does.
+    fn find(&self, i: usize) -> Option<ArgReg> {
+        let own = ARGS.get(i).filter(|&&r| self.get(r) == Some(i));
+        own.into_iter()
+            .chain(READABLE.iter().map(|(r, _)| r))
+            .find(|&&r| self.get(r) == Some(i))
+            .and_then(|r| READABLE.iter().find(|(x, _)| x == r).map(|&(_, a)| a))
+    }
+}
 
 /// The kernel's canonical nops (x86_nops[1..=8]), which it emulates as `jmp +0`.
 const KERNEL_NOPS: [&[u8]; 8] = [
@@ -97,8 +165,8 @@ fn may_branch_into(body: &[u8], end: usize) -> bool {
 
 /// Chooses the entry-probe offset for a function whose code is `body` (from its first byte;
 /// its whole symbol size if known, else at least its first 64 bytes), for a BPF program that
-/// reads the first `args` argument registers (rdi, rsi, rdx, rcx, r8, r9;
-/// [`crate::Entry::args_read`]) and the stack pointer.
+/// reads the function's first `args` arguments ([`crate::Entry::args_read`]) and the stack
+/// pointer.
 ///
 /// Measured on this kind of machine (EBPF-NOTES.md): a uprobe on an instruction the kernel
 /// emulates costs ~0.75 µs per hit (`push`), one it must single-step out of line ~10 µs
@@ -116,9 +184,15 @@ fn may_branch_into(body: &[u8], end: usize) -> bool {
 ///
 /// - it transfers no control (iced's flow control is `Next`: no branch, call, return,
 ///   syscall, interrupt), so every call reaches the probe;
-/// - it writes none of the `args` argument registers the program reads, and not rsp, so at
-///   the later offset the arguments, the stack pointer and the return address at `[rsp]` are
-///   exactly those of the entry (a return probe hijacks `[rsp]`);
+/// - it writes not rsp, so at the later offset the stack pointer and the return address at
+///   `[rsp]` are those of the entry (the nesting logic compares stack pointers, and a return
+///   probe hijacks `[rsp]`);
+/// - after it, every argument the program reads is still in a register the program can read
+///   (rdi, rsi, rdx, rcx, r8, r9, rax): a 64-bit register-to-register `mov` copies an
+///   argument, any other write to a register loses what it held. The first three arguments
+///   may so move to another register ([`Placement::args`] says where, and the site's cookie
+///   tells the program: mimalloc's entry points load their heap into rdi and pass the
+///   caller's arguments on in rsi, rdx, rcx); the others must stay in their own;
 /// - it writes no memory (which could be the return address).
 ///
 /// Anything else (an instruction the decoder does not know, the end of the bytes) →
@@ -133,21 +207,28 @@ fn may_branch_into(body: &[u8], end: usize) -> bool {
 /// not looked for.)
 pub fn place_probe(body: &[u8], args: usize) -> Placement {
     let prefix = &body[..body.len().min(MAX_PREFIX)];
-    let protected = &ARGS[..args.min(ARGS.len())];
+    let args = args.min(ARGS.len());
     let mut decoder = Decoder::with_ip(64, prefix, 0, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
+    let mut holders = Holders::entry();
     let mut at = 0usize;
     for _ in 0..=MAX_SKIP {
         if kernel_emulates(&prefix[at..]) {
             if at > 0 && may_branch_into(body, at) {
-                return Placement {
-                    offset: 0,
-                    rule: PlacementRule::BranchTarget,
+                return Placement::at_entry(PlacementRule::BranchTarget);
+            }
+            let mut placed = [ArgReg::Rdi; 3];
+            for (i, p) in placed.iter_mut().enumerate() {
+                *p = if i < args {
+                    holders.find(i).expect("checked after every skip")
+                } else {
+                    ArgReg::ENTRY[i]
                 };
             }
             return Placement {
                 offset: at as u64,
                 rule: PlacementRule::Emulated,
+                args: placed,
             };
         }
         if !decoder.can_decode() {
@@ -167,24 +248,40 @@ pub fn place_probe(body: &[u8], args: usize) -> Placement {
                     | OpAccess::ReadCondWrite
             )
         };
-        let clobbers = used.used_registers().iter().any(|r| {
-            writes(r.access()) && {
-                let full = r.register().full_register();
-                full == Register::RSP || protected.contains(&full)
-            }
-        });
-        if clobbers || used.used_memory().iter().any(|m| writes(m.access())) {
+        if used.used_memory().iter().any(|m| writes(m.access())) {
             break;
         }
+        let mut next = holders.clone();
+        // A 64-bit register copy: the destination holds what the source held.
+        let copied = (matches!(insn.code(), Code::Mov_rm64_r64 | Code::Mov_r64_rm64)
+            && insn.op0_kind() == OpKind::Register
+            && insn.op1_kind() == OpKind::Register)
+            .then(|| holders.get(insn.op1_register()))
+            .flatten();
+        let mut rsp = false;
+        for r in used.used_registers().iter().filter(|r| writes(r.access())) {
+            let full = r.register().full_register();
+            rsp |= full == Register::RSP;
+            next.forget(full);
+        }
+        if let Some(i) = copied {
+            next.0.push((insn.op0_register(), i));
+        }
+        // The first three arguments may move (the cookie says where to), the others may not.
+        let lost = |i: usize| match i {
+            0..3 => next.find(i).is_none(),
+            _ => next.get(ARGS[i]) != Some(i),
+        };
+        if rsp || (0..args).any(lost) {
+            break;
+        }
+        holders = next;
         at += insn.len();
         if at >= prefix.len() {
             break;
         }
     }
-    Placement {
-        offset: 0,
-        rule: PlacementRule::Fallback,
-    }
+    Placement::at_entry(PlacementRule::Fallback)
 }
 
 #[cfg(test)]
@@ -195,12 +292,17 @@ mod tests {
         Placement {
             offset,
             rule: PlacementRule::Emulated,
+            args: ArgReg::ENTRY,
         }
     }
-    const FALLBACK: Placement = Placement {
-        offset: 0,
-        rule: PlacementRule::Fallback,
-    };
+    fn moved(offset: u64, args: [ArgReg; 3]) -> Placement {
+        Placement {
+            offset,
+            rule: PlacementRule::Emulated,
+            args,
+        }
+    }
+    const FALLBACK: Placement = Placement::at_entry(PlacementRule::Fallback);
 
     // Bytes from Debian glibc 2.36-9+deb12u14 and libstdc++ 12 (objdump -d).
     #[test]
@@ -270,10 +372,7 @@ mod tests {
         body.extend_from_slice(&[0xeb, (-7i8) as u8]);
         assert_eq!(
             place_probe(&body, 6),
-            Placement {
-                offset: 0,
-                rule: PlacementRule::BranchTarget
-            }
+            Placement::at_entry(PlacementRule::BranchTarget)
         );
         // A rel32 jcc from far away to offset 3.
         let mut body = vec![0x48, 0x85, 0xff, 0x74, 0x02, 0x55, 0xc3];
@@ -345,5 +444,60 @@ mod tests {
         assert_eq!(place_probe(&body, 1), at(6));
         body.extend_from_slice(&[0xeb, (3i8 - 12) as u8]);
         assert_eq!(place_probe(&body, 1).rule, PlacementRule::BranchTarget);
+    }
+
+    /// mimalloc 2.0's entry points load the thread's heap into rdi and pass the caller's
+    /// arguments on in the next registers: the probe goes past the copies and the placement
+    /// says where each argument went (Debian's libmimalloc 2.0, objdump -d).
+    #[test]
+    fn follows_arguments_copied_to_other_registers() {
+        use ArgReg::*;
+        // malloc: mov ..(%rip),%rax; mov %rdi,%rsi; mov %fs:(%rax),%rdi; cmp $0x400,%rsi; ja
+        let malloc = [
+            0x48, 0x8b, 0x05, 0x49, 0xb4, 0x00, 0x00, 0x48, 0x89, 0xfe, 0x64, 0x48, 0x8b, 0x38,
+            0x48, 0x81, 0xfe, 0x00, 0x04, 0x00, 0x00, 0x77, 0x29,
+        ];
+        assert_eq!(place_probe(&malloc, 1), moved(0x15, [Rsi, Rsi, Rdx]));
+        // calloc(n, size): mov ..(%rip),%rdx; mov %rdi,%rax; mov %fs:(%rdx),%rdi;
+        // cmp $1,%rax; je
+        let calloc = [
+            0x48, 0x8b, 0x15, 0xc9, 0xad, 0x00, 0x00, 0x48, 0x89, 0xf8, 0x64, 0x48, 0x8b, 0x3a,
+            0x48, 0x83, 0xf8, 0x01, 0x74, 0x08,
+        ];
+        assert_eq!(place_probe(&calloc, 2), moved(0x12, [Rax, Rsi, Rdx]));
+        // A third argument read from rdx would be lost (the first mov overwrites it).
+        assert_eq!(place_probe(&calloc, 3), FALLBACK);
+        // realloc(p, size): ...; mov %rsi,%rdx; mov %rdi,%rsi; mov %fs:(%rax),%rax;
+        // mov %rax,%rdi; jmp mi_heap_realloc
+        let realloc = [
+            0x48, 0x8b, 0x05, 0x49, 0xa9, 0x00, 0x00, 0x48, 0x89, 0xf2, 0x48, 0x89, 0xfe, 0x64,
+            0x48, 0x8b, 0x00, 0x48, 0x89, 0xc7, 0xe9, 0xf7, 0x4e, 0xff, 0xff,
+        ];
+        assert_eq!(place_probe(&realloc, 2), moved(0x14, [Rsi, Rdx, Rdx]));
+        // mi_reallocn(p, n, size): the three arguments shift to rsi, rdx, rcx.
+        let reallocn = [
+            0x48, 0x8b, 0x05, 0x29, 0xa9, 0x00, 0x00, 0x48, 0x89, 0xd1, 0x48, 0x89, 0xf2, 0x48,
+            0x89, 0xfe, 0x64, 0x48, 0x8b, 0x00, 0x48, 0x89, 0xc7, 0xe9, 0xc4, 0x49, 0xff, 0xff,
+        ];
+        assert_eq!(place_probe(&reallocn, 3), moved(0x17, [Rsi, Rdx, Rcx]));
+        // mi_new_reallocn(p, n, size): mov %rsi,%rax; mov %rdx,%rsi; cmp $1,%rax; je
+        let new_reallocn = [
+            0x48, 0x89, 0xf0, 0x48, 0x89, 0xd6, 0x48, 0x83, 0xf8, 0x01, 0x74, 0x08,
+        ];
+        assert_eq!(place_probe(&new_reallocn, 3), moved(10, [Rdi, Rax, Rdx]));
+        // mi_memalign(align, size): swaps rdi and rsi through rax, then jmp.
+        let memalign = [
+            0x48, 0x89, 0xf8, 0x48, 0x89, 0xf7, 0x48, 0x89, 0xc6, 0xe9, 0x52, 0x3b, 0xff, 0xff,
+        ];
+        assert_eq!(place_probe(&memalign, 2), moved(9, [Rsi, Rdi, Rdx]));
+        // The cookie bits: rsi (2) for the first argument, rdi (1) for the second.
+        assert_eq!(place_probe(&memalign, 2).cookie_bits(), 2 << 8 | 1 << 12);
+        assert_eq!(place_probe(&calloc, 2).cookie_bits(), 7 << 8);
+        assert_eq!(at(3).cookie_bits(), 0);
+        // A 32-bit copy truncates: not followed (mov %edi,%esi; then rdi overwritten).
+        assert_eq!(
+            place_probe(&[0x89, 0xfe, 0x64, 0x48, 0x8b, 0x38, 0x55], 1),
+            FALLBACK
+        );
     }
 }

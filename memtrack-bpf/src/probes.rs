@@ -164,6 +164,15 @@ pub struct ProbeSite {
     pub placement: Placement,
 }
 
+impl ProbeSite {
+    /// The BPF cookie of this site's entry and return probes: its [`Entry`] in the low byte
+    /// and where the placement found the arguments above it (`MT_COOKIE_ARG` of memtrack.h;
+    /// equal to [`Entry::cookie`] when the prologue moved none).
+    pub fn cookie(&self) -> u64 {
+        self.entry.cookie() | self.placement.cookie_bits()
+    }
+}
+
 /// The probe sites of the ELF file at `path`; empty if it defines no allocator entry point.
 pub fn probe_sites(path: &std::path::Path) -> Result<Vec<ProbeSite>> {
     Ok(probe_sites_in(&Elf::open(path)?))

@@ -97,7 +97,7 @@ fn record(
     let prog = |name: &str| obj.progs_mut().find(|p| p.name() == name).unwrap();
     let entry = UprobeMultiOpts {
         offsets: sites.iter().map(|s| s.offset as usize).collect(),
-        cookies: sites.iter().map(|s| s.entry.cookie()).collect(),
+        cookies: sites.iter().map(|s| s.cookie()).collect(),
         ..Default::default()
     };
     let ret = UprobeMultiOpts {
@@ -106,11 +106,7 @@ fn record(
             .filter(|s| s.ret)
             .map(|s| s.offset as usize)
             .collect(),
-        cookies: sites
-            .iter()
-            .filter(|s| s.ret)
-            .map(|s| s.entry.cookie())
-            .collect(),
+        cookies: sites.iter().filter(|s| s.ret).map(|s| s.cookie()).collect(),
         retprobe: true,
         ..Default::default()
     };
@@ -207,6 +203,32 @@ fn libc_calls(group: &str) -> impl FnOnce(&mut Vec<Shape>) {
     );
     let mi: Option<Mi> =
         (group == "mimalloc").then(|| (f("mi_malloc_small"), f("mi_zalloc_small"), f("mi_free")));
+    // mimalloc's API, whose prologues move the arguments to other registers.
+    type Fn2 = unsafe extern "C" fn(usize, usize) -> P;
+    type Re3 = unsafe extern "C" fn(P, usize, usize) -> P;
+    type MiMoved = (
+        unsafe extern "C" fn(usize) -> P,
+        Fn2,
+        Re3,
+        unsafe extern "C" fn(P, usize) -> P,
+        [Fn2; 4],
+        Re3,
+    );
+    let mi_moved: Option<MiMoved> = (group == "mimalloc").then(|| {
+        (
+            f("mi_zalloc"),
+            f("mi_mallocn"),
+            f("mi_reallocn"),
+            f("mi_reallocf"),
+            [
+                f("mi_malloc_aligned"),
+                f("mi_zalloc_aligned"),
+                f("mi_memalign"),
+                f("mi_aligned_alloc"),
+            ],
+            f("mi_new_reallocn"),
+        )
+    });
     // SAFETY: each call matches its C signature; every block is freed once, by its allocator.
     move |v| unsafe {
         let p = malloc(1001);
@@ -247,6 +269,36 @@ fn libc_calls(group: &str) -> impl FnOnce(&mut Vec<Shape>) {
             v.push((kind::CALLOC, a(p), 0, 50, 0));
             dallocx(p, 0);
             v.push((kind::FREE, a(p), 0, 0, 0));
+        }
+        if let Some((zalloc, mallocn, reallocn, reallocf, aligned, new_rn)) = mi_moved {
+            let p = zalloc(20);
+            v.push((kind::CALLOC, a(p), 0, 20, 0));
+            let q = reallocf(p, 700);
+            v.push((kind::REALLOC, a(q), a(p), 700, 0));
+            free(q);
+            v.push((kind::FREE, a(q), 0, 0, 0));
+            let p = mallocn(4, 8);
+            v.push((kind::MALLOC, a(p), 0, 32, 0));
+            let q = reallocn(p, 3, 100);
+            v.push((kind::REALLOC, a(q), a(p), 300, 0));
+            let r = new_rn(q, 5, 600);
+            v.push((kind::REALLOC, a(r), a(q), 3000, 0));
+            free(r);
+            v.push((kind::FREE, a(r), 0, 0, 0));
+            // (x, y) of mi_malloc_aligned(size, align), mi_zalloc_aligned(size, align),
+            // mi_memalign(align, size), mi_aligned_alloc(align, size): size, align.
+            let shapes = [
+                (64, 128, 64, 128),
+                (96, 64, 96, 64),
+                (256, 512, 512, 256),
+                (64, 192, 192, 64),
+            ];
+            for (alloc, (x, y, size, align)) in aligned.into_iter().zip(shapes) {
+                let p = alloc(x, y);
+                v.push((kind::ALIGNED_ALLOC, a(p), 0, size, align));
+                free(p);
+                v.push((kind::FREE, a(p), 0, 0, 0));
+            }
         }
         if let Some((small, zsmall, mi_free)) = mi {
             let p = small(24);
