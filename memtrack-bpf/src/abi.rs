@@ -151,6 +151,17 @@ impl Entry {
         }
     }
 
+    /// The two arguments the program reads only as their product (`n * size`), which a
+    /// placement may therefore read as one already-multiplied value: see
+    /// [`crate::place_probe_for`].
+    pub const fn product_args(self) -> Option<(usize, usize)> {
+        match self {
+            Entry::Calloc | Entry::Mallocn => Some((0, 1)),
+            Entry::Reallocarray => Some((1, 2)),
+            _ => None,
+        }
+    }
+
     /// Whether this is one of libc's syscall wrappers (mmap, munmap, mremap, brk) rather than
     /// an allocator entry point: attached only when syscalls are recorded through them.
     pub const fn is_syscall(self) -> bool {
@@ -180,6 +191,9 @@ pub enum ArgReg {
     R9 = 6,
     /// rax.
     Rax = 7,
+    /// Not a register: the constant 1 (the second factor of an argument pair a prologue
+    /// multiplied, whose product is read as the first).
+    One = 8,
 }
 
 impl ArgReg {

@@ -45,6 +45,7 @@ pub use elf::ElfSymbol;
 pub use placement::Placement;
 pub use placement::PlacementRule;
 pub use placement::place_probe;
+pub use placement::place_probe_for;
 pub use probes::PROBES;
 pub use probes::ProbeSite;
 pub use probes::ProbeSpec;

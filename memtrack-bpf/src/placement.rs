@@ -4,7 +4,7 @@ use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, OpAccess, OpKind, Register,
 };
 
-use crate::ArgReg;
+use crate::{ArgReg, Entry};
 
 /// Most instructions skipped before the probed one.
 pub const MAX_SKIP: usize = 16;
@@ -77,33 +77,79 @@ const READABLE: [(Register, ArgReg); 7] = [
     (Register::RAX, ArgReg::Rax),
 ];
 
-/// Which argument each general-purpose register holds, by the prologue so far: the entry's
-/// argument registers hold their own, a 64-bit register-to-register `mov` copies, any other
-/// write forgets.
+/// What a register holds, in terms of the call's arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Val {
+    /// Argument `i`.
+    Arg(usize),
+    /// The low 64 bits of argument `i` times argument `j` (`i < j`), as `mul` leaves them.
+    Product(usize, usize),
+}
+
+/// What each general-purpose register holds, by the prologue so far: the entry's argument
+/// registers hold their own; a 64-bit register-to-register `mov` copies; a 64-bit `mul` of
+/// two arguments leaves their product in rax; any other write forgets.
 #[derive(Clone)]
-struct Holders(Vec<(Register, usize)>);
+struct Holders(Vec<(Register, Val)>);
 
 impl Holders {
     fn entry() -> Self {
-        Self(ARGS.iter().copied().zip(0..).collect())
+        Self(
+            ARGS.iter()
+                .enumerate()
+                .map(|(i, &r)| (r, Val::Arg(i)))
+                .collect(),
+        )
     }
 
-    fn get(&self, r: Register) -> Option<usize> {
-        self.0.iter().find(|(h, _)| *h == r).map(|&(_, i)| i)
+    fn get(&self, r: Register) -> Option<Val> {
+        self.0.iter().find(|(h, _)| *h == r).map(|&(_, v)| v)
     }
 
     fn forget(&mut self, r: Register) {
         self.0.retain(|(h, _)| *h != r);
     }
 
-    /// Where argument `i` can be read: its own register if it still holds it, else the first
+    /// Where `v` can be read: argument `i`'s own register if it still holds it, else the first
     /// readable register that does.
-    fn find(&self, i: usize) -> Option<ArgReg> {
-        let own = ARGS.get(i).filter(|&&r| self.get(r) == Some(i));
+    fn find(&self, v: Val) -> Option<ArgReg> {
+        let own = match v {
+            Val::Arg(i) => ARGS.get(i).filter(|&&r| self.get(r) == Some(v)),
+            Val::Product(..) => None,
+        };
         own.into_iter()
             .chain(READABLE.iter().map(|(r, _)| r))
-            .find(|&&r| self.get(r) == Some(i))
+            .find(|&&r| self.get(r) == Some(v))
             .and_then(|r| READABLE.iter().find(|(x, _)| x == r).map(|&(_, a)| a))
+    }
+
+    /// Where the program finds the first three arguments, if it can read all it needs: the
+    /// first `args`, of which `product`'s two only through their product (then the first
+    /// is read from where the product is and the second is the constant 1).
+    fn locate(&self, args: usize, product: Option<(usize, usize)>) -> Option<[ArgReg; 3]> {
+        let mut out = ArgReg::ENTRY;
+        for i in 0..args {
+            if i >= 3 {
+                // Not encodable in the cookie: must stay in its own register.
+                if self.get(ARGS[i]) != Some(Val::Arg(i)) {
+                    return None;
+                }
+                continue;
+            }
+            match (self.find(Val::Arg(i)), product) {
+                (Some(r), _) => out[i] = r,
+                (None, Some((a, b))) if i == a || i == b => {}
+                (None, _) => return None,
+            }
+        }
+        if let Some((a, b)) = product {
+            let both = self.find(Val::Arg(a)).is_some() && self.find(Val::Arg(b)).is_some();
+            if !both {
+                out[a] = self.find(Val::Product(a, b))?;
+                out[b] = ArgReg::One;
+            }
+        }
+        Some(out)
     }
 }
 
@@ -206,6 +252,17 @@ fn may_branch_into(body: &[u8], end: usize) -> bool {
 /// slower. (Jumps from other functions into the prologue, which compilers do not emit, are
 /// not looked for.)
 pub fn place_probe(body: &[u8], args: usize) -> Placement {
+    place(body, args, None)
+}
+
+/// [`place_probe`] for a site of shape `entry`: its [`Entry::args_read`], and its two
+/// arguments that the program only multiplies ([`Entry::product_args`]) may be replaced by
+/// their product (glibc's `reallocarray` multiplies them before its first branch).
+pub fn place_probe_for(body: &[u8], entry: Entry) -> Placement {
+    place(body, entry.args_read(), entry.product_args())
+}
+
+fn place(body: &[u8], args: usize, product: Option<(usize, usize)>) -> Placement {
     let prefix = &body[..body.len().min(MAX_PREFIX)];
     let args = args.min(ARGS.len());
     let mut decoder = Decoder::with_ip(64, prefix, 0, DecoderOptions::NONE);
@@ -217,14 +274,9 @@ pub fn place_probe(body: &[u8], args: usize) -> Placement {
             if at > 0 && may_branch_into(body, at) {
                 return Placement::at_entry(PlacementRule::BranchTarget);
             }
-            let mut placed = [ArgReg::Rdi; 3];
-            for (i, p) in placed.iter_mut().enumerate() {
-                *p = if i < args {
-                    holders.find(i).expect("checked after every skip")
-                } else {
-                    ArgReg::ENTRY[i]
-                };
-            }
+            let placed = holders
+                .locate(args, product)
+                .expect("checked after every skip");
             return Placement {
                 offset: at as u64,
                 rule: PlacementRule::Emulated,
@@ -257,6 +309,18 @@ pub fn place_probe(body: &[u8], args: usize) -> Placement {
             && insn.op0_kind() == OpKind::Register
             && insn.op1_kind() == OpKind::Register)
             .then(|| holders.get(insn.op1_register()))
+            .flatten()
+            .map(|v| (insn.op0_register(), v));
+        // mul r64: rdx:rax = rax * r64; the low half of a product of two arguments.
+        let multiplied = (insn.code() == Code::Mul_rm64 && insn.op0_kind() == OpKind::Register)
+            .then(
+                || match (holders.get(Register::RAX), holders.get(insn.op0_register())) {
+                    (Some(Val::Arg(a)), Some(Val::Arg(b))) if a != b => {
+                        Some((Register::RAX, Val::Product(a.min(b), a.max(b))))
+                    }
+                    _ => None,
+                },
+            )
             .flatten();
         let mut rsp = false;
         for r in used.used_registers().iter().filter(|r| writes(r.access())) {
@@ -264,15 +328,8 @@ pub fn place_probe(body: &[u8], args: usize) -> Placement {
             rsp |= full == Register::RSP;
             next.forget(full);
         }
-        if let Some(i) = copied {
-            next.0.push((insn.op0_register(), i));
-        }
-        // The first three arguments may move (the cookie says where to), the others may not.
-        let lost = |i: usize| match i {
-            0..3 => next.find(i).is_none(),
-            _ => next.get(ARGS[i]) != Some(i),
-        };
-        if rsp || (0..args).any(lost) {
+        next.0.extend(copied.into_iter().chain(multiplied));
+        if rsp || next.locate(args, product).is_none() {
             break;
         }
         holders = next;
@@ -499,5 +556,32 @@ mod tests {
             place_probe(&[0x89, 0xfe, 0x64, 0x48, 0x8b, 0x38, 0x55], 1),
             FALLBACK
         );
+    }
+
+    /// glibc 2.36 `reallocarray(p, n, size)`: mov %rsi,%rax; mul %rdx; mov %rax,%rsi;
+    /// jo; jmp realloc. At the `jo` rdx is the product's high half, but the program only needs
+    /// n * size: it reads the product from rsi and 1 as the third argument.
+    #[test]
+    fn a_product_of_two_arguments_replaces_them() {
+        use ArgReg::*;
+        let ra = [
+            0x48, 0x89, 0xf0, 0x48, 0xf7, 0xe2, 0x48, 0x89, 0xc6, 0x70, 0x05, 0xe9, 0x40, 0xb8,
+            0xf8, 0xff,
+        ];
+        assert_eq!(
+            place_probe_for(&ra, Entry::Reallocarray),
+            moved(9, [Rdi, Rsi, One])
+        );
+        assert_eq!(
+            place_probe_for(&ra, Entry::Reallocarray).cookie_bits(),
+            8 << 16
+        );
+        // Without the product rule (three arguments read separately): offset 0.
+        assert_eq!(place_probe(&ra, 3), FALLBACK);
+        // realloc reads rsi as the size itself: the product is not its argument.
+        assert_eq!(place_probe_for(&ra, Entry::Realloc), FALLBACK);
+        // A product with a non-argument (mul %rcx after rax = n) is not one.
+        let other = [0x48, 0x89, 0xf0, 0x48, 0x31, 0xc9, 0x48, 0xf7, 0xe1, 0x55];
+        assert_eq!(place_probe_for(&other, Entry::Reallocarray), FALLBACK);
     }
 }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 #[cfg(test)]
 use std::collections::HashSet;
 
-use crate::{Elf, Entry, Placement, Result, place_probe};
+use crate::{Elf, Entry, Placement, Result, place_probe_for};
 #[cfg(doc)]
 use crate::{PROG_ENTRY, PROG_RET};
 
@@ -203,7 +203,7 @@ pub fn probe_sites_in(elf: &Elf) -> Vec<ProbeSite> {
         .map(|(symbol_offset, (_, symbol, spec, size))| {
             // The branch-target scan needs the whole body; bound it for absurd sizes.
             let len = (size as usize).clamp(crate::placement::MAX_PREFIX, 1 << 20);
-            let placement = place_probe(elf.bytes(symbol_offset, len), spec.entry.args_read());
+            let placement = place_probe_for(elf.bytes(symbol_offset, len), spec.entry);
             ProbeSite {
                 symbol: symbol.to_owned(),
                 entry: spec.entry,

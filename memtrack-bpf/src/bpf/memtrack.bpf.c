@@ -245,6 +245,8 @@ static __always_inline __u64 arg(const struct regs *r, __u64 cookie, int i)
 		return r->r9;
 	case MT_REG_AX:
 		return r->ax;
+	case MT_REG_ONE:
+		return 1;
 	}
 	return i == 0 ? r->di : i == 1 ? r->si : r->dx;
 }
