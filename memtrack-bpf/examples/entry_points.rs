@@ -149,14 +149,18 @@ fn sym(name: &str) -> Option<*mut c_void> {
     (!p.is_null()).then_some(p)
 }
 
-/// Casts a symbol to a function pointer type.
-macro_rules! f {
-    ($name:expr) => {{
-        let p = sym($name).unwrap_or_else(|| panic!("{} not found", $name));
-        // SAFETY: the symbol is a function with the C signature the call site's type says
-        // (the table below pairs each name with its signature).
-        unsafe { std::mem::transmute::<*mut c_void, _>(p) }
-    }};
+/// The function `name` as a pointer of type `F`; the caller names the C signature.
+fn f<F: Copy>(name: &str) -> F {
+    assert_eq!(
+        size_of::<F>(),
+        size_of::<*mut c_void>(),
+        "{name}: not a function pointer"
+    );
+    let p = sym(name).unwrap_or_else(|| panic!("{name} not found"));
+    // SAFETY: `F` is a function pointer type (checked: pointer-sized) and the symbol is a
+    // function with the C signature the call site's type says (the table below pairs each
+    // name with its signature).
+    unsafe { std::mem::transmute_copy(&p) }
 }
 
 /// The file that defines the function at `p`, and its address in that file.
@@ -184,82 +188,74 @@ fn cases(group: &str) -> Vec<Case> {
     let c = |label, probed, op| Case { label, probed, op };
     match group {
         "glibc" | "jemalloc" | "mimalloc" => {
-            let free: unsafe extern "C" fn(P) = f!("free");
+            let free: unsafe extern "C" fn(P) = f("free");
             let mut v = vec![
-                c("malloc", "malloc", Op::Alloc(f!("malloc"), free)),
-                c("free", "free", Op::Alloc(f!("malloc"), free)),
-                c("calloc", "calloc", Op::Alloc2(f!("calloc"), 1, 16, free)),
-                c("realloc", "realloc", Op::Realloc(f!("realloc"), free)),
+                c("malloc", "malloc", Op::Alloc(f("malloc"), free)),
+                c("free", "free", Op::Alloc(f("malloc"), free)),
+                c("calloc", "calloc", Op::Alloc2(f("calloc"), 1, 16, free)),
+                c("realloc", "realloc", Op::Realloc(f("realloc"), free)),
                 c(
                     "aligned_alloc",
                     "aligned_alloc",
-                    Op::Alloc2(f!("aligned_alloc"), 64, 64, free),
+                    Op::Alloc2(f("aligned_alloc"), 64, 64, free),
                 ),
                 c(
                     "posix_memalign",
                     "posix_memalign",
-                    Op::PosixMemalign(f!("posix_memalign"), free),
+                    Op::PosixMemalign(f("posix_memalign"), free),
                 ),
             ];
             if group != "jemalloc" {
                 v.push(c(
                     "reallocarray",
                     "reallocarray",
-                    Op::Reallocarray(f!("reallocarray"), free),
+                    Op::Reallocarray(f("reallocarray"), free),
                 ));
             }
             if group == "jemalloc" {
-                let dallocx: unsafe extern "C" fn(P, usize, usize) = f!("dallocx");
-                let sdallocx: unsafe extern "C" fn(P, usize, usize) = f!("sdallocx");
+                let dallocx: unsafe extern "C" fn(P, usize, usize) = f("dallocx");
+                let sdallocx: unsafe extern "C" fn(P, usize, usize) = f("sdallocx");
                 v.extend([
-                    c("mallocx", "mallocx", Op::Alloc2(f!("mallocx"), 16, 0, free)),
+                    c("mallocx", "mallocx", Op::Alloc2(f("mallocx"), 16, 0, free)),
                     c(
                         "rallocx",
                         "rallocx",
-                        Op::Rallocx(f!("rallocx"), f!("malloc"), free),
+                        Op::Rallocx(f("rallocx"), f("malloc"), free),
                     ),
                     c(
                         "dallocx",
                         "dallocx",
-                        Op::AllocFree3(f!("mallocx"), 0, dallocx, 0, 0),
+                        Op::AllocFree3(f("mallocx"), 0, dallocx, 0, 0),
                     ),
                     c(
                         "sdallocx",
                         "sdallocx",
-                        Op::AllocFree3(f!("mallocx"), 0, sdallocx, 16, 0),
+                        Op::AllocFree3(f("mallocx"), 0, sdallocx, 16, 0),
                     ),
                 ]);
             }
             if group == "mimalloc" {
-                let mi_free: unsafe extern "C" fn(P) = f!("mi_free");
+                let mi_free: unsafe extern "C" fn(P) = f("mi_free");
                 v.extend([
-                    c(
-                        "mi_malloc",
-                        "mi_malloc",
-                        Op::Alloc(f!("mi_malloc"), mi_free),
-                    ),
-                    c("mi_free", "mi_free", Op::Alloc(f!("mi_malloc"), mi_free)),
-                    c(
-                        "mi_zalloc",
-                        "mi_zalloc",
-                        Op::Alloc(f!("mi_zalloc"), mi_free),
-                    ),
+                    c("mi_malloc", "mi_malloc", Op::Alloc(f("mi_malloc"), mi_free)),
+                    c("mi_free", "mi_free", Op::Alloc(f("mi_malloc"), mi_free)),
+                    c("mi_zalloc", "mi_zalloc", Op::Alloc(f("mi_zalloc"), mi_free)),
                     c(
                         "mi_calloc",
                         "mi_calloc",
-                        Op::Alloc2(f!("mi_calloc"), 1, 16, mi_free),
+                        Op::Alloc2(f("mi_calloc"), 1, 16, mi_free),
                     ),
                     c(
                         "mi_realloc",
                         "mi_realloc",
-                        Op::Realloc(f!("mi_realloc"), mi_free),
+                        Op::Realloc(f("mi_realloc"), mi_free),
                     ),
                     c(
                         "mi_malloc_aligned",
                         "mi_malloc_aligned",
-                        Op::Alloc2(f!("mi_malloc_aligned"), 16, 64, mi_free),
+                        Op::Alloc2(f("mi_malloc_aligned"), 16, 64, mi_free),
                     ),
-                    c("mi_new", "mi_new", Op::Alloc(f!("mi_new"), mi_free)),
+                    c("mi_new", "mi_new", Op::Alloc(f("mi_new"), mi_free)),
                 ]);
             }
             if group != "glibc" {
@@ -276,10 +272,10 @@ fn cases(group: &str) -> Vec<Case> {
 /// them).
 fn cxx_cases() -> Vec<Case> {
     let c = |label, probed, op| Case { label, probed, op };
-    let new: unsafe extern "C" fn(usize) -> P = f!("_Znwm");
-    let del: unsafe extern "C" fn(P) = f!("_ZdlPv");
-    let new_al: unsafe extern "C" fn(usize, usize) -> P = f!("_ZnwmSt11align_val_t");
-    let del_al: unsafe extern "C" fn(P, usize, usize) = f!("_ZdlPvSt11align_val_t");
+    let new: unsafe extern "C" fn(usize) -> P = f("_Znwm");
+    let del: unsafe extern "C" fn(P) = f("_ZdlPv");
+    let new_al: unsafe extern "C" fn(usize, usize) -> P = f("_ZnwmSt11align_val_t");
+    let del_al: unsafe extern "C" fn(P, usize, usize) = f("_ZdlPvSt11align_val_t");
     // The nothrow_t argument is an ignored reference: any valid address.
     static NOTHROW: u8 = 0;
     let nothrow = &NOTHROW as *const u8 as usize;
@@ -289,12 +285,12 @@ fn cxx_cases() -> Vec<Case> {
         c(
             "new nothrow",
             "_ZnwmRKSt9nothrow_t",
-            Op::AllocFree3(f!("_ZnwmRKSt9nothrow_t"), nothrow, f!("_ZdlPvm"), 16, 0),
+            Op::AllocFree3(f("_ZnwmRKSt9nothrow_t"), nothrow, f("_ZdlPvm"), 16, 0),
         ),
         c(
             "delete sized",
             "_ZdlPvm",
-            Op::AllocFree3(f!("_ZnwmRKSt9nothrow_t"), nothrow, f!("_ZdlPvm"), 16, 0),
+            Op::AllocFree3(f("_ZnwmRKSt9nothrow_t"), nothrow, f("_ZdlPvm"), 16, 0),
         ),
         c(
             "new aligned",
@@ -309,7 +305,7 @@ fn cxx_cases() -> Vec<Case> {
         c(
             "delete sized aligned",
             "_ZdlPvmSt11align_val_t",
-            Op::AllocFree3(new_al, 64, f!("_ZdlPvmSt11align_val_t"), 16, 64),
+            Op::AllocFree3(new_al, 64, f("_ZdlPvmSt11align_val_t"), 16, 64),
         ),
     ]
 }

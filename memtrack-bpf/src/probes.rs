@@ -185,7 +185,7 @@ pub fn probe_sites_in(elf: &Elf) -> Vec<ProbeSite> {
     // symbol offset -> (rank, symbol, spec, size)
     let mut best: HashMap<u64, (u8, &str, ProbeSpec, u64)> = HashMap::new();
     for sym in elf.functions() {
-        let Some((rank, spec)) = spec_for(&sym.name) else {
+        let Some((rank, spec)) = spec_for(sym.name) else {
             continue;
         };
         let Some(offset) = elf.file_offset(sym.vaddr) else {
