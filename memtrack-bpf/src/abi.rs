@@ -46,6 +46,16 @@ pub const PROG_NOP: &str = "mt_nop";
 pub const PROG_SYS_EXIT: &str = "mt_sys_exit";
 /// The `tp_btf/sched_process_exec` program: an [`kind::EXEC`] event when the target execs.
 pub const PROG_EXEC: &str = "mt_exec";
+/// The processes recorded when [`RawConfig::follow`] is 1: a hash map, key a tgid (`u32`),
+/// value a `u32` (1). A process is recorded while its tgid is in it.
+pub const MAP_FOLLOWED: &str = "followed";
+/// A `uprobe.multi` program for ld.so's `_dl_debug_state` (attach it pid-scoped, with
+/// [`RawConfig::follow`] set, only under a tracer): it stops the calling thread with a
+/// `SIGSTOP` whose `si_code` is `SI_KERNEL`, for the tracer to probe the objects just mapped,
+/// suppress the signal and resume the thread.
+pub const PROG_DL_STATE: &str = "mt_dl_state";
+/// The symbol of ld.so that [`PROG_DL_STATE`] is attached to.
+pub const DL_STATE_SYMBOL: &str = "_dl_debug_state";
 /// The `tp_btf/sched_process_fork` program: threads spawned by a thread in scope join it.
 pub const PROG_FORK: &str = "mt_fork";
 
@@ -274,10 +284,11 @@ impl RawSwitch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct RawConfig {
-    /// The only process (tgid) recorded.
+    /// The only process (tgid) recorded, when `follow` is 0.
     pub target_tgid: u32,
-    /// 0.
-    pub reserved: u32,
+    /// 1: record the processes (tgids) in the [`MAP_FOLLOWED`] map instead of `target_tgid`
+    /// alone, and let [`PROG_DL_STATE`] stop threads for the tracer; 0: `target_tgid` only.
+    pub follow: u32,
     /// A wakeup is forced once this many bytes are unconsumed in the ring buffer.
     pub wakeup_bytes: u64,
     /// Alignment reported for `valloc`/`pvalloc`, in bytes.
@@ -293,7 +304,7 @@ impl RawConfig {
     pub fn new(tgid: u32) -> Self {
         Self {
             target_tgid: tgid,
-            reserved: 0,
+            follow: 0,
             wakeup_bytes: 64 * 1024,
             page_size: 4096,
         }
@@ -303,7 +314,7 @@ impl RawConfig {
     pub fn to_bytes(&self) -> [u8; Self::SIZE] {
         let mut b = [0u8; Self::SIZE];
         b[0..4].copy_from_slice(&self.target_tgid.to_ne_bytes());
-        b[4..8].copy_from_slice(&self.reserved.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.follow.to_ne_bytes());
         b[8..16].copy_from_slice(&self.wakeup_bytes.to_ne_bytes());
         b[16..24].copy_from_slice(&self.page_size.to_ne_bytes());
         b

@@ -22,11 +22,14 @@ mod placement;
 mod probes;
 
 pub use abi::CALLS_SCOPE_OFFSET;
+pub use abi::DL_STATE_SYMBOL;
 pub use abi::Entry;
 pub use abi::MAP_CALLS;
 pub use abi::MAP_EVENTS;
+pub use abi::MAP_FOLLOWED;
 pub use abi::MAP_STATS;
 pub use abi::OBJECT;
+pub use abi::PROG_DL_STATE;
 pub use abi::PROG_ENTRY;
 pub use abi::PROG_EXEC;
 pub use abi::PROG_FORK;

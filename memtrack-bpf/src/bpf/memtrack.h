@@ -101,10 +101,13 @@ struct memtrack_stats {
  * user space before load. Nothing else may live in `.rodata` (user space checks the size).
  */
 struct memtrack_config {
-	unsigned int target_tgid;             /* the only process recorded */
-	unsigned int reserved;                /* 0 */
+	unsigned int target_tgid;             /* the only process recorded (follow == 0) */
+	unsigned int follow;                  /* 1: record the processes in the `followed` map */
 	unsigned long long wakeup_bytes;      /* force a wakeup once this much data is unconsumed */
 	unsigned long long page_size;         /* alignment reported for valloc/pvalloc, bytes */
 };
+
+/* The signal `mt_dl_state` stops a thread with (Linux's SIGSTOP on every architecture). */
+#define MT_SIGSTOP 19
 
 #endif
