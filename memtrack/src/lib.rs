@@ -55,10 +55,10 @@ mod session;
 mod synth;
 mod tracker;
 
-pub use analysis::{Analyzer, KindCounts, Stats, ThreadTotals, Totals};
+pub use analysis::{Analyzer, KindCounts, ProcessTotals, Stats, ThreadTotals, Totals};
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use analysis::{Column, Extremes, SizeClass, SizeHistogram, Timeline};
-pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, Reader};
+pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, ProcessInfo, Reader};
 pub use artifact::{Output, OutputError};
 pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
 pub use encode::{Encoder, EncoderOptions, TIMELINE_COLUMNS, ThreadHook, Written, default_workers};

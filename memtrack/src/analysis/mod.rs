@@ -23,8 +23,11 @@
 //! - An `Exec` event ends the process image's heap: the blocks of that process still live are
 //!   **discarded at exec** (`blocks_discarded_at_exec`, `bytes_discarded_at_exec`), neither
 //!   freed nor live afterwards; the image's mappings and the addresses it had freed go too
-//!   (the new image starts with an empty address space). Mappings and freed addresses are not
-//!   kept per process yet: a recording covers one process.
+//!   (the new image starts with an empty address space).
+//! - Each **process** (pid) has a heap and mappings of its own: the same address in two
+//!   processes is two blocks. A process's free of a block allocated before it was observed (a
+//!   forked child freeing a block its parent allocated before the fork) is an unmatched free, as
+//!   in a recording of that process alone ([`ProcessTotals`], [`Analyzer::per_process`]).
 
 mod compare;
 mod histogram;
@@ -177,40 +180,81 @@ pub struct Totals {
     pub per_thread: BTreeMap<u32, ThreadTotals>,
 }
 
-/// What the analysis knows of an address of the heap.
+/// Totals of one process (by pid) of a recording: each process has a heap of its own (the
+/// same address in two processes is two blocks), and a process's frees of blocks allocated
+/// before it was observed (a forked child freeing its parent's blocks) are unmatched frees, as
+/// a recording of that process alone would count them. The rows add up to [`Totals`], except
+/// the peaks (each process's own).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ProcessTotals {
+    /// Events of this process.
+    pub events: u64,
+    /// Allocations made by this process.
+    pub allocations: u64,
+    /// Bytes allocated by this process.
+    pub bytes_allocated: u64,
+    /// Heap blocks this process freed.
+    pub frees: u64,
+    /// Bytes freed (of blocks this process allocated while recorded).
+    pub bytes_freed: u64,
+    /// Frees of blocks not allocated while this process was recorded.
+    pub unmatched_frees: u64,
+    /// Frees by the allocator of blocks already freed (see [`Totals::allocator_internal_frees`]).
+    pub allocator_internal_frees: u64,
+    /// Most heap bytes live at once in this process.
+    pub peak_live_bytes: u64,
+    /// Heap blocks of this process live after its last event.
+    pub live_blocks_at_end: u64,
+    /// Their bytes.
+    pub live_bytes_at_end: u64,
+    /// Blocks still live when this process replaced its image (exec).
+    pub blocks_discarded_at_exec: u64,
+    /// Their bytes.
+    pub bytes_discarded_at_exec: u64,
+}
+
+/// What the analysis knows of an address of a process's heap.
 #[derive(Clone, Copy)]
 enum Block {
-    /// A block of this many bytes is live there, allocated by this process.
-    Live(u64, u32),
+    /// A block of this many bytes is live there.
+    Live(u64),
     /// Freed while recording, not allocated again since: a second free of it is the
     /// allocator's own (see the module docs).
     Freed,
 }
 
-/// The heap as the events describe it. One map for live and freed addresses, so that an
-/// allocation and a free cost one hash-table operation each (a live map plus a freed set cost
-/// two each).
+/// One process's heap and mappings as the events describe them. One map for live and freed
+/// addresses, so that an allocation and a free cost one hash-table operation each (a live map
+/// plus a freed set cost two each).
 #[derive(Default)]
-struct Heap {
+struct Proc {
     blocks: FxHashMap<u64, Block>,
-    /// Live blocks (the `Live` entries of `blocks`) and their bytes.
-    live_blocks: u64,
-    live_bytes: u64,
+    /// Mapped regions: start -> page-rounded length.
+    maps: BTreeMap<u64, u64>,
+    mapped: u64,
+    t: ProcessTotals,
 }
 
 /// Computes [`Totals`] from events fed in order.
 #[derive(Default)]
 pub struct Analyzer {
     t: Totals,
-    heap: Heap,
+    /// Live blocks and bytes over all processes.
+    live_blocks: u64,
+    live_bytes: u64,
+    /// Mapped bytes over all processes.
+    mapped: u64,
+    /// Per-process state, in order of first appearance, and where each pid is in it.
+    procs: Vec<(u32, Proc)>,
+    proc_index: FxHashMap<u32, usize>,
+    /// The last event's process: a process's events come in runs, so this skips most lookups.
+    last_proc: Option<(u32, usize)>,
     /// Per-thread totals, in order of first appearance, and where each tid is in it.
     threads: Vec<(u32, ThreadTotals)>,
     thread_index: FxHashMap<u32, usize>,
     /// The last event's thread: threads run in bursts, so this skips most index lookups.
     last_thread: Option<(u32, usize)>,
-    /// Mapped regions: start -> page-rounded length.
-    maps: BTreeMap<u64, u64>,
-    mapped: u64,
 }
 
 impl Analyzer {
@@ -249,13 +293,28 @@ impl Analyzer {
                 slot
             }
         };
+        let pslot = match self.last_proc {
+            Some((pid, slot)) if pid == e.pid => slot,
+            _ => {
+                let next = self.procs.len();
+                let slot = *self.proc_index.entry(e.pid).or_insert(next);
+                if slot == next {
+                    self.procs.push((e.pid, Proc::default()));
+                }
+                self.last_proc = Some((e.pid, slot));
+                slot
+            }
+        };
         let th = &mut self.threads[slot].1;
         th.events += 1;
+        let p = &mut self.procs[pslot].1;
+        p.t.events += 1;
+        let live = (&mut self.live_blocks, &mut self.live_bytes);
         match e.kind {
             EventKind::Malloc { addr, size }
             | EventKind::Calloc { addr, size }
             | EventKind::AlignedAlloc { addr, size, .. } => {
-                Self::alloc(t, th, &mut self.heap, (addr, size, e.pid));
+                Self::alloc(t, th, p, live, (addr, size));
             }
             EventKind::Realloc {
                 old_addr,
@@ -263,33 +322,33 @@ impl Analyzer {
                 size,
             } => {
                 if old_addr != 0 {
-                    Self::free(t, th, &mut self.heap, old_addr);
+                    Self::free(t, th, p, (&mut *live.0, &mut *live.1), old_addr);
                 }
                 if new_addr != 0 {
-                    Self::alloc(t, th, &mut self.heap, (new_addr, size, e.pid));
+                    Self::alloc(t, th, p, live, (new_addr, size));
                 }
             }
             EventKind::Free { addr } => {
                 if addr != 0 {
-                    Self::free(t, th, &mut self.heap, addr);
+                    Self::free(t, th, p, live, addr);
                 }
             }
-            EventKind::Mmap { addr, size } => self.map(addr, size),
-            EventKind::Munmap { addr, size } => self.unmap(addr, size),
+            EventKind::Mmap { addr, size } => Self::map(t, p, &mut self.mapped, addr, size),
+            EventKind::Munmap { addr, size } => Self::unmap(p, &mut self.mapped, addr, size),
             EventKind::Mremap {
                 old_addr,
                 new_addr,
                 size,
             } => {
-                let old = self.maps.get(&old_addr).copied().unwrap_or(0);
-                self.unmap(old_addr, old);
-                self.map(new_addr, size);
+                let old = p.maps.get(&old_addr).copied().unwrap_or(0);
+                Self::unmap(p, &mut self.mapped, old_addr, old);
+                Self::map(t, p, &mut self.mapped, new_addr, size);
             }
             EventKind::Brk { .. } => {}
-            EventKind::Exec => self.exec(e.pid),
+            EventKind::Exec => Self::exec(t, p, live, &mut self.mapped),
         }
-        if self.heap.live_bytes > self.t.peak_live_bytes {
-            self.t.peak_live_bytes = self.heap.live_bytes;
+        if self.live_bytes > self.t.peak_live_bytes {
+            self.t.peak_live_bytes = self.live_bytes;
             self.t.peak_ts = e.ts;
         }
     }
@@ -298,107 +357,146 @@ impl Analyzer {
     fn alloc(
         t: &mut Totals,
         th: &mut ThreadTotals,
-        heap: &mut Heap,
-        (addr, size, pid): (u64, u64, u32),
+        p: &mut Proc,
+        (live_blocks, live_bytes): (&mut u64, &mut u64),
+        (addr, size): (u64, u64),
     ) {
         t.allocations += 1;
         t.bytes_allocated = t.bytes_allocated.saturating_add(size);
         th.allocations += 1;
         th.bytes_allocated = th.bytes_allocated.saturating_add(size);
-        match heap.blocks.insert(addr, Block::Live(size, pid)) {
+        p.t.allocations += 1;
+        p.t.bytes_allocated = p.t.bytes_allocated.saturating_add(size);
+        match p.blocks.insert(addr, Block::Live(size)) {
             // A block at an address that is already live means its free was not seen: replace it.
-            Some(Block::Live(old, _)) => heap.live_bytes = heap.live_bytes.saturating_sub(old),
-            Some(Block::Freed) | None => heap.live_blocks += 1,
+            Some(Block::Live(old)) => {
+                *live_bytes = live_bytes.saturating_sub(old);
+                p.t.live_bytes_at_end = p.t.live_bytes_at_end.saturating_sub(old);
+            }
+            Some(Block::Freed) | None => {
+                *live_blocks += 1;
+                p.t.live_blocks_at_end += 1;
+            }
         }
-        heap.live_bytes = heap.live_bytes.saturating_add(size);
-        t.peak_live_blocks = t.peak_live_blocks.max(heap.live_blocks);
+        *live_bytes = live_bytes.saturating_add(size);
+        p.t.live_bytes_at_end = p.t.live_bytes_at_end.saturating_add(size);
+        p.t.peak_live_bytes = p.t.peak_live_bytes.max(p.t.live_bytes_at_end);
+        t.peak_live_blocks = t.peak_live_blocks.max(*live_blocks);
     }
 
     #[inline]
-    fn free(t: &mut Totals, th: &mut ThreadTotals, heap: &mut Heap, addr: u64) {
-        match heap.blocks.get_mut(&addr) {
+    fn free(
+        t: &mut Totals,
+        th: &mut ThreadTotals,
+        p: &mut Proc,
+        (live_blocks, live_bytes): (&mut u64, &mut u64),
+        addr: u64,
+    ) {
+        match p.blocks.get_mut(&addr) {
             Some(b @ Block::Live(..)) => {
-                let Block::Live(size, _) = std::mem::replace(b, Block::Freed) else {
+                let Block::Live(size) = std::mem::replace(b, Block::Freed) else {
                     unreachable!("matched Live")
                 };
                 t.bytes_freed = t.bytes_freed.saturating_add(size);
                 th.bytes_freed = th.bytes_freed.saturating_add(size);
-                heap.live_bytes = heap.live_bytes.saturating_sub(size);
-                heap.live_blocks -= 1;
+                p.t.bytes_freed = p.t.bytes_freed.saturating_add(size);
+                *live_bytes = live_bytes.saturating_sub(size);
+                *live_blocks -= 1;
+                p.t.live_bytes_at_end = p.t.live_bytes_at_end.saturating_sub(size);
+                p.t.live_blocks_at_end -= 1;
             }
             Some(Block::Freed) => {
                 t.allocator_internal_frees += 1;
+                p.t.allocator_internal_frees += 1;
                 return;
             }
-            None => t.unmatched_frees += 1,
+            None => {
+                t.unmatched_frees += 1;
+                p.t.unmatched_frees += 1;
+            }
         }
         t.frees += 1;
         th.frees += 1;
+        p.t.frees += 1;
     }
 
-    /// Process `pid` replaced its image: its heap and address space are gone.
-    fn exec(&mut self, pid: u32) {
-        let t = &mut self.t;
-        let heap = &mut self.heap;
-        heap.blocks.retain(|_, b| match *b {
-            // The freed addresses go with the image (they are not kept per process yet).
-            Block::Freed => false,
-            Block::Live(_, p) if p != pid => true,
-            Block::Live(size, _) => {
-                t.blocks_discarded_at_exec += 1;
-                t.bytes_discarded_at_exec = t.bytes_discarded_at_exec.saturating_add(size);
-                heap.live_bytes = heap.live_bytes.saturating_sub(size);
-                heap.live_blocks -= 1;
-                false
-            }
-        });
-        self.maps.clear();
-        self.mapped = 0;
+    /// The process replaced its image: its heap and address space are gone.
+    fn exec(
+        t: &mut Totals,
+        p: &mut Proc,
+        (live_blocks, live_bytes): (&mut u64, &mut u64),
+        mapped: &mut u64,
+    ) {
+        t.blocks_discarded_at_exec += p.t.live_blocks_at_end;
+        t.bytes_discarded_at_exec = t
+            .bytes_discarded_at_exec
+            .saturating_add(p.t.live_bytes_at_end);
+        p.t.blocks_discarded_at_exec += p.t.live_blocks_at_end;
+        p.t.bytes_discarded_at_exec =
+            p.t.bytes_discarded_at_exec
+                .saturating_add(p.t.live_bytes_at_end);
+        *live_blocks -= p.t.live_blocks_at_end;
+        *live_bytes = live_bytes.saturating_sub(p.t.live_bytes_at_end);
+        p.t.live_blocks_at_end = 0;
+        p.t.live_bytes_at_end = 0;
+        // The freed addresses go with the image too.
+        p.blocks = FxHashMap::default();
+        *mapped = mapped.saturating_sub(p.mapped);
+        p.maps.clear();
+        p.mapped = 0;
     }
 
-    fn map(&mut self, addr: u64, size: u64) {
+    fn map(t: &mut Totals, p: &mut Proc, mapped: &mut u64, addr: u64, size: u64) {
         let len = pages(size).min(u64::MAX - addr);
         if len == 0 {
             return;
         }
         // A new mapping replaces whatever it overlaps (MAP_FIXED semantics).
-        self.unmap(addr, len);
-        self.maps.insert(addr, len);
-        self.mapped = self.mapped.saturating_add(len);
-        self.t.mapped_bytes_peak = self.t.mapped_bytes_peak.max(self.mapped);
+        Self::unmap(p, mapped, addr, len);
+        p.maps.insert(addr, len);
+        p.mapped = p.mapped.saturating_add(len);
+        *mapped = mapped.saturating_add(len);
+        t.mapped_bytes_peak = t.mapped_bytes_peak.max(*mapped);
     }
 
-    fn unmap(&mut self, addr: u64, size: u64) {
+    fn unmap(p: &mut Proc, mapped: &mut u64, addr: u64, size: u64) {
         let end = addr.saturating_add(pages(size));
         if end <= addr {
             return;
         }
         // Regions overlapping [addr, end): the one starting before addr, and those inside.
         let mut hit = Vec::new();
-        if let Some((&s, &l)) = self.maps.range(..addr).next_back()
+        if let Some((&s, &l)) = p.maps.range(..addr).next_back()
             && s + l > addr
         {
             hit.push((s, l));
         }
-        hit.extend(self.maps.range(addr..end).map(|(&s, &l)| (s, l)));
+        hit.extend(p.maps.range(addr..end).map(|(&s, &l)| (s, l)));
+        let before = p.mapped;
         for (s, l) in hit {
             // Stored regions never wrap (`map` caps them), so `s + l` cannot overflow.
-            self.maps.remove(&s);
-            self.mapped = self.mapped.saturating_sub(l);
+            p.maps.remove(&s);
+            p.mapped = p.mapped.saturating_sub(l);
             if s < addr {
-                self.maps.insert(s, addr - s);
-                self.mapped = self.mapped.saturating_add(addr - s);
+                p.maps.insert(s, addr - s);
+                p.mapped = p.mapped.saturating_add(addr - s);
             }
             if s + l > end {
-                self.maps.insert(end, s + l - end);
-                self.mapped = self.mapped.saturating_add(s + l - end);
+                p.maps.insert(end, s + l - end);
+                p.mapped = p.mapped.saturating_add(s + l - end);
             }
         }
+        *mapped = mapped.saturating_sub(before).saturating_add(p.mapped);
+    }
+
+    /// Per-process totals so far, by pid (one row for a single-process recording).
+    pub fn per_process(&self) -> BTreeMap<u32, ProcessTotals> {
+        self.procs.iter().map(|(pid, p)| (*pid, p.t)).collect()
     }
 
     /// Live heap bytes now.
     pub fn live_bytes(&self) -> u64 {
-        self.heap.live_bytes
+        self.live_bytes
     }
 
     /// Mapped bytes (page-rounded) now.
@@ -413,8 +511,8 @@ impl Analyzer {
             allocations: self.t.allocations,
             bytes_allocated: self.t.bytes_allocated,
             frees: self.t.frees,
-            live_blocks: self.heap.live_blocks,
-            live_bytes: self.heap.live_bytes,
+            live_blocks: self.live_blocks,
+            live_bytes: self.live_bytes,
             peak_live_blocks: self.t.peak_live_blocks,
             peak_live_bytes: self.t.peak_live_bytes,
             events: self.t.events,
@@ -424,8 +522,8 @@ impl Analyzer {
     /// The totals so far.
     pub fn totals(&self) -> Totals {
         let mut t = self.t.clone();
-        t.live_bytes_at_end = self.heap.live_bytes;
-        t.live_blocks_at_end = self.heap.live_blocks;
+        t.live_bytes_at_end = self.live_bytes;
+        t.live_blocks_at_end = self.live_blocks;
         t.mapped_bytes_at_end = self.mapped;
         t.threads = self.threads.len() as u64;
         t.per_thread = self.threads.iter().copied().collect();

@@ -137,6 +137,12 @@ enum Cmd {
         /// syscall of every process on the machine while recording (see the README).
         #[arg(long, conflicts_with = "no_syscalls")]
         raw_syscalls: bool,
+        /// Record the command's own process only. By default every process it starts (fork,
+        /// posix_spawn, exec) is followed with ptrace and recorded from its first instruction;
+        /// with this flag no ptrace is used and the processes it starts are counted as not
+        /// followed (the recording is then not whole if it started any).
+        #[arg(long)]
+        no_follow: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
@@ -192,12 +198,14 @@ fn main() -> ExitCode {
             ringbuf_mib,
             no_syscalls,
             raw_syscalls,
+            no_follow,
             command,
         } => record(
             &output,
             user,
             ringbuf_mib,
             (!no_syscalls, raw_syscalls),
+            !no_follow,
             &command,
         ),
     };
@@ -670,6 +678,7 @@ fn record(
     user: Option<String>,
     ringbuf_mib: u64,
     (syscalls, raw_syscalls): (bool, bool),
+    follow: bool,
     command: &[std::ffi::OsString],
 ) -> memtrack::Result<ExitCode> {
     if is_the_program(output, command) {
@@ -698,7 +707,7 @@ fn record(
             p.display()
         );
     }
-    let mut child = memtrack::CommandOptions::new();
+    let mut child = memtrack::CommandOptions::new().follow(follow);
     if let Some(u) = user {
         child = child.user(u);
     }

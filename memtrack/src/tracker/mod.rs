@@ -30,6 +30,7 @@
 
 mod bpf;
 mod error;
+mod follow;
 mod poll;
 mod record;
 
@@ -46,7 +47,7 @@ pub use error::TrackerError;
 pub use record::{CommandOptions, RecordOutcome, record_command, record_command_with};
 
 use crate::analysis::Stats;
-use crate::artifact::Metadata;
+use crate::artifact::{Metadata, ProcessInfo};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
 use crate::scope::Scope;
 use bpf::{Bpf, Syscalls, exclude_tid, gettid, mapped_objects};
@@ -266,7 +267,7 @@ impl Tracker {
     ) -> Result<Self, TrackerError> {
         opts.validate()?;
         let _log = error::LibbpfLog::capture();
-        let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscall_mode())?;
+        let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscall_mode(), false)?;
         for f in files {
             // A file that vanished or is not ELF (a font, a locale archive) is not an error.
             match bpf.add_file(f) {
@@ -292,6 +293,54 @@ impl Tracker {
             }),
             poller: OnceCell::new(),
         })
+    }
+
+    /// Loads the program to record a tree of processes that a tracer follows (`record`'s
+    /// default): nothing is recorded until [`Tracker::follow_process`] adds a process, whose
+    /// probes [`Tracker::attach_process_files`] attaches (pid-scoped, one set per process).
+    pub(crate) fn following(first: u32, opts: &TrackerOptions) -> Result<Self, TrackerError> {
+        opts.validate()?;
+        let _log = error::LibbpfLog::capture();
+        let bpf = Bpf::load(first, opts.ringbuf_bytes, opts.syscall_mode(), true)?;
+        Ok(Self {
+            bpf,
+            recording: Arc::new(AtomicBool::new(false)),
+            in_process: false,
+            switch: Mutex::new(SwitchState {
+                sw: RawSwitch::default(),
+                counting: 0,
+                holds: 0,
+                recording: false,
+            }),
+            poller: OnceCell::new(),
+        })
+    }
+
+    /// Records process `pid` from now on (a following tracker).
+    pub(crate) fn follow_process(&self, pid: u32) -> Result<(), TrackerError> {
+        self.bpf.follow_process(pid)
+    }
+
+    /// Stops recording process `pid` at once; its probes are detached in the background.
+    pub(crate) fn unfollow_process(&self, pid: u32) {
+        self.bpf.unfollow_process(pid)
+    }
+
+    /// Detaches process `pid`'s probes and waits until they are gone (before attaching new
+    /// ones after its image changed under a thread that no longer exists).
+    pub(crate) fn relink_process(&self, pid: u32) -> Result<(), TrackerError> {
+        self.bpf.relink_process(pid)
+    }
+
+    /// Attaches process `pid`'s probes on `files` (those it has none on yet). Returns the
+    /// files whose allocator could not be probed, and why.
+    pub(crate) fn attach_process_files(
+        &self,
+        pid: u32,
+        files: &[PathBuf],
+    ) -> Result<Vec<(PathBuf, String)>, TrackerError> {
+        let _log = error::LibbpfLog::capture();
+        self.bpf.attach_process_files(pid, files)
     }
 
     /// Number of probe sites found (attached while recording or counting).
@@ -466,6 +515,7 @@ impl Tracker {
             drops_at_start: at_start.drops,
             out_of_scope_at_start: at_start.out_of_scope,
             iterations: None,
+            processes: None,
             _out: PhantomData,
         })
     }
@@ -551,6 +601,7 @@ pub struct Recording<'t, W: Write + Send + 'static> {
     drops_at_start: u64,
     out_of_scope_at_start: u64,
     iterations: Option<u64>,
+    processes: Option<(Vec<ProcessInfo>, u64)>,
     _out: PhantomData<fn() -> W>,
 }
 
@@ -585,6 +636,12 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
     /// (see [`Final::iterations`](crate::Final::iterations)).
     pub fn set_iterations(&mut self, n: u64) {
         self.iterations = Some(n);
+    }
+
+    /// Stores in the artifact's trailer the processes a recording followed and how many it
+    /// did not follow (see [`Final::processes`](crate::Final::processes)).
+    pub(crate) fn set_processes(&mut self, processes: Vec<ProcessInfo>, unfollowed: u64) {
+        self.processes = Some((processes, unfollowed));
     }
 
     /// Stops recording: switch off, drain the ring buffer's tail, finish the artifact.
@@ -634,6 +691,9 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         let mut encoder = encoder;
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
+        }
+        if let Some((p, n)) = self.processes.take() {
+            encoder.set_processes(p, n);
         }
         let written = encoder.finish(lost_events)?;
         if let Some(e) = push_error {
