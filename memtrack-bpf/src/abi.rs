@@ -46,7 +46,13 @@ pub const PROG_NOP: &str = "mt_nop";
 pub const PROG_SYS_EXIT: &str = "mt_sys_exit";
 /// The `tp_btf/sched_process_exec` program: an [`kind::EXEC`] event when the target execs.
 pub const PROG_EXEC: &str = "mt_exec";
-/// The processes recorded when [`RawConfig::follow`] is 1: a hash map, key a tgid (`u32`),
+/// [`RawConfig::follow`] (`MT_FOLLOW_NONE`): the target alone; its children are ignored.
+pub const FOLLOW_NONE: u32 = 0;
+/// [`RawConfig::follow`] (`MT_FOLLOW_TREE`): the processes of the [`MAP_FOLLOWED`] map.
+pub const FOLLOW_TREE: u32 = 1;
+/// [`RawConfig::follow`] (`MT_FOLLOW_COUNT`): the target alone, its children counted.
+pub const FOLLOW_COUNT: u32 = 2;
+/// The processes recorded when [`RawConfig::follow`] is [`FOLLOW_TREE`]: a hash map, key a tgid (`u32`),
 /// value a `u32` (1). A process is recorded while its tgid is in it.
 pub const MAP_FOLLOWED: &str = "followed";
 /// A `uprobe.multi` program for ld.so's `_dl_debug_state` (attach it pid-scoped, with
@@ -216,6 +222,9 @@ pub struct RawStats {
     /// Allocation and free calls of the target's threads outside the recording's scope
     /// ([`SCOPE_THREADS`]), not recorded.
     pub out_of_scope: u64,
+    /// Processes the target started while recording and not followed
+    /// ([`RawConfig::follow`] = [`FOLLOW_COUNT`]).
+    pub unfollowed: u64,
 }
 
 impl RawStats {
@@ -232,6 +241,7 @@ impl RawStats {
             frees: at(2),
             drops: at(3),
             out_of_scope: at(4),
+            unfollowed: at(5),
         })
     }
 }
@@ -247,6 +257,7 @@ impl std::ops::Add for RawStats {
             frees: self.frees.wrapping_add(o.frees),
             drops: self.drops.wrapping_add(o.drops),
             out_of_scope: self.out_of_scope.wrapping_add(o.out_of_scope),
+            unfollowed: self.unfollowed.wrapping_add(o.unfollowed),
         }
     }
 }
@@ -286,8 +297,11 @@ impl RawSwitch {
 pub struct RawConfig {
     /// The only process (tgid) recorded, when `follow` is 0.
     pub target_tgid: u32,
-    /// 1: record the processes (tgids) in the [`MAP_FOLLOWED`] map instead of `target_tgid`
-    /// alone, and let [`PROG_DL_STATE`] stop threads for the tracer; 0: `target_tgid` only.
+    /// What to do with the processes the target starts: [`FOLLOW_NONE`] (an in-process
+    /// session), [`FOLLOW_TREE`] (record the tgids in the [`MAP_FOLLOWED`] map instead of
+    /// `target_tgid` alone; [`PROG_DL_STATE`] stops threads for the tracer) or
+    /// [`FOLLOW_COUNT`] (record `target_tgid` only and count the processes it starts in
+    /// [`RawStats::unfollowed`], with [`PROG_FORK`] attached).
     pub follow: u32,
     /// A wakeup is forced once this many bytes are unconsumed in the ring buffer.
     pub wakeup_bytes: u64,
@@ -327,7 +341,7 @@ const _: () = assert!(align_of::<RawEvent>() == 8);
 const _: () = assert!(core::mem::offset_of!(RawEvent, kind) == 16);
 const _: () = assert!(core::mem::offset_of!(RawEvent, addr) == 24);
 const _: () = assert!(core::mem::offset_of!(RawEvent, align) == 48);
-const _: () = assert!(size_of::<RawStats>() == 40);
+const _: () = assert!(size_of::<RawStats>() == 48);
 const _: () = assert!(size_of::<RawSwitch>() == 16);
 const _: () = assert!(align_of::<RawStats>() == 8);
 const _: () = assert!(size_of::<RawConfig>() == 24);

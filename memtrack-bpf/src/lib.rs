@@ -41,6 +41,7 @@ pub use abi::RawEvent;
 pub use abi::RawStats;
 pub use abi::RawSwitch;
 pub use abi::kind;
+pub use abi::{FOLLOW_COUNT, FOLLOW_NONE, FOLLOW_TREE};
 pub use abi::{SCOPE_PROCESS, SCOPE_THREADS, SWITCH_COUNT, SWITCH_STREAM};
 pub use elf::Elf;
 pub use elf::ElfSymbol;

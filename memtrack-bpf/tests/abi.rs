@@ -60,6 +60,7 @@ fn c_structs_match_the_rust_mirrors() {
                 ("frees", offset_of!(RawStats, frees)),
                 ("drops", offset_of!(RawStats, drops)),
                 ("out_of_scope", offset_of!(RawStats, out_of_scope)),
+                ("unfollowed", offset_of!(RawStats, unfollowed)),
             ])
         )
     );

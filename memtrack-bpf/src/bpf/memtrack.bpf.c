@@ -119,7 +119,7 @@ struct {
 /* Whether process `tgid` is recorded: the one target, or (following) one of the followed set. */
 static __always_inline int tracked(__u32 tgid)
 {
-	if (config.follow)
+	if (config.follow == MT_FOLLOW_TREE)
 		return bpf_map_lookup_elem(&followed, &tgid) != 0;
 	return tgid == config.target_tgid;
 }
@@ -583,20 +583,30 @@ int mt_sys_exit(__u64 *ctx)
 /*
  * A thread of the target spawned by a thread in the recording's scope joins the scope
  * (MT_SCOPE_THREADS: a session covers the thread that started it and every thread it spawns,
- * so that parallel tests of one process are told apart). Attached only while recording with
- * that scope: it runs for every fork and thread creation on the machine.
+ * so that parallel tests of one process are told apart); a process the target starts is
+ * counted as not followed (MT_FOLLOW_COUNT: `record --no-follow`). Attached only while
+ * recording with that scope or mode: it runs for every fork and thread creation on the machine.
  */
 SEC("tp_btf/sched_process_fork")
 int mt_fork(__u64 *ctx)
 {
 	struct task_struct *child = (struct task_struct *)ctx[1];
 	struct call_state *parent_cs, *child_cs;
+	struct memtrack_stats *st;
+	__u32 zero = 0;
 
-	if ((__u32)(bpf_get_current_pid_tgid() >> 32) != config.target_tgid || !sw.enabled ||
-	    sw.scope != MT_SCOPE_THREADS)
+	if ((__u32)(bpf_get_current_pid_tgid() >> 32) != config.target_tgid || !sw.enabled)
 		return 0;
 	/* fork() makes another process: only new threads of the target join. */
-	if ((__u32)child->tgid != config.target_tgid)
+	if ((__u32)child->tgid != config.target_tgid) {
+		if (config.follow == MT_FOLLOW_COUNT) {
+			st = bpf_map_lookup_elem(&stats, &zero);
+			if (st)
+				st->unfollowed++;
+		}
+		return 0;
+	}
+	if (sw.scope != MT_SCOPE_THREADS)
 		return 0;
 	parent_cs = thread_state(0);
 	if (!parent_cs || parent_cs->excluded || parent_cs->scope_gen != sw.generation)
@@ -638,7 +648,7 @@ int mt_dl_state(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 
-	if (config.follow && tracked((__u32)(pid_tgid >> 32)))
+	if (config.follow == MT_FOLLOW_TREE && tracked((__u32)(pid_tgid >> 32)))
 		bpf_send_signal_thread(MT_SIGSTOP);
 	return 0;
 }
