@@ -10,6 +10,7 @@
 //! all reused. A writer killed mid-run leaves every complete frame readable (see the reader).
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
@@ -17,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::analysis::{Analyzer, SizeClass, SizeHistogram, Stats, Timeline, Totals};
+use crate::analysis::{Analyzer, ProcessTotals, SizeClass, SizeHistogram, Stats, Timeline, Totals};
 use crate::artifact::{Final, FrameWriter, Metadata, ProcessInfo, encode_frame, monotonic_ns};
 use crate::artifact::{FrameScratch, MAX_FRAME_EVENTS};
 use crate::error::{Error, Result};
@@ -138,6 +139,9 @@ pub struct Written {
     /// Live heap and mapped bytes over time in [`TIMELINE_COLUMNS`] columns (a
     /// [`Timeline::growing`] from the first event), computed while streaming.
     pub timeline: Timeline,
+    /// Totals of each process (by pid), computed while streaming: one row for a
+    /// single-process recording.
+    pub per_process: BTreeMap<u32, ProcessTotals>,
 }
 
 /// Columns of the [`Written::timeline`] (and a session report's): enough for a terminal-wide
@@ -468,6 +472,7 @@ fn writer_loop<W: Write + Send>(
         return Err(Error::EncoderStopped);
     };
     let totals = analyzer.totals();
+    let per_process = analyzer.per_process();
     let fin = Final {
         lost_events: trailer.lost_events,
         end_monotonic_ns: trailer.end_monotonic_ns,
@@ -487,6 +492,7 @@ fn writer_loop<W: Write + Send>(
             totals,
             sizes: sizes.classes(),
             timeline,
+            per_process,
         },
     })
 }

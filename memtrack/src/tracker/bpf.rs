@@ -45,6 +45,8 @@ pub(crate) struct Bpf {
     attached: Mutex<Attached>,
     /// Following (`record`'s default): the set of recorded processes, and each one's links.
     follow: Option<Following>,
+    /// The processes the target starts are counted ([`memtrack_bpf::FOLLOW_COUNT`]).
+    counts_children: bool,
 }
 
 /// The processes a following tracker records: each has links of its own (uprobes stay
@@ -133,13 +135,14 @@ fn handle(obj: &Object, pred: impl Fn(&str) -> bool, what: &str) -> Result<Arc<M
 
 impl Bpf {
     /// Loads the program for process `target` with a ring buffer of `ringbuf_bytes`, recording
-    /// syscalls as `syscalls` says. Nothing is attached: the probes and tracepoints are
+    /// syscalls as `syscalls` says, and the processes it starts as `follow` says
+    /// ([`memtrack_bpf::FOLLOW_NONE`], `FOLLOW_TREE` or `FOLLOW_COUNT`). Nothing is attached: the probes and tracepoints are
     /// attached per recording.
     pub(crate) fn load(
         target: u32,
         ringbuf_bytes: u64,
         syscalls: Syscalls,
-        follow: bool,
+        follow: u32,
     ) -> Result<Self> {
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(TrackerError::NoBtf);
@@ -148,7 +151,7 @@ impl Bpf {
             .open_memory(memtrack_bpf::OBJECT)
             .map_err(|e| TrackerError::bpf("opening memtrack's BPF object", e))?;
         let mut config = RawConfig::new(target);
-        config.follow = u32::from(follow);
+        config.follow = follow;
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         config.page_size = u64::try_from(page).unwrap_or(4096);
@@ -179,7 +182,7 @@ impl Bpf {
         let events = handle(&obj, |n| n == memtrack_bpf::MAP_EVENTS, "events")?;
         let stats = handle(&obj, |n| n == memtrack_bpf::MAP_STATS, "stats")?;
         let excluded = handle(&obj, |n| n == memtrack_bpf::MAP_CALLS, "calls")?;
-        let follow = if follow {
+        let follow = if follow == memtrack_bpf::FOLLOW_TREE {
             let map = handle(&obj, |n| n == memtrack_bpf::MAP_FOLLOWED, "followed")?;
             let map = Arc::try_unwrap(map)
                 .map_err(|_| TrackerError::InvalidOption("the followed map is shared".into()))?;
@@ -224,6 +227,7 @@ impl Bpf {
             reaper: Mutex::new(None),
             attached: Mutex::new(Attached::default()),
             follow,
+            counts_children: config.follow == memtrack_bpf::FOLLOW_COUNT,
         })
     }
 
@@ -562,7 +566,14 @@ impl Bpf {
         drop(lock(&self.syscall_link).take());
     }
 
-    /// Attaches the thread-creation tracepoint for a recording scoped to a thread tree.
+    /// Whether the processes the target starts are counted (`record --no-follow`): the
+    /// thread-creation tracepoint is then attached for every recording.
+    pub(crate) fn counts_children(&self) -> bool {
+        self.counts_children
+    }
+
+    /// Attaches the thread-creation tracepoint for a recording scoped to a thread tree, or
+    /// counting the processes the target starts.
     pub(crate) fn attach_fork(&self) -> Result<()> {
         self.attach_tp(&self.fork_link, memtrack_bpf::PROG_FORK)
     }

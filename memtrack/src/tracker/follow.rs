@@ -164,8 +164,11 @@ impl<'a> Tracer<'a> {
     pub(crate) fn run(mut self) -> Traced {
         loop {
             let mut status = 0;
-            // SAFETY: waiting for any child or tracee into a valid int.
-            let r = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+            // This thread's tracees and children only (__WNOTHREAD): another thread of this
+            // process may trace its own tree (two recordings at once) or wait for its own
+            // children, and a stop taken from its tracer is a stop nobody resumes.
+            // SAFETY: waiting into a valid int.
+            let r = unsafe { libc::waitpid(-1, &mut status, libc::__WALL | libc::__WNOTHREAD) };
             if r < 0 {
                 if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                     continue;

@@ -267,7 +267,13 @@ impl Tracker {
     ) -> Result<Self, TrackerError> {
         opts.validate()?;
         let _log = error::LibbpfLog::capture();
-        let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscall_mode(), false)?;
+        // Another process (`record --no-follow`): the processes it starts are counted.
+        let follow = if pid == std::process::id() {
+            memtrack_bpf::FOLLOW_NONE
+        } else {
+            memtrack_bpf::FOLLOW_COUNT
+        };
+        let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscall_mode(), follow)?;
         for f in files {
             // A file that vanished or is not ELF (a font, a locale archive) is not an error.
             match bpf.add_file(f) {
@@ -301,7 +307,12 @@ impl Tracker {
     pub(crate) fn following(first: u32, opts: &TrackerOptions) -> Result<Self, TrackerError> {
         opts.validate()?;
         let _log = error::LibbpfLog::capture();
-        let bpf = Bpf::load(first, opts.ringbuf_bytes, opts.syscall_mode(), true)?;
+        let bpf = Bpf::load(
+            first,
+            opts.ringbuf_bytes,
+            opts.syscall_mode(),
+            memtrack_bpf::FOLLOW_TREE,
+        )?;
         Ok(Self {
             bpf,
             recording: Arc::new(AtomicBool::new(false)),
@@ -514,8 +525,9 @@ impl Tracker {
             snapshot,
             drops_at_start: at_start.drops,
             out_of_scope_at_start: at_start.out_of_scope,
+            unfollowed_at_start: at_start.unfollowed,
             iterations: None,
-            processes: None,
+            processes: Vec::new(),
             _out: PhantomData,
         })
     }
@@ -527,7 +539,7 @@ impl Tracker {
             self.bpf.attach_probes()?;
             self.bpf.attach_syscalls()?;
             self.bpf.attach_exec()?;
-            if scope == Scope::Threads {
+            if scope == Scope::Threads || self.bpf.counts_children() {
                 self.bpf.attach_fork()?;
             }
             Ok::<_, TrackerError>(())
@@ -600,8 +612,9 @@ pub struct Recording<'t, W: Write + Send + 'static> {
     snapshot: Arc<Snapshot>,
     drops_at_start: u64,
     out_of_scope_at_start: u64,
+    unfollowed_at_start: u64,
     iterations: Option<u64>,
-    processes: Option<(Vec<ProcessInfo>, u64)>,
+    processes: Vec<ProcessInfo>,
     _out: PhantomData<fn() -> W>,
 }
 
@@ -616,6 +629,9 @@ pub struct Recorded {
     /// Allocation and free calls of threads outside a thread-scoped recording's scope, not
     /// recorded (0 for a process-wide recording).
     pub out_of_scope: u64,
+    /// Processes the recorded process started and that were not followed (`record
+    /// --no-follow`; also in the artifact's trailer).
+    pub unfollowed_processes: u64,
 }
 
 impl<W: Write + Send + 'static> Recording<'_, W> {
@@ -638,10 +654,10 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         self.iterations = Some(n);
     }
 
-    /// Stores in the artifact's trailer the processes a recording followed and how many it
-    /// did not follow (see [`Final::processes`](crate::Final::processes)).
-    pub(crate) fn set_processes(&mut self, processes: Vec<ProcessInfo>, unfollowed: u64) {
-        self.processes = Some((processes, unfollowed));
+    /// Stores in the artifact's trailer the processes a recording followed (see
+    /// [`Final::processes`](crate::Final::processes)).
+    pub(crate) fn set_processes(&mut self, processes: Vec<ProcessInfo>) {
+        self.processes = processes;
     }
 
     /// Stops recording: switch off, drain the ring buffer's tail, finish the artifact.
@@ -692,9 +708,8 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
         }
-        if let Some((p, n)) = self.processes.take() {
-            encoder.set_processes(p, n);
-        }
+        let unfollowed = stats.unfollowed.wrapping_sub(self.unfollowed_at_start);
+        encoder.set_processes(std::mem::take(&mut self.processes), unfollowed);
         let written = encoder.finish(lost_events)?;
         if let Some(e) = push_error {
             return Err(e);
@@ -703,6 +718,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             written,
             lost_events,
             out_of_scope,
+            unfollowed_processes: unfollowed,
         })
     }
 }

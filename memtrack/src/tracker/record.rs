@@ -758,7 +758,17 @@ pub fn record_command_with(
         match run {
             Ok((n, failed, Some(traced))) => {
                 processes = traced.processes;
-                (n, failed, traced.status.unwrap_or(1 << 8))
+                // The command is this thread's child: its tracer got its exit status, and it
+                // is reaped here (or waited for, if it was detached at a setuid exec).
+                let mut status = 0;
+                // SAFETY: waiting for our own child into a valid int.
+                let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+                let status = match traced.status {
+                    Some(s) => s,
+                    None if r == pid as libc::pid_t => status,
+                    None => 1 << 8,
+                };
+                (n, failed, status)
             }
             Ok((_, _, None)) => unreachable!("the tracer runs once seized"),
             Err(e) => {
@@ -787,7 +797,7 @@ pub fn record_command_with(
         }
         (n, failed, status)
     };
-    recording.set_processes(processes.clone(), 0);
+    recording.set_processes(processes.clone());
     let recorded = recording.stop()?;
     drop(tracker);
     if n == size_of_val(&failed) as isize {
@@ -805,9 +815,9 @@ pub fn record_command_with(
     Ok(RecordOutcome {
         pid,
         exit_code,
-        recorded,
+        unfollowed_processes: recorded.unfollowed_processes,
         processes,
-        unfollowed_processes: 0,
+        recorded,
     })
 }
 
