@@ -16,6 +16,8 @@ use memtrack::{
 mod compare;
 #[path = "memtrack/plot.rs"]
 mod plot;
+#[path = "memtrack/processes.rs"]
+mod processes;
 #[path = "memtrack/progress.rs"]
 mod progress;
 #[path = "memtrack/tables.rs"]
@@ -412,6 +414,12 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
             "file_bytes": reader.file_bytes(),
             "size_classes": sizes,
         });
+        if let Some(fin) = reader.final_metadata() {
+            v["uncovered_processes"] = fin.uncovered_processes().into();
+            if !fin.processes.is_empty() {
+                v["processes"] = processes::json(&fin.processes, &a.per_process());
+            }
+        }
         if let Some(n) = iterations {
             v["iterations"] = n.into();
             v["per_iteration"] = serde_json::json!({
@@ -561,6 +569,17 @@ fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
         let _ = writeln!(o, "  per thread (frees count in the freeing thread)");
         o.push_str(&tables::threads(&t));
     }
+    if let Some(fin) = reader.final_metadata() {
+        let table = processes::table(&fin.processes, fin.unfollowed_processes, &a.per_process());
+        if !table.is_empty() {
+            let _ = writeln!(
+                o,
+                "  processes     {} followed (each its own heap; the totals above are their sum)",
+                fin.processes.len()
+            );
+            o.push_str(&table);
+        }
+    }
     out(&o)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -597,6 +616,15 @@ fn verify(path: &Path, structure_only: bool) -> memtrack::Result<ExitCode> {
             human::plural(lost, "event was", "events were")
         ));
     }
+    let uncovered = reader.final_metadata().and_then(processes::not_whole);
+    if let Some(why) = &uncovered
+        && !structure_only
+    {
+        return fail(format!(
+            "{why}: the file is sound but the recording is not whole; pass --structure-only \
+             to check the file's structure alone"
+        ));
+    }
     out(&format!(
         "OK {}: {} frames, {} events, checksums, counts, index and totals sound{}\n",
         path.display(),
@@ -607,6 +635,8 @@ fn verify(path: &Path, structure_only: bool) -> memtrack::Result<ExitCode> {
                 " (structure only: {} lost, the recording is not whole)",
                 human::plural(lost, "event", "events")
             )
+        } else if let Some(why) = uncovered {
+            format!(" (structure only: {why}, the recording is not whole)")
         } else {
             String::new()
         }
@@ -744,6 +774,33 @@ fn record(
             "memtrack: warning: {} events were lost because the {ringbuf_mib} MiB ring buffer \
              was full: the totals are incomplete; rerun with a larger --ringbuf-mib",
             human::count(out.recorded.lost_events)
+        );
+    }
+    // Which processes were covered: always when following (the tree may be one process),
+    // and whenever some were not.
+    let table = processes::table(
+        &out.processes,
+        out.unfollowed_processes,
+        &out.recorded.written.per_process,
+    );
+    if !out.processes.is_empty() {
+        eprintln!(
+            "memtrack: {} recorded, each from its first instruction:",
+            human::plural(out.processes.len() as u64, "process", "processes")
+        );
+    }
+    eprint!("{table}");
+    let uncovered = out
+        .processes
+        .iter()
+        .filter(|p| p.uncovered.is_some())
+        .count() as u64
+        + out.unfollowed_processes;
+    if uncovered > 0 {
+        eprintln!(
+            "memtrack: warning: {} not covered: the totals are not the whole command's, and \
+             the file is refused as a baseline (verify and compare fail)",
+            human::plural(uncovered, "process was", "processes were")
         );
     }
     Ok(ExitCode::from(u8::try_from(out.exit_code).unwrap_or(1)))
