@@ -1,12 +1,13 @@
 //! `memtrack record -- CMD`: run a command with the tracker attached from its first
-//! instruction.
+//! instruction, and (by default) every process it starts from theirs.
 //!
-//! The child is forked and waits on a pipe before `execve`; the parent attaches the uprobes
-//! (for the child's pid) to the command's executable and every library the dynamic loader
-//! will map for it, switches recording on, and only then lets the child exec. Uprobes follow
-//! the file, so libraries mapped after exec (and libc under a `dlopen`ed library) are covered;
-//! a `dlopen`ed library with its own allocator is found by rescanning /proc/PID/maps every
-//! 20 ms while the command runs (its calls before that are missed).
+//! The child is forked and waits on a pipe before `execve`. Following (the default), a tracer
+//! thread seizes it with ptrace and probes every process of the tree before it runs (see
+//! `follow.rs`). With [`CommandOptions::follow`] off, the parent attaches the uprobes (for the
+//! child's pid) to the command's executable and every library the dynamic loader will map for
+//! it, switches recording on, and only then lets the child exec; a `dlopen`ed library with its
+//! own allocator is then found by rescanning /proc/PID/maps every 20 ms while the command runs
+//! (its calls before that are missed), and the processes it starts are counted, not recorded.
 //!
 //! The command never gains privileges through memtrack. Between fork and exec the child
 //! clears its ambient and inheritable capabilities (the ones memtrack may hold through file
@@ -14,7 +15,8 @@
 //! [`CommandOptions::user`] if one is given, and sets `PR_SET_NO_NEW_PRIVS` whenever it will
 //! not run as root, so that a setuid or setgid program it executes runs without gaining
 //! privileges and memtrack never observes a more privileged program than the one it started.
-//! Only the command's own process is recorded: its children are not followed.
+//! A followed process that executes a setuid or setgid program, or whose credentials change at
+//! an exec, is no longer followed (counted as not covered).
 //!
 //! Signals: INT, TERM and HUP sent to memtrack go to the command (see `Forward`); the
 //! artifact is finished once it exits. The command gets `PR_SET_PDEATHSIG(SIGKILL)`, so that
