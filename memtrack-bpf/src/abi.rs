@@ -4,7 +4,7 @@
 ///
 /// Open it with libbpf (`ObjectBuilder::open_memory`), set [`RawConfig`] as the whole
 /// `.rodata` and the ring buffer's size, load, then attach per ELF file one `uprobe_multi`
-/// link of [`PROG_ENTRY`] over every [`crate::ProbeSite`] (cookie: [`Entry::cookie`]) and one of
+/// link of [`PROG_ENTRY`] over every [`crate::ProbeSite`] (cookie: [`crate::ProbeSite::cookie`]) and one of
 /// [`PROG_RET`] (as return probes, each site's cookie again) over the sites with `ret`; attach
 /// [`PROG_SYS_EXIT`] instead of the [`Entry::is_syscall`] sites to record raw syscalls.
 /// The runtime switch is the whole `.bss`, a [`RawSwitch`]; attach [`PROG_FORK`] while a
@@ -145,6 +145,39 @@ impl Entry {
         !matches!(self, Entry::Free)
     }
 
+    /// How many of the leading argument registers (rdi, rsi, rdx, rcx, r8, r9) the entry
+    /// program reads for a site of this shape (`mt_entry` in memtrack.bpf.c: change both
+    /// together). A probe may be placed past instructions that write none of them (and not
+    /// rsp): see [`crate::place_probe`].
+    pub const fn args_read(self) -> usize {
+        match self {
+            Entry::Malloc | Entry::Zalloc | Entry::Valloc | Entry::Free | Entry::FreeOuter => 1,
+            Entry::Brk => 1,
+            Entry::Calloc
+            | Entry::Mallocn
+            | Entry::Realloc
+            | Entry::Memalign
+            | Entry::AlignedSizeFirst
+            | Entry::Mallocx
+            | Entry::Rallocx
+            | Entry::Mmap
+            | Entry::Munmap => 2,
+            // mremap's program reads rdi and rdx.
+            Entry::Reallocarray | Entry::PosixMemalign | Entry::Mremap => 3,
+        }
+    }
+
+    /// The two arguments the program reads only as their product (`n * size`), which a
+    /// placement may therefore read as one already-multiplied value: see
+    /// [`crate::place_probe_for`].
+    pub const fn product_args(self) -> Option<(usize, usize)> {
+        match self {
+            Entry::Calloc | Entry::Mallocn => Some((0, 1)),
+            Entry::Reallocarray => Some((1, 2)),
+            _ => None,
+        }
+    }
+
     /// Whether this is one of libc's syscall wrappers (mmap, munmap, mremap, brk) rather than
     /// an allocator entry point: attached only when syscalls are recorded through them.
     pub const fn is_syscall(self) -> bool {
@@ -152,6 +185,45 @@ impl Entry {
             self,
             Entry::Mmap | Entry::Munmap | Entry::Mremap | Entry::Brk
         )
+    }
+}
+
+/// Where an argument of a probed call is at the probed offset (`MT_REG_*` of memtrack.h): a
+/// prologue skipped by [`crate::place_probe`] may have copied it to another register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ArgReg {
+    /// rdi (the first argument's own register).
+    Rdi = 1,
+    /// rsi (the second's).
+    Rsi = 2,
+    /// rdx (the third's).
+    Rdx = 3,
+    /// rcx.
+    Rcx = 4,
+    /// r8.
+    R8 = 5,
+    /// r9.
+    R9 = 6,
+    /// rax.
+    Rax = 7,
+    /// Not a register: the constant 1 (the second factor of an argument pair a prologue
+    /// multiplied, whose product is read as the first).
+    One = 8,
+}
+
+impl ArgReg {
+    /// The registers of the first three arguments at a function's entry.
+    pub const ENTRY: [ArgReg; 3] = [ArgReg::Rdi, ArgReg::Rsi, ArgReg::Rdx];
+
+    /// The cookie bits (`MT_COOKIE_ARG`) saying that argument `i` (0-2) is in `self`: 0 when
+    /// it is its own register, so that an unmoved site's cookie is its [`Entry::cookie`].
+    pub const fn cookie_bits(self, i: usize) -> u64 {
+        if i >= 3 || self as u8 == Self::ENTRY[i] as u8 {
+            0
+        } else {
+            (self as u64) << (8 + 4 * i)
+        }
     }
 }
 

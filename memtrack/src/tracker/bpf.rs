@@ -99,7 +99,7 @@ pub(crate) enum Syscalls {
 /// expensive part) and attached again for every recording.
 struct ProbedFile {
     path: PathBuf,
-    /// Entry-probe offsets and their cookies (`memtrack_bpf::Entry`).
+    /// Entry-probe offsets and their cookies (`memtrack_bpf::ProbeSite::cookie`).
     entry: Vec<(usize, u64)>,
     /// Offsets that also get a return probe, and their cookies (the same as at entry).
     ret: Vec<(usize, u64)>,
@@ -398,12 +398,12 @@ impl Bpf {
             path: path.to_path_buf(),
             entry: sites
                 .iter()
-                .map(|s| (s.offset as usize, s.entry.cookie()))
+                .map(|s| (s.offset as usize, s.cookie()))
                 .collect(),
             ret: sites
                 .iter()
                 .filter(|s| s.ret)
-                .map(|s| (s.offset as usize, s.entry.cookie()))
+                .map(|s| (s.offset as usize, s.cookie()))
                 .collect(),
         };
         if attached.live {
