@@ -436,3 +436,39 @@ fn the_cli_shows_coverage_and_refuses_an_uncovered_recording() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("not covered"), "{}", text(&o));
 }
+
+/// A program with no allocator the probes can find (static and stripped) is flagged, not
+/// reported as a process that allocated nothing.
+#[test]
+fn a_program_without_a_probeable_allocator_is_not_covered() {
+    require!();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("follow-static");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/follow.c");
+    let built = Command::new("cc")
+        .args(["-O1", "-static", "-s"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        eprintln!("SKIPPED: no static C library to link a static program");
+        return;
+    }
+    let script = format!("{} alloc 10 1234", s(&exe));
+    let run = record(dir.path(), &["/bin/sh", "-c", &script], true);
+    assert_eq!(run.out.exit_code, 0);
+    let ps = &run.fin.processes;
+    let p = ps
+        .iter()
+        .find(|p| p.exe.ends_with("follow-static"))
+        .unwrap_or_else(|| panic!("{ps:?}"));
+    assert!(
+        p.uncovered
+            .as_deref()
+            .is_some_and(|w| w.contains("no allocator entry point")),
+        "{p:?}"
+    );
+    assert_eq!(run.fin.uncovered_processes(), 1, "{ps:?}");
+}

@@ -73,6 +73,8 @@ type FileId = (u64, u64);
 struct ProcLinks {
     links: Vec<Link>,
     files: HashSet<(u64, u64)>,
+    /// Allocator probe sites attached for it.
+    sites: usize,
 }
 
 /// What a file contributes to a followed process: allocator sites, and ld.so's hook.
@@ -103,6 +105,25 @@ struct ProbedFile {
     entry: Vec<(usize, u64)>,
     /// Offsets that also get a return probe, and their cookies (the same as at entry).
     ret: Vec<(usize, u64)>,
+}
+
+impl ProbedFile {
+    /// The links' offsets and cookies for `sites` of `path` (one place, so that the
+    /// single-process and the following paths attach the same programs the same way).
+    fn new(path: &Path, sites: &[memtrack_bpf::ProbeSite]) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            entry: sites
+                .iter()
+                .map(|s| (s.offset as usize, s.cookie()))
+                .collect(),
+            ret: sites
+                .iter()
+                .filter(|s| s.ret)
+                .map(|s| (s.offset as usize, s.cookie()))
+                .collect(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -272,6 +293,7 @@ impl Bpf {
     pub(crate) fn relink_process(&self, pid: u32) -> Result<()> {
         let f = self.following()?;
         let old = lock(&f.procs).insert(pid, ProcLinks::default());
+        // Its files are probed again from scratch.
         if let Some(old) = old {
             detach_all(old.links);
         }
@@ -338,8 +360,20 @@ impl Bpf {
             let p = procs.entry(pid).or_default();
             p.files.insert(key);
             p.links.extend(links);
+            p.sites += sites
+                .as_ref()
+                .and_then(|s| s.probed.as_ref())
+                .map_or(0, |p| p.entry.len());
         }
         Ok(failed)
+    }
+
+    /// Allocator probe sites attached for followed process `pid`.
+    pub(crate) fn process_sites(&self, pid: u32) -> usize {
+        self.follow
+            .as_ref()
+            .and_then(|f| lock(&f.procs).get(&pid).map(|p| p.sites))
+            .unwrap_or(0)
     }
 
     /// The allocator sites of `path` and its `_dl_debug_state`, or `None` if it has neither
@@ -355,18 +389,7 @@ impl Bpf {
             .find(|s| s.name == memtrack_bpf::DL_STATE_SYMBOL)
             .and_then(|s| elf.file_offset(s.vaddr))
             .map(|o| o as usize);
-        let probed = (!sites.is_empty()).then(|| ProbedFile {
-            path: path.to_path_buf(),
-            entry: sites
-                .iter()
-                .map(|s| (s.offset as usize, s.entry.cookie()))
-                .collect(),
-            ret: sites
-                .iter()
-                .filter(|s| s.ret)
-                .map(|s| (s.offset as usize, s.entry.cookie()))
-                .collect(),
-        });
+        let probed = (!sites.is_empty()).then(|| ProbedFile::new(path, &sites));
         (probed.is_some() || dl_state.is_some()).then_some(FileSites { probed, dl_state })
     }
 
@@ -394,18 +417,7 @@ impl Bpf {
         if sites.is_empty() {
             return Ok(0);
         }
-        let file = ProbedFile {
-            path: path.to_path_buf(),
-            entry: sites
-                .iter()
-                .map(|s| (s.offset as usize, s.cookie()))
-                .collect(),
-            ret: sites
-                .iter()
-                .filter(|s| s.ret)
-                .map(|s| (s.offset as usize, s.cookie()))
-                .collect(),
-        };
+        let file = ProbedFile::new(path, &sites);
         if attached.live {
             let links = self.link_file(&file)?;
             attached.links.extend(links);

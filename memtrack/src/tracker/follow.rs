@@ -366,6 +366,15 @@ impl<'a> Tracer<'a> {
             files.extend(mapped);
         }
         self.attach(pid, &files);
+        if self.tracker.process_sites(pid) == 0 {
+            self.uncovered(
+                pid,
+                format!(
+                    "no allocator entry point in {exe} or the libraries it loads (statically \
+                     linked with a stripped allocator?): its allocations cannot be recorded"
+                ),
+            );
+        }
         Some(0)
     }
 

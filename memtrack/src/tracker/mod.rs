@@ -354,6 +354,11 @@ impl Tracker {
         self.bpf.attach_process_files(pid, files)
     }
 
+    /// Allocator probe sites attached for followed process `pid`.
+    pub(crate) fn process_sites(&self, pid: u32) -> usize {
+        self.bpf.process_sites(pid)
+    }
+
     /// Number of probe sites found (attached while recording or counting).
     pub fn probe_sites(&self) -> usize {
         self.bpf.sites()
