@@ -73,8 +73,6 @@ type FileId = (u64, u64);
 struct ProcLinks {
     links: Vec<Link>,
     files: HashSet<(u64, u64)>,
-    /// Allocator probe sites attached for it.
-    sites: usize,
 }
 
 /// What a file contributes to a followed process: allocator sites, and ld.so's hook.
@@ -360,20 +358,22 @@ impl Bpf {
             let p = procs.entry(pid).or_default();
             p.files.insert(key);
             p.links.extend(links);
-            p.sites += sites
-                .as_ref()
-                .and_then(|s| s.probed.as_ref())
-                .map_or(0, |p| p.entry.len());
         }
         Ok(failed)
     }
 
-    /// Allocator probe sites attached for followed process `pid`.
-    pub(crate) fn process_sites(&self, pid: u32) -> usize {
-        self.follow
-            .as_ref()
-            .and_then(|f| lock(&f.procs).get(&pid).map(|p| p.sites))
-            .unwrap_or(0)
+    /// Whether any of `files` (examined by [`Bpf::attach_process_files`]) has allocator
+    /// probe sites.
+    pub(crate) fn any_allocator(&self, files: &[PathBuf]) -> bool {
+        let Some(f) = &self.follow else { return false };
+        let cache = lock(&f.sites);
+        files.iter().any(|path| {
+            std::fs::metadata(path).is_ok_and(|m| {
+                cache
+                    .get(&(m.dev(), m.ino()))
+                    .is_some_and(|s| s.as_ref().is_some_and(|s| s.probed.is_some()))
+            })
+        })
     }
 
     /// The allocator sites of `path` and its `_dl_debug_state`, or `None` if it has neither

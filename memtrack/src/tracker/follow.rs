@@ -366,7 +366,7 @@ impl<'a> Tracer<'a> {
             files.extend(mapped);
         }
         self.attach(pid, &files);
-        if self.tracker.process_sites(pid) == 0 {
+        if !self.tracker.any_allocator(&files) {
             self.uncovered(
                 pid,
                 format!(

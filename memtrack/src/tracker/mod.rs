@@ -354,9 +354,10 @@ impl Tracker {
         self.bpf.attach_process_files(pid, files)
     }
 
-    /// Allocator probe sites attached for followed process `pid`.
-    pub(crate) fn process_sites(&self, pid: u32) -> usize {
-        self.bpf.process_sites(pid)
+    /// Whether any of `files` (attached with [`Tracker::attach_process_files`]) defines an
+    /// allocator entry point.
+    pub(crate) fn any_allocator(&self, files: &[PathBuf]) -> bool {
+        self.bpf.any_allocator(files)
     }
 
     /// Number of probe sites found (attached while recording or counting).
