@@ -183,8 +183,9 @@ pub struct Totals {
 /// Totals of one process (by pid) of a recording: each process has a heap of its own (the
 /// same address in two processes is two blocks), and a process's frees of blocks allocated
 /// before it was observed (a forked child freeing its parent's blocks) are unmatched frees, as
-/// a recording of that process alone would count them. The rows add up to [`Totals`], except
-/// the peaks (each process's own).
+/// a recording of that process alone would count them. The rows add up to [`Totals`]. Counted
+/// off the per-event path: events, allocations and frees from the process's threads, live
+/// blocks from its heap when asked.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ProcessTotals {
@@ -202,8 +203,6 @@ pub struct ProcessTotals {
     pub unmatched_frees: u64,
     /// Frees by the allocator of blocks already freed (see [`Totals::allocator_internal_frees`]).
     pub allocator_internal_frees: u64,
-    /// Most heap bytes live at once in this process.
-    pub peak_live_bytes: u64,
     /// Heap blocks of this process live after its last event.
     pub live_blocks_at_end: u64,
     /// Their bytes.
@@ -233,7 +232,21 @@ struct Proc {
     /// Mapped regions: start -> page-rounded length.
     maps: BTreeMap<u64, u64>,
     mapped: u64,
-    t: ProcessTotals,
+    /// What the per-event path counts per process: the rare cases only.
+    unmatched_frees: u64,
+    allocator_internal_frees: u64,
+    blocks_discarded_at_exec: u64,
+    bytes_discarded_at_exec: u64,
+}
+
+impl Proc {
+    /// Its live blocks and their bytes (a walk of its heap: for exec and the end, not per event).
+    fn live(&self) -> (u64, u64) {
+        self.blocks.values().fold((0, 0), |(n, b), x| match *x {
+            Block::Live(size) => (n + 1, b.saturating_add(size)),
+            Block::Freed => (n, b),
+        })
+    }
 }
 
 /// Computes [`Totals`] from events fed in order.
@@ -248,13 +261,12 @@ pub struct Analyzer {
     /// Per-process state, in order of first appearance, and where each pid is in it.
     procs: Vec<(u32, Proc)>,
     proc_index: FxHashMap<u32, usize>,
-    /// The last event's process: a process's events come in runs, so this skips most lookups.
-    last_proc: Option<(u32, usize)>,
-    /// Per-thread totals, in order of first appearance, and where each tid is in it.
-    threads: Vec<(u32, ThreadTotals)>,
-    thread_index: FxHashMap<u32, usize>,
+    /// Per-thread totals, in order of first appearance, each with its process's slot in
+    /// `procs`, and where each thread (pid << 32 | tid) is in it.
+    threads: Vec<(u32, usize, ThreadTotals)>,
+    thread_index: FxHashMap<u64, usize>,
     /// The last event's thread: threads run in bursts, so this skips most index lookups.
-    last_thread: Option<(u32, usize)>,
+    last_thread: Option<(u64, usize)>,
 }
 
 impl Analyzer {
@@ -281,34 +293,16 @@ impl Analyzer {
         t.last_ts = e.ts;
         let tag = e.kind.tag();
         t.kinds.0[tag.index()] += 1;
+        // A thread is keyed with its process: a tid reused by another process is another row.
+        let key = (e.pid as u64) << 32 | e.tid as u64;
         let slot = match self.last_thread {
-            Some((tid, slot)) if tid == e.tid => slot,
-            _ => {
-                let next = self.threads.len();
-                let slot = *self.thread_index.entry(e.tid).or_insert(next);
-                if slot == next {
-                    self.threads.push((e.tid, ThreadTotals::default()));
-                }
-                self.last_thread = Some((e.tid, slot));
-                slot
-            }
+            Some((k, slot)) if k == key => slot,
+            _ => self.thread_slot(key, e.pid, e.tid),
         };
-        let pslot = match self.last_proc {
-            Some((pid, slot)) if pid == e.pid => slot,
-            _ => {
-                let next = self.procs.len();
-                let slot = *self.proc_index.entry(e.pid).or_insert(next);
-                if slot == next {
-                    self.procs.push((e.pid, Proc::default()));
-                }
-                self.last_proc = Some((e.pid, slot));
-                slot
-            }
-        };
-        let th = &mut self.threads[slot].1;
+        let t = &mut self.t;
+        let (_, pslot, th) = &mut self.threads[slot];
         th.events += 1;
-        let p = &mut self.procs[pslot].1;
-        p.t.events += 1;
+        let p = &mut self.procs[*pslot].1;
         let live = (&mut self.live_blocks, &mut self.live_bytes);
         match e.kind {
             EventKind::Malloc { addr, size }
@@ -353,6 +347,24 @@ impl Analyzer {
         }
     }
 
+    /// The slot of thread `key` (and of its process), created on first sight: the slow path
+    /// of [`Analyzer::update`], taken when the thread changes.
+    #[inline(never)]
+    fn thread_slot(&mut self, key: u64, pid: u32, tid: u32) -> usize {
+        let next = self.threads.len();
+        let slot = *self.thread_index.entry(key).or_insert(next);
+        if slot == next {
+            let pnext = self.procs.len();
+            let pslot = *self.proc_index.entry(pid).or_insert(pnext);
+            if pslot == pnext {
+                self.procs.push((pid, Proc::default()));
+            }
+            self.threads.push((tid, pslot, ThreadTotals::default()));
+        }
+        self.last_thread = Some((key, slot));
+        slot
+    }
+
     #[inline]
     fn alloc(
         t: &mut Totals,
@@ -365,22 +377,12 @@ impl Analyzer {
         t.bytes_allocated = t.bytes_allocated.saturating_add(size);
         th.allocations += 1;
         th.bytes_allocated = th.bytes_allocated.saturating_add(size);
-        p.t.allocations += 1;
-        p.t.bytes_allocated = p.t.bytes_allocated.saturating_add(size);
         match p.blocks.insert(addr, Block::Live(size)) {
             // A block at an address that is already live means its free was not seen: replace it.
-            Some(Block::Live(old)) => {
-                *live_bytes = live_bytes.saturating_sub(old);
-                p.t.live_bytes_at_end = p.t.live_bytes_at_end.saturating_sub(old);
-            }
-            Some(Block::Freed) | None => {
-                *live_blocks += 1;
-                p.t.live_blocks_at_end += 1;
-            }
+            Some(Block::Live(old)) => *live_bytes = live_bytes.saturating_sub(old),
+            Some(Block::Freed) | None => *live_blocks += 1,
         }
         *live_bytes = live_bytes.saturating_add(size);
-        p.t.live_bytes_at_end = p.t.live_bytes_at_end.saturating_add(size);
-        p.t.peak_live_bytes = p.t.peak_live_bytes.max(p.t.live_bytes_at_end);
         t.peak_live_blocks = t.peak_live_blocks.max(*live_blocks);
     }
 
@@ -399,25 +401,21 @@ impl Analyzer {
                 };
                 t.bytes_freed = t.bytes_freed.saturating_add(size);
                 th.bytes_freed = th.bytes_freed.saturating_add(size);
-                p.t.bytes_freed = p.t.bytes_freed.saturating_add(size);
                 *live_bytes = live_bytes.saturating_sub(size);
                 *live_blocks -= 1;
-                p.t.live_bytes_at_end = p.t.live_bytes_at_end.saturating_sub(size);
-                p.t.live_blocks_at_end -= 1;
             }
             Some(Block::Freed) => {
                 t.allocator_internal_frees += 1;
-                p.t.allocator_internal_frees += 1;
+                p.allocator_internal_frees += 1;
                 return;
             }
             None => {
                 t.unmatched_frees += 1;
-                p.t.unmatched_frees += 1;
+                p.unmatched_frees += 1;
             }
         }
         t.frees += 1;
         th.frees += 1;
-        p.t.frees += 1;
     }
 
     /// The process replaced its image: its heap and address space are gone.
@@ -427,18 +425,13 @@ impl Analyzer {
         (live_blocks, live_bytes): (&mut u64, &mut u64),
         mapped: &mut u64,
     ) {
-        t.blocks_discarded_at_exec += p.t.live_blocks_at_end;
-        t.bytes_discarded_at_exec = t
-            .bytes_discarded_at_exec
-            .saturating_add(p.t.live_bytes_at_end);
-        p.t.blocks_discarded_at_exec += p.t.live_blocks_at_end;
-        p.t.bytes_discarded_at_exec =
-            p.t.bytes_discarded_at_exec
-                .saturating_add(p.t.live_bytes_at_end);
-        *live_blocks -= p.t.live_blocks_at_end;
-        *live_bytes = live_bytes.saturating_sub(p.t.live_bytes_at_end);
-        p.t.live_blocks_at_end = 0;
-        p.t.live_bytes_at_end = 0;
+        let (blocks, bytes) = p.live();
+        t.blocks_discarded_at_exec += blocks;
+        t.bytes_discarded_at_exec = t.bytes_discarded_at_exec.saturating_add(bytes);
+        p.blocks_discarded_at_exec += blocks;
+        p.bytes_discarded_at_exec = p.bytes_discarded_at_exec.saturating_add(bytes);
+        *live_blocks -= blocks;
+        *live_bytes = live_bytes.saturating_sub(bytes);
         // The freed addresses go with the image too.
         p.blocks = FxHashMap::default();
         *mapped = mapped.saturating_sub(p.mapped);
@@ -489,9 +482,38 @@ impl Analyzer {
         *mapped = mapped.saturating_sub(before).saturating_add(p.mapped);
     }
 
-    /// Per-process totals so far, by pid (one row for a single-process recording).
+    /// Per-process totals so far, by pid (one row for a single-process recording). Walks
+    /// every process's heap: call it at the end, not per event.
     pub fn per_process(&self) -> BTreeMap<u32, ProcessTotals> {
-        self.procs.iter().map(|(pid, p)| (*pid, p.t)).collect()
+        let mut out: Vec<ProcessTotals> = self
+            .procs
+            .iter()
+            .map(|(_, p)| {
+                let (live_blocks_at_end, live_bytes_at_end) = p.live();
+                ProcessTotals {
+                    unmatched_frees: p.unmatched_frees,
+                    allocator_internal_frees: p.allocator_internal_frees,
+                    live_blocks_at_end,
+                    live_bytes_at_end,
+                    blocks_discarded_at_exec: p.blocks_discarded_at_exec,
+                    bytes_discarded_at_exec: p.bytes_discarded_at_exec,
+                    ..ProcessTotals::default()
+                }
+            })
+            .collect();
+        for (_, pslot, th) in &self.threads {
+            let p = &mut out[*pslot];
+            p.events += th.events;
+            p.allocations += th.allocations;
+            p.bytes_allocated = p.bytes_allocated.saturating_add(th.bytes_allocated);
+            p.frees += th.frees;
+            p.bytes_freed = p.bytes_freed.saturating_add(th.bytes_freed);
+        }
+        self.procs
+            .iter()
+            .zip(out)
+            .map(|((pid, _), t)| (*pid, t))
+            .collect()
     }
 
     /// Live heap bytes now.
@@ -526,7 +548,17 @@ impl Analyzer {
         t.live_blocks_at_end = self.live_blocks;
         t.mapped_bytes_at_end = self.mapped;
         t.threads = self.threads.len() as u64;
-        t.per_thread = self.threads.iter().copied().collect();
+        let mut per_thread = BTreeMap::new();
+        for &(tid, _, th) in &self.threads {
+            // A tid reused by another process: one row, as before processes were told apart.
+            let row: &mut ThreadTotals = per_thread.entry(tid).or_default();
+            row.events += th.events;
+            row.allocations += th.allocations;
+            row.bytes_allocated = row.bytes_allocated.saturating_add(th.bytes_allocated);
+            row.frees += th.frees;
+            row.bytes_freed = row.bytes_freed.saturating_add(th.bytes_freed);
+        }
+        t.per_thread = per_thread;
         t
     }
 }
@@ -640,6 +672,51 @@ mod tests {
         assert_eq!((t.mapped_bytes_at_end, t.mapped_bytes_peak), (0, PAGE));
         assert_eq!(t.peak_live_bytes, 47);
         assert_eq!(t.kinds.get(KindTag::Exec), 1);
+    }
+
+    /// Each process has a heap of its own: the same address in two processes is two blocks,
+    /// and a forked child's free of its parent's block is unmatched (as a recording of the
+    /// child alone counts it). The per-process rows add up to the totals.
+    #[test]
+    fn every_process_has_a_heap_of_its_own() {
+        let mut a = Analyzer::new();
+        let at = |pid, kind| Event::new(0, pid, pid, kind);
+        a.update(&at(
+            1,
+            EventKind::Malloc {
+                addr: 0x10,
+                size: 40,
+            },
+        ));
+        // The child (pid 2) was forked after that malloc: same address, its own block.
+        a.update(&at(
+            2,
+            EventKind::Malloc {
+                addr: 0x10,
+                size: 8,
+            },
+        ));
+        a.update(&at(2, EventKind::Free { addr: 0x10 }));
+        a.update(&at(2, EventKind::Free { addr: 0x20 }));
+        a.update(&at(1, EventKind::Free { addr: 0x10 }));
+        let t = a.totals();
+        assert_eq!((t.allocations, t.frees, t.unmatched_frees), (2, 3, 1));
+        assert_eq!((t.bytes_freed, t.live_blocks_at_end), (48, 0));
+        assert_eq!(t.peak_live_bytes, 48);
+        let per = a.per_process();
+        assert_eq!(
+            (per[&1].allocations, per[&1].frees, per[&1].bytes_freed),
+            (1, 1, 40)
+        );
+        assert_eq!(
+            (
+                per[&2].allocations,
+                per[&2].frees,
+                per[&2].unmatched_frees,
+                per[&2].bytes_freed
+            ),
+            (1, 2, 1, 8)
+        );
     }
 
     #[test]

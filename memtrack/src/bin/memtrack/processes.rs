@@ -120,7 +120,6 @@ pub fn json(processes: &[ProcessInfo], per: &BTreeMap<u32, ProcessTotals>) -> se
                 "frees": t.frees,
                 "bytes_freed": t.bytes_freed,
                 "unmatched_frees": t.unmatched_frees,
-                "peak_live_bytes": t.peak_live_bytes,
                 "live_blocks_at_end": t.live_blocks_at_end,
                 "live_bytes_at_end": t.live_bytes_at_end,
             })
