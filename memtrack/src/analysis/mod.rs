@@ -35,69 +35,22 @@ mod timeline;
 
 pub use compare::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use histogram::{SizeClass, SizeHistogram};
-pub use timeline::{Column, Extremes, Timeline};
+pub use timeline::{Column, Extremes, InvalidTimeline, Timeline};
+
+pub use crate::totals::{KindCounts, ThreadTotals, Totals};
 
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Event, EventKind, KindTag};
+use crate::event::{Event, EventKind, HeapOps};
 
 const PAGE: u64 = 4096;
 
 /// `size` rounded up to whole pages, saturating for absurd sizes from damaged input.
 fn pages(size: u64) -> u64 {
     size.div_ceil(PAGE).saturating_mul(PAGE)
-}
-
-/// Per-kind event counts, keyed by [`KindTag::name`] in JSON.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KindCounts(pub [u64; KindTag::ALL.len()]);
-
-impl KindCounts {
-    /// The count of events of `kind`.
-    pub fn get(&self, kind: KindTag) -> u64 {
-        self.0[kind.index()]
-    }
-}
-
-impl Serialize for KindCounts {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(KindTag::ALL.len()))?;
-        for k in KindTag::ALL {
-            m.serialize_entry(k.name(), &self.get(k))?;
-        }
-        m.end()
-    }
-}
-
-impl<'de> Deserialize<'de> for KindCounts {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let m = BTreeMap::<String, u64>::deserialize(d)?;
-        let mut c = KindCounts::default();
-        for k in KindTag::ALL {
-            c.0[k.index()] = m.get(k.name()).copied().unwrap_or(0);
-        }
-        Ok(c)
-    }
-}
-
-/// Totals of one thread. Frees are attributed to the freeing thread.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct ThreadTotals {
-    /// Events of this thread.
-    pub events: u64,
-    /// Allocations made by this thread.
-    pub allocations: u64,
-    /// Bytes allocated by this thread.
-    pub bytes_allocated: u64,
-    /// Blocks freed by this thread.
-    pub frees: u64,
-    /// Bytes freed by this thread (of blocks allocated while recording).
-    pub bytes_freed: u64,
 }
 
 /// The headline numbers of a recording at one moment (a mid-session snapshot), under the
@@ -122,62 +75,6 @@ pub struct Stats {
     pub peak_live_bytes: u64,
     /// Events recorded so far.
     pub events: u64,
-}
-
-/// Totals over a sequence of events. See the module docs for the accounting rules.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct Totals {
-    /// Number of events.
-    pub events: u64,
-    /// Events per kind.
-    pub kinds: KindCounts,
-    /// Successful calls returning a heap block (malloc + calloc + realloc + aligned_alloc).
-    pub allocations: u64,
-    /// Heap blocks released (free events and the old blocks of reallocs).
-    pub frees: u64,
-    /// Frees of addresses not allocated while recording (no bytes counted for them).
-    pub unmatched_frees: u64,
-    /// Frees by the allocator of blocks already freed (e.g. glibc flushing an exiting
-    /// thread's cache): not in `frees`. Absent before format 1.2 (read as 0; those files
-    /// counted them in `frees` and `unmatched_frees`).
-    #[serde(default)]
-    pub allocator_internal_frees: u64,
-    /// Sum of the sizes of all allocations.
-    pub bytes_allocated: u64,
-    /// Sum of the sizes of the blocks freed (of those allocated while recording).
-    pub bytes_freed: u64,
-    /// Maximum of live heap bytes over the event order.
-    pub peak_live_bytes: u64,
-    /// Timestamp (ns) of the event at which the peak was first reached.
-    pub peak_ts: u64,
-    /// Maximum number of live heap blocks over the event order (blocks allocated while
-    /// recording and not yet freed). Absent from the totals of format 1.0 trailers (read as 0).
-    #[serde(default)]
-    pub peak_live_blocks: u64,
-    /// Live heap bytes after the last event.
-    pub live_bytes_at_end: u64,
-    /// Live heap blocks after the last event.
-    pub live_blocks_at_end: u64,
-    /// Heap blocks still live when their process replaced its image (`Exec`): gone with the
-    /// old image, so neither freed nor live at the end. Absent before format 1.3 (read as 0).
-    #[serde(default)]
-    pub blocks_discarded_at_exec: u64,
-    /// Their bytes. Absent before format 1.3 (read as 0).
-    #[serde(default)]
-    pub bytes_discarded_at_exec: u64,
-    /// Maximum of mapped bytes (page-rounded) over the event order.
-    pub mapped_bytes_peak: u64,
-    /// Mapped bytes (page-rounded) after the last event.
-    pub mapped_bytes_at_end: u64,
-    /// Number of distinct threads that produced events.
-    pub threads: u64,
-    /// Timestamp of the first event (ns, CLOCK_MONOTONIC); 0 if there were none.
-    pub first_ts: u64,
-    /// Timestamp of the last event (ns, CLOCK_MONOTONIC); 0 if there were none.
-    pub last_ts: u64,
-    /// Per-thread totals, by tid.
-    pub per_thread: BTreeMap<u32, ThreadTotals>,
 }
 
 /// Totals of one process (by pid) of a recording: each process has a heap of its own (the
@@ -249,13 +146,38 @@ impl Proc {
     }
 }
 
+/// Live heap blocks and bytes over all processes.
+#[derive(Default)]
+struct Live {
+    blocks: u64,
+    bytes: u64,
+}
+
+/// The heap's part of [`Analyzer::update`]: what the kind table's rule calls for one event.
+struct HeapUpdate<'a> {
+    t: &'a mut Totals,
+    th: &'a mut ThreadTotals,
+    p: &'a mut Proc,
+    live: &'a mut Live,
+}
+
+impl HeapOps for HeapUpdate<'_> {
+    #[inline(always)]
+    fn alloc(&mut self, addr: u64, size: u64) {
+        Analyzer::alloc(self.t, self.th, self.p, self.live, (addr, size));
+    }
+
+    #[inline(always)]
+    fn free(&mut self, addr: u64) {
+        Analyzer::free(self.t, self.th, self.p, self.live, addr);
+    }
+}
+
 /// Computes [`Totals`] from events fed in order.
 #[derive(Default)]
 pub struct Analyzer {
     t: Totals,
-    /// Live blocks and bytes over all processes.
-    live_blocks: u64,
-    live_bytes: u64,
+    live: Live,
     /// Mapped bytes over all processes.
     mapped: u64,
     /// Per-process state, in order of first appearance, and where each pid is in it.
@@ -299,50 +221,21 @@ impl Analyzer {
             Some((k, slot)) if k == key => slot,
             _ => self.thread_slot(key, e.pid, e.tid),
         };
-        let t = &mut self.t;
         let (_, pslot, th) = &mut self.threads[slot];
+        let pslot = *pslot;
         th.events += 1;
-        let p = &mut self.procs[*pslot].1;
-        let live = (&mut self.live_blocks, &mut self.live_bytes);
-        match e.kind {
-            EventKind::Malloc { addr, size }
-            | EventKind::Calloc { addr, size }
-            | EventKind::AlignedAlloc { addr, size, .. } => {
-                Self::alloc(t, th, p, live, (addr, size));
-            }
-            EventKind::Realloc {
-                old_addr,
-                new_addr,
-                size,
-            } => {
-                if old_addr != 0 {
-                    Self::free(t, th, p, (&mut *live.0, &mut *live.1), old_addr);
-                }
-                if new_addr != 0 {
-                    Self::alloc(t, th, p, live, (new_addr, size));
-                }
-            }
-            EventKind::Free { addr } => {
-                if addr != 0 {
-                    Self::free(t, th, p, live, addr);
-                }
-            }
-            EventKind::Mmap { addr, size } => Self::map(t, p, &mut self.mapped, addr, size),
-            EventKind::Munmap { addr, size } => Self::unmap(p, &mut self.mapped, addr, size),
-            EventKind::Mremap {
-                old_addr,
-                new_addr,
-                size,
-            } => {
-                let old = p.maps.get(&old_addr).copied().unwrap_or(0);
-                Self::unmap(p, &mut self.mapped, old_addr, old);
-                Self::map(t, p, &mut self.mapped, new_addr, size);
-            }
-            EventKind::Brk { .. } => {}
-            EventKind::Exec => Self::exec(t, p, live, &mut self.mapped),
+        // The heap's rule is the kind table's (a realloc frees its old block first).
+        let mut ops = HeapUpdate {
+            t: &mut self.t,
+            th,
+            p: &mut self.procs[pslot].1,
+            live: &mut self.live,
+        };
+        if !e.kind.apply_heap(&mut ops) {
+            self.other(e, pslot);
         }
-        if self.live_bytes > self.t.peak_live_bytes {
-            self.t.peak_live_bytes = self.live_bytes;
+        if self.live.bytes > self.t.peak_live_bytes {
+            self.t.peak_live_bytes = self.live.bytes;
             self.t.peak_ts = e.ts;
         }
     }
@@ -365,12 +258,35 @@ impl Analyzer {
         slot
     }
 
+    /// Feeds an event that is not of the heap, of the process in `procs[pslot]`.
+    #[inline]
+    fn other(&mut self, e: &Event, pslot: usize) {
+        let (t, mapped) = (&mut self.t, &mut self.mapped);
+        let p = &mut self.procs[pslot].1;
+        match e.kind {
+            EventKind::Mmap { addr, size } => Self::map(t, p, mapped, addr, size),
+            EventKind::Munmap { addr, size } => Self::unmap(p, mapped, addr, size),
+            EventKind::Mremap {
+                old_addr,
+                new_addr,
+                size,
+            } => {
+                let old = p.maps.get(&old_addr).copied().unwrap_or(0);
+                Self::unmap(p, mapped, old_addr, old);
+                Self::map(t, p, mapped, new_addr, size);
+            }
+            EventKind::Exec => Self::exec(t, p, &mut self.live, mapped),
+            // `brk` is only counted; the heap's kinds are `apply_heap`'s.
+            _ => {}
+        }
+    }
+
     #[inline]
     fn alloc(
         t: &mut Totals,
         th: &mut ThreadTotals,
         p: &mut Proc,
-        (live_blocks, live_bytes): (&mut u64, &mut u64),
+        live: &mut Live,
         (addr, size): (u64, u64),
     ) {
         t.allocations += 1;
@@ -379,21 +295,15 @@ impl Analyzer {
         th.bytes_allocated = th.bytes_allocated.saturating_add(size);
         match p.blocks.insert(addr, Block::Live(size)) {
             // A block at an address that is already live means its free was not seen: replace it.
-            Some(Block::Live(old)) => *live_bytes = live_bytes.saturating_sub(old),
-            Some(Block::Freed) | None => *live_blocks += 1,
+            Some(Block::Live(old)) => live.bytes = live.bytes.saturating_sub(old),
+            Some(Block::Freed) | None => live.blocks += 1,
         }
-        *live_bytes = live_bytes.saturating_add(size);
-        t.peak_live_blocks = t.peak_live_blocks.max(*live_blocks);
+        live.bytes = live.bytes.saturating_add(size);
+        t.peak_live_blocks = t.peak_live_blocks.max(live.blocks);
     }
 
     #[inline]
-    fn free(
-        t: &mut Totals,
-        th: &mut ThreadTotals,
-        p: &mut Proc,
-        (live_blocks, live_bytes): (&mut u64, &mut u64),
-        addr: u64,
-    ) {
+    fn free(t: &mut Totals, th: &mut ThreadTotals, p: &mut Proc, live: &mut Live, addr: u64) {
         match p.blocks.get_mut(&addr) {
             Some(b @ Block::Live(..)) => {
                 let Block::Live(size) = std::mem::replace(b, Block::Freed) else {
@@ -401,8 +311,8 @@ impl Analyzer {
                 };
                 t.bytes_freed = t.bytes_freed.saturating_add(size);
                 th.bytes_freed = th.bytes_freed.saturating_add(size);
-                *live_bytes = live_bytes.saturating_sub(size);
-                *live_blocks -= 1;
+                live.bytes = live.bytes.saturating_sub(size);
+                live.blocks -= 1;
             }
             Some(Block::Freed) => {
                 t.allocator_internal_frees += 1;
@@ -419,19 +329,14 @@ impl Analyzer {
     }
 
     /// The process replaced its image: its heap and address space are gone.
-    fn exec(
-        t: &mut Totals,
-        p: &mut Proc,
-        (live_blocks, live_bytes): (&mut u64, &mut u64),
-        mapped: &mut u64,
-    ) {
+    fn exec(t: &mut Totals, p: &mut Proc, live: &mut Live, mapped: &mut u64) {
         let (blocks, bytes) = p.live();
         t.blocks_discarded_at_exec += blocks;
         t.bytes_discarded_at_exec = t.bytes_discarded_at_exec.saturating_add(bytes);
         p.blocks_discarded_at_exec += blocks;
         p.bytes_discarded_at_exec = p.bytes_discarded_at_exec.saturating_add(bytes);
-        *live_blocks -= blocks;
-        *live_bytes = live_bytes.saturating_sub(bytes);
+        live.blocks -= blocks;
+        live.bytes = live.bytes.saturating_sub(bytes);
         // The freed addresses go with the image too.
         p.blocks = FxHashMap::default();
         *mapped = mapped.saturating_sub(p.mapped);
@@ -518,7 +423,7 @@ impl Analyzer {
 
     /// Live heap bytes now.
     pub fn live_bytes(&self) -> u64 {
-        self.live_bytes
+        self.live.bytes
     }
 
     /// Mapped bytes (page-rounded) now.
@@ -533,8 +438,8 @@ impl Analyzer {
             allocations: self.t.allocations,
             bytes_allocated: self.t.bytes_allocated,
             frees: self.t.frees,
-            live_blocks: self.live_blocks,
-            live_bytes: self.live_bytes,
+            live_blocks: self.live.blocks,
+            live_bytes: self.live.bytes,
             peak_live_blocks: self.t.peak_live_blocks,
             peak_live_bytes: self.t.peak_live_bytes,
             events: self.t.events,
@@ -544,8 +449,8 @@ impl Analyzer {
     /// The totals so far.
     pub fn totals(&self) -> Totals {
         let mut t = self.t.clone();
-        t.live_bytes_at_end = self.live_bytes;
-        t.live_blocks_at_end = self.live_blocks;
+        t.live_bytes_at_end = self.live.bytes;
+        t.live_blocks_at_end = self.live.blocks;
         t.mapped_bytes_at_end = self.mapped;
         t.threads = self.threads.len() as u64;
         let mut per_thread = BTreeMap::new();
@@ -566,6 +471,7 @@ impl Analyzer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::KindTag;
 
     fn ev(tid: u32, kind: EventKind) -> Event {
         Event::new(0, 1, tid, kind)

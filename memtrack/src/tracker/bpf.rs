@@ -146,7 +146,7 @@ fn handle(obj: &Object, pred: impl Fn(&str) -> bool, what: &str) -> Result<Arc<M
     let map = obj
         .maps()
         .find(|m| pred(&m.name().to_string_lossy()))
-        .ok_or_else(|| TrackerError::InvalidOption(format!("BPF object has no map {what}")))?;
+        .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no map {what}")))?;
     MapHandle::try_from(&map)
         .map(Arc::new)
         .map_err(|e| TrackerError::bpf(format!("duplicating the {what} map"), e))
@@ -178,12 +178,12 @@ impl Bpf {
             let name = map.name().to_string_lossy().into_owned();
             if name.ends_with(".rodata") {
                 let init = map.initial_value_mut().ok_or_else(|| {
-                    TrackerError::InvalidOption("BPF object's .rodata has no data".into())
+                    TrackerError::ObjectMismatch("its .rodata has no data".into())
                 })?;
                 if init.len() != RawConfig::SIZE {
-                    return Err(TrackerError::InvalidOption(format!(
-                        "BPF object's .rodata is {} bytes, expected {} (memtrack.h and the Rust \
-                         mirror disagree: regenerate the object)",
+                    return Err(TrackerError::ObjectMismatch(format!(
+                        "its .rodata is {} bytes, expected {} (memtrack.h and the Rust mirror \
+                         disagree)",
                         init.len(),
                         RawConfig::SIZE
                     )));
@@ -204,7 +204,7 @@ impl Bpf {
         let follow = if follow == memtrack_bpf::FOLLOW_TREE {
             let map = handle(&obj, |n| n == memtrack_bpf::MAP_FOLLOWED, "followed")?;
             let map = Arc::try_unwrap(map)
-                .map_err(|_| TrackerError::InvalidOption("the followed map is shared".into()))?;
+                .map_err(|_| TrackerError::Internal("the followed map's handle is shared"))?;
             let (tx, rx) = std::sync::mpsc::channel::<Vec<Link>>();
             let thread = std::thread::Builder::new()
                 .name("memtrack-detach".into())
@@ -252,7 +252,7 @@ impl Bpf {
 
     fn following(&self) -> Result<&Following> {
         self.follow.as_ref().ok_or_else(|| {
-            TrackerError::InvalidOption("this tracker was not loaded to follow processes".into())
+            TrackerError::Internal("a process was followed with a tracker not loaded to follow")
         })
     }
 
@@ -543,7 +543,7 @@ impl Bpf {
             .obj
             .progs_mut()
             .find(|p| p.name() == program)
-            .ok_or_else(|| TrackerError::InvalidOption(format!("no BPF program {program}")))?;
+            .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no program {program}")))?;
         prog.attach_uprobe_multi_with_opts(pid as i32, path, "", opts)
             .map(Some)
             .map_err(|e| {
@@ -614,7 +614,7 @@ impl Bpf {
             .obj
             .progs_mut()
             .find(|p| p.name() == name)
-            .ok_or_else(|| TrackerError::InvalidOption(format!("no BPF program {name}")))?;
+            .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no program {name}")))?;
         *link = Some(
             prog.attach()
                 .map_err(|e| TrackerError::bpf(format!("attaching {name} (tp_btf)"), e))?,
@@ -728,8 +728,8 @@ pub(crate) fn in_scope(calls: &MapHandle, tid: u32, generation: u32) -> Result<b
     let fd = ThreadPidfd::open(tid, "a")?;
     let mut value = [0u8; 128];
     if calls.value_size() as usize > value.len() {
-        return Err(TrackerError::InvalidOption(format!(
-            "the calls map's values are {} bytes, more than the {} expected",
+        return Err(TrackerError::ObjectMismatch(format!(
+            "its calls map's values are {} bytes, more than the {} expected",
             calls.value_size(),
             value.len()
         )));
