@@ -251,9 +251,9 @@ impl Bpf {
     }
 
     fn following(&self) -> Result<&Following> {
-        self.follow.as_ref().ok_or_else(|| {
-            TrackerError::Internal("a process was followed with a tracker not loaded to follow")
-        })
+        self.follow.as_ref().ok_or(TrackerError::Internal(
+            "a process was followed with a tracker not loaded to follow",
+        ))
     }
 
     /// Records process `pid` from now on (a following tracker: its tgid joins the

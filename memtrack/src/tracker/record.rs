@@ -776,7 +776,7 @@ pub fn record_command_with(
             Err(e) => {
                 kill_child();
                 drop(recording.stop());
-                return Err(e.into());
+                return Err(e);
             }
         }
     } else {
