@@ -10,15 +10,9 @@ use memtrack::{
     SizeHistogram, Synth, SynthOptions, Totals, human,
 };
 
-// The subcommands' modules live in memtrack/ beside this file (not as src/bin/*.rs, which cargo
-// would build as more binaries).
-#[path = "memtrack/compare.rs"]
 mod compare;
-#[path = "memtrack/plot.rs"]
 mod plot;
-#[path = "memtrack/progress.rs"]
 mod progress;
-#[path = "memtrack/tables.rs"]
 mod tables;
 
 #[derive(Parser)]

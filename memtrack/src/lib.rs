@@ -52,6 +52,7 @@ mod limits;
 mod recorder;
 mod scope;
 mod session;
+#[cfg(feature = "synth")]
 mod synth;
 mod tracker;
 
@@ -70,6 +71,7 @@ pub use memtrack_macros::memtrack;
 pub use recorder::{Allocator, allocator_installed, in_session};
 pub use scope::Scope;
 pub use session::{BackendChoice, Report, Session, SessionBuilder, start};
+#[cfg(feature = "synth")]
 pub use synth::{Synth, SynthOptions};
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
 pub use tracker::{Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};
