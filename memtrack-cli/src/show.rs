@@ -38,7 +38,7 @@ pub struct ShowReport {
     pub events: u64,
     /// Events by kind.
     pub kinds: KindCounts,
-    /// The totals' figures, as [`Totals`] defines them.
+    /// See [`Totals::allocations`].
     pub allocations: u64,
     /// See [`Totals::frees`].
     pub frees: u64,
