@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use libbpf_rs::{
     Link, MapCore, MapFlags, Object, ObjectBuilder, RingBufferBuilder, UprobeMultiOpts,
 };
-use memtrack_bpf::{PROG_ENTRY, PROG_NOP, PROG_RET, RawConfig, probe_sites};
+use memtrack_bpf::{
+    PROG_ENTRY, PROG_NOP, PROG_RET, RawConfig, RawSwitch, SCOPE_PROCESS, SWITCH_STREAM, probe_sites,
+};
 
 fn pairs_ns(pairs: u64) -> f64 {
     let t = Instant::now();
@@ -76,7 +78,7 @@ fn attach(obj: &Object, nop: bool, placed: bool) -> Vec<Link> {
     let prog = |name: &str| obj.progs_mut().find(|p| p.name() == name).unwrap();
     let entry = UprobeMultiOpts {
         offsets: sites.iter().map(off).collect(),
-        cookies: sites.iter().map(|s| s.entry.cookie()).collect(),
+        cookies: sites.iter().map(|s| s.cookie()).collect(),
         ..Default::default()
     };
     let ret = UprobeMultiOpts {
@@ -119,6 +121,16 @@ fn with_bpf<T>(obj: &Object, f: impl FnOnce() -> T) -> T {
         .maps()
         .find(|m| m.name().to_string_lossy().ends_with(".bss"))
         .unwrap();
+    // The whole `.bss` (a RawSwitch): recording on for the whole process.
+    let switch = |enabled| {
+        RawSwitch {
+            enabled,
+            scope: SCOPE_PROCESS,
+            generation: 1,
+            reserved: 0,
+        }
+        .to_bytes()
+    };
     let stop = AtomicBool::new(false);
     let out = std::thread::scope(|s| {
         let mut b = RingBufferBuilder::new();
@@ -132,10 +144,10 @@ fn with_bpf<T>(obj: &Object, f: impl FnOnce() -> T) -> T {
             }
             rb.consume().unwrap();
         });
-        bss.update(&0u32.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY)
+        bss.update(&0u32.to_ne_bytes(), &switch(SWITCH_STREAM), MapFlags::ANY)
             .unwrap();
         let out = f();
-        bss.update(&0u32.to_ne_bytes(), &0u32.to_ne_bytes(), MapFlags::ANY)
+        bss.update(&0u32.to_ne_bytes(), &switch(0), MapFlags::ANY)
             .unwrap();
         stop.store(true, Ordering::Release);
         poller.join().unwrap();

@@ -4,7 +4,7 @@
 ///
 /// Open it with libbpf (`ObjectBuilder::open_memory`), set [`RawConfig`] as the whole
 /// `.rodata` and the ring buffer's size, load, then attach per ELF file one `uprobe_multi`
-/// link of [`PROG_ENTRY`] over every [`crate::ProbeSite`] (cookie: [`Entry::cookie`]) and one of
+/// link of [`PROG_ENTRY`] over every [`crate::ProbeSite`] (cookie: [`crate::ProbeSite::cookie`]) and one of
 /// [`PROG_RET`] (as return probes, each site's cookie again) over the sites with `ret`; attach
 /// [`PROG_SYS_EXIT`] instead of the [`Entry::is_syscall`] sites to record raw syscalls.
 /// The runtime switch is the whole `.bss`, a [`RawSwitch`]; attach [`PROG_FORK`] while a
@@ -49,29 +49,53 @@ pub const PROG_EXEC: &str = "mt_exec";
 /// The `tp_btf/sched_process_fork` program: threads spawned by a thread in scope join it.
 pub const PROG_FORK: &str = "mt_fork";
 
-/// `MT_KIND_*` of `memtrack.h`: the same numbers as `memtrack::KindTag`.
-pub mod kind {
-    /// `malloc`-like.
-    pub const MALLOC: u32 = 1;
-    /// `calloc`-like.
-    pub const CALLOC: u32 = 2;
-    /// `realloc`.
-    pub const REALLOC: u32 = 3;
-    /// The aligned family.
-    pub const ALIGNED_ALLOC: u32 = 4;
-    /// `free`-like.
-    pub const FREE: u32 = 5;
-    /// `mmap` syscall.
-    pub const MMAP: u32 = 6;
-    /// `munmap` syscall.
-    pub const MUNMAP: u32 = 7;
-    /// `mremap` syscall.
-    pub const MREMAP: u32 = 8;
-    /// `brk` syscall.
-    pub const BRK: u32 = 9;
-    /// The process replaced its image (`execve`): its heap ends.
-    pub const EXEC: u32 = 10;
+/// The event kinds, declared once. Each row is a kind: its name in Rust (memtrack's
+/// `EventKind` and `KindTag` variant), its number (`MT_KIND_*` of `memtrack.h`, the artifact's
+/// kind byte), its [`kind`] constant, its lower-case name (JSON keys, docs), its role in the
+/// heap accounting (`alloc`: a new block; `realloc`: frees the old block and allocates the
+/// new; `free`: releases a block; `other`: no heap block), and its fields, in `EventKind`'s
+/// order (`old_addr, new_addr`: a move; a raw record's `addr` is the new address).
+///
+/// `for_each_kind!(m)` calls `m! { row; row; … }`: this crate derives [`kind`] from it, and
+/// memtrack its `KindTag`, names, raw-record conversions and the allocation/free rule. A kind
+/// added here without an `EventKind` variant (or the reverse) does not compile; one missing
+/// from `memtrack.h` fails `kind::ALL`'s test. Not public API: its shape may change.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! for_each_kind {
+    ($m:ident) => {
+        $m! {
+            Malloc = 1, MALLOC, "malloc", alloc { addr, size };
+            Calloc = 2, CALLOC, "calloc", alloc { addr, size };
+            Realloc = 3, REALLOC, "realloc", realloc { old_addr, new_addr, size };
+            AlignedAlloc = 4, ALIGNED_ALLOC, "aligned_alloc", alloc { addr, size, align };
+            Free = 5, FREE, "free", free { addr };
+            Mmap = 6, MMAP, "mmap", other { addr, size };
+            Munmap = 7, MUNMAP, "munmap", other { addr, size };
+            Mremap = 8, MREMAP, "mremap", other { old_addr, new_addr, size };
+            Brk = 9, BRK, "brk", other { addr };
+            Exec = 10, EXEC, "exec", other {};
+        }
+    };
 }
+
+macro_rules! abi_kinds {
+    ($(
+        $variant:ident = $tag:literal, $abi:ident, $name:literal, $role:ident { $($field:ident),* };
+    )*) => {
+        /// `MT_KIND_*` of `memtrack.h`, derived from [`for_each_kind!`](crate::for_each_kind):
+        /// the same numbers as `memtrack::KindTag`.
+        pub mod kind {
+            $(
+                #[doc = concat!("`MT_KIND_", stringify!($abi), "`: `", $name, "`.")]
+                pub const $abi: u32 = $tag;
+            )*
+            /// Every kind: its name in `memtrack.h` (after `MT_KIND_`) and its number.
+            pub const ALL: &[(&str, u32)] = &[$((stringify!($abi), $tag)),*];
+        }
+    };
+}
+crate::for_each_kind!(abi_kinds);
 
 /// The shape of an allocator entry point (`MT_ENTRY_*` of memtrack.h): where its arguments
 /// are and what it records. Its number is the BPF cookie of the entry-probe site.
@@ -129,6 +153,39 @@ impl Entry {
         !matches!(self, Entry::Free)
     }
 
+    /// How many of the leading argument registers (rdi, rsi, rdx, rcx, r8, r9) the entry
+    /// program reads for a site of this shape (`mt_entry` in memtrack.bpf.c: change both
+    /// together). A probe may be placed past instructions that write none of them (and not
+    /// rsp): see [`crate::place_probe`].
+    pub const fn args_read(self) -> usize {
+        match self {
+            Entry::Malloc | Entry::Zalloc | Entry::Valloc | Entry::Free | Entry::FreeOuter => 1,
+            Entry::Brk => 1,
+            Entry::Calloc
+            | Entry::Mallocn
+            | Entry::Realloc
+            | Entry::Memalign
+            | Entry::AlignedSizeFirst
+            | Entry::Mallocx
+            | Entry::Rallocx
+            | Entry::Mmap
+            | Entry::Munmap => 2,
+            // mremap's program reads rdi and rdx.
+            Entry::Reallocarray | Entry::PosixMemalign | Entry::Mremap => 3,
+        }
+    }
+
+    /// The two arguments the program reads only as their product (`n * size`), which a
+    /// placement may therefore read as one already-multiplied value: see
+    /// [`crate::place_probe_for`].
+    pub const fn product_args(self) -> Option<(usize, usize)> {
+        match self {
+            Entry::Calloc | Entry::Mallocn => Some((0, 1)),
+            Entry::Reallocarray => Some((1, 2)),
+            _ => None,
+        }
+    }
+
     /// Whether this is one of libc's syscall wrappers (mmap, munmap, mremap, brk) rather than
     /// an allocator entry point: attached only when syscalls are recorded through them.
     pub const fn is_syscall(self) -> bool {
@@ -136,6 +193,45 @@ impl Entry {
             self,
             Entry::Mmap | Entry::Munmap | Entry::Mremap | Entry::Brk
         )
+    }
+}
+
+/// Where an argument of a probed call is at the probed offset (`MT_REG_*` of memtrack.h): a
+/// prologue skipped by [`crate::place_probe`] may have copied it to another register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ArgReg {
+    /// rdi (the first argument's own register).
+    Rdi = 1,
+    /// rsi (the second's).
+    Rsi = 2,
+    /// rdx (the third's).
+    Rdx = 3,
+    /// rcx.
+    Rcx = 4,
+    /// r8.
+    R8 = 5,
+    /// r9.
+    R9 = 6,
+    /// rax.
+    Rax = 7,
+    /// Not a register: the constant 1 (the second factor of an argument pair a prologue
+    /// multiplied, whose product is read as the first).
+    One = 8,
+}
+
+impl ArgReg {
+    /// The registers of the first three arguments at a function's entry.
+    pub const ENTRY: [ArgReg; 3] = [ArgReg::Rdi, ArgReg::Rsi, ArgReg::Rdx];
+
+    /// The cookie bits (`MT_COOKIE_ARG`) saying that argument `i` (0-2) is in `self`: 0 when
+    /// it is its own register, so that an unmoved site's cookie is its [`Entry::cookie`].
+    pub const fn cookie_bits(self, i: usize) -> u64 {
+        if i >= 3 || self as u8 == Self::ENTRY[i] as u8 {
+            0
+        } else {
+            (self as u64) << (8 + 4 * i)
+        }
     }
 }
 

@@ -1,195 +1,129 @@
-//! A minimal, bounds-checked reader of little-endian ELF64 files: function symbols and the
-//! virtual-address → file-offset mapping uprobes need. Untrusted input never panics.
+//! ELF64 files through the `object` crate: function symbols and the virtual-address → file-offset
+//! mapping uprobes need. The file is memory-mapped, so only the pages that are read (headers,
+//! symbol and string tables, the first bytes of probed functions) are touched. Untrusted input
+//! never panics: `object` bounds-checks every header and table against the bytes.
 
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
+
+use object::LittleEndian;
+use object::elf::{FileHeader64, PT_LOAD, SHT_DYNSYM, SHT_SYMTAB, STT_FUNC};
+use object::read::elf::{FileHeader, ProgramHeader, SectionTable, Sym, SymbolTable};
 
 use crate::{Error, Result};
 
-const SHT_SYMTAB: u32 = 2;
-const SHT_DYNSYM: u32 = 11;
-const STT_FUNC: u8 = 2;
-const PT_LOAD: u32 = 1;
-const SYM_SIZE: usize = 24;
+/// Little-endian only: `endian()` refuses a big-endian file.
+type Header = FileHeader64<LittleEndian>;
 
 /// A defined function symbol of an ELF file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ElfSymbol {
-    /// The symbol's name (mangled for C++).
-    pub name: String,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElfSymbol<'a> {
+    /// The symbol's name (mangled for C++; no `@VERSION`: versions live in `.gnu.version`).
+    pub name: &'a str,
     /// Its virtual address in the file's own address space (`st_value`).
     pub vaddr: u64,
     /// Its size in bytes (`st_size`; 0 if unknown).
     pub size: u64,
 }
 
-/// An ELF64 little-endian file: its headers and symbol tables held in memory.
+/// The bytes of an ELF file: mapped from disk, or handed over by the caller.
+#[derive(Debug)]
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// A little-endian ELF64 file, validated once, its loadable segments read.
 #[derive(Debug)]
 pub struct Elf {
     path: PathBuf,
-    /// The file's bytes. From [`Elf::open`], only the headers and symbol and string tables
-    /// are read (the rest is zero pages, never touched); [`Elf::bytes`] reads the file.
-    data: Vec<u8>,
-    /// The file, when `data` holds only part of it.
-    file: Option<std::fs::File>,
+    data: Bytes,
     /// (vaddr, file offset, file size) of each PT_LOAD segment.
     loads: Vec<(u64, u64, u64)>,
-    /// (symbol table offset, size, string table offset, string table size).
-    symtabs: Vec<(usize, usize, usize, usize)>,
 }
 
-fn u16_at(d: &[u8], o: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(
-        d.get(o..o.checked_add(2)?)?.try_into().ok()?,
-    ))
+/// The parsed views `Elf` re-derives from its bytes on demand (cheap: the header and the
+/// section header table; `object`'s tables borrow the bytes, so they cannot live in `Elf`).
+struct Parsed<'a> {
+    endian: LittleEndian,
+    sections: SectionTable<'a, Header, &'a [u8]>,
 }
-fn u32_at(d: &[u8], o: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(
-        d.get(o..o.checked_add(4)?)?.try_into().ok()?,
-    ))
-}
-fn u64_at(d: &[u8], o: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(
-        d.get(o..o.checked_add(8)?)?.try_into().ok()?,
-    ))
+
+fn parse(data: &[u8]) -> object::read::Result<Parsed<'_>> {
+    let header = Header::parse(data)?;
+    let endian = header.endian()?;
+    let sections = header.sections(endian, data)?;
+    Ok(Parsed { endian, sections })
 }
 
 impl Elf {
-    /// Reads and parses the file at `path`: only its headers and symbol and string tables,
-    /// not the whole file (reading all 36 MB of a release binary with line tables took 23–78 ms
-    /// of a cold eBPF session's start here; its tables are a few MB).
+    /// Maps the file at `path` and validates it. Nothing but the headers is read here; the
+    /// symbol tables are read by [`Elf::functions`] (reading all 36 MB of a release binary with
+    /// line tables took 23–78 ms of a cold eBPF session's start here; its tables are a few MB).
     pub fn open(path: &Path) -> Result<Self> {
-        use std::os::unix::fs::FileExt;
         let io = |source| Error::Io {
             path: path.to_owned(),
             source,
         };
         let file = std::fs::File::open(path).map_err(io)?;
-        let len = usize::try_from(file.metadata().map_err(io)?.len()).unwrap_or(usize::MAX);
-        // Zeroed with calloc: a large block is fresh zero pages, so what is not read below
-        // costs neither time nor memory.
-        let mut data = vec![0u8; len];
-        // Fills data[off..off + n] (clamped to the file) from the file; `parse` then checks
-        // every range as if the whole file had been read.
-        let fill = |data: &mut Vec<u8>, off: usize, n: usize| -> Result<()> {
-            let end = off.saturating_add(n).min(len);
-            if off < end {
-                file.read_exact_at(&mut data[off..end], off as u64)
-                    .map_err(io)?;
-            }
-            Ok(())
+        let len = file.metadata().map_err(io)?.len();
+        let data = if len == 0 {
+            // mmap refuses an empty mapping; an empty file is reported as not ELF below.
+            Bytes::Owned(Vec::new())
+        } else {
+            // SAFETY: the mapping is private and read-only. Were the file truncated while
+            // mapped, reading past its new end would raise SIGBUS; memtrack maps libraries
+            // and executables the target process itself has mapped and is running, which
+            // are replaced by a rename (a new inode), never truncated in place.
+            Bytes::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
         };
-        fill(&mut data, 0, 64)?;
-        let (phoff, shoff) = (u64_at(&data, 0x20), u64_at(&data, 0x28));
-        let (phentsize, phnum) = (u16_at(&data, 0x36), u16_at(&data, 0x38));
-        let (shentsize, shnum) = (u16_at(&data, 0x3a), u16_at(&data, 0x3c));
-        if let (Some(off), Some(es), Some(n)) = (phoff, phentsize, phnum) {
-            fill(&mut data, off as usize, usize::from(es) * usize::from(n))?;
-        }
-        if let (Some(off), Some(es), Some(n)) = (shoff, shentsize, shnum) {
-            let (off, es) = (off as usize, usize::from(es));
-            fill(&mut data, off, es * usize::from(n))?;
-            let section = |data: &[u8], i: usize| {
-                let o = off.checked_add(i.checked_mul(es)?)?;
-                Some((
-                    u32_at(data, o.checked_add(4)?)?,
-                    u64_at(data, o.checked_add(24)?)? as usize,
-                    u64_at(data, o.checked_add(32)?)? as usize,
-                    u32_at(data, o.checked_add(40)?)? as usize,
-                ))
-            };
-            for i in 0..usize::from(n) {
-                let Some((ty, t_off, t_size, link)) = section(&data, i) else {
-                    break;
-                };
-                if ty != SHT_SYMTAB && ty != SHT_DYNSYM {
-                    continue;
-                }
-                fill(&mut data, t_off, t_size)?;
-                if let Some((_, s_off, s_size, _)) = section(&data, link) {
-                    fill(&mut data, s_off, s_size)?;
-                }
-            }
-        }
-        let mut elf = Self::parse(path, data)?;
-        elf.file = Some(file);
-        Ok(elf)
+        Self::from_bytes(path, data)
     }
 
     /// Parses `data` (the contents of `path`, which is only used in errors).
     pub fn parse(path: &Path, data: Vec<u8>) -> Result<Self> {
-        let bad = |what| Error::BadElf {
+        Self::from_bytes(path, Bytes::Owned(data))
+    }
+
+    fn from_bytes(path: &Path, data: Bytes) -> Result<Self> {
+        let bad = |e: object::read::Error| Error::BadElf {
             path: path.to_owned(),
-            what,
+            what: e.to_string(),
         };
-        if data.get(0..4) != Some(b"\x7fELF") {
-            return Err(bad("no ELF magic"));
+        let bytes: &[u8] = &data;
+        let p = parse(bytes).map_err(bad)?;
+        // Check the symbol tables once, so that `functions` can treat a failure as impossible.
+        for ty in [SHT_SYMTAB, SHT_DYNSYM] {
+            p.sections.symbols(p.endian, bytes, ty).map_err(bad)?;
         }
-        if data.get(4) != Some(&2) || data.get(5) != Some(&1) {
-            return Err(bad("not ELF64 little-endian"));
-        }
-        let phoff = u64_at(&data, 0x20).ok_or(bad("truncated header"))? as usize;
-        let shoff = u64_at(&data, 0x28).ok_or(bad("truncated header"))? as usize;
-        let phentsize = u16_at(&data, 0x36).ok_or(bad("truncated header"))? as usize;
-        let phnum = u16_at(&data, 0x38).ok_or(bad("truncated header"))? as usize;
-        let shentsize = u16_at(&data, 0x3a).ok_or(bad("truncated header"))? as usize;
-        let shnum = u16_at(&data, 0x3c).ok_or(bad("truncated header"))? as usize;
-
-        let mut loads = Vec::new();
-        if phnum > 0 && phentsize < 56 {
-            return Err(bad("program header entries too small"));
-        }
-        for i in 0..phnum {
-            let o = i
-                .checked_mul(phentsize)
-                .and_then(|x| x.checked_add(phoff))
-                .ok_or(bad("program header offset overflows"))?;
-            let ty = u32_at(&data, o).ok_or(bad("program header outside the file"))?;
-            if ty != PT_LOAD {
-                continue;
-            }
-            let get = |f| {
-                u64_at(&data, o.saturating_add(f)).ok_or(bad("program header outside the file"))
-            };
-            loads.push((get(16)?, get(8)?, get(32)?));
-        }
-
-        let mut symtabs = Vec::new();
-        if shnum > 0 && shentsize < 64 {
-            return Err(bad("section header entries too small"));
-        }
-        let section = |i: usize| -> Result<(u32, usize, usize, u32)> {
-            let o = i
-                .checked_mul(shentsize)
-                .and_then(|x| x.checked_add(shoff))
-                .ok_or(bad("section header offset overflows"))?;
-            let ty =
-                u32_at(&data, o.saturating_add(4)).ok_or(bad("section header outside the file"))?;
-            let off = u64_at(&data, o.saturating_add(24))
-                .ok_or(bad("section header outside the file"))?;
-            let size = u64_at(&data, o.saturating_add(32))
-                .ok_or(bad("section header outside the file"))?;
-            let link = u32_at(&data, o.saturating_add(40))
-                .ok_or(bad("section header outside the file"))?;
-            Ok((ty, off as usize, size as usize, link))
-        };
-        for i in 0..shnum {
-            let (ty, off, size, link) = section(i)?;
-            if ty != SHT_SYMTAB && ty != SHT_DYNSYM {
-                continue;
-            }
-            let (_, str_off, str_size, _) = section(link as usize)?;
-            let in_file = |o: usize, s: usize| o.checked_add(s).is_some_and(|e| e <= data.len());
-            if !in_file(off, size) || !in_file(str_off, str_size) {
-                return Err(bad("symbol table outside the file"));
-            }
-            symtabs.push((off, size, str_off, str_size));
-        }
+        let header = Header::parse(bytes).map_err(bad)?;
+        let loads = header
+            .program_headers(p.endian, bytes)
+            .map_err(bad)?
+            .iter()
+            .filter(|ph| ph.p_type(p.endian) == PT_LOAD)
+            .map(|ph| {
+                (
+                    ph.p_vaddr(p.endian),
+                    ph.p_offset(p.endian),
+                    ph.p_filesz(p.endian),
+                )
+            })
+            .collect();
         Ok(Self {
             path: path.to_owned(),
             data,
-            file: None,
             loads,
-            symtabs,
         })
     }
 
@@ -200,30 +134,35 @@ impl Elf {
 
     /// Every defined function symbol of `.symtab` and `.dynsym` (a name may appear in both).
     /// GNU indirect functions are left out: their address is the resolver's, not the code's.
-    pub fn functions(&self) -> impl Iterator<Item = ElfSymbol> + '_ {
-        self.symtabs
-            .iter()
-            .flat_map(move |&(off, size, str_off, str_size)| {
-                let table = &self.data[off..off + size];
-                let strings = &self.data[str_off..str_off + str_size];
-                table.chunks_exact(SYM_SIZE).filter_map(move |s| {
-                    let info = s[4];
-                    let shndx = u16_at(s, 6)?;
-                    let vaddr = u64_at(s, 8)?;
-                    if info & 0xf != STT_FUNC || shndx == 0 || vaddr == 0 {
-                        return None;
-                    }
-                    let name_off = u32_at(s, 0)? as usize;
-                    let rest = strings.get(name_off..)?;
-                    let end = rest.iter().position(|&b| b == 0)?;
-                    let name = std::str::from_utf8(&rest[..end]).ok()?.to_owned();
-                    Some(ElfSymbol {
-                        name,
-                        vaddr,
-                        size: u64_at(s, 16)?,
-                    })
+    pub fn functions(&self) -> impl Iterator<Item = ElfSymbol<'_>> + '_ {
+        let data: &[u8] = &self.data;
+        // Validated in `from_bytes`: these do not fail.
+        let tables: Vec<(LittleEndian, SymbolTable<'_, Header, &[u8]>)> = parse(data)
+            .into_iter()
+            .flat_map(|p| {
+                [SHT_SYMTAB, SHT_DYNSYM].map(|ty| {
+                    (
+                        p.endian,
+                        p.sections.symbols(p.endian, data, ty).unwrap_or_default(),
+                    )
                 })
             })
+            .collect();
+        tables.into_iter().flat_map(|(endian, table)| {
+            let strings = table.strings();
+            table.symbols().iter().filter_map(move |s| {
+                let vaddr = s.st_value(endian);
+                if s.st_type() != STT_FUNC || s.is_undefined(endian) || vaddr == 0 {
+                    return None;
+                }
+                let name = std::str::from_utf8(s.name(endian, strings).ok()?).ok()?;
+                Some(ElfSymbol {
+                    name,
+                    vaddr,
+                    size: s.st_size(endian),
+                })
+            })
+        })
     }
 
     /// The file offset of virtual address `vaddr` (what a uprobe is attached at), if a
@@ -235,27 +174,13 @@ impl Elf {
         })
     }
 
-    /// Up to `len` bytes of the file from `offset` (fewer at the end of the file, none if the
-    /// file cannot be read there any more).
-    pub fn bytes(&self, offset: u64, len: usize) -> std::borrow::Cow<'_, [u8]> {
-        let start = (offset as usize).min(self.data.len());
+    /// Up to `len` bytes of the file from `offset` (fewer at the end of the file).
+    pub fn bytes(&self, offset: u64, len: usize) -> &[u8] {
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(self.data.len());
         let end = start.saturating_add(len).min(self.data.len());
-        match &self.file {
-            None => std::borrow::Cow::Borrowed(&self.data[start..end]),
-            Some(f) => {
-                use std::os::unix::fs::FileExt;
-                let mut buf = vec![0u8; end - start];
-                let mut got = 0;
-                while got < buf.len() {
-                    match f.read_at(&mut buf[got..], (start + got) as u64) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => got += n,
-                    }
-                }
-                buf.truncate(got);
-                std::borrow::Cow::Owned(buf)
-            }
-        }
+        &self.data[start..end]
     }
 }
 
@@ -269,11 +194,25 @@ mod tests {
         assert!(Elf::parse(p, vec![]).is_err());
         assert!(Elf::parse(p, b"\x7fELF\x02\x01".to_vec()).is_err());
         let mut hdr = vec![0u8; 64];
-        hdr[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        hdr[..7].copy_from_slice(b"\x7fELF\x02\x01\x01");
         hdr[0x28..0x30].copy_from_slice(&u64::MAX.to_le_bytes()); // e_shoff
         hdr[0x3a] = 64; // e_shentsize
         hdr[0x3c] = 1; // e_shnum
+        let err = Elf::parse(p, hdr).unwrap_err().to_string();
+        assert!(
+            err.starts_with("x: not a valid little-endian ELF64 file: "),
+            "{err}"
+        );
+        // A 32-bit ELF file.
+        let mut hdr = vec![0u8; 52];
+        hdr[..7].copy_from_slice(b"\x7fELF\x01\x01\x01");
         assert!(Elf::parse(p, hdr).is_err());
+        // An empty file on disk.
+        let empty = std::env::temp_dir().join(format!("memtrack-bpf-empty-{}", std::process::id()));
+        std::fs::write(&empty, b"").unwrap();
+        let r = Elf::open(&empty);
+        std::fs::remove_file(&empty).unwrap();
+        assert!(matches!(r, Err(Error::BadElf { .. })), "{r:?}");
     }
 
     #[test]
@@ -288,7 +227,7 @@ mod tests {
             .file_offset(main.vaddr)
             .expect("main is in a PT_LOAD segment");
         assert!(!elf.bytes(off, 16).is_empty());
-        // The partial read gives the same symbols and code bytes as reading the whole file.
+        // The mapping gives the same symbols and code bytes as reading the whole file.
         let whole = Elf::parse(&exe, std::fs::read(&exe).unwrap()).unwrap();
         assert!(elf.functions().eq(whole.functions()));
         assert_eq!(elf.bytes(off, 64), whole.bytes(off, 64));

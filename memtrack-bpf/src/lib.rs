@@ -21,6 +21,7 @@ mod elf;
 mod placement;
 mod probes;
 
+pub use abi::ArgReg;
 pub use abi::CALLS_SCOPE_OFFSET;
 pub use abi::Entry;
 pub use abi::MAP_CALLS;
@@ -44,6 +45,7 @@ pub use elf::ElfSymbol;
 pub use placement::Placement;
 pub use placement::PlacementRule;
 pub use placement::place_probe;
+pub use placement::place_probe_for;
 pub use probes::PROBES;
 pub use probes::ProbeSite;
 pub use probes::ProbeSpec;
@@ -67,8 +69,8 @@ pub enum Error {
     BadElf {
         /// The file.
         path: std::path::PathBuf,
-        /// What is wrong.
-        what: &'static str,
+        /// What is wrong (the `object` crate's message).
+        what: String,
     },
 }
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 #[cfg(test)]
 use std::collections::HashSet;
 
-use crate::{Elf, Entry, Placement, Result, place_probe};
+use crate::{Elf, Entry, Placement, Result, place_probe_for};
 #[cfg(doc)]
 use crate::{PROG_ENTRY, PROG_RET};
 
@@ -67,9 +67,11 @@ const MIMALLOC: &[ProbeSpec] = &[
     p("mi_new_realloc", Entry::Realloc),
     p("mi_new_reallocn", Entry::Reallocarray),
     p("mi_free", Entry::Free),
-    p("mi_free_size", Entry::Free),
-    p("mi_free_aligned", Entry::Free),
-    p("mi_free_size_aligned", Entry::Free),
+    // Wrappers that call (tail-jump to) mi_free: they bracket it like operator delete, else
+    // one call would be recorded twice (mi_free_size is also mimalloc's sized delete).
+    p("mi_free_size", Entry::FreeOuter),
+    p("mi_free_aligned", Entry::FreeOuter),
+    p("mi_free_size_aligned", Entry::FreeOuter),
 ];
 
 /// C++ `operator new`/`delete` (Itanium mangling, 64-bit `size_t` = `m`). `delete` calls
@@ -162,6 +164,15 @@ pub struct ProbeSite {
     pub placement: Placement,
 }
 
+impl ProbeSite {
+    /// The BPF cookie of this site's entry and return probes: its [`Entry`] in the low byte
+    /// and where the placement found the arguments above it (`MT_COOKIE_ARG` of memtrack.h;
+    /// equal to [`Entry::cookie`] when the prologue moved none).
+    pub fn cookie(&self) -> u64 {
+        self.entry.cookie() | self.placement.cookie_bits()
+    }
+}
+
 /// The probe sites of the ELF file at `path`; empty if it defines no allocator entry point.
 pub fn probe_sites(path: &std::path::Path) -> Result<Vec<ProbeSite>> {
     Ok(probe_sites_in(&Elf::open(path)?))
@@ -172,16 +183,16 @@ pub fn probe_sites(path: &std::path::Path) -> Result<Vec<ProbeSite>> {
 /// `mi_malloc`): two probes at one address would record each call twice.
 pub fn probe_sites_in(elf: &Elf) -> Vec<ProbeSite> {
     // symbol offset -> (rank, symbol, spec, size)
-    let mut best: HashMap<u64, (u8, String, ProbeSpec, u64)> = HashMap::new();
+    let mut best: HashMap<u64, (u8, &str, ProbeSpec, u64)> = HashMap::new();
     for sym in elf.functions() {
-        let Some((rank, spec)) = spec_for(&sym.name) else {
+        let Some((rank, spec)) = spec_for(sym.name) else {
             continue;
         };
         let Some(offset) = elf.file_offset(sym.vaddr) else {
             continue;
         };
         match best.get(&offset) {
-            Some((r, name, ..)) if (*r, name.as_str()) <= (rank, sym.name.as_str()) => {}
+            Some((r, name, ..)) if (*r, *name) <= (rank, sym.name) => {}
             _ => {
                 best.insert(offset, (rank, sym.name, spec, sym.size));
             }
@@ -192,9 +203,9 @@ pub fn probe_sites_in(elf: &Elf) -> Vec<ProbeSite> {
         .map(|(symbol_offset, (_, symbol, spec, size))| {
             // The branch-target scan needs the whole body; bound it for absurd sizes.
             let len = (size as usize).clamp(crate::placement::MAX_PREFIX, 1 << 20);
-            let placement = place_probe(&elf.bytes(symbol_offset, len));
+            let placement = place_probe_for(elf.bytes(symbol_offset, len), spec.entry);
             ProbeSite {
-                symbol,
+                symbol: symbol.to_owned(),
                 entry: spec.entry,
                 ret: spec.entry.needs_return(),
                 symbol_offset,

@@ -219,61 +219,98 @@ static __always_inline int nested_free(struct call_state *cs, __u64 sp, __u64 ad
 	return sp < cs->sp || (sp == cs->sp && cs->kind == MT_KIND_FREE && cs->addr == addr);
 }
 
-static __always_inline int mt_malloc(struct pt_regs *ctx)
+/* The registers an argument can be in at a probed offset. Loaded all at once: a switch over
+ * `ctx` fields would be compiled into one load at a computed offset, which the verifier
+ * refuses (a modified ctx pointer). */
+struct regs {
+	__u64 di, si, dx, cx, r8, r9, ax;
+};
+
+/* Argument `i` (0-2) of the call: in the register the site's cookie names (MT_COOKIE_ARG),
+ * else in its own. */
+static __always_inline __u64 arg(const struct regs *r, __u64 cookie, int i)
 {
-	return enter(ctx, MT_KIND_MALLOC, 0, ctx->di, 0, 0);
+	switch (MT_COOKIE_ARG(cookie, i)) {
+	case MT_REG_DI:
+		return r->di;
+	case MT_REG_SI:
+		return r->si;
+	case MT_REG_DX:
+		return r->dx;
+	case MT_REG_CX:
+		return r->cx;
+	case MT_REG_R8:
+		return r->r8;
+	case MT_REG_R9:
+		return r->r9;
+	case MT_REG_AX:
+		return r->ax;
+	case MT_REG_ONE:
+		return 1;
+	}
+	return i == 0 ? r->di : i == 1 ? r->si : r->dx;
 }
 
-static __always_inline int mt_calloc(struct pt_regs *ctx)
+/* The first three arguments of the probed call, wherever its prologue put them. */
+struct args {
+	__u64 a0, a1, a2;
+};
+
+static __always_inline int mt_malloc(struct pt_regs *ctx, struct args a)
 {
-	return enter(ctx, MT_KIND_CALLOC, 0, (__u64)ctx->di * ctx->si, 0, 0);
+	return enter(ctx, MT_KIND_MALLOC, 0, a.a0, 0, 0);
+}
+
+static __always_inline int mt_calloc(struct pt_regs *ctx, struct args a)
+{
+	return enter(ctx, MT_KIND_CALLOC, 0, a.a0 * a.a1, 0, 0);
 }
 
 /* mi_zalloc(size) and friends: zeroed, one size argument. */
-static __always_inline int mt_zalloc(struct pt_regs *ctx)
+static __always_inline int mt_zalloc(struct pt_regs *ctx, struct args a)
 {
-	return enter(ctx, MT_KIND_CALLOC, 0, ctx->di, 0, 0);
+	return enter(ctx, MT_KIND_CALLOC, 0, a.a0, 0, 0);
 }
 
 /* mi_mallocn(count, size). */
-static __always_inline int mt_mallocn(struct pt_regs *ctx)
+static __always_inline int mt_mallocn(struct pt_regs *ctx, struct args a)
 {
-	return enter(ctx, MT_KIND_MALLOC, 0, (__u64)ctx->di * ctx->si, 0, 0);
+	return enter(ctx, MT_KIND_MALLOC, 0, a.a0 * a.a1, 0, 0);
 }
 
-static __always_inline int mt_realloc(struct pt_regs *ctx)
+static __always_inline int mt_realloc(struct pt_regs *ctx, struct args a)
 {
-	return enter(ctx, MT_KIND_REALLOC, ctx->di, ctx->si, 0, 0);
+	return enter(ctx, MT_KIND_REALLOC, a.a0, a.a1, 0, 0);
 }
 
 /* reallocarray(p, nmemb, size), mi_reallocn(p, count, size). */
-static __always_inline int mt_reallocarray(struct pt_regs *ctx)
+static __always_inline int mt_reallocarray(struct pt_regs *ctx, struct args a)
 {
-	return enter(ctx, MT_KIND_REALLOC, ctx->di, (__u64)ctx->si * ctx->dx, 0, 0);
+	return enter(ctx, MT_KIND_REALLOC, a.a0, a.a1 * a.a2, 0, 0);
 }
 
 /* memalign(align, size), aligned_alloc(align, size). */
-static __always_inline int mt_memalign(struct pt_regs *ctx)
+static __always_inline int mt_memalign(struct pt_regs *ctx, struct args a)
 {
-	return enter(ctx, MT_KIND_ALIGNED_ALLOC, 0, ctx->si, ctx->di, 0);
+	return enter(ctx, MT_KIND_ALIGNED_ALLOC, 0, a.a1, a.a0, 0);
 }
 
 /* operator new(size, align_val_t), mi_malloc_aligned(size, align), mi_zalloc_aligned. */
-static __always_inline int mt_aligned_size_first(struct pt_regs *ctx)
+static __always_inline int mt_aligned_size_first(struct pt_regs *ctx, struct args a)
 {
-	return enter(ctx, MT_KIND_ALIGNED_ALLOC, 0, ctx->di, ctx->si, 0);
+	return enter(ctx, MT_KIND_ALIGNED_ALLOC, 0, a.a0, a.a1, 0);
 }
 
 /* posix_memalign(void **memptr, align, size): the block is *memptr when it returns 0. */
-static __always_inline int mt_posix_memalign(struct pt_regs *ctx)
+static __always_inline int mt_posix_memalign(struct pt_regs *ctx, struct args a)
 {
-	return enter(ctx, MT_KIND_ALIGNED_ALLOC, ctx->di, ctx->dx, ctx->si, CS_MEMPTR);
+	return enter(ctx, MT_KIND_ALIGNED_ALLOC, a.a0, a.a2, a.a1, CS_MEMPTR);
 }
 
 /* valloc(size), pvalloc(size): page-aligned. */
-static __always_inline int mt_valloc(struct pt_regs *ctx)
+static __always_inline int mt_valloc(struct pt_regs *ctx, struct args a)
 {
-	return enter(ctx, MT_KIND_ALIGNED_ALLOC, 0, ctx->di, config.page_size, 0);
+	return enter(ctx, MT_KIND_ALIGNED_ALLOC, 0, a.a0, config.page_size, 0);
 }
 
 /* jemalloc flags: low 6 bits = log2(alignment) (0: none), 0x40 = MALLOCX_ZERO. */
@@ -285,19 +322,19 @@ static __always_inline __u64 mallocx_align(__u64 flags)
 }
 
 /* mallocx(size, flags). */
-static __always_inline int mt_mallocx(struct pt_regs *ctx)
+static __always_inline int mt_mallocx(struct pt_regs *ctx, struct args a)
 {
-	__u64 align = mallocx_align(ctx->si);
+	__u64 align = mallocx_align(a.a1);
 	__u32 kind = align ? MT_KIND_ALIGNED_ALLOC
-			   : (ctx->si & 0x40) ? MT_KIND_CALLOC : MT_KIND_MALLOC;
+			   : (a.a1 & 0x40) ? MT_KIND_CALLOC : MT_KIND_MALLOC;
 
-	return enter(ctx, kind, 0, ctx->di, align, 0);
+	return enter(ctx, kind, 0, a.a0, align, 0);
 }
 
 /* rallocx(p, size, flags). */
-static __always_inline int mt_rallocx(struct pt_regs *ctx)
+static __always_inline int mt_rallocx(struct pt_regs *ctx, struct args a)
 {
-	return enter(ctx, MT_KIND_REALLOC, ctx->di, ctx->si, 0, 0);
+	return enter(ctx, MT_KIND_REALLOC, a.a0, a.a1, 0, 0);
 }
 
 /*
@@ -367,7 +404,7 @@ int mt_ret(struct pt_regs *ctx)
 
 	if ((__u32)(pid_tgid >> 32) != config.target_tgid)
 		return 0;
-	if (bpf_get_attach_cookie(ctx) >= MT_ENTRY_MMAP)
+	if (MT_COOKIE_ENTRY(bpf_get_attach_cookie(ctx)) >= MT_ENTRY_MMAP)
 		return sys_ret(pid_tgid, ret);
 	cs = thread_state(0);
 	if (!cs || cs->depth == 0 || cs->call_gen != sw.generation)
@@ -409,10 +446,10 @@ int mt_ret(struct pt_regs *ctx)
 }
 
 /* free(p), dallocx(p, flags), sdallocx(p, size, flags), mi_free*: entry only. */
-static __always_inline int mt_free(struct pt_regs *ctx)
+static __always_inline int mt_free(struct pt_regs *ctx, struct args a)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u64 addr = ctx->di;
+	__u64 addr = a.a0;
 	struct call_state *cs;
 
 	if (!addr || !should_record(pid_tgid))
@@ -428,10 +465,10 @@ static __always_inline int mt_free(struct pt_regs *ctx)
 
 /* operator delete and friends: they call free, so they bracket it (paired with mt_ret). The
  * event is emitted at entry, before another thread can be handed the same block. */
-static __always_inline int mt_free_outer(struct pt_regs *ctx)
+static __always_inline int mt_free_outer(struct pt_regs *ctx, struct args a)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u64 addr = ctx->di;
+	__u64 addr = a.a0;
 	__u64 sp = ctx->sp;
 	struct call_state *cs;
 
@@ -465,42 +502,58 @@ static __always_inline int mt_free_outer(struct pt_regs *ctx)
 SEC("uprobe.multi")
 int mt_entry(struct pt_regs *ctx)
 {
-	switch (bpf_get_attach_cookie(ctx)) {
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	struct regs r = {
+		.di = ctx->di,
+		.si = ctx->si,
+		.dx = ctx->dx,
+		.cx = ctx->cx,
+		.r8 = ctx->r8,
+		.r9 = ctx->r9,
+		.ax = ctx->ax,
+	};
+	struct args a = {
+		.a0 = arg(&r, cookie, 0),
+		.a1 = arg(&r, cookie, 1),
+		.a2 = arg(&r, cookie, 2),
+	};
+
+	switch (MT_COOKIE_ENTRY(cookie)) {
 	case MT_ENTRY_MALLOC:
-		return mt_malloc(ctx);
+		return mt_malloc(ctx, a);
 	case MT_ENTRY_CALLOC:
-		return mt_calloc(ctx);
+		return mt_calloc(ctx, a);
 	case MT_ENTRY_ZALLOC:
-		return mt_zalloc(ctx);
+		return mt_zalloc(ctx, a);
 	case MT_ENTRY_MALLOCN:
-		return mt_mallocn(ctx);
+		return mt_mallocn(ctx, a);
 	case MT_ENTRY_REALLOC:
-		return mt_realloc(ctx);
+		return mt_realloc(ctx, a);
 	case MT_ENTRY_REALLOCARRAY:
-		return mt_reallocarray(ctx);
+		return mt_reallocarray(ctx, a);
 	case MT_ENTRY_MEMALIGN:
-		return mt_memalign(ctx);
+		return mt_memalign(ctx, a);
 	case MT_ENTRY_ALIGNED_SIZE_FIRST:
-		return mt_aligned_size_first(ctx);
+		return mt_aligned_size_first(ctx, a);
 	case MT_ENTRY_POSIX_MEMALIGN:
-		return mt_posix_memalign(ctx);
+		return mt_posix_memalign(ctx, a);
 	case MT_ENTRY_VALLOC:
-		return mt_valloc(ctx);
+		return mt_valloc(ctx, a);
 	case MT_ENTRY_MALLOCX:
-		return mt_mallocx(ctx);
+		return mt_mallocx(ctx, a);
 	case MT_ENTRY_RALLOCX:
-		return mt_rallocx(ctx);
+		return mt_rallocx(ctx, a);
 	case MT_ENTRY_FREE:
-		return mt_free(ctx);
+		return mt_free(ctx, a);
 	case MT_ENTRY_FREE_OUTER:
-		return mt_free_outer(ctx);
+		return mt_free_outer(ctx, a);
 	case MT_ENTRY_MMAP:
 	case MT_ENTRY_MUNMAP:
-		return sys_enter(ctx, (__u32)bpf_get_attach_cookie(ctx), ctx->di, ctx->si);
+		return sys_enter(ctx, MT_COOKIE_ENTRY(cookie), a.a0, a.a1);
 	case MT_ENTRY_MREMAP:
-		return sys_enter(ctx, MT_ENTRY_MREMAP, ctx->di, ctx->dx);
+		return sys_enter(ctx, MT_ENTRY_MREMAP, a.a0, a.a2);
 	case MT_ENTRY_BRK:
-		return sys_enter(ctx, MT_ENTRY_BRK, ctx->di, 0);
+		return sys_enter(ctx, MT_ENTRY_BRK, a.a0, 0);
 	}
 	return 0;
 }

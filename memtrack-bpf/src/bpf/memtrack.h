@@ -65,6 +65,26 @@ struct memtrack_switch {
 #define MT_ENTRY_BRK 18               /* (addr) -> Brk when it returns 0 */
 
 /*
+ * A site's cookie is its MT_ENTRY_* in the low byte and, above it, where each of the first
+ * three arguments is at the probed offset: 4 bits per argument (bits 8-11 the first, 12-15
+ * the second, 16-19 the third), an MT_REG_* or 0 for its own register (rdi, rsi, rdx). A probe
+ * placed past a prologue that moved an argument (mimalloc's `malloc` copies its size to rsi
+ * and loads its heap into rdi) reads it where it went; two arguments the program only
+ * multiplies may be one register holding their product and MT_REG_ONE (glibc's reallocarray
+ * multiplies n * size before its first branch). Mirrored by `memtrack_bpf::ArgReg`.
+ */
+#define MT_COOKIE_ENTRY(c) ((c) & 0xff)
+#define MT_COOKIE_ARG(c, i) (((c) >> (8 + 4 * (i))) & 0xf)
+#define MT_REG_DI 1
+#define MT_REG_SI 2
+#define MT_REG_DX 3
+#define MT_REG_CX 4
+#define MT_REG_R8 5
+#define MT_REG_R9 6
+#define MT_REG_AX 7
+#define MT_REG_ONE 8 /* not a register: the constant 1 (a factor already multiplied in) */
+
+/*
  * One ring-buffer record: 56 bytes, 8-aligned (64 with the ring buffer's 8-byte header).
  *
  * Field use per kind (unused fields are 0):

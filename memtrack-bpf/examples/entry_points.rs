@@ -1,0 +1,568 @@
+//! Cost of memtrack's probes on every allocator entry point, against the bare-uprobe floor at
+//! the same site (issue 13 item 2).
+//!
+//! ```text
+//! sudo cargo run --release -p memtrack-bpf --example entry_points [CALLS] [ROUNDS] [GROUP,...]
+//! ```
+//! Groups: `glibc`, `libstdc++`, `jemalloc`, `mimalloc` (each installed one; jemalloc and
+//! mimalloc run in a child process with the library in `LD_PRELOAD`, as users run them: they
+//! cannot be `dlopen`ed, their TLS is initial-exec). For each entry point, a loop of CALLS
+//! calls (its free, or its allocation, made alongside) runs with only that entry point's site
+//! attached, in four configurations:
+//!
+//! - `untracked`: no probe;
+//! - `floor@0`: `mt_nop` (a BPF program that returns at once) at the function's first
+//!   instruction, entry and (if memtrack uses one there) return probe: the kernel's cost
+//!   without placement;
+//! - `floor`: `mt_nop` at the site memtrack places it ([`memtrack_bpf::place_probe`]);
+//! - `bpf`: memtrack's programs at that site, recording on, a thread draining the ring buffer
+//!   (a run that drops an event fails).
+//!
+//! ns per loop iteration, median of ROUNDS rounds, the configurations interleaved with their
+//! order alternating round by round. `bpf/floor` is the ratio of the two totals in the same
+//! run (a uprobe's absolute cost moves 2× between days); `placement` is what placement buys,
+//! `floor@0/floor`. `how` says whether the kernel emulates the probed instruction or must
+//! single-step it out of line.
+
+use std::ffi::{CStr, CString, c_int, c_void};
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use libbpf_rs::{
+    Link, MapCore, MapFlags, Object, ObjectBuilder, RingBufferBuilder, UprobeMultiOpts,
+};
+use memtrack_bpf::{
+    Elf, MAP_EVENTS, MAP_STATS, PROG_ENTRY, PROG_NOP, PROG_RET, PlacementRule, ProbeSite,
+    RawConfig, RawStats, RawSwitch, SCOPE_PROCESS, SWITCH_STREAM, probe_sites_in,
+};
+
+const LIB: &str = "/usr/lib/x86_64-linux-gnu";
+
+type P = *mut c_void;
+
+/// What one loop iteration does; the function pointers are resolved before timing.
+#[derive(Clone, Copy)]
+enum Op {
+    /// `p = alloc(16); free(p)`.
+    Alloc(unsafe extern "C" fn(usize) -> P, unsafe extern "C" fn(P)),
+    /// `p = alloc(1, 16) / alloc(16, 64); free(p)`: calloc-like and (size, align)/(align,
+    /// size) pairs, with the two arguments given.
+    Alloc2(
+        unsafe extern "C" fn(usize, usize) -> P,
+        usize,
+        usize,
+        unsafe extern "C" fn(P),
+    ),
+    /// `posix_memalign(&p, 64, 64); free(p)`.
+    PosixMemalign(
+        unsafe extern "C" fn(*mut P, usize, usize) -> c_int,
+        unsafe extern "C" fn(P),
+    ),
+    /// `p = realloc(p, 16 or 32)`, alternating; `p` freed after the loop.
+    Realloc(unsafe extern "C" fn(P, usize) -> P, unsafe extern "C" fn(P)),
+    /// `p = reallocarray(p, 1 or 2, 16)`, alternating.
+    Reallocarray(
+        unsafe extern "C" fn(P, usize, usize) -> P,
+        unsafe extern "C" fn(P),
+    ),
+    /// `p = alloc(16, arg); free2(p, a, b)`: nothrow new, sized or aligned delete, jemalloc's
+    /// `mallocx` and `sdallocx`, … (the extra arguments as given; an `int` argument is passed
+    /// in a 64-bit register, of which the callee reads the low half, and a callee with fewer
+    /// parameters ignores the extra registers: the x86-64 SysV calling convention).
+    AllocFree3(
+        unsafe extern "C" fn(usize, usize) -> P,
+        usize,
+        unsafe extern "C" fn(P, usize, usize),
+        usize,
+        usize,
+    ),
+    /// `p = rallocx(p, 16 or 32, 0)`, alternating, from a `malloc(16)` (rallocx needs a block).
+    Rallocx(
+        unsafe extern "C" fn(P, usize, c_int) -> P,
+        unsafe extern "C" fn(usize) -> P,
+        unsafe extern "C" fn(P),
+    ),
+}
+
+impl Op {
+    fn run(self, n: u64) {
+        // SAFETY: every function is the allocator entry point its symbol names, called with
+        // arguments of its C signature; every block is freed by the same allocator.
+        unsafe {
+            match self {
+                Op::Alloc(a, f) => {
+                    for _ in 0..n {
+                        f(black_box(a(16)));
+                    }
+                }
+                Op::Alloc2(a, x, y, f) => {
+                    for _ in 0..n {
+                        f(black_box(a(x, y)));
+                    }
+                }
+                Op::PosixMemalign(a, f) => {
+                    for _ in 0..n {
+                        let mut p: P = std::ptr::null_mut();
+                        assert_eq!(a(&mut p, 64, 64), 0);
+                        f(black_box(p));
+                    }
+                }
+                Op::Realloc(r, f) => {
+                    let mut p = std::ptr::null_mut();
+                    for i in 0..n {
+                        p = black_box(r(p, 16 << (i & 1)));
+                    }
+                    f(p);
+                }
+                Op::Reallocarray(r, f) => {
+                    let mut p = std::ptr::null_mut();
+                    for i in 0..n {
+                        p = black_box(r(p, 1 + (i & 1) as usize, 16));
+                    }
+                    f(p);
+                }
+                Op::AllocFree3(a, arg, f, x, y) => {
+                    for _ in 0..n {
+                        f(black_box(a(16, arg)), x, y);
+                    }
+                }
+                Op::Rallocx(r, m, f) => {
+                    let mut p = m(16);
+                    for i in 0..n {
+                        p = black_box(r(p, 16 << (i & 1), 0));
+                        assert!(!p.is_null(), "rallocx failed");
+                    }
+                    f(p);
+                }
+            }
+        }
+    }
+}
+
+/// A symbol of the running process (`RTLD_DEFAULT`: the preloaded allocator first).
+fn sym(name: &str) -> Option<*mut c_void> {
+    let c = CString::new(name).unwrap();
+    // SAFETY: dlsym with a NUL-terminated name.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+/// The function `name` as a pointer of type `F`; the caller names the C signature.
+fn f<F: Copy>(name: &str) -> F {
+    assert_eq!(
+        size_of::<F>(),
+        size_of::<*mut c_void>(),
+        "{name}: not a function pointer"
+    );
+    let p = sym(name).unwrap_or_else(|| panic!("{name} not found"));
+    // SAFETY: `F` is a function pointer type (checked: pointer-sized) and the symbol is a
+    // function with the C signature the call site's type says (the table below pairs each
+    // name with its signature).
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+/// The file that defines the function at `p`, and its address in that file.
+fn defining_file(p: *mut c_void) -> (PathBuf, u64) {
+    // SAFETY: an all-zero Dl_info is valid; dladdr fills it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `p` is a function of this process.
+    assert!(unsafe { libc::dladdr(p, &mut info) } != 0, "dladdr");
+    // SAFETY: dladdr set dli_fname to a NUL-terminated path.
+    let file = unsafe { CStr::from_ptr(info.dli_fname) };
+    (
+        PathBuf::from(file.to_str().unwrap()),
+        p as u64 - info.dli_fbase as u64,
+    )
+}
+
+/// One benchmarked entry point: its label, the symbol whose site is probed, the loop.
+struct Case {
+    label: &'static str,
+    probed: &'static str,
+    op: Op,
+}
+
+fn cases(group: &str) -> Vec<Case> {
+    let c = |label, probed, op| Case { label, probed, op };
+    match group {
+        "glibc" | "jemalloc" | "mimalloc" => {
+            let free: unsafe extern "C" fn(P) = f("free");
+            let mut v = vec![
+                c("malloc", "malloc", Op::Alloc(f("malloc"), free)),
+                c("free", "free", Op::Alloc(f("malloc"), free)),
+                c("calloc", "calloc", Op::Alloc2(f("calloc"), 1, 16, free)),
+                c("realloc", "realloc", Op::Realloc(f("realloc"), free)),
+                c(
+                    "aligned_alloc",
+                    "aligned_alloc",
+                    Op::Alloc2(f("aligned_alloc"), 64, 64, free),
+                ),
+                c(
+                    "posix_memalign",
+                    "posix_memalign",
+                    Op::PosixMemalign(f("posix_memalign"), free),
+                ),
+            ];
+            if group != "jemalloc" {
+                v.push(c(
+                    "reallocarray",
+                    "reallocarray",
+                    Op::Reallocarray(f("reallocarray"), free),
+                ));
+            }
+            if group == "jemalloc" {
+                let dallocx: unsafe extern "C" fn(P, usize, usize) = f("dallocx");
+                let sdallocx: unsafe extern "C" fn(P, usize, usize) = f("sdallocx");
+                v.extend([
+                    c("mallocx", "mallocx", Op::Alloc2(f("mallocx"), 16, 0, free)),
+                    c(
+                        "rallocx",
+                        "rallocx",
+                        Op::Rallocx(f("rallocx"), f("malloc"), free),
+                    ),
+                    c(
+                        "dallocx",
+                        "dallocx",
+                        Op::AllocFree3(f("mallocx"), 0, dallocx, 0, 0),
+                    ),
+                    c(
+                        "sdallocx",
+                        "sdallocx",
+                        Op::AllocFree3(f("mallocx"), 0, sdallocx, 16, 0),
+                    ),
+                ]);
+            }
+            if group == "mimalloc" {
+                let mi_free: unsafe extern "C" fn(P) = f("mi_free");
+                v.extend([
+                    c("mi_malloc", "mi_malloc", Op::Alloc(f("mi_malloc"), mi_free)),
+                    c("mi_free", "mi_free", Op::Alloc(f("mi_malloc"), mi_free)),
+                    c("mi_zalloc", "mi_zalloc", Op::Alloc(f("mi_zalloc"), mi_free)),
+                    c(
+                        "mi_calloc",
+                        "mi_calloc",
+                        Op::Alloc2(f("mi_calloc"), 1, 16, mi_free),
+                    ),
+                    c(
+                        "mi_realloc",
+                        "mi_realloc",
+                        Op::Realloc(f("mi_realloc"), mi_free),
+                    ),
+                    c(
+                        "mi_malloc_aligned",
+                        "mi_malloc_aligned",
+                        Op::Alloc2(f("mi_malloc_aligned"), 16, 64, mi_free),
+                    ),
+                    c("mi_new", "mi_new", Op::Alloc(f("mi_new"), mi_free)),
+                ]);
+            }
+            if group != "glibc" {
+                v.extend(cxx_cases());
+            }
+            v
+        }
+        "libstdc++" => cxx_cases(),
+        _ => panic!("unknown group {group}"),
+    }
+}
+
+/// C++ `operator new`/`delete` (of libstdc++, or of the preloaded allocator when it defines
+/// them).
+fn cxx_cases() -> Vec<Case> {
+    let c = |label, probed, op| Case { label, probed, op };
+    let new: unsafe extern "C" fn(usize) -> P = f("_Znwm");
+    let del: unsafe extern "C" fn(P) = f("_ZdlPv");
+    let new_al: unsafe extern "C" fn(usize, usize) -> P = f("_ZnwmSt11align_val_t");
+    let del_al: unsafe extern "C" fn(P, usize, usize) = f("_ZdlPvSt11align_val_t");
+    // The nothrow_t argument is an ignored reference: any valid address.
+    static NOTHROW: u8 = 0;
+    let nothrow = &NOTHROW as *const u8 as usize;
+    vec![
+        c("new", "_Znwm", Op::Alloc(new, del)),
+        c("delete", "_ZdlPv", Op::Alloc(new, del)),
+        c(
+            "new nothrow",
+            "_ZnwmRKSt9nothrow_t",
+            Op::AllocFree3(f("_ZnwmRKSt9nothrow_t"), nothrow, f("_ZdlPvm"), 16, 0),
+        ),
+        c(
+            "delete sized",
+            "_ZdlPvm",
+            Op::AllocFree3(f("_ZnwmRKSt9nothrow_t"), nothrow, f("_ZdlPvm"), 16, 0),
+        ),
+        c(
+            "new aligned",
+            "_ZnwmSt11align_val_t",
+            Op::AllocFree3(new_al, 64, del_al, 64, 0),
+        ),
+        c(
+            "delete aligned",
+            "_ZdlPvSt11align_val_t",
+            Op::AllocFree3(new_al, 64, del_al, 64, 0),
+        ),
+        c(
+            "delete sized aligned",
+            "_ZdlPvmSt11align_val_t",
+            Op::AllocFree3(new_al, 64, f("_ZdlPvmSt11align_val_t"), 16, 64),
+        ),
+    ]
+}
+
+fn load() -> Object {
+    let mut open = ObjectBuilder::default()
+        .open_memory(memtrack_bpf::OBJECT)
+        .unwrap();
+    for mut m in open.maps_mut() {
+        let name = m.name().to_string_lossy().into_owned();
+        if name.ends_with(".rodata") {
+            let cfg = RawConfig::new(std::process::id());
+            m.initial_value_mut()
+                .unwrap()
+                .copy_from_slice(&cfg.to_bytes());
+        } else if name == MAP_EVENTS {
+            m.set_max_entries(8 << 20).unwrap();
+        }
+    }
+    open.load().unwrap()
+}
+
+/// Attaches `entry` (and `ret` as a return probe when the site has one) at `offset` of
+/// `file`, for this process only, as memtrack does (uprobe_multi).
+fn attach(obj: &Object, file: &Path, site: &ProbeSite, offset: u64, nop: bool) -> Vec<Link> {
+    let pid = std::process::id() as i32;
+    let prog = |name: &str| obj.progs_mut().find(|p| p.name() == name).unwrap();
+    let (e, r) = if nop {
+        (PROG_NOP, PROG_NOP)
+    } else {
+        (PROG_ENTRY, PROG_RET)
+    };
+    let mut links = vec![
+        prog(e)
+            .attach_uprobe_multi_with_opts(
+                pid,
+                file,
+                "",
+                UprobeMultiOpts {
+                    offsets: vec![offset as usize],
+                    cookies: vec![site.cookie()],
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+    ];
+    if site.ret {
+        links.push(
+            prog(r)
+                .attach_uprobe_multi_with_opts(
+                    pid,
+                    file,
+                    "",
+                    UprobeMultiOpts {
+                        offsets: vec![offset as usize],
+                        cookies: vec![site.cookie()],
+                        retprobe: true,
+                        ..Default::default()
+                    },
+                )
+                .unwrap(),
+        );
+    }
+    links
+}
+
+fn ns_per_call(op: Op, n: u64) -> f64 {
+    let t = Instant::now();
+    op.run(n);
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+fn drops(obj: &Object) -> u64 {
+    let stats = obj.maps().find(|m| m.name() == MAP_STATS).unwrap();
+    stats
+        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .unwrap()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|b| RawStats::from_bytes(b))
+        .map(|s| s.drops)
+        .sum()
+}
+
+/// Runs `op` with memtrack's programs at the site, recording on, the ring buffer drained.
+fn with_bpf(obj: &Object, file: &Path, site: &ProbeSite, op: Op, n: u64, generation: u32) -> f64 {
+    let links = attach(obj, file, site, site.offset, false);
+    let events = obj.maps().find(|m| m.name() == MAP_EVENTS).unwrap();
+    let bss = obj
+        .maps()
+        .find(|m| m.name().to_string_lossy().ends_with(".bss"))
+        .unwrap();
+    let switch = |enabled| RawSwitch {
+        enabled,
+        scope: SCOPE_PROCESS,
+        generation,
+        reserved: 0,
+    };
+    let stop = AtomicBool::new(false);
+    let before = drops(obj);
+    let ns = std::thread::scope(|s| {
+        let mut b = RingBufferBuilder::new();
+        b.add(&events, |_| 0).unwrap();
+        let rb = b.build().unwrap();
+        let stop = &stop;
+        let poller = s.spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                rb.poll(Duration::from_millis(10)).unwrap();
+                rb.consume().unwrap();
+            }
+            rb.consume().unwrap();
+        });
+        let on = switch(SWITCH_STREAM).to_bytes();
+        bss.update(&0u32.to_ne_bytes(), &on, MapFlags::ANY).unwrap();
+        let ns = ns_per_call(op, n);
+        let off = switch(0).to_bytes();
+        bss.update(&0u32.to_ne_bytes(), &off, MapFlags::ANY)
+            .unwrap();
+        stop.store(true, Ordering::Release);
+        poller.join().unwrap();
+        ns
+    });
+    drop(links);
+    let lost = drops(obj) - before;
+    assert_eq!(lost, 0, "{}: {lost} events dropped", site.symbol);
+    ns
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// One group, in this process: every case, every configuration, interleaved.
+fn run_group(group: &str, n: u64, rounds: usize) {
+    if group == "libstdc++" {
+        let path = CString::new(format!("{LIB}/libstdc++.so.6")).unwrap();
+        // SAFETY: dlopen of a library path; the handle is kept for the process's life.
+        let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        assert!(!h.is_null(), "dlopen libstdc++");
+    }
+    let obj = load();
+    let mut generation = 0;
+    for case in cases(group) {
+        let p = sym(case.probed).unwrap();
+        let (file, vaddr) = defining_file(p);
+        let elf = Elf::open(&file).unwrap();
+        let at = elf.file_offset(vaddr).unwrap();
+        let sites = probe_sites_in(&elf);
+        let Some(site) = sites.iter().find(|s| s.symbol_offset == at) else {
+            println!(
+                "{group:<9} {:<22} not probed in {}",
+                case.label,
+                file.display()
+            );
+            continue;
+        };
+        let placed = site.offset != site.symbol_offset;
+        let (mut un, mut f0, mut fl, mut bpf) = (vec![], vec![], vec![], vec![]);
+        case.op.run(n / 10); // warm-up: the allocator's caches, the page faults
+        for r in 0..rounds {
+            let mut order = [0, 1, 2, 3];
+            if r % 2 == 1 {
+                order.reverse();
+            }
+            for c in order {
+                match c {
+                    0 => un.push(ns_per_call(case.op, n)),
+                    1 if placed => {
+                        let l = attach(&obj, &file, site, site.symbol_offset, true);
+                        f0.push(ns_per_call(case.op, n));
+                        drop(l);
+                    }
+                    2 => {
+                        let l = attach(&obj, &file, site, site.offset, true);
+                        fl.push(ns_per_call(case.op, n));
+                        drop(l);
+                    }
+                    3 => {
+                        generation += 1;
+                        bpf.push(with_bpf(&obj, &file, site, case.op, n, generation));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let (un, fl, bpf) = (median(un), median(fl), median(bpf));
+        let f0 = if placed { median(f0) } else { fl };
+        let how = match site.placement.rule {
+            PlacementRule::Emulated => "emulated",
+            _ => "single-step",
+        };
+        println!(
+            "{group:<9} {:<22} {:<26} {how:<11} {un:>9.1} {f0:>9.1} {fl:>9.1} {bpf:>9.1} {:>6.2}x {:>6.2}x",
+            case.label,
+            format!("{}+{}", site.symbol, site.placement.offset),
+            bpf / fl,
+            f0 / fl,
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--group") {
+        run_group(&args[1], args[2].parse().unwrap(), args[3].parse().unwrap());
+        return;
+    }
+    let n: u64 = args.first().map_or(20_000, |a| a.parse().expect("CALLS"));
+    let rounds: usize = args.get(1).map_or(3, |a| a.parse().expect("ROUNDS"));
+    let groups: Vec<String> = args.get(2).map_or_else(
+        || {
+            ["glibc", "libstdc++", "jemalloc", "mimalloc"]
+                .map(String::from)
+                .to_vec()
+        },
+        |a| a.split(',').map(String::from).collect(),
+    );
+    println!(
+        "{n} calls per run, median of {rounds} interleaved rounds, ns per loop iteration \
+         (the entry point and the free or allocation it is paired with; only the named site \
+         probed)"
+    );
+    println!(
+        "{:<9} {:<22} {:<26} {:<11} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "group",
+        "entry point",
+        "site",
+        "how",
+        "untracked",
+        "floor@0",
+        "floor",
+        "bpf",
+        "bpf/fl",
+        "placed"
+    );
+    for g in groups {
+        let preload = match g.as_str() {
+            "jemalloc" => Some("libjemalloc.so.2"),
+            "mimalloc" => Some("libmimalloc.so.2"),
+            _ => None,
+        };
+        let lib = match g.as_str() {
+            "glibc" => "libc.so.6",
+            "libstdc++" => "libstdc++.so.6",
+            _ => preload.unwrap(),
+        };
+        if !Path::new(LIB).join(lib).exists() {
+            println!("{g:<9} not installed ({LIB}/{lib})");
+            continue;
+        }
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--group", &g, &n.to_string(), &rounds.to_string()]);
+        if let Some(p) = preload {
+            cmd.env("LD_PRELOAD", Path::new(LIB).join(p));
+        }
+        let status = cmd.status().unwrap();
+        assert!(status.success(), "group {g}: {status}");
+    }
+}
