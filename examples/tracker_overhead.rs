@@ -16,6 +16,9 @@ use std::time::Instant;
 
 use memtrack::{Backend, EncoderOptions, Metadata, Recorded, Tracker, TrackerOptions};
 
+/// A failed file, a tracker error or a run that lost events, each with its message.
+type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+
 fn pairs(n: u64) {
     for _ in 0..n {
         // The System allocator: one malloc(16) and one free per iteration.
@@ -29,10 +32,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Records `n` pairs; ns from the first pair to the end of `stop`.
-fn tracked(tracker: &Tracker, n: u64) -> Result<(f64, Recorded), memtrack::Error> {
+fn tracked(tracker: &Tracker, n: u64) -> Result<(f64, Recorded)> {
     let path = std::env::temp_dir().join("tracker_overhead.memtrack");
     let file =
-        std::fs::File::create(&path).map_err(|e| memtrack::Error::InvalidOption(e.to_string()))?;
+        std::fs::File::create(&path).map_err(|e| format!("creating {}: {e}", path.display()))?;
     let meta = Metadata::now(std::process::id(), Backend::Ebpf).with_name("tracker_overhead");
     let rec = tracker.start(file, &meta, EncoderOptions::new(), 1)?;
     let t = Instant::now();
@@ -40,10 +43,11 @@ fn tracked(tracker: &Tracker, n: u64) -> Result<(f64, Recorded), memtrack::Error
     let recorded = rec.stop()?;
     let ns = t.elapsed().as_nanos() as f64;
     if recorded.lost_events > 0 {
-        return Err(memtrack::Error::InvalidOption(format!(
+        return Err(format!(
             "a run lost {} events: its time would be wrong (raise the ring buffer)",
             recorded.lost_events
-        )));
+        )
+        .into());
     }
     Ok((ns, recorded))
 }
@@ -54,7 +58,7 @@ fn untracked(n: u64) -> f64 {
     t.elapsed().as_nanos() as f64
 }
 
-fn main() -> Result<(), memtrack::Error> {
+fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let n: u64 = args.get(1).map_or(1_000_000, |a| a.parse().expect("PAIRS"));
     let runs: usize = args.get(2).map_or(5, |a| a.parse().expect("RUNS"));
@@ -65,7 +69,7 @@ fn main() -> Result<(), memtrack::Error> {
     let (mut u, mut t, mut empty) = (Vec::new(), Vec::new(), Vec::new());
     let mut last = None;
     for run in 0..runs {
-        let mut one_tracked = || -> Result<(), memtrack::Error> {
+        let mut one_tracked = || -> Result<()> {
             let (ns, rec) = tracked(tracker, n)?;
             t.push(ns);
             last = Some(rec);

@@ -1,8 +1,8 @@
 //! Round trips, framing, recovery and corruption detection of the artifact format.
 
 use memtrack::{
-    Backend, Completeness, Encoder, EncoderOptions, Error, Event, EventKind, Metadata, Reader,
-    Synth, SynthOptions, VERSION_MINOR,
+    Backend, Completeness, Encoder, EncoderOptions, Event, EventKind, FormatError as Error,
+    Metadata, Reader, Synth, SynthOptions, VERSION_MINOR,
 };
 use proptest::prelude::*;
 

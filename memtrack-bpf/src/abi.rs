@@ -49,29 +49,53 @@ pub const PROG_EXEC: &str = "mt_exec";
 /// The `tp_btf/sched_process_fork` program: threads spawned by a thread in scope join it.
 pub const PROG_FORK: &str = "mt_fork";
 
-/// `MT_KIND_*` of `memtrack.h`: the same numbers as `memtrack::KindTag`.
-pub mod kind {
-    /// `malloc`-like.
-    pub const MALLOC: u32 = 1;
-    /// `calloc`-like.
-    pub const CALLOC: u32 = 2;
-    /// `realloc`.
-    pub const REALLOC: u32 = 3;
-    /// The aligned family.
-    pub const ALIGNED_ALLOC: u32 = 4;
-    /// `free`-like.
-    pub const FREE: u32 = 5;
-    /// `mmap` syscall.
-    pub const MMAP: u32 = 6;
-    /// `munmap` syscall.
-    pub const MUNMAP: u32 = 7;
-    /// `mremap` syscall.
-    pub const MREMAP: u32 = 8;
-    /// `brk` syscall.
-    pub const BRK: u32 = 9;
-    /// The process replaced its image (`execve`): its heap ends.
-    pub const EXEC: u32 = 10;
+/// The event kinds, declared once. Each row is a kind: its name in Rust (memtrack's
+/// `EventKind` and `KindTag` variant), its number (`MT_KIND_*` of `memtrack.h`, the artifact's
+/// kind byte), its [`kind`] constant, its lower-case name (JSON keys, docs), its role in the
+/// heap accounting (`alloc`: a new block; `realloc`: frees the old block and allocates the
+/// new; `free`: releases a block; `other`: no heap block), and its fields, in `EventKind`'s
+/// order (`old_addr, new_addr`: a move; a raw record's `addr` is the new address).
+///
+/// `for_each_kind!(m)` calls `m! { row; row; … }`: this crate derives [`kind`] from it, and
+/// memtrack its `KindTag`, names, raw-record conversions and the allocation/free rule. A kind
+/// added here without an `EventKind` variant (or the reverse) does not compile; one missing
+/// from `memtrack.h` fails `kind::ALL`'s test. Not public API: its shape may change.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! for_each_kind {
+    ($m:ident) => {
+        $m! {
+            Malloc = 1, MALLOC, "malloc", alloc { addr, size };
+            Calloc = 2, CALLOC, "calloc", alloc { addr, size };
+            Realloc = 3, REALLOC, "realloc", realloc { old_addr, new_addr, size };
+            AlignedAlloc = 4, ALIGNED_ALLOC, "aligned_alloc", alloc { addr, size, align };
+            Free = 5, FREE, "free", free { addr };
+            Mmap = 6, MMAP, "mmap", other { addr, size };
+            Munmap = 7, MUNMAP, "munmap", other { addr, size };
+            Mremap = 8, MREMAP, "mremap", other { old_addr, new_addr, size };
+            Brk = 9, BRK, "brk", other { addr };
+            Exec = 10, EXEC, "exec", other {};
+        }
+    };
 }
+
+macro_rules! abi_kinds {
+    ($(
+        $variant:ident = $tag:literal, $abi:ident, $name:literal, $role:ident { $($field:ident),* };
+    )*) => {
+        /// `MT_KIND_*` of `memtrack.h`, derived from [`for_each_kind!`](crate::for_each_kind):
+        /// the same numbers as `memtrack::KindTag`.
+        pub mod kind {
+            $(
+                #[doc = concat!("`MT_KIND_", stringify!($abi), "`: `", $name, "`.")]
+                pub const $abi: u32 = $tag;
+            )*
+            /// Every kind: its name in `memtrack.h` (after `MT_KIND_`) and its number.
+            pub const ALL: &[(&str, u32)] = &[$((stringify!($abi), $tag)),*];
+        }
+    };
+}
+crate::for_each_kind!(abi_kinds);
 
 /// The shape of an allocator entry point (`MT_ENTRY_*` of memtrack.h): where its arguments
 /// are and what it records. Its number is the BPF cookie of the entry-probe site.

@@ -110,3 +110,44 @@ fn every_program_the_loader_names_exists() {
         assert!(f.is_some(), "no BPF program {n} in the object");
     }
 }
+
+/// The `MT_KIND_*` numbers of every BPF header equal the kind table (`for_each_kind!`, from which
+/// `kind` and memtrack's `KindTag` are derived): every kind of the table is defined, with its
+/// number, and the headers define no other.
+#[test]
+fn header_kinds_equal_the_kind_table() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bpf");
+    let mut defined = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("src/bpf") {
+        let path = entry.expect("a directory entry").path();
+        if path.extension().is_none_or(|e| e != "h" && e != "c") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a header");
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            if words.next() != Some("#define") {
+                continue;
+            }
+            let (Some(name), Some(value)) = (words.next(), words.next()) else {
+                continue;
+            };
+            if let Some(kind) = name.strip_prefix("MT_KIND_") {
+                let value: u32 = value
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{}: {line:?} is not a number", path.display()));
+                defined.push((kind.to_owned(), value));
+            }
+        }
+    }
+    defined.sort_by_key(|&(_, v)| v);
+    let table: Vec<(String, u32)> = memtrack_bpf::kind::ALL
+        .iter()
+        .map(|&(n, v)| (n.to_owned(), v))
+        .collect();
+    assert_eq!(
+        defined, table,
+        "memtrack.h's MT_KIND_* and for_each_kind! differ"
+    );
+    assert_eq!(memtrack_bpf::kind::REALLOC, 3);
+}

@@ -147,7 +147,7 @@ impl Drop for Guard {
         match session.finish() {
             Ok(_) => {}
             Err(crate::Error::LimitExceeded { report, violations }) => {
-                fail_with(self.fail, crate::limits::message(&report, &violations))
+                fail_with(self.fail, report.limits_message(&violations))
             }
             Err(e) => fail_with(
                 self.fail,
@@ -172,7 +172,7 @@ fn fail_with(fail: fn(String), message: String) {
 }
 
 /// The path of the function a `#[memtrack]` expansion is in, from the type name of an item
-/// nested in it (`crate::module::Type::method::__memtrack_here`).
+/// nested in it (`my_crate::module::Type::method::__memtrack_here`).
 pub fn fn_path(type_name: &'static str) -> &'static str {
     type_name
         .strip_suffix("::__memtrack_here")
@@ -187,8 +187,7 @@ pub fn active_session() -> Option<String> {
 /// Hooks for the hot-path gate (`benches/ir/driver.rs`): each calls the real code path of one
 /// operation that is otherwise reachable only through private items. Not public API.
 pub mod hotpath {
-    use crate::artifact::{FrameScratch, encode_frame};
-    use crate::error::Result;
+    use crate::artifact::{FormatError, FrameScratch, encode_frame};
     use crate::event::Event;
 
     /// Encodes frames as the encoder's workers do: events to a finished frame record (columns,
@@ -197,12 +196,12 @@ pub mod hotpath {
 
     impl FrameEncoder {
         /// Scratch for zstd `level` (1 ..= 19).
-        pub fn new(level: i32) -> Result<Self> {
+        pub fn new(level: i32) -> Result<Self, FormatError> {
             FrameScratch::new(level).map(FrameEncoder)
         }
 
         /// Encodes `events` into one frame record in `out` (cleared first).
-        pub fn encode(&mut self, events: &[Event], out: &mut Vec<u8>) -> Result<()> {
+        pub fn encode(&mut self, events: &[Event], out: &mut Vec<u8>) -> Result<(), FormatError> {
             encode_frame(events, &mut self.0, out)
         }
     }

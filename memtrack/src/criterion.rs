@@ -27,8 +27,7 @@ use ::criterion::measurement::{Measurement, ValueFormatter};
 
 use crate::error::Result;
 use crate::human;
-use crate::session::{Session, SessionBuilder};
-use crate::tracker::{Counting, Tracker, TrackerOptions};
+use crate::session::{Counter, Session, SessionBuilder};
 
 /// Calls of [`iteration`] since the profiler last started a benchmark.
 static ITERATIONS: AtomicU64 = AtomicU64::new(0);
@@ -95,47 +94,6 @@ impl ::criterion::profiler::Profiler for Profiler {
                  wrap the routine in `memtrack::criterion::iteration(|| …)` to store per-iteration \
                  figures"
             );
-        }
-    }
-}
-
-/// Keeps a backend counting while a measurement exists: the BPF program's counters, or the
-/// allocator backend's (chosen as for sessions: `$MEMTRACK_BACKEND`, else `auto`).
-enum Counter {
-    Ebpf {
-        tracker: &'static Tracker,
-        _counting: Counting<'static>,
-    },
-    Alloc(crate::recorder::CountingGuard),
-}
-
-impl Counter {
-    fn new() -> Result<Self> {
-        Ok(match crate::session::resolve_backend(None)? {
-            crate::Backend::Alloc => Counter::Alloc(crate::recorder::start_counting()),
-            _ => {
-                let tracker = Tracker::global(&TrackerOptions::new())?;
-                Counter::Ebpf {
-                    tracker,
-                    _counting: tracker.counting()?,
-                }
-            }
-        })
-    }
-
-    /// (allocations, bytes allocated) so far.
-    fn read(&self) -> (u64, u64) {
-        match self {
-            // A failed map read is a broken BPF setup, not a measurement: there is no sane
-            // value to return, and criterion's trait has no error path.
-            Counter::Ebpf { tracker, .. } => {
-                let c = tracker.counters().expect("reading memtrack's BPF counters");
-                (c.allocations, c.bytes_allocated)
-            }
-            Counter::Alloc(_) => {
-                let (allocs, bytes, _) = crate::recorder::counters();
-                (allocs, bytes)
-            }
         }
     }
 }

@@ -18,10 +18,49 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::analysis::{Analyzer, SizeClass, SizeHistogram, Stats, Timeline, Totals};
+use crate::artifact::FormatError;
 use crate::artifact::{Final, FrameWriter, Metadata, encode_frame, monotonic_ns};
 use crate::artifact::{FrameScratch, MAX_FRAME_EVENTS};
-use crate::error::{Error, Result};
 use crate::event::Event;
+
+/// Why the encoder pipeline failed.
+///
+/// `Debug` prints the same message as `Display` (as the crate-wide `Error` does).
+#[derive(thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// An [`EncoderOptions`] value is out of range; the message names it and the valid range.
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+    /// The writer thread stopped early (after an error that [`Encoder::finish`] reports).
+    #[error("the encoder stopped early; `finish()` reports why")]
+    Stopped,
+    /// Writing the artifact failed, or its bytes could not be made.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// Starting one of the encoder's threads failed.
+    #[error("{what}: {source}")]
+    Spawn {
+        /// Which thread or pool.
+        what: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The writer thread panicked: a bug in memtrack (the artifact is left unfinished).
+    #[error("encoder thread: panicked")]
+    Panicked,
+}
+
+/// The message of `Display`, which `.unwrap()` prints.
+impl std::fmt::Debug for EncodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+use EncodeError as Error;
+type Result<T, E = EncodeError> = std::result::Result<T, E>;
 
 /// A hook run at the start of every thread the encoder spawns (the tracker uses it to exclude
 /// the encoder's own threads from recording).
@@ -233,9 +272,10 @@ impl<W: Write + Send + 'static> Encoder<W> {
         if let Some(h) = hook.clone() {
             pool = pool.start_handler(move |_| h());
         }
-        let pool = pool
-            .build()
-            .map_err(|e| Error::io("starting the encoder pool", std::io::Error::other(e)))?;
+        let pool = pool.build().map_err(|e| Error::Spawn {
+            what: "starting the encoder pool",
+            source: std::io::Error::other(e),
+        })?;
         let (tx, rx) = sync_channel(opts.queue);
         let (recycle_tx, recycle) = sync_channel(opts.queue + opts.window + 1);
         let (window, level) = (opts.window, opts.level);
@@ -247,7 +287,10 @@ impl<W: Write + Send + 'static> Encoder<W> {
                 }
                 writer_loop(frames, pool, rx, recycle_tx, window, level)
             })
-            .map_err(|e| Error::io("starting the encoder thread", e))?;
+            .map_err(|source| Error::Spawn {
+                what: "starting the encoder thread",
+                source,
+            })?;
         Ok(Encoder {
             current: Vec::with_capacity(opts.frame_events),
             end_ns: None,
@@ -260,7 +303,7 @@ impl<W: Write + Send + 'static> Encoder<W> {
     }
 
     /// Appends one event. Blocks when the writer is `queue` frames behind (backpressure).
-    /// Returns [`Error::EncoderStopped`] if the writer stopped; [`Encoder::finish`] says why.
+    /// Returns [`EncodeError::Stopped`] if the writer stopped; [`Encoder::finish`] says why.
     #[inline]
     pub fn push(&mut self, ev: Event) -> Result<()> {
         self.current.push(ev);
@@ -287,8 +330,8 @@ impl<W: Write + Send + 'static> Encoder<W> {
             Err(_) => Vec::with_capacity(self.frame_events),
         };
         let full = std::mem::replace(&mut self.current, next);
-        let tx = self.tx.as_ref().ok_or(Error::EncoderStopped)?;
-        tx.send(Msg::Frame(full)).map_err(|_| Error::EncoderStopped)
+        let tx = self.tx.as_ref().ok_or(Error::Stopped)?;
+        tx.send(Msg::Frame(full)).map_err(|_| Error::Stopped)
     }
 
     /// Answers `snapshot` with the analysis of every event pushed so far, once the writer has
@@ -297,9 +340,9 @@ impl<W: Write + Send + 'static> Encoder<W> {
         if !self.current.is_empty() {
             self.ship()?;
         }
-        let tx = self.tx.as_ref().ok_or(Error::EncoderStopped)?;
+        let tx = self.tx.as_ref().ok_or(Error::Stopped)?;
         tx.send(Msg::Snapshot(Arc::clone(snapshot)))
-            .map_err(|_| Error::EncoderStopped)
+            .map_err(|_| Error::Stopped)
     }
 
     /// Sets the end time stored in the trailer (ns, CLOCK_MONOTONIC); by default it is the time
@@ -327,14 +370,14 @@ impl<W: Write + Send + 'static> Encoder<W> {
         } else {
             self.ship()
         };
-        let tx = self.tx.take().ok_or(Error::EncoderStopped)?;
+        let tx = self.tx.take().ok_or(Error::Stopped)?;
         let sent = sent.and_then(|()| {
             tx.send(Msg::Finish(Trailer {
                 lost_events,
                 end_monotonic_ns: self.end_ns.unwrap_or_else(monotonic_ns),
                 iterations: self.iterations,
             }))
-            .map_err(|_| Error::EncoderStopped)
+            .map_err(|_| Error::Stopped)
         });
         drop(tx);
         let res = self
@@ -342,7 +385,7 @@ impl<W: Write + Send + 'static> Encoder<W> {
             .take()
             .expect("thread present until finish")
             .join()
-            .map_err(|_| Error::io("encoder thread", std::io::Error::other("panicked")))?;
+            .map_err(|_| Error::Panicked)?;
         let r = res?;
         sent?;
         Ok((r.out, r.written))
@@ -371,7 +414,7 @@ fn compress(events: &[Event], level: i32, out: &mut Vec<u8>) -> Result<()> {
             *s = Some((level, FrameScratch::new(level)?));
         }
         let (_, scratch) = s.as_mut().expect("just set");
-        encode_frame(events, scratch, out)
+        Ok(encode_frame(events, scratch, out)?)
     })
 }
 
@@ -450,7 +493,7 @@ fn writer_loop<W: Write + Send>(
     }
     // No `Finish` means the encoder was dropped: leave the file without a trailer.
     let Some(trailer) = lost else {
-        return Err(Error::EncoderStopped);
+        return Err(Error::Stopped);
     };
     let totals = analyzer.totals();
     let fin = Final {

@@ -1,13 +1,16 @@
-//! The one error type of the `memtrack` crate.
+//! The crate-wide error: what a session, and any API of the crate, can fail with. It composes
+//! the errors of the layers below (format, encoder, tracker, allocator recorder) with `#[from]`
+//! and adds the session's own; no lower layer's error contains it.
 
 use std::io;
-use std::path::PathBuf;
 
 /// `Result` with [`Error`] as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in memtrack. Each variant carries enough context (path, frame,
-/// byte offset) for its message to say what is wrong and what to do about it.
+/// byte offset) for its message to say what is wrong and what to do about it. The errors of
+/// each layer are variants of their own ([`Format`](Error::Format), [`Encode`](Error::Encode),
+/// [`Tracker`](Error::Tracker), [`Recorder`](Error::Recorder)), with their messages unchanged.
 ///
 /// `Debug` prints the same message as `Display` (cause and fix), not the bare variant: that is
 /// what `.unwrap()`, `.expect()` and `fn main() -> Result<…>` show. Match on the variants for
@@ -28,64 +31,23 @@ pub enum Error {
     /// message names the file and the fix.
     #[error(transparent)]
     Output(#[from] crate::artifact::OutputError),
-    /// The input does not start with the memtrack magic bytes.
-    #[error(
-        "{path}: not a memtrack artifact (the file does not start with the memtrack magic bytes)"
-    )]
-    NotAnArtifact {
-        /// The file, or `<memory>`.
-        path: PathBuf,
-    },
-    /// The artifact's major version is not one this build reads.
-    #[error(
-        "{path}: artifact format version {major}.{minor} is not supported: this memtrack ({tool}) \
-         reads format {supported}.x; open it with a memtrack release that writes format {major}"
-    )]
-    UnsupportedVersion {
-        /// The file, or `<memory>`.
-        path: PathBuf,
-        /// Major version found in the file.
-        major: u16,
-        /// Minor version found in the file.
-        minor: u16,
-        /// The major version this build reads.
-        supported: u16,
-        /// This build's version string.
-        tool: &'static str,
-    },
-    /// The header (magic, version, metadata) is damaged.
-    #[error("{path}: corrupt artifact header: {problem}")]
-    CorruptHeader {
-        /// The file, or `<memory>`.
-        path: PathBuf,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A frame is damaged or cut short.
-    #[error("{path}: corrupt frame {frame} at byte offset {offset}: {problem}")]
-    CorruptFrame {
-        /// The file, or `<memory>`.
-        path: PathBuf,
-        /// Index of the frame (0-based).
-        frame: u64,
-        /// Byte offset of the frame's header in the file.
-        offset: u64,
-        /// What is wrong.
-        problem: String,
-    },
-    /// The trailer (frame index and final metadata) is damaged.
-    #[error("{path}: corrupt trailer at byte offset {offset}: {problem}")]
-    CorruptTrailer {
-        /// The file, or `<memory>`.
-        path: PathBuf,
-        /// Byte offset of the trailer.
-        offset: u64,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A configuration value is out of range; the message names the option and the valid range.
+    /// An artifact's bytes are damaged, of another version, or could not be read or written;
+    /// the message names the file and where in it.
+    #[error(transparent)]
+    Format(#[from] crate::artifact::FormatError),
+    /// The encoder pipeline failed (its options, its threads, or writing the artifact).
+    #[error(transparent)]
+    Encode(#[from] crate::encode::EncodeError),
+    /// A timeline was asked for with a number of columns out of range.
+    #[error(transparent)]
+    Timeline(#[from] crate::analysis::InvalidTimeline),
+    /// A configuration value is out of range, or options contradict each other; the message
+    /// names the option and the valid range.
     #[error("invalid option: {0}")]
     InvalidOption(String),
+    /// A session was asked for numbers after it finished: its report has them.
+    #[error("the session is already finished: its Report has the final numbers")]
+    SessionFinished,
     /// A session was started while another one of this process was running.
     #[error(
         "cannot start memtrack session {requested:?}: session {active:?} is still running in \
@@ -128,12 +90,12 @@ pub enum Error {
          memtrack::Allocator::system();`, or use the eBPF backend"
     )]
     AllocatorNotInstalled,
-    /// The encoder's writer thread stopped early (after an I/O error, reported by `finish`).
-    #[error("the encoder stopped early; `finish()` reports why")]
-    EncoderStopped,
     /// The eBPF tracker failed (privileges, BTF, symbols, libbpf); the message says the fix.
     #[error(transparent)]
     Tracker(#[from] crate::tracker::TrackerError),
+    /// The allocator recorder failed (no invariant TSC, already recording, its threads).
+    #[error(transparent)]
+    Recorder(#[from] crate::recorder::RecorderError),
     /// A finished session did not keep its [`Limits`](crate::Limits) (or lost events, so
     /// it cannot prove them); the artifact is written and the report kept.
     #[error(
@@ -143,7 +105,7 @@ pub enum Error {
     )]
     LimitExceeded {
         /// What the session measured.
-        report: Box<crate::session::Report>,
+        report: Box<crate::report::Report>,
         /// Every limit it did not keep, with the measured numbers.
         violations: Vec<crate::limits::Violation>,
     },
@@ -153,6 +115,13 @@ pub enum Error {
 impl std::fmt::Debug for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(self, f)
+    }
+}
+
+/// Contradictory limits are an invalid option of the session (as documented on `start`).
+impl From<crate::limits::InvalidLimits> for Error {
+    fn from(e: crate::limits::InvalidLimits) -> Self {
+        Error::InvalidOption(e.0)
     }
 }
 
@@ -193,5 +162,33 @@ mod tests {
             msg.ends_with("invalid option: workers must be at least 1 (got 0)"),
             "{msg}"
         );
+    }
+
+    /// A lower layer's error keeps its message in the crate-wide one, and contradictory limits
+    /// are still `InvalidOption` (as documented for `start`).
+    #[test]
+    fn layers_errors_compose_with_their_messages() {
+        let format = || crate::artifact::FormatError::NotAnArtifact {
+            path: "t.memtrack".into(),
+        };
+        let e = Error::from(format());
+        assert!(matches!(e, Error::Format(_)));
+        assert_eq!(e.to_string(), format().to_string());
+        assert!(e.to_string().contains("not a memtrack artifact"), "{e}");
+        let stopped = Error::from(crate::tracker::TrackerError::from(
+            crate::encode::EncodeError::Stopped,
+        ));
+        assert_eq!(
+            stopped.to_string(),
+            "the encoder stopped early; `finish()` reports why"
+        );
+        let limits = crate::Limits::new()
+            .min_allocations(2)
+            .max_allocations(1)
+            .validate()
+            .unwrap_err();
+        let e = Error::from(limits.clone());
+        assert!(matches!(e, Error::InvalidOption(_)));
+        assert_eq!(e.to_string(), limits.to_string());
     }
 }

@@ -106,105 +106,335 @@ pub enum EventKind {
     Exec,
 }
 
-/// The numeric tag of each [`EventKind`], as stored in artifacts and sent by the BPF program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum KindTag {
-    /// [`EventKind::Malloc`]
-    Malloc = 1,
-    /// [`EventKind::Calloc`]
-    Calloc = 2,
-    /// [`EventKind::Realloc`]
-    Realloc = 3,
-    /// [`EventKind::AlignedAlloc`]
-    AlignedAlloc = 4,
-    /// [`EventKind::Free`]
-    Free = 5,
-    /// [`EventKind::Mmap`]
-    Mmap = 6,
-    /// [`EventKind::Munmap`]
-    Munmap = 7,
-    /// [`EventKind::Mremap`]
-    Mremap = 8,
-    /// [`EventKind::Brk`]
-    Brk = 9,
-    /// [`EventKind::Exec`]
-    Exec = 10,
+// Everything per kind below is derived from the one kind table, memtrack-bpf's
+// `for_each_kind!` (shared with the BPF ABI's `kind` constants and checked against memtrack.h):
+// the tags, the names, the conversions of raw records, and the allocation/free rule. The
+// matches on `EventKind` it generates are exhaustive, so a kind in the table without a variant
+// above (or the reverse) does not compile.
+macro_rules! derive_kinds {
+    ($(
+        $variant:ident = $tag:literal, $abi:ident, $name:literal, $role:ident { $($field:ident),* };
+    )*) => {
+        /// The numeric tag of each [`EventKind`], as stored in artifacts and sent by the BPF
+        /// program (`MT_KIND_*` of memtrack.h).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(u8)]
+        pub enum KindTag {
+            $(
+                #[doc = concat!("[`EventKind::", stringify!($variant), "`]")]
+                $variant = $tag,
+            )*
+        }
+
+        impl KindTag {
+            /// Every tag, in numeric order.
+            pub const ALL: [KindTag; [$($tag),*].len()] = [$(KindTag::$variant),*];
+
+            /// The tag with numeric value `v`, if it is one this version knows.
+            pub const fn from_u8(v: u8) -> Option<Self> {
+                Some(match v {
+                    $($tag => KindTag::$variant,)*
+                    _ => return None,
+                })
+            }
+
+            /// The lower-case name used in JSON output and docs (`"aligned_alloc"`, ...).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(KindTag::$variant => $name,)*
+                }
+            }
+        }
+
+        impl EventKind {
+            /// This kind's numeric tag.
+            pub const fn tag(&self) -> KindTag {
+                match self {
+                    $(EventKind::$variant { .. } => KindTag::$variant,)*
+                }
+            }
+
+            /// The event a raw record (of the BPF program or the allocator recorder) stands
+            /// for: `kind` its `MT_KIND_*` number; `None` for a number this build does not know.
+            /// Reads only the fields the kind has.
+            #[inline(always)]
+            pub(crate) fn from_raw<R: RawRecord>(kind: u32, r: &R) -> Option<EventKind> {
+                Some(match kind {
+                    $($tag => EventKind::$variant { $($field: raw_field!(r, $field)),* },)*
+                    _ => return None,
+                })
+            }
+
+            /// Applies the heap's accounting rule, by the role of this event's kind: calls
+            /// `ops.free` for the block it frees, then `ops.alloc` for the block it allocates
+            /// (see the accounting rules of the analysis). `false` for a kind that is not of
+            /// the heap (mappings, `brk`, `exec`).
+            #[inline(always)]
+            pub(crate) fn apply_heap<H: HeapOps>(&self, ops: &mut H) -> bool {
+                match *self {
+                    $(EventKind::$variant { $($field),* } => heap_role!($role, ops; $($field),*),)*
+                }
+            }
+        }
+    };
 }
 
-impl KindTag {
-    /// Every tag, in numeric order.
-    pub const ALL: [KindTag; 10] = [
-        KindTag::Malloc,
-        KindTag::Calloc,
-        KindTag::Realloc,
-        KindTag::AlignedAlloc,
-        KindTag::Free,
-        KindTag::Mmap,
-        KindTag::Munmap,
-        KindTag::Mremap,
-        KindTag::Brk,
-        KindTag::Exec,
-    ];
+/// A raw record's field `$field` (a move's new address is its `addr`).
+macro_rules! raw_field {
+    ($r:ident, new_addr) => {
+        $r.addr()
+    };
+    ($r:ident, $field:ident) => {
+        $r.$field()
+    };
+}
 
-    /// The tag with numeric value `v`, if it is one this version knows.
-    pub const fn from_u8(v: u8) -> Option<Self> {
-        Some(match v {
-            1 => KindTag::Malloc,
-            2 => KindTag::Calloc,
-            3 => KindTag::Realloc,
-            4 => KindTag::AlignedAlloc,
-            5 => KindTag::Free,
-            6 => KindTag::Mmap,
-            7 => KindTag::Munmap,
-            8 => KindTag::Mremap,
-            9 => KindTag::Brk,
-            10 => KindTag::Exec,
-            _ => return None,
-        })
-    }
-
-    /// The lower-case name used in JSON output and docs (`"aligned_alloc"`, ...).
-    pub const fn name(self) -> &'static str {
-        match self {
-            KindTag::Malloc => "malloc",
-            KindTag::Calloc => "calloc",
-            KindTag::Realloc => "realloc",
-            KindTag::AlignedAlloc => "aligned_alloc",
-            KindTag::Free => "free",
-            KindTag::Mmap => "mmap",
-            KindTag::Munmap => "munmap",
-            KindTag::Mremap => "mremap",
-            KindTag::Brk => "brk",
-            KindTag::Exec => "exec",
+/// The heap rule of a kind of role `alloc`, `realloc`, `free` or `other`, from its fields.
+macro_rules! heap_role {
+    (alloc, $ops:ident; $addr:ident, $size:ident $(, $rest:ident)*) => {{
+        $(let _ = $rest;)*
+        $ops.alloc($addr, $size);
+        true
+    }};
+    // `realloc(NULL, n)` frees nothing; a realloc that returned NULL allocates nothing.
+    (realloc, $ops:ident; $old:ident, $new:ident, $size:ident) => {{
+        if $old != 0 {
+            $ops.free($old);
         }
+        if $new != 0 {
+            $ops.alloc($new, $size);
+        }
+        true
+    }};
+    // `free(NULL)` is not a free.
+    (free, $ops:ident; $addr:ident) => {{
+        if $addr != 0 {
+            $ops.free($addr);
+        }
+        true
+    }};
+    (other, $ops:ident; $($field:ident),*) => {{
+        $(let _ = $field;)*
+        false
+    }};
+}
+
+memtrack_bpf::for_each_kind!(derive_kinds);
+
+/// A raw record, as the BPF program and the allocator recorder write them: a kind reads the
+/// fields its variant has (`addr` is a move's new address).
+pub(crate) trait RawRecord {
+    /// The block's (or mapping's) address; a move's new address.
+    fn addr(&self) -> u64;
+    /// A move's old address.
+    fn old_addr(&self) -> u64;
+    /// The size in bytes.
+    fn size(&self) -> u64;
+    /// The requested alignment in bytes.
+    fn align(&self) -> u64;
+}
+
+/// What the heap's accounting rule does with an event ([`EventKind::apply_heap`]).
+pub(crate) trait HeapOps {
+    /// A block of `size` bytes at `addr` is allocated.
+    fn alloc(&mut self, addr: u64, size: u64);
+    /// The block at `addr` is freed.
+    fn free(&mut self, addr: u64);
+}
+
+/// What an event does to the heap (the malloc family's blocks), as plain values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Heap {
+    /// The address of the block it frees.
+    pub freed: Option<u64>,
+    /// The address and size of the block it allocates.
+    pub allocated: Option<(u64, u64)>,
+}
+
+impl HeapOps for Heap {
+    #[inline(always)]
+    fn alloc(&mut self, addr: u64, size: u64) {
+        self.allocated = Some((addr, size));
     }
 
-    /// Index into per-kind arrays (`0..10`).
+    #[inline(always)]
+    fn free(&mut self, addr: u64) {
+        self.freed = Some(addr);
+    }
+}
+
+// `index` relies on the tags being 1, 2, … in the order of `ALL`.
+const _: () = {
+    let mut i = 0;
+    while i < KindTag::ALL.len() {
+        assert!(
+            KindTag::ALL[i] as usize == i + 1,
+            "kind tags are 1..=N in order"
+        );
+        i += 1;
+    }
+};
+
+impl KindTag {
+    /// Index into per-kind arrays (`0..ALL.len()`).
     pub const fn index(self) -> usize {
         self as usize - 1
     }
 }
 
 impl EventKind {
-    /// This kind's numeric tag.
-    pub const fn tag(&self) -> KindTag {
-        match self {
-            EventKind::Malloc { .. } => KindTag::Malloc,
-            EventKind::Calloc { .. } => KindTag::Calloc,
-            EventKind::Realloc { .. } => KindTag::Realloc,
-            EventKind::AlignedAlloc { .. } => KindTag::AlignedAlloc,
-            EventKind::Free { .. } => KindTag::Free,
-            EventKind::Mmap { .. } => KindTag::Mmap,
-            EventKind::Munmap { .. } => KindTag::Munmap,
-            EventKind::Mremap { .. } => KindTag::Mremap,
-            EventKind::Brk { .. } => KindTag::Brk,
-            EventKind::Exec => KindTag::Exec,
-        }
-    }
-
     /// The lower-case name of this kind (`"malloc"`, `"aligned_alloc"`, ...).
     pub const fn name(&self) -> &'static str {
         self.tag().name()
+    }
+
+    /// What this event does to the heap ([`EventKind::apply_heap`] as values).
+    #[inline(always)]
+    pub(crate) fn heap(&self) -> Heap {
+        let mut heap = Heap::default();
+        self.apply_heap(&mut heap);
+        heap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fields;
+
+    impl RawRecord for Fields {
+        fn addr(&self) -> u64 {
+            0x2000
+        }
+        fn old_addr(&self) -> u64 {
+            0x1000
+        }
+        fn size(&self) -> u64 {
+            96
+        }
+        fn align(&self) -> u64 {
+            64
+        }
+    }
+
+    fn fields() -> &'static Fields {
+        &Fields
+    }
+
+    /// Every tag of the table converts from its raw number to the variant of the same tag and
+    /// name, and numbers outside the table convert to nothing (never to a default kind).
+    #[test]
+    fn raw_numbers_convert_to_their_kind_only() {
+        let mut names = std::collections::BTreeSet::new();
+        for tag in KindTag::ALL {
+            let kind = EventKind::from_raw(tag as u32, fields()).expect("a kind of the table");
+            assert_eq!(kind.tag(), tag);
+            assert_eq!(KindTag::from_u8(tag as u8), Some(tag));
+            assert_eq!(kind.name(), tag.name());
+            assert!(names.insert(tag.name()), "{} twice", tag.name());
+        }
+        let after = KindTag::ALL.len() as u32 + 1;
+        for n in [0, after, 255, u32::MAX] {
+            assert_eq!(EventKind::from_raw(n, fields()), None, "{n}");
+        }
+        assert_eq!(KindTag::from_u8(0), None);
+        assert_eq!(KindTag::from_u8(after as u8), None);
+        assert_eq!(
+            EventKind::from_raw(KindTag::Mremap as u32, fields()),
+            Some(EventKind::Mremap {
+                old_addr: 0x1000,
+                new_addr: 0x2000,
+                size: 96
+            })
+        );
+        assert_eq!(
+            EventKind::from_raw(KindTag::AlignedAlloc as u32, fields()),
+            Some(EventKind::AlignedAlloc {
+                addr: 0x2000,
+                size: 96,
+                align: 64
+            })
+        );
+    }
+
+    /// The allocation/free rule, kind by kind, as the analysis' docs state it.
+    #[test]
+    fn heap_effects_follow_the_accounting_rules() {
+        let none = Heap {
+            freed: None,
+            allocated: None,
+        };
+        let alloc = |addr, size| Heap {
+            freed: None,
+            allocated: Some((addr, size)),
+        };
+        let cases = [
+            (EventKind::Malloc { addr: 8, size: 3 }, alloc(8, 3)),
+            (EventKind::Calloc { addr: 8, size: 3 }, alloc(8, 3)),
+            (
+                EventKind::AlignedAlloc {
+                    addr: 8,
+                    size: 3,
+                    align: 64,
+                },
+                alloc(8, 3),
+            ),
+            (
+                EventKind::Realloc {
+                    old_addr: 8,
+                    new_addr: 16,
+                    size: 5,
+                },
+                Heap {
+                    freed: Some(8),
+                    allocated: Some((16, 5)),
+                },
+            ),
+            (
+                EventKind::Realloc {
+                    old_addr: 0,
+                    new_addr: 16,
+                    size: 5,
+                },
+                alloc(16, 5),
+            ),
+            (
+                EventKind::Realloc {
+                    old_addr: 8,
+                    new_addr: 0,
+                    size: 0,
+                },
+                Heap {
+                    freed: Some(8),
+                    allocated: None,
+                },
+            ),
+            (
+                EventKind::Free { addr: 8 },
+                Heap {
+                    freed: Some(8),
+                    allocated: None,
+                },
+            ),
+            (EventKind::Free { addr: 0 }, none),
+            (EventKind::Mmap { addr: 8, size: 3 }, none),
+            (EventKind::Munmap { addr: 8, size: 3 }, none),
+            (
+                EventKind::Mremap {
+                    old_addr: 8,
+                    new_addr: 16,
+                    size: 5,
+                },
+                none,
+            ),
+            (EventKind::Brk { addr: 8 }, none),
+            (EventKind::Exec, none),
+        ];
+        for (kind, heap) in cases {
+            assert_eq!(kind.heap(), heap, "{kind:?}");
+        }
+        let covered: std::collections::BTreeSet<_> = cases.iter().map(|(k, _)| k.tag()).collect();
+        assert_eq!(covered.len(), KindTag::ALL.len(), "a kind without a case");
     }
 }

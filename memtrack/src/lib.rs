@@ -29,6 +29,30 @@
 //!
 //! The accounting rules of the totals (what counts as an allocation, how `realloc` counts, what
 //! the peak is) are in [`analysis`](Analyzer).
+//!
+//! ## Layers
+//! The modules form layers that point one way: each names only its own layer and those below
+//! it (`memtrack/tests/layers.rs` checks every `crate::` path and doc link against this
+//! table), and each layer has its own error type, composed upward with `#[from]`.
+//! ```text
+//! presentation   the `memtrack` CLI (src/bin): tables, JSON, SVG           uses the public API
+//!      ▲
+//! runtime        criterion, __private (the macro's expansion)
+//!                session             SessionBuilder, Session, turns         ─┐
+//!                error               the crate-wide Error: composes these  │ Error
+//!                report              Report, its summary line              │
+//!                tracker, recorder,  eBPF tracker, allocator recorder,     │ TrackerError,
+//!                limits              Limits checked against plain numbers   │ RecorderError
+//!                encode, scope,      the rayon frame pipeline, Scope,      │ EncodeError
+//!                synth               the model trace                       ─┘
+//!      ▲
+//! analysis       Analyzer, SizeHistogram, Timeline, Comparison: numbers only  InvalidTimeline
+//!      ▲
+//! artifact       the format: codec, Reader, frame writer, Output           FormatError,
+//!      ▲                                                                   OutputError
+//! event model    Event, EventKind, KindTag; Totals (what a trailer stores); human (numbers
+//!                as text)
+//! ```
 
 // The recorders read the TSC (`rdtsc`), attach uprobes by x86-64 register conventions and
 // find the dynamic loader at its Linux x86-64 path: nothing else is supported yet.
@@ -50,26 +74,30 @@ mod event;
 pub mod human;
 mod limits;
 mod recorder;
+mod report;
 mod scope;
 mod session;
 mod synth;
+mod totals;
 mod tracker;
 
 pub use analysis::{Analyzer, KindCounts, Stats, ThreadTotals, Totals};
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
-pub use analysis::{Column, Extremes, SizeClass, SizeHistogram, Timeline};
+pub use analysis::{Column, Extremes, InvalidTimeline, SizeClass, SizeHistogram, Timeline};
 pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, Reader};
-pub use artifact::{Output, OutputError};
+pub use artifact::{FormatError, Output, OutputError};
 pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
-pub use encode::{Encoder, EncoderOptions, TIMELINE_COLUMNS, ThreadHook, Written, default_workers};
+pub use encode::default_workers;
+pub use encode::{EncodeError, Encoder, EncoderOptions, TIMELINE_COLUMNS, ThreadHook, Written};
 pub use error::{Error, Result};
 pub use event::{Event, EventKind, KindTag};
-pub use limits::{Limits, Violation};
+pub use limits::{InvalidLimits, Limits, Violation};
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;
-pub use recorder::{Allocator, allocator_installed, in_session};
+pub use recorder::{Allocator, RecorderError, allocator_installed, in_session};
+pub use report::Report;
 pub use scope::Scope;
-pub use session::{BackendChoice, Report, Session, SessionBuilder, start};
+pub use session::{BackendChoice, Session, SessionBuilder, start};
 pub use synth::{Synth, SynthOptions};
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
 pub use tracker::{Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};

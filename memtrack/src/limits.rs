@@ -2,23 +2,22 @@
 
 use std::fmt;
 
+use crate::analysis::Totals;
 use crate::human;
-use crate::session::Report;
 
 /// What a session may allocate, for tests; empty (no limit) by default.
 ///
 /// Set with `#[memtrack(max_allocations = N, max_bytes = B, max_peak = P, max_blocks = K,
 /// no_leaks)]` (or `allocations = N`, `min_allocations = N`) or the same methods on
-/// [`SessionBuilder`](crate::SessionBuilder), and checked against the session's [`Report`]
-/// when it ends. The numbers are the report's (the accounting rules of
-/// [`Totals`](crate::Totals)):
+/// `SessionBuilder`, and checked against the session's totals (and lost events) when it ends.
+/// The numbers are the report's (the accounting rules of [`Totals`](crate::Totals)):
 /// - `max_allocations`: [`Totals::allocations`](crate::Totals::allocations), successful calls
 ///   returning a heap block (a `realloc` is one allocation);
 /// - `allocations = N` (an expectation, [`Limits::expect_allocations`]): exactly `N` of them,
 ///   for tests that pin a count; `min_allocations`: at least `N` (e.g. that a cache was
 ///   bypassed). `allocations` cannot be combined with the other two, and `min_allocations`
 ///   may not exceed `max_allocations` (a compile error on the attribute,
-///   [`Error::InvalidOption`](crate::Error::InvalidOption) from the builder's `start`);
+///   `Error::InvalidOption` from the builder's `start`);
 /// - `max_bytes`: [`Totals::bytes_allocated`](crate::Totals::bytes_allocated), the sum of the
 ///   sizes of those allocations (bytes allocated in total, not net of frees);
 /// - `max_peak`: [`Totals::peak_live_bytes`](crate::Totals::peak_live_bytes), the maximum of
@@ -34,10 +33,9 @@ use crate::session::Report;
 /// limit is reported, not only the first, each with its measured number.
 ///
 /// How a violation fails:
-/// - [`Session::finish`](crate::Session::finish) returns
-///   [`Error::LimitExceeded`](crate::Error::LimitExceeded), which keeps the [`Report`] (the
-///   artifact is written too). A session dropped without `finish` only prints that error:
-///   `Drop` never panics.
+/// - `Session::finish` returns `Error::LimitExceeded`, which keeps the session's `Report`
+///   (the artifact is written too). A session dropped without `finish` only prints that
+///   error: `Drop` never panics.
 /// - A `#[memtrack]` function panics when its body ends, with a message such as
 ///   `memtrack: parse — allocations 1,234 > max_allocations 1,000; live at end 3 blocks (96 B)
 ///   with no_leaks → target/memtrack/parse.memtrack`, so a `#[test]` fails. If the body is
@@ -65,6 +63,13 @@ pub struct Limits {
     max_peak: Option<u64>,
     no_leaks: bool,
 }
+
+/// Limits no session can keep (an exact count with a minimum or maximum, a minimum above the
+/// maximum): the message names both and the fix. A session's `start` returns it as
+/// `Error::InvalidOption`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid option: {0}")]
+pub struct InvalidLimits(pub String);
 
 /// One limit a session did not keep, with the measured numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,8 +164,8 @@ impl Limits {
 
     /// `Err` with the reason and the fix if no session can keep these limits: an exact count
     /// combined with a minimum or maximum, or a minimum above the maximum.
-    pub fn validate(&self) -> crate::Result<()> {
-        let bad = |m: String| Err(crate::Error::InvalidOption(m));
+    pub fn validate(&self) -> Result<(), InvalidLimits> {
+        let bad = |m: String| Err(InvalidLimits(m));
         if let Some(n) = self.exact_allocations {
             for (name, other) in [
                 ("max_allocations", self.max_allocations),
@@ -208,18 +213,17 @@ impl Limits {
         *self == Limits::default()
     }
 
-    /// The limits `report` violates, in the order incomplete, allocations (exact, minimum,
-    /// maximum), bytes, peak, blocks, leaks; empty if it keeps them all (or if there are none).
-    pub fn check(&self, report: &Report) -> Vec<Violation> {
+    /// The limits that `totals` (and `lost_events`, events the recorder dropped) violate, in
+    /// the order incomplete, allocations (exact, minimum, maximum), bytes, peak, blocks, leaks;
+    /// empty if they keep them all (or if there are none).
+    pub fn check(&self, totals: &Totals, lost_events: u64) -> Vec<Violation> {
         let mut out = Vec::new();
         if self.is_empty() {
             return out;
         }
-        let t = &report.totals;
-        if report.lost_events > 0 {
-            out.push(Violation::Incomplete {
-                lost_events: report.lost_events,
-            });
+        let t = totals;
+        if lost_events > 0 {
+            out.push(Violation::Incomplete { lost_events });
         }
         let over = |limit: Option<u64>, measured: u64| limit.filter(|&l| measured > l);
         if let Some(expected) = self.exact_allocations.filter(|&n| n != t.allocations) {
@@ -265,19 +269,6 @@ impl Limits {
             });
         }
         out
-    }
-
-    /// `Ok(report)` if it keeps the limits, else [`Error::LimitExceeded`](crate::Error) with it.
-    pub(crate) fn enforce(&self, report: Report) -> crate::Result<Report> {
-        let violations = self.check(&report);
-        if violations.is_empty() {
-            Ok(report)
-        } else {
-            Err(crate::Error::LimitExceeded {
-                report: Box::new(report),
-                violations,
-            })
-        }
     }
 }
 
@@ -381,26 +372,17 @@ pub(crate) fn describe(violations: &[Violation]) -> String {
         .join("; ")
 }
 
-/// The message a `#[memtrack]` function fails with:
-/// `memtrack: parse — allocations 1,234 > max_allocations 1,000; live at end 3 blocks (96 B) with no_leaks → target/memtrack/parse.memtrack`.
-pub(crate) fn message(report: &Report, violations: &[Violation]) -> String {
-    format!(
-        "memtrack: {} — {} → {}",
-        report.name,
-        describe(violations),
-        report.where_written()
-    )
-}
-
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-    use std::time::Duration;
-
     use super::*;
-    use crate::Totals;
 
-    fn report(allocations: u64, bytes: u64, peak: u64, live: (u64, u64), lost: u64) -> Report {
+    /// What a session measured, as far as limits are concerned.
+    struct Sample {
+        totals: Totals,
+        lost_events: u64,
+    }
+
+    fn report(allocations: u64, bytes: u64, peak: u64, live: (u64, u64), lost: u64) -> Sample {
         let totals = Totals {
             allocations,
             bytes_allocated: bytes,
@@ -409,20 +391,15 @@ mod tests {
             live_bytes_at_end: live.1,
             ..Totals::default()
         };
-        Report {
-            name: "parse".into(),
-            path: Some(PathBuf::from("t/parse.memtrack")),
+        Sample {
             totals,
             lost_events: lost,
-            duration: Duration::ZERO,
-            events: 0,
-            artifact_bytes: 0,
-            sizes: Vec::new(),
-            timeline: crate::Timeline::growing(1).unwrap(),
-            backend: crate::Backend::Ebpf,
-            scope: crate::Scope::Threads,
-            out_of_scope: 0,
-            iterations: None,
+        }
+    }
+
+    impl Limits {
+        fn check_sample(&self, s: &Sample) -> Vec<Violation> {
+            self.check(&s.totals, s.lost_events)
         }
     }
 
@@ -433,9 +410,9 @@ mod tests {
             .max_bytes(1164)
             .max_peak(1000)
             .no_leaks();
-        assert_eq!(l.check(&report(3, 1164, 1000, (0, 0), 0)), vec![]);
+        assert_eq!(l.check_sample(&report(3, 1164, 1000, (0, 0), 0)), vec![]);
         assert_eq!(
-            l.check(&report(4, 1165, 1001, (2, 96), 0)),
+            l.check_sample(&report(4, 1165, 1001, (2, 96), 0)),
             vec![
                 Violation::Allocations {
                     measured: 4,
@@ -461,18 +438,18 @@ mod tests {
     fn unset_limits_check_nothing() {
         let r = report(u64::MAX, u64::MAX, u64::MAX, (9, 9), 7);
         assert!(Limits::new().is_empty());
-        assert_eq!(Limits::new().check(&r), vec![]);
+        assert_eq!(Limits::new().check_sample(&r), vec![]);
         // Only the limits that are set: a leak is no violation without `no_leaks`.
         assert_eq!(
             Limits::new()
                 .max_peak(u64::MAX)
-                .check(&report(1, 1, 1, (5, 5), 0)),
+                .check_sample(&report(1, 1, 1, (5, 5), 0)),
             vec![]
         );
         assert_eq!(
             Limits::new()
                 .max_allocations(0)
-                .check(&report(0, 0, 0, (0, 0), 0)),
+                .check_sample(&report(0, 0, 0, (0, 0), 0)),
             vec![]
         );
     }
@@ -480,28 +457,28 @@ mod tests {
     #[test]
     fn lost_events_fail_any_limit() {
         let r = report(1, 10, 10, (0, 0), 5);
-        let v = Limits::new().max_allocations(100).check(&r);
+        let v = Limits::new().max_allocations(100).check_sample(&r);
         assert_eq!(v, vec![Violation::Incomplete { lost_events: 5 }]);
         assert!(v[0].to_string().contains("5 events LOST"), "{}", v[0]);
         assert!(v[0].to_string().contains("incomplete"), "{}", v[0]);
     }
 
     #[test]
-    fn message_shows_every_violation_with_exact_numbers() {
+    fn every_violation_is_described_with_exact_numbers() {
         let r = report(1234, 2_000_000, 10, (3, 96), 0);
         let l = Limits::new()
             .max_allocations(1000)
             .max_bytes(1_048_576)
             .no_leaks();
         assert_eq!(
-            message(&r, &l.check(&r)),
-            "memtrack: parse — allocations 1,234 > max_allocations 1,000; \
+            describe(&l.check_sample(&r)),
+            "allocations 1,234 > max_allocations 1,000; \
              bytes allocated 2,000,000 B > max_bytes 1,048,576 B; \
-             live at end 3 blocks (96 B) with no_leaks → t/parse.memtrack"
+             live at end 3 blocks (96 B) with no_leaks"
         );
         let one = report(0, 0, 0, (1, 8), 0);
         assert_eq!(
-            describe(&Limits::new().no_leaks().check(&one)),
+            describe(&Limits::new().no_leaks().check_sample(&one)),
             "live at end 1 block (8 B) with no_leaks"
         );
         assert_eq!(
@@ -515,9 +492,12 @@ mod tests {
         let mut r = report(3, 10, 10, (0, 0), 0);
         r.totals.peak_live_blocks = 5;
         let exact = Limits::new().expect_allocations(3).max_blocks(5);
-        assert_eq!(exact.check(&r), vec![]);
+        assert_eq!(exact.check_sample(&r), vec![]);
         assert_eq!(
-            Limits::new().expect_allocations(4).max_blocks(4).check(&r),
+            Limits::new()
+                .expect_allocations(4)
+                .max_blocks(4)
+                .check_sample(&r),
             vec![
                 Violation::AllocationsNotExpected {
                     measured: 3,
@@ -532,15 +512,20 @@ mod tests {
         let v = Limits::new()
             .min_allocations(4)
             .max_allocations(9)
-            .check(&r);
+            .check_sample(&r);
         assert_eq!(
             describe(&v),
             "allocations 3 < min_allocations 4",
             "min passes at its value, fails below"
         );
-        assert_eq!(Limits::new().min_allocations(3).check(&r), vec![]);
+        assert_eq!(Limits::new().min_allocations(3).check_sample(&r), vec![]);
         assert_eq!(
-            describe(&Limits::new().expect_allocations(2).max_blocks(1).check(&r)),
+            describe(
+                &Limits::new()
+                    .expect_allocations(2)
+                    .max_blocks(1)
+                    .check_sample(&r)
+            ),
             "allocations 3, expected exactly 2 (allocations = 2); peak live blocks 5 > max_blocks 1"
         );
         assert_eq!(exact.to_string(), "allocations = 3, max_blocks 5");
@@ -567,24 +552,5 @@ mod tests {
                 .validate()
                 .is_ok()
         );
-    }
-
-    #[test]
-    fn enforce_keeps_the_report() {
-        let r = report(2, 10, 10, (0, 0), 0);
-        assert!(Limits::new().max_allocations(2).enforce(r.clone()).is_ok());
-        match Limits::new().max_allocations(1).enforce(r) {
-            Err(crate::Error::LimitExceeded { report, violations }) => {
-                assert_eq!(report.allocations(), 2);
-                assert_eq!(
-                    violations,
-                    vec![Violation::Allocations {
-                        measured: 2,
-                        limit: 1
-                    }]
-                );
-            }
-            other => panic!("{other:?}"),
-        }
     }
 }

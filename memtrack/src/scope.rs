@@ -9,9 +9,9 @@ use std::fmt;
 ///   the session (libtest's other tests, a thread pool started earlier) are left out, so
 ///   parallel `#[test]`s with exact limits do not count each other's allocations. The eBPF
 ///   recorder follows thread creation in the kernel; the allocator recorder cannot see a
-///   spawn, so a thread joins its parent's scope only through [`in_session`](crate::in_session).
+///   spawn, so a thread joins its parent's scope only through `memtrack::in_session`.
 ///   What threads outside the scope did is counted, not recorded
-///   ([`Report::out_of_scope`](crate::Report::out_of_scope)).
+///   (the report's `out_of_scope`).
 /// - [`Scope::Process`]: every thread of the process but memtrack's own (for a benchmark
 ///   whose work runs on threads that exist before the session, such as a rayon pool).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]

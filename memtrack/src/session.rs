@@ -18,17 +18,19 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::analysis::{SizeClass, Stats, Timeline, Totals};
+use crate::analysis::Stats;
 use crate::artifact::{Backend, Metadata, Output};
 use crate::encode::EncoderOptions;
 use crate::encode::Written;
 use crate::error::{Error, Result};
-use crate::human;
 use crate::limits::Limits;
 use crate::recorder::{AllocRecording, allocator_installed};
+use crate::report::Report;
 use crate::scope::Scope;
+#[cfg(feature = "criterion")]
+use crate::tracker::Counting;
 use crate::tracker::{ProbeHold, Recording, Tracker, TrackerOptions};
 
 /// Name of the session running in this process, if any (sessions of one process take turns:
@@ -115,7 +117,7 @@ fn privileged() -> bool {
 
 /// The backend a session (or a criterion measurement) uses: `choice`, else
 /// `$MEMTRACK_BACKEND`, else `auto`; see [`BackendChoice`].
-pub(crate) fn resolve_backend(choice: Option<BackendChoice>) -> Result<Backend> {
+fn resolve_backend(choice: Option<BackendChoice>) -> Result<Backend> {
     let choice = match choice {
         Some(b) => b,
         None => match std::env::var("MEMTRACK_BACKEND") {
@@ -381,9 +383,11 @@ impl SessionBuilder {
                     self.workers,
                     scope,
                 )
-                .map(Active::Ebpf),
+                .map(Active::Ebpf)
+                .map_err(Error::from),
             None => crate::recorder::start_recording(file, &session.meta, self.workers, scope)
-                .map(Active::Alloc),
+                .map(Active::Alloc)
+                .map_err(Error::from),
         };
         // On error, dropping the session's `Output` removes the temporary file.
         session.recording = Some(started?);
@@ -462,17 +466,23 @@ impl Active {
     /// Stops recording and finishes the artifact.
     fn stop(self) -> Result<Stopped> {
         match self {
-            Active::Ebpf(r) => r.stop().map(|r| Stopped {
-                written: r.written,
-                lost_events: r.lost_events,
-                out_of_scope: r.out_of_scope,
-            }),
+            Active::Ebpf(r) => {
+                let r = r.stop()?;
+                Ok(Stopped {
+                    written: r.written,
+                    lost_events: r.lost_events,
+                    out_of_scope: r.out_of_scope,
+                })
+            }
             // The allocator backend waits for room instead of dropping events.
-            Active::Alloc(r) => r.stop().map(|(written, lost_events)| Stopped {
-                written,
-                lost_events,
-                out_of_scope: crate::recorder::OUT_OF_SCOPE.load(Ordering::Relaxed),
-            }),
+            Active::Alloc(r) => {
+                let (written, lost_events) = r.stop()?;
+                Ok(Stopped {
+                    written,
+                    lost_events,
+                    out_of_scope: crate::recorder::OUT_OF_SCOPE.load(Ordering::Relaxed),
+                })
+            }
         }
     }
 }
@@ -505,7 +515,7 @@ impl Session {
     /// stores `n` ([`Final::iterations`](crate::Final::iterations)), and the summary line,
     /// `memtrack show` and `memtrack compare` give allocations and bytes per iteration, which
     /// stay comparable when the number of iterations varies from run to run (criterion's
-    /// [`Profiler`](crate::criterion::Profiler) does this). Call it before
+    /// `memtrack::criterion::Profiler` does this). Call it before
     /// [`Session::finish`]; the last call counts.
     pub fn set_iterations(&mut self, n: u64) {
         self.iterations = Some(n);
@@ -527,11 +537,9 @@ impl Session {
     /// each call ends the artifact's current frame, so call it between phases, not per event.
     pub fn stats(&self) -> Result<Stats> {
         match &self.recording {
-            Some(Active::Ebpf(r)) => r.stats(),
-            Some(Active::Alloc(r)) => r.stats(),
-            None => Err(Error::InvalidOption(
-                "the session is already finished: its Report has the final numbers".into(),
-            )),
+            Some(Active::Ebpf(r)) => Ok(r.stats()?),
+            Some(Active::Alloc(r)) => Ok(r.stats()?),
+            None => Err(Error::SessionFinished),
         }
     }
 
@@ -546,9 +554,7 @@ impl Session {
 
     fn finish_inner(&mut self) -> Result<Report> {
         let Some(mut recording) = self.recording.take() else {
-            return Err(Error::InvalidOption(
-                "the session is already finished".into(),
-            ));
+            return Err(Error::SessionFinished);
         };
         let duration = self.started.elapsed();
         if let Some(n) = self.iterations {
@@ -592,7 +598,20 @@ impl Session {
         {
             eprintln!("{}", report.summary_line());
         }
-        result.and_then(|report| self.limits.enforce(report))
+        result.and_then(|report| enforce(&self.limits, report))
+    }
+}
+
+/// `Ok(report)` if it keeps `limits`, else [`Error::LimitExceeded`] with it.
+fn enforce(limits: &Limits, report: Report) -> Result<Report> {
+    let violations = limits.check(&report.totals, report.lost_events);
+    if violations.is_empty() {
+        Ok(report)
+    } else {
+        Err(Error::LimitExceeded {
+            report: Box::new(report),
+            violations,
+        })
     }
 }
 
@@ -606,123 +625,47 @@ impl Drop for Session {
     }
 }
 
-/// What a session measured: the totals of `memtrack show`, computed while streaming.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Report {
-    /// The session's name.
-    pub name: String,
-    /// The artifact; `None` for an in-memory session ([`SessionBuilder::in_memory`]).
-    pub path: Option<PathBuf>,
-    /// Totals over every event (see the accounting rules in [`Totals`]), with per-thread totals.
-    pub totals: Totals,
-    /// Allocations by size class, the non-empty classes, smallest first (what `memtrack show`
-    /// tabulates), computed while streaming.
-    pub sizes: Vec<SizeClass>,
-    /// Live heap and mapped bytes over the session, downsampled to
-    /// [`TIMELINE_COLUMNS`](crate::TIMELINE_COLUMNS) columns without losing extremes (the
-    /// column holding the peak has it as its `heap.max`), computed while streaming.
-    pub timeline: Timeline,
-    /// Events lost because the ring buffer was full: non-zero means the numbers are incomplete.
-    pub lost_events: u64,
-    /// Wall-clock time the session recorded.
-    pub duration: Duration,
-    /// Events recorded.
-    pub events: u64,
-    /// Size of the artifact in bytes.
-    pub artifact_bytes: u64,
-    /// The recorder that produced it.
-    pub backend: Backend,
-    /// Which threads were recorded.
-    pub scope: Scope,
-    /// Allocator calls (allocations and frees) of threads of this process outside the
-    /// session's [`Scope::Threads`] scope while it recorded: not recorded, not in the totals.
-    /// Non-zero means other threads were busy (parallel tests), or that work of the measured
-    /// code ran on threads that existed before the session (use [`Scope::Process`]) or, with
-    /// the allocator recorder, were spawned without [`in_session`](crate::in_session).
-    pub out_of_scope: u64,
-    /// Iterations of a measured routine the session covers, if declared
-    /// ([`Session::set_iterations`]): then allocations and bytes are also given per iteration.
-    pub iterations: Option<u64>,
+/// Keeps a backend counting while it exists (what criterion's measurements read): the BPF
+/// program's counters, or the allocator backend's (chosen as for sessions:
+/// `$MEMTRACK_BACKEND`, else `auto`). Counts only, records no event.
+#[cfg(feature = "criterion")]
+pub(crate) enum Counter {
+    Ebpf {
+        tracker: &'static Tracker,
+        _counting: Counting<'static>,
+    },
+    Alloc(crate::recorder::CountingGuard),
 }
 
-impl Report {
-    /// Successful calls returning a heap block.
-    pub fn allocations(&self) -> u64 {
-        self.totals.allocations
+#[cfg(feature = "criterion")]
+impl Counter {
+    /// Starts counting with the backend sessions would use (the error says what is missing).
+    pub(crate) fn new() -> Result<Self> {
+        Ok(match resolve_backend(None)? {
+            Backend::Alloc => Counter::Alloc(crate::recorder::start_counting()),
+            _ => {
+                let tracker = Tracker::global(&TrackerOptions::new())?;
+                Counter::Ebpf {
+                    tracker,
+                    _counting: tracker.counting()?,
+                }
+            }
+        })
     }
 
-    /// Bytes requested by those calls.
-    pub fn bytes_allocated(&self) -> u64 {
-        self.totals.bytes_allocated
-    }
-
-    /// Maximum of live heap bytes.
-    pub fn peak_live_bytes(&self) -> u64 {
-        self.totals.peak_live_bytes
-    }
-
-    /// The artifact's path for messages, or `not written (in-memory session)`.
-    pub fn where_written(&self) -> String {
-        match &self.path {
-            Some(p) => p.display().to_string(),
-            None => "not written (in-memory session)".into(),
-        }
-    }
-
-    /// The one-line summary printed when a session ends, e.g.
-    /// `memtrack: parse_json — 12,345 allocations, 1.2 MiB allocated in total; peak live heap
-    /// 512.0 KiB; still live at the end: 5 blocks (320 B); no events lost; scope: this thread
-    /// and the threads it spawned →
-    /// target/memtrack/parse_json.memtrack` (on one line). Bytes are heap bytes (malloc
-    /// family; mappings are not counted); "allocated in total" is the sum of the sizes of
-    /// every allocation, not net of frees; "still live at the end" is what was allocated during
-    /// the session and not freed by its end; "events lost" counts events the recorder dropped
-    /// (non-zero: every number is incomplete).
-    pub fn summary_line(&self) -> String {
-        let t = &self.totals;
-        let lost = if self.lost_events == 0 {
-            "no events lost".to_string()
-        } else {
-            format!(
-                "{} LOST (the numbers are incomplete: raise the ring buffer size)",
-                human::plural(self.lost_events, "event", "events")
-            )
-        };
-        let scope = match (self.scope, self.out_of_scope) {
-            (Scope::Process, _) => "scope: whole process".to_string(),
-            (Scope::Threads, 0) => format!("scope: {}", self.scope),
-            (Scope::Threads, n) => format!(
-                "scope: {} ({} allocator calls of other threads not counted)",
-                self.scope,
-                human::count(n)
-            ),
-        };
-        let per_iteration = match self.iterations {
-            Some(n) => format!(
-                "per iteration (of {}): {:.2} allocations, {} allocated; over all of them: ",
-                human::count(n),
-                t.allocations as f64 / n.max(1) as f64,
-                human::bytes_f64(t.bytes_allocated as f64 / n.max(1) as f64),
-            ),
-            None => String::new(),
-        };
-        format!(
-            "memtrack: {} — {per_iteration}{}, {} allocated in total; peak live heap {}; still \
-             live at the end: {} ({}); {}; {} → {}",
-            self.name,
-            human::plural(t.allocations, "allocation", "allocations"),
-            human::bytes(t.bytes_allocated),
-            human::bytes(t.peak_live_bytes),
-            human::plural(t.live_blocks_at_end, "block", "blocks"),
-            human::bytes(t.live_bytes_at_end),
-            lost,
-            scope,
-            self.where_written()
-        ) + if self.backend == Backend::Alloc {
-            " (Rust allocator only: C/libc allocations and mmaps are not covered)"
-        } else {
-            ""
+    /// (allocations, bytes allocated) so far.
+    pub(crate) fn read(&self) -> (u64, u64) {
+        match self {
+            // A failed map read is a broken BPF setup, not a measurement: there is no sane
+            // value to return, and criterion's trait has no error path.
+            Counter::Ebpf { tracker, .. } => {
+                let c = tracker.counters().expect("reading memtrack's BPF counters");
+                (c.allocations, c.bytes_allocated)
+            }
+            Counter::Alloc(_) => {
+                let (allocs, bytes, _) = crate::recorder::counters();
+                (allocs, bytes)
+            }
         }
     }
 }
@@ -787,55 +730,40 @@ mod tests {
         );
     }
 
-    fn report(allocations: u64, live_blocks: u64, lost_events: u64) -> Report {
-        Report {
+    #[test]
+    fn enforce_keeps_the_report() {
+        let r = Report {
             name: "parse".into(),
-            path: Some(PathBuf::from("t/parse.memtrack")),
-            totals: Totals {
-                allocations,
-                bytes_allocated: 1_572_864,
-                peak_live_bytes: 1536,
-                live_blocks_at_end: live_blocks,
-                live_bytes_at_end: 48,
+            path: None,
+            totals: crate::Totals {
+                allocations: 2,
                 ..Default::default()
             },
-            lost_events,
-            duration: Duration::ZERO,
+            lost_events: 0,
+            duration: std::time::Duration::ZERO,
             events: 0,
             artifact_bytes: 0,
             sizes: Vec::new(),
-            timeline: Timeline::growing(1).unwrap(),
+            timeline: crate::Timeline::growing(1).unwrap(),
             backend: Backend::Ebpf,
             scope: Scope::Threads,
             out_of_scope: 0,
             iterations: None,
+        };
+        assert!(enforce(&Limits::new().max_allocations(2), r.clone()).is_ok());
+        match enforce(&Limits::new().max_allocations(1), r) {
+            Err(Error::LimitExceeded { report, violations }) => {
+                assert_eq!(report.allocations(), 2);
+                assert_eq!(
+                    violations,
+                    vec![crate::Violation::Allocations {
+                        measured: 2,
+                        limit: 1
+                    }]
+                );
+            }
+            other => panic!("{other:?}"),
         }
-    }
-
-    /// Every number says what it is; singular and plural are right.
-    #[test]
-    fn summary_line_explains_itself() {
-        assert_eq!(
-            report(20_013, 20_001, 0).summary_line(),
-            "memtrack: parse — 20,013 allocations, 1.5 MiB allocated in total; peak live heap \
-             1.5 KiB; still live at the end: 20,001 blocks (48 B); no events lost; scope: this \
-             thread and the threads it spawned → t/parse.memtrack"
-        );
-        assert_eq!(
-            report(1, 1, 1).summary_line(),
-            "memtrack: parse — 1 allocation, 1.5 MiB allocated in total; peak live heap \
-             1.5 KiB; still live at the end: 1 block (48 B); 1 event LOST (the numbers are \
-             incomplete: raise the ring buffer size); scope: this thread and the threads it \
-             spawned → t/parse.memtrack"
-        );
-        let mut r = report(2, 0, 0);
-        r.path = None;
-        assert!(
-            r.summary_line()
-                .ends_with("; no events lost; scope: this thread and the threads it spawned → not written (in-memory session)"),
-            "{}",
-            r.summary_line()
-        );
     }
 
     #[test]

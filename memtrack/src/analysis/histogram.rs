@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Event, EventKind};
+use crate::event::Event;
 
 /// Number of size classes: `[0, 16]`, then `(16, 32]` … `(2^63, 2^64 - 1]`.
 const CLASSES: usize = 61;
@@ -78,12 +78,8 @@ impl SizeHistogram {
     /// Feeds one event; only allocations (by the rules of [`Totals`](super::Totals)) count.
     #[inline]
     pub fn update(&mut self, e: &Event) {
-        let size = match e.kind {
-            EventKind::Malloc { size, .. }
-            | EventKind::Calloc { size, .. }
-            | EventKind::AlignedAlloc { size, .. } => size,
-            EventKind::Realloc { new_addr, size, .. } if new_addr != 0 => size,
-            _ => return,
+        let Some((_, size)) = e.kind.heap().allocated else {
+            return;
         };
         let k = class_of(size);
         self.allocations[k] += 1;
@@ -117,6 +113,7 @@ impl SizeHistogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::EventKind;
 
     #[test]
     fn class_bounds_tile_the_sizes() {

@@ -32,69 +32,22 @@ mod timeline;
 
 pub use compare::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use histogram::{SizeClass, SizeHistogram};
-pub use timeline::{Column, Extremes, Timeline};
+pub use timeline::{Column, Extremes, InvalidTimeline, Timeline};
+
+pub use crate::totals::{KindCounts, ThreadTotals, Totals};
 
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Event, EventKind, KindTag};
+use crate::event::{Event, EventKind, HeapOps};
 
 const PAGE: u64 = 4096;
 
 /// `size` rounded up to whole pages, saturating for absurd sizes from damaged input.
 fn pages(size: u64) -> u64 {
     size.div_ceil(PAGE).saturating_mul(PAGE)
-}
-
-/// Per-kind event counts, keyed by [`KindTag::name`] in JSON.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KindCounts(pub [u64; KindTag::ALL.len()]);
-
-impl KindCounts {
-    /// The count of events of `kind`.
-    pub fn get(&self, kind: KindTag) -> u64 {
-        self.0[kind.index()]
-    }
-}
-
-impl Serialize for KindCounts {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(KindTag::ALL.len()))?;
-        for k in KindTag::ALL {
-            m.serialize_entry(k.name(), &self.get(k))?;
-        }
-        m.end()
-    }
-}
-
-impl<'de> Deserialize<'de> for KindCounts {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let m = BTreeMap::<String, u64>::deserialize(d)?;
-        let mut c = KindCounts::default();
-        for k in KindTag::ALL {
-            c.0[k.index()] = m.get(k.name()).copied().unwrap_or(0);
-        }
-        Ok(c)
-    }
-}
-
-/// Totals of one thread. Frees are attributed to the freeing thread.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct ThreadTotals {
-    /// Events of this thread.
-    pub events: u64,
-    /// Allocations made by this thread.
-    pub allocations: u64,
-    /// Bytes allocated by this thread.
-    pub bytes_allocated: u64,
-    /// Blocks freed by this thread.
-    pub frees: u64,
-    /// Bytes freed by this thread (of blocks allocated while recording).
-    pub bytes_freed: u64,
 }
 
 /// The headline numbers of a recording at one moment (a mid-session snapshot), under the
@@ -121,62 +74,6 @@ pub struct Stats {
     pub events: u64,
 }
 
-/// Totals over a sequence of events. See the module docs for the accounting rules.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct Totals {
-    /// Number of events.
-    pub events: u64,
-    /// Events per kind.
-    pub kinds: KindCounts,
-    /// Successful calls returning a heap block (malloc + calloc + realloc + aligned_alloc).
-    pub allocations: u64,
-    /// Heap blocks released (free events and the old blocks of reallocs).
-    pub frees: u64,
-    /// Frees of addresses not allocated while recording (no bytes counted for them).
-    pub unmatched_frees: u64,
-    /// Frees by the allocator of blocks already freed (e.g. glibc flushing an exiting
-    /// thread's cache): not in `frees`. Absent before format 1.2 (read as 0; those files
-    /// counted them in `frees` and `unmatched_frees`).
-    #[serde(default)]
-    pub allocator_internal_frees: u64,
-    /// Sum of the sizes of all allocations.
-    pub bytes_allocated: u64,
-    /// Sum of the sizes of the blocks freed (of those allocated while recording).
-    pub bytes_freed: u64,
-    /// Maximum of live heap bytes over the event order.
-    pub peak_live_bytes: u64,
-    /// Timestamp (ns) of the event at which the peak was first reached.
-    pub peak_ts: u64,
-    /// Maximum number of live heap blocks over the event order (blocks allocated while
-    /// recording and not yet freed). Absent from the totals of format 1.0 trailers (read as 0).
-    #[serde(default)]
-    pub peak_live_blocks: u64,
-    /// Live heap bytes after the last event.
-    pub live_bytes_at_end: u64,
-    /// Live heap blocks after the last event.
-    pub live_blocks_at_end: u64,
-    /// Heap blocks still live when their process replaced its image (`Exec`): gone with the
-    /// old image, so neither freed nor live at the end. Absent before format 1.3 (read as 0).
-    #[serde(default)]
-    pub blocks_discarded_at_exec: u64,
-    /// Their bytes. Absent before format 1.3 (read as 0).
-    #[serde(default)]
-    pub bytes_discarded_at_exec: u64,
-    /// Maximum of mapped bytes (page-rounded) over the event order.
-    pub mapped_bytes_peak: u64,
-    /// Mapped bytes (page-rounded) after the last event.
-    pub mapped_bytes_at_end: u64,
-    /// Number of distinct threads that produced events.
-    pub threads: u64,
-    /// Timestamp of the first event (ns, CLOCK_MONOTONIC); 0 if there were none.
-    pub first_ts: u64,
-    /// Timestamp of the last event (ns, CLOCK_MONOTONIC); 0 if there were none.
-    pub last_ts: u64,
-    /// Per-thread totals, by tid.
-    pub per_thread: BTreeMap<u32, ThreadTotals>,
-}
-
 /// What the analysis knows of an address of the heap.
 #[derive(Clone, Copy)]
 enum Block {
@@ -196,6 +93,26 @@ struct Heap {
     /// Live blocks (the `Live` entries of `blocks`) and their bytes.
     live_blocks: u64,
     live_bytes: u64,
+}
+
+/// The heap's part of [`Analyzer::update`]: what the kind table's rule calls for one event.
+struct HeapUpdate<'a> {
+    t: &'a mut Totals,
+    th: &'a mut ThreadTotals,
+    heap: &'a mut Heap,
+    pid: u32,
+}
+
+impl HeapOps for HeapUpdate<'_> {
+    #[inline(always)]
+    fn alloc(&mut self, addr: u64, size: u64) {
+        Analyzer::alloc(self.t, self.th, self.heap, (addr, size, self.pid));
+    }
+
+    #[inline(always)]
+    fn free(&mut self, addr: u64) {
+        Analyzer::free(self.t, self.th, self.heap, addr);
+    }
 }
 
 /// Computes [`Totals`] from events fed in order.
@@ -251,29 +168,26 @@ impl Analyzer {
         };
         let th = &mut self.threads[slot].1;
         th.events += 1;
+        // The heap's rule is the kind table's (a realloc frees its old block first).
+        let mut ops = HeapUpdate {
+            t,
+            th,
+            heap: &mut self.heap,
+            pid: e.pid,
+        };
+        if !e.kind.apply_heap(&mut ops) {
+            self.other(e);
+        }
+        if self.heap.live_bytes > self.t.peak_live_bytes {
+            self.t.peak_live_bytes = self.heap.live_bytes;
+            self.t.peak_ts = e.ts;
+        }
+    }
+
+    /// Feeds an event that is not of the heap.
+    #[inline]
+    fn other(&mut self, e: &Event) {
         match e.kind {
-            EventKind::Malloc { addr, size }
-            | EventKind::Calloc { addr, size }
-            | EventKind::AlignedAlloc { addr, size, .. } => {
-                Self::alloc(t, th, &mut self.heap, (addr, size, e.pid));
-            }
-            EventKind::Realloc {
-                old_addr,
-                new_addr,
-                size,
-            } => {
-                if old_addr != 0 {
-                    Self::free(t, th, &mut self.heap, old_addr);
-                }
-                if new_addr != 0 {
-                    Self::alloc(t, th, &mut self.heap, (new_addr, size, e.pid));
-                }
-            }
-            EventKind::Free { addr } => {
-                if addr != 0 {
-                    Self::free(t, th, &mut self.heap, addr);
-                }
-            }
             EventKind::Mmap { addr, size } => self.map(addr, size),
             EventKind::Munmap { addr, size } => self.unmap(addr, size),
             EventKind::Mremap {
@@ -285,12 +199,9 @@ impl Analyzer {
                 self.unmap(old_addr, old);
                 self.map(new_addr, size);
             }
-            EventKind::Brk { .. } => {}
             EventKind::Exec => self.exec(e.pid),
-        }
-        if self.heap.live_bytes > self.t.peak_live_bytes {
-            self.t.peak_live_bytes = self.heap.live_bytes;
-            self.t.peak_ts = e.ts;
+            // `brk` is only counted; the heap's kinds are `apply_heap`'s.
+            _ => {}
         }
     }
 
@@ -436,6 +347,7 @@ impl Analyzer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::KindTag;
 
     fn ev(tid: u32, kind: EventKind) -> Event {
         Event::new(0, 1, tid, kind)

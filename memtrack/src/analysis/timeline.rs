@@ -17,7 +17,6 @@
 //! with at least half of its columns inside the recorded range.
 
 use crate::analysis::Analyzer;
-use crate::error::{Error, Result};
 use crate::event::Event;
 
 /// One series' values within a column, in bytes.
@@ -79,6 +78,20 @@ pub struct Column {
     pub mapped: Extremes,
 }
 
+/// Most columns a [`Timeline`] may have.
+const MAX_COLUMNS: usize = 1 << 20;
+
+/// A [`Timeline`] was asked for with no columns, or more than 1 Mi.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid option: a timeline needs between 1 and {max} columns (got {columns})",
+    max = MAX_COLUMNS
+)]
+pub struct InvalidTimeline {
+    /// The number of columns asked for.
+    pub columns: usize,
+}
+
 /// Downsampled heap and mapped bytes over time; see the module docs.
 #[derive(Debug, Clone)]
 pub struct Timeline {
@@ -105,12 +118,9 @@ const MAX_GROWING_SPAN: u64 = 1 << 62;
 impl Timeline {
     /// A timeline of `columns` columns over `[first_ts, last_ts]` (nanoseconds). Samples outside
     /// the range go to the first or last column. Errors if `columns` is 0 or above 1 Mi.
-    pub fn new(first_ts: u64, last_ts: u64, columns: usize) -> Result<Self> {
-        if columns == 0 || columns > 1 << 20 {
-            return Err(Error::InvalidOption(format!(
-                "a timeline needs between 1 and {} columns (got {columns})",
-                1 << 20
-            )));
+    pub fn new(first_ts: u64, last_ts: u64, columns: usize) -> Result<Self, InvalidTimeline> {
+        if columns == 0 || columns > MAX_COLUMNS {
+            return Err(InvalidTimeline { columns });
         }
         // An instant still gets a span, so that every sample lands in a column.
         let span_ns = last_ts.saturating_sub(first_ts).max(1);
@@ -133,7 +143,7 @@ impl Timeline {
 
     /// A timeline of `columns` columns whose range starts at the first sample pushed and grows
     /// to cover the last (see the module docs). Errors as [`Timeline::new`].
-    pub fn growing(columns: usize) -> Result<Self> {
+    pub fn growing(columns: usize) -> Result<Self, InvalidTimeline> {
         let mut t = Timeline::new(0, columns as u64, columns)?;
         t.growing = true;
         t.started = false;

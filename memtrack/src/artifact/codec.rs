@@ -332,7 +332,8 @@ pub(crate) fn decode_events(
         addr = addr.wrapping_add(unzigzag(addr_c.varint()?) as u64);
         let tag = KindTag::from_u8(k).ok_or_else(|| {
             format!(
-                "unknown event kind {k} (written by a newer memtrack? this one knows kinds 1-10)"
+                "unknown event kind {k} (written by a newer memtrack? this one knows kinds 1-{})",
+                KindTag::ALL.len()
             )
         })?;
         let kind = match tag {

@@ -8,14 +8,16 @@
 //! ```
 
 pub(crate) mod codec;
+mod error;
 mod output;
 mod read;
 mod write;
 
 use serde::{Deserialize, Serialize};
 
-use crate::analysis::Totals;
+use crate::totals::Totals;
 
+pub use error::FormatError;
 pub use output::{Output, OutputError};
 pub use read::{Completeness, FrameInfo, Reader};
 pub(crate) use write::{FrameScratch, FrameWriter, encode_frame};

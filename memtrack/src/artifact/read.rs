@@ -11,14 +11,16 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use super::FormatError as Error;
 use super::codec::{PAD, decode_events};
 use super::write::{frame_crc, trailer_crc};
 use super::{
     END_MAGIC, FRAME_HEADER, FRAME_MAGIC, Final, HEADER_FIXED, INDEX_ENTRY, MAGIC,
     MAX_FRAME_EVENTS, MAX_RAW_LEN, Metadata, TAIL, TRAILER_MAGIC, VERSION_MAJOR,
 };
-use crate::error::{Error, Result};
 use crate::event::Event;
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Where the bytes come from: a file read with `pread`, or a buffer.
 enum Source {

@@ -3,13 +3,15 @@
 
 use std::io::Write;
 
+use super::FormatError as Error;
 use super::codec::{Columns, encode_events};
 use super::{
     END_MAGIC, FRAME_HEADER, FRAME_MAGIC, Final, INDEX_ENTRY, MAGIC, Metadata, TRAILER_MAGIC,
     VERSION_MAJOR, VERSION_MINOR,
 };
-use crate::error::{Error, Result};
 use crate::event::Event;
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Per-thread scratch for [`encode_frame`]: column buffers, the raw payload and a zstd context.
 pub(crate) struct FrameScratch {

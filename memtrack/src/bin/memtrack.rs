@@ -218,6 +218,13 @@ fn record_error_code(e: &memtrack::Error) -> u8 {
     match e {
         memtrack::Error::InvalidOption(_)
         | memtrack::Error::Tracker(T::InvalidOption(_) | T::UnknownUser { .. }) => 2,
+        // Reported as invalid options until they got variants of their own: the same code.
+        memtrack::Error::Tracker(
+            T::ObjectMismatch(_)
+            | T::PollerDied
+            | T::Internal(_)
+            | T::Encode(memtrack::EncodeError::InvalidOption(_)),
+        ) => 2,
         memtrack::Error::Tracker(T::CommandNotFound { .. }) => 127,
         memtrack::Error::Tracker(T::NotExecutable { .. }) => 126,
         memtrack::Error::Tracker(T::Spawn { source, .. })
@@ -290,9 +297,11 @@ pub(crate) fn out(text: &str) -> memtrack::Result<()> {
 }
 
 /// `e` with the output file named, for errors of an encoder writing to `path`.
-fn writing(e: memtrack::Error, path: &Path) -> memtrack::Error {
-    match e {
-        memtrack::Error::Io { what, source } => memtrack::Error::Io {
+fn writing(e: impl Into<memtrack::Error>, path: &Path) -> memtrack::Error {
+    use memtrack::{EncodeError as En, Error as E, FormatError as F, TrackerError as T};
+    match e.into() {
+        E::Encode(En::Format(F::Io { what, source }))
+        | E::Tracker(T::Encode(En::Format(F::Io { what, source }))) => E::Io {
             what: format!("{what} to {}", path.display()),
             source,
         },

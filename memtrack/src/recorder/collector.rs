@@ -7,13 +7,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
+use super::RecorderError as Error;
 use super::{OVERFLOW, REGISTRY, Raw, STREAM, SWITCH, exclude_current_thread, tsc};
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, monotonic_ns};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
-use crate::error::{Error, Result};
-use crate::event::{Event, EventKind, KindTag};
+use crate::event::{Event, EventKind, RawRecord};
 use crate::scope::Scope;
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How often the collector drains the rings, and how far behind "now" it keeps events back
 /// so that a producer preempted between its TSC read and its publish is still merged in order.
@@ -58,10 +60,9 @@ fn calibrate() -> Result<()> {
         std::thread::sleep(Duration::from_millis(2));
         let (t1, m1) = (tsc(), monotonic_ns());
         if t1 <= t0 {
-            return Err(Error::InvalidOption(
+            return Err(Error::UnsupportedCpu(
                 "the CPU's time-stamp counter does not advance: the allocator backend needs an \
-                 invariant TSC; use the eBPF backend"
-                    .into(),
+                 invariant TSC; use the eBPF backend",
             ));
         }
         let mut clock = Clock {
@@ -121,16 +122,13 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
     scope: Scope,
 ) -> Result<AllocRecording<W>> {
     if !invariant_tsc() {
-        return Err(Error::InvalidOption(
+        return Err(Error::UnsupportedCpu(
             "the allocator backend needs an invariant TSC (cpuinfo flags constant_tsc and \
-             nonstop_tsc), which this CPU does not report; use the eBPF backend"
-                .into(),
+             nonstop_tsc), which this CPU does not report; use the eBPF backend",
         ));
     }
     if SWITCH.load(Ordering::Relaxed) & STREAM != 0 {
-        return Err(Error::InvalidOption(
-            "the allocator backend is already recording".into(),
-        ));
+        return Err(Error::AlreadyRecording);
     }
     calibrate()?;
     // memtrack's threads mark themselves as its own when they start; recording is switched on
@@ -170,15 +168,18 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
             }
             r
         })
-        .map_err(|e| Error::io("starting the collector thread", e))?;
+        .map_err(|source| Error::Io {
+            what: "starting the collector thread",
+            source,
+        })?;
     *COLLECTOR.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread.thread().clone());
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while started.load(Ordering::Acquire) < workers + 2 {
         if std::time::Instant::now() > deadline {
-            return Err(Error::io(
-                "starting the allocator recorder",
-                std::io::Error::other("memtrack's threads did not start within 5 s"),
-            ));
+            return Err(Error::Io {
+                what: "starting the allocator recorder",
+                source: std::io::Error::other("memtrack's threads did not start within 5 s"),
+            });
         }
         std::thread::sleep(Duration::from_micros(100));
     }
@@ -197,15 +198,15 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
     /// Allocates nothing on the calling thread.
     pub(crate) fn stats(&self) -> Result<Stats> {
         wake();
-        self.snapshot.ask(Duration::from_secs(10)).ok_or_else(|| {
-            Error::io(
-                "taking a snapshot",
-                std::io::Error::new(
+        self.snapshot
+            .ask(Duration::from_secs(10))
+            .ok_or_else(|| Error::Io {
+                what: "taking a snapshot",
+                source: std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     "memtrack's collector thread did not answer within 10 s",
                 ),
-            )
-        })
+            })
     }
 
     /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine.
@@ -222,20 +223,21 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
     fn stop_inner(&mut self) -> Result<(Written, u64)> {
         SWITCH.fetch_and(!STREAM, Ordering::SeqCst);
         let Some(thread) = self.thread.take() else {
-            return Err(Error::InvalidOption("recording already stopped".into()));
+            return Err(Error::Internal("the recording was already stopped"));
         };
         self.stop.store(true, Ordering::Release);
         thread.thread().unpark();
-        let joined = thread
-            .join()
-            .map_err(|_| Error::io("collector thread", std::io::Error::other("panicked")));
+        let joined = thread.join().map_err(|_| Error::Io {
+            what: "collector thread",
+            source: std::io::Error::other("panicked"),
+        });
         *COLLECTOR.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let lost = super::LOST.load(Ordering::Relaxed);
         let mut encoder = joined??;
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
         }
-        encoder.finish(lost).map(|w| (w, lost))
+        Ok((encoder.finish(lost)?, lost))
     }
 }
 
@@ -278,29 +280,31 @@ fn drain_all(mut f: impl FnMut(u32, &Raw)) {
     }
 }
 
-fn event(c: &Clock, pid: u32, tid: u32, r: &Raw) -> Event {
-    let kind = match KindTag::from_u8(r.kind) {
-        Some(KindTag::Calloc) => EventKind::Calloc {
-            addr: r.addr,
-            size: r.size,
-        },
-        Some(KindTag::Realloc) => EventKind::Realloc {
-            old_addr: r.addr,
-            new_addr: r.addr2,
-            size: r.size,
-        },
-        Some(KindTag::AlignedAlloc) => EventKind::AlignedAlloc {
-            addr: r.addr,
-            size: r.size,
-            align: r.align as u64,
-        },
-        Some(KindTag::Free) => EventKind::Free { addr: r.addr },
-        _ => EventKind::Malloc {
-            addr: r.addr,
-            size: r.size,
-        },
-    };
-    Event::new(to_ns(c, r.tsc), pid, tid, kind)
+/// The event `r` stands for; `None` for a kind number this build does not know (slot memory
+/// not written by `record`: a bug), which the caller counts as lost.
+fn event(c: &Clock, pid: u32, tid: u32, r: &Raw) -> Option<Event> {
+    let kind = EventKind::from_raw(r.kind as u32, r)?;
+    Some(Event::new(to_ns(c, r.tsc), pid, tid, kind))
+}
+
+/// A slot as the kind table reads it: a realloc's old block is `addr2`.
+impl RawRecord for Raw {
+    #[inline(always)]
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    #[inline(always)]
+    fn old_addr(&self) -> u64 {
+        self.addr2
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        self.size
+    }
+    #[inline(always)]
+    fn align(&self) -> u64 {
+        self.align as u64
+    }
 }
 
 /// The collector loop: every tick, drain, sort what is older than the lag, encode it.
@@ -346,7 +350,14 @@ fn collect<W: Write + Send + 'static>(
             pending.partition_point(|(_, r)| r.tsc < horizon)
         };
         for (tid, r) in pending.drain(..ready) {
-            enc.push(event(c, pid, tid, &r))?;
+            match event(c, pid, tid, &r) {
+                Some(ev) => enc.push(ev)?,
+                // Never silently another kind: the session reports it lost, so its numbers
+                // say they are incomplete and cannot serve as a baseline.
+                None => {
+                    super::LOST.fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         drop(clock);
         if let Some(at) = snapshot_at
@@ -397,4 +408,59 @@ pub(crate) fn counters() -> (u64, u64, u64) {
         super::COUNT_BYTES.load(Ordering::Relaxed),
         super::COUNT_FREES.load(Ordering::Relaxed),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::KindTag;
+
+    /// A slot of an unknown kind is no event (the collector counts it lost); it used to become
+    /// a `Malloc`.
+    #[test]
+    fn unknown_kinds_are_not_events() {
+        let c = Clock {
+            tsc0: 0,
+            mono0: 1_000,
+            scale: 1.0,
+            mult: 1 << 32,
+        };
+        let raw = Raw {
+            tsc: 5,
+            addr: 0x2000,
+            addr2: 0x1000,
+            size: 96,
+            align: 64,
+            kind: 0,
+            epoch: 0,
+        };
+        for kind in [0, KindTag::ALL.len() as u8 + 1, u8::MAX] {
+            assert_eq!(event(&c, 1, 2, &Raw { kind, ..raw }), None, "kind {kind}");
+        }
+        let realloc = Raw {
+            kind: KindTag::Realloc as u8,
+            ..raw
+        };
+        assert_eq!(
+            event(&c, 1, 2, &realloc),
+            Some(Event::new(
+                1_005,
+                1,
+                2,
+                EventKind::Realloc {
+                    old_addr: 0x1000,
+                    new_addr: 0x2000,
+                    size: 96
+                }
+            ))
+        );
+        let free = Raw {
+            kind: KindTag::Free as u8,
+            ..raw
+        };
+        assert_eq!(
+            event(&c, 1, 2, &free).map(|e| e.kind),
+            Some(EventKind::Free { addr: 0x2000 })
+        );
+    }
 }

@@ -23,6 +23,7 @@
 //! - **Before `main` and with no session**: the wrapper only forwards (one relaxed load).
 
 mod collector;
+mod error;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::{Cell, UnsafeCell};
@@ -32,6 +33,7 @@ use std::sync::{Arc, Mutex};
 pub(crate) use collector::{AllocRecording, start_recording};
 #[cfg(feature = "criterion")]
 pub(crate) use collector::{CountingGuard, counters, start_counting};
+pub use error::RecorderError;
 
 use crate::event::KindTag;
 use crate::scope::Scope;
@@ -48,7 +50,8 @@ const COUNT: u32 = 2;
 /// the epoch it read the scope with, so it is either in the new session's scope or dropped.
 static SESSION: AtomicU64 = AtomicU64::new(0);
 /// Events dropped because recording stopped while their thread waited for room (the
-/// collector failed): reported as lost.
+/// collector failed), or whose record the collector could not read (an unknown kind): reported
+/// as lost.
 pub(crate) static LOST: AtomicU64 = AtomicU64::new(0);
 /// The last scope generation handed out (never 0).
 static LAST_GEN: AtomicU32 = AtomicU32::new(0);
@@ -99,7 +102,9 @@ impl<A> Allocator<A> {
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Raw {
     pub tsc: u64,
+    /// The block's address (a realloc's new block).
     pub addr: u64,
+    /// A realloc's old block.
     pub addr2: u64,
     pub size: u64,
     pub align: u32,
@@ -321,7 +326,7 @@ pub(crate) fn current_thread_in_scope() -> bool {
 /// spawned from it. The eBPF recorder sees every thread being created and needs no help; the
 /// allocator recorder ([`Allocator`]) cannot see a spawn, so a thread it should record must be
 /// started through this wrapper (elsewhere its allocations are counted in
-/// [`Report::out_of_scope`](crate::Report::out_of_scope), not recorded). Outside a session, or
+/// the report's `out_of_scope`, not recorded). Outside a session, or
 /// with [`Scope::Process`], it changes nothing.
 pub fn in_session<F, R>(f: F) -> impl FnOnce() -> R + Send + 'static
 where
@@ -476,7 +481,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Allocator<A> {
         // SAFETY: forwarded as is.
         let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
         if SWITCH.load(Ordering::Relaxed) != 0 && !p.is_null() {
-            record(KindTag::Realloc, ptr as u64, p as u64, new_size as u64, 0);
+            record(KindTag::Realloc, p as u64, ptr as u64, new_size as u64, 0);
         }
         p
     }

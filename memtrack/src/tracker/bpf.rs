@@ -90,7 +90,7 @@ fn handle(obj: &Object, pred: impl Fn(&str) -> bool, what: &str) -> Result<Arc<M
     let map = obj
         .maps()
         .find(|m| pred(&m.name().to_string_lossy()))
-        .ok_or_else(|| TrackerError::InvalidOption(format!("BPF object has no map {what}")))?;
+        .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no map {what}")))?;
     MapHandle::try_from(&map)
         .map(Arc::new)
         .map_err(|e| TrackerError::bpf(format!("duplicating the {what} map"), e))
@@ -115,12 +115,12 @@ impl Bpf {
             let name = map.name().to_string_lossy().into_owned();
             if name.ends_with(".rodata") {
                 let init = map.initial_value_mut().ok_or_else(|| {
-                    TrackerError::InvalidOption("BPF object's .rodata has no data".into())
+                    TrackerError::ObjectMismatch("its .rodata has no data".into())
                 })?;
                 if init.len() != RawConfig::SIZE {
-                    return Err(TrackerError::InvalidOption(format!(
-                        "BPF object's .rodata is {} bytes, expected {} (memtrack.h and the Rust \
-                         mirror disagree: regenerate the object)",
+                    return Err(TrackerError::ObjectMismatch(format!(
+                        "its .rodata is {} bytes, expected {} (memtrack.h and the Rust mirror \
+                         disagree)",
                         init.len(),
                         RawConfig::SIZE
                     )));
@@ -296,7 +296,9 @@ impl Bpf {
                 .obj
                 .progs_mut()
                 .find(|p| p.name() == program)
-                .ok_or_else(|| TrackerError::InvalidOption(format!("no BPF program {program}")))?;
+                .ok_or_else(|| {
+                    TrackerError::ObjectMismatch(format!("it has no program {program}"))
+                })?;
             let link = prog
                 .attach_uprobe_multi_with_opts(pid, &file.path, "", opts)
                 .map_err(|e| {
@@ -369,7 +371,7 @@ impl Bpf {
             .obj
             .progs_mut()
             .find(|p| p.name() == name)
-            .ok_or_else(|| TrackerError::InvalidOption(format!("no BPF program {name}")))?;
+            .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no program {name}")))?;
         *link = Some(
             prog.attach()
                 .map_err(|e| TrackerError::bpf(format!("attaching {name} (tp_btf)"), e))?,
@@ -483,8 +485,8 @@ pub(crate) fn in_scope(calls: &MapHandle, tid: u32, generation: u32) -> Result<b
     let fd = ThreadPidfd::open(tid, "a")?;
     let mut value = [0u8; 128];
     if calls.value_size() as usize > value.len() {
-        return Err(TrackerError::InvalidOption(format!(
-            "the calls map's values are {} bytes, more than the {} expected",
+        return Err(TrackerError::ObjectMismatch(format!(
+            "its calls map's values are {} bytes, more than the {} expected",
             calls.value_size(),
             value.len()
         )));

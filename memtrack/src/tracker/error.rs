@@ -16,7 +16,8 @@ pub enum TrackerError {
         /// What was refused.
         what: String,
     },
-    /// The kernel has no BTF (`/sys/kernel/btf/vmlinux`), which the syscall tracepoints need.
+    /// The kernel has no BTF (`/sys/kernel/btf/vmlinux`), which CO-RE and the `tp_btf` programs
+    /// (exec, fork, raw syscalls) need.
     #[error(
         "the kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): memtrack needs a \
          kernel built with CONFIG_DEBUG_INFO_BTF=y (Linux 5.8 or newer)"
@@ -50,9 +51,31 @@ pub enum TrackerError {
     /// A recording is already running in this process.
     #[error("a memtrack recording is already running in this process: stop it first")]
     AlreadyRecording,
-    /// An option is out of range.
+    /// An option is out of range, or options contradict each other.
     #[error("invalid tracker option: {0}")]
     InvalidOption(String),
+    /// The embedded BPF object does not have what this build of memtrack expects (a map, a
+    /// program, a layout): the object and the Rust mirror of its ABI were built apart.
+    #[error(
+        "memtrack's BPF object does not match this build: {0}; regenerate it \
+         (`cargo run -p memtrack-bpf --bin memtrack-bpf-gen`) and rebuild memtrack"
+    )]
+    ObjectMismatch(String),
+    /// The poller thread, which drains the ring buffer, is gone: nothing more can be recorded
+    /// by this tracker.
+    #[error(
+        "memtrack's ring-buffer poller thread died, so the tracker cannot record: a bug in \
+         memtrack; please report it (with the output above, if any)"
+    )]
+    PollerDied,
+    /// An invariant of the tracker does not hold: a bug in memtrack.
+    #[error(
+        "memtrack's tracker is in an unexpected state ({0}): a bug in memtrack; please report it"
+    )]
+    Internal(&'static str),
+    /// The encoder the recording writes to failed (its options, its threads, or writing).
+    #[error(transparent)]
+    Encode(#[from] crate::encode::EncodeError),
     /// Starting the command to record failed.
     #[error("cannot run {command:?}: {source}")]
     Spawn {
@@ -155,7 +178,7 @@ impl Drop for LibbpfLog {
     }
 }
 
-/// The message of `Display` (cause and fix), which `.unwrap()` prints; see [`crate::Error`].
+/// The message of `Display` (cause and fix), which `.unwrap()` prints (as the crate-wide `Error` does).
 impl std::fmt::Debug for TrackerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(self, f)

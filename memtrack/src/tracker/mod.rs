@@ -337,7 +337,7 @@ impl Tracker {
         meta: &Metadata,
         opts: EncoderOptions,
         workers: usize,
-    ) -> crate::Result<Recording<'_, W>> {
+    ) -> Result<Recording<'_, W>, TrackerError> {
         self.start_scoped(out, meta, opts, workers, Scope::Process)
     }
 
@@ -350,17 +350,16 @@ impl Tracker {
         opts: EncoderOptions,
         workers: usize,
         scope: Scope,
-    ) -> crate::Result<Recording<'_, W>> {
+    ) -> Result<Recording<'_, W>, TrackerError> {
         if scope == Scope::Threads && !self.in_process {
             return Err(TrackerError::InvalidOption(
                 "a thread scope needs the tracker of this process (Tracker::global); \
                  a tracker attached to another process records all of it"
                     .into(),
-            )
-            .into());
+            ));
         }
         if self.recording.swap(true, Ordering::AcqRel) {
-            return Err(TrackerError::AlreadyRecording.into());
+            return Err(TrackerError::AlreadyRecording);
         }
         let result = self.start_inner(out, meta, opts, workers, scope);
         if result.is_err() {
@@ -376,7 +375,7 @@ impl Tracker {
         opts: EncoderOptions,
         workers: usize,
         scope: Scope,
-    ) -> crate::Result<Recording<'_, W>> {
+    ) -> Result<Recording<'_, W>, TrackerError> {
         let exclude = self.in_process.then(|| Arc::clone(&self.bpf.excluded));
         let registered = Arc::new(AtomicUsize::new(0));
         let opts = match &exclude {
@@ -408,8 +407,7 @@ impl Tracker {
                         workers + 1
                     ),
                     source: std::io::Error::from(std::io::ErrorKind::TimedOut),
-                }
-                .into());
+                });
             }
         }
         let at_start = self.bpf.stats()?;
@@ -420,7 +418,7 @@ impl Tracker {
         let attached = self.attach_for_recording(&st, scope);
         let snapshot = Arc::new(Snapshot::default());
         let recorded =
-            attached.and_then(|()| Ok(poller.record(Box::new(encoder), Arc::clone(&snapshot))?));
+            attached.and_then(|()| poller.record(Box::new(encoder), Arc::clone(&snapshot)));
         let poller = match recorded {
             Ok(p) => p,
             Err(e) => {
@@ -455,7 +453,7 @@ impl Tracker {
         if let Err(e) = on {
             drop(poller.finish());
             self.detach_after_recording(&st);
-            return Err(e.into());
+            return Err(e);
         }
         st.sw = sw;
         st.recording = true;
@@ -472,7 +470,7 @@ impl Tracker {
 
     /// Attaches what a recording needs: the probes, the raw-syscall tracepoint if asked for,
     /// the fork tracepoint for a thread scope.
-    fn attach_for_recording(&self, st: &SwitchState, scope: Scope) -> crate::Result<()> {
+    fn attach_for_recording(&self, st: &SwitchState, scope: Scope) -> Result<(), TrackerError> {
         let attached = (|| {
             self.bpf.attach_probes()?;
             self.bpf.attach_syscalls()?;
@@ -485,7 +483,7 @@ impl Tracker {
         if attached.is_err() {
             self.detach_after_recording(st);
         }
-        Ok(attached?)
+        attached
     }
 
     /// Detaches what only a recording needs (the probes stay while counting).
@@ -570,15 +568,14 @@ pub struct Recorded {
 impl<W: Write + Send + 'static> Recording<'_, W> {
     /// The numbers so far: everything submitted before the call, drained and analysed (within
     /// the poller's 10 ms drain period). Allocates nothing on the calling thread.
-    pub fn stats(&self) -> crate::Result<Stats> {
-        self.snapshot.ask(Duration::from_secs(10)).ok_or_else(|| {
-            TrackerError::Io {
+    pub fn stats(&self) -> Result<Stats, TrackerError> {
+        self.snapshot
+            .ask(Duration::from_secs(10))
+            .ok_or_else(|| TrackerError::Io {
                 what: "taking a snapshot: memtrack's poller thread did not answer within 10 s"
                     .into(),
                 source: std::io::Error::from(std::io::ErrorKind::TimedOut),
-            }
-            .into()
-        })
+            })
     }
 
     /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine
@@ -588,13 +585,13 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
     }
 
     /// Stops recording: switch off, drain the ring buffer's tail, finish the artifact.
-    pub fn stop(mut self) -> crate::Result<Recorded> {
+    pub fn stop(mut self) -> Result<Recorded, TrackerError> {
         self.stop_inner()
     }
 
-    fn stop_inner(&mut self) -> crate::Result<Recorded> {
+    fn stop_inner(&mut self) -> Result<Recorded, TrackerError> {
         let Some(poller) = self.poller.take() else {
-            return Err(TrackerError::InvalidOption("recording already stopped".into()).into());
+            return Err(TrackerError::Internal("the recording was already stopped"));
         };
         let t = self.tracker;
         let off = {
@@ -628,16 +625,16 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             // Records the poller could not decode (a mismatched object) are lost too.
             + drained.malformed;
         let push_error = drained.push_error.take();
-        let encoder = drained.encoder::<W>().ok_or_else(|| {
-            TrackerError::InvalidOption("the poller returned another recording's encoder".into())
-        })?;
+        let encoder = drained.encoder::<W>().ok_or(TrackerError::Internal(
+            "the poller returned another recording's encoder",
+        ))?;
         let mut encoder = encoder;
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
         }
         let written = encoder.finish(lost_events)?;
         if let Some(e) = push_error {
-            return Err(e);
+            return Err(e.into());
         }
         Ok(Recorded {
             written,

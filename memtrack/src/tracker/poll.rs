@@ -10,12 +10,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use libbpf_rs::{MapHandle, RingBufferBuilder};
-use memtrack_bpf::{RawEvent, kind};
+use memtrack_bpf::RawEvent;
 
 use super::TrackerError;
 use super::bpf::{exclude_tid, gettid};
-use crate::encode::{Encoder, Snapshot};
-use crate::event::{Event, EventKind};
+use crate::encode::{EncodeError, Encoder, Snapshot};
+use crate::event::{Event, EventKind, RawRecord};
 
 /// How often the poller drains when no wakeup comes: events are submitted without wakeups
 /// (a wakeup per event costs ~1.3 µs here), so `poll()` alone would wait for the 64 KiB
@@ -23,45 +23,31 @@ use crate::event::{Event, EventKind};
 const DRAIN_PERIOD: Duration = Duration::from_millis(10);
 
 /// The [`Event`] a ring-buffer record stands for; `None` for a kind this build does not know.
+#[inline]
 pub(crate) fn to_event(r: &RawEvent) -> Option<Event> {
-    let k = match r.kind {
-        kind::MALLOC => EventKind::Malloc {
-            addr: r.addr,
-            size: r.size,
-        },
-        kind::CALLOC => EventKind::Calloc {
-            addr: r.addr,
-            size: r.size,
-        },
-        kind::REALLOC => EventKind::Realloc {
-            old_addr: r.old_addr,
-            new_addr: r.addr,
-            size: r.size,
-        },
-        kind::ALIGNED_ALLOC => EventKind::AlignedAlloc {
-            addr: r.addr,
-            size: r.size,
-            align: r.align,
-        },
-        kind::FREE => EventKind::Free { addr: r.addr },
-        kind::MMAP => EventKind::Mmap {
-            addr: r.addr,
-            size: r.size,
-        },
-        kind::MUNMAP => EventKind::Munmap {
-            addr: r.addr,
-            size: r.size,
-        },
-        kind::MREMAP => EventKind::Mremap {
-            old_addr: r.old_addr,
-            new_addr: r.addr,
-            size: r.size,
-        },
-        kind::BRK => EventKind::Brk { addr: r.addr },
-        kind::EXEC => EventKind::Exec,
-        _ => return None,
-    };
-    Some(Event::new(r.ts, r.pid, r.tid, k))
+    EventKind::from_raw(r.kind, &Ring(r)).map(|k| Event::new(r.ts, r.pid, r.tid, k))
+}
+
+/// A ring-buffer record as the kind table reads it.
+struct Ring<'a>(&'a RawEvent);
+
+impl RawRecord for Ring<'_> {
+    #[inline(always)]
+    fn addr(&self) -> u64 {
+        self.0.addr
+    }
+    #[inline(always)]
+    fn old_addr(&self) -> u64 {
+        self.0.old_addr
+    }
+    #[inline(always)]
+    fn size(&self) -> u64 {
+        self.0.size
+    }
+    #[inline(always)]
+    fn align(&self) -> u64 {
+        self.0.align
+    }
 }
 
 /// What the poller does with one ring-buffer record: its [`Event`], or `None` for a record of
@@ -73,17 +59,17 @@ pub(crate) fn record_to_event(data: &[u8]) -> Option<Event> {
 
 /// Where a recording's events go: the session's encoder, whatever it writes to.
 pub(crate) trait Sink: Send {
-    fn push(&mut self, ev: Event) -> crate::Result<()>;
-    fn snapshot(&mut self, s: &Arc<Snapshot>) -> crate::Result<()>;
+    fn push(&mut self, ev: Event) -> Result<(), EncodeError>;
+    fn snapshot(&mut self, s: &Arc<Snapshot>) -> Result<(), EncodeError>;
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
 
 impl<W: Write + Send + 'static> Sink for Encoder<W> {
-    fn push(&mut self, ev: Event) -> crate::Result<()> {
+    fn push(&mut self, ev: Event) -> Result<(), EncodeError> {
         Encoder::push(self, ev)
     }
 
-    fn snapshot(&mut self, s: &Arc<Snapshot>) -> crate::Result<()> {
+    fn snapshot(&mut self, s: &Arc<Snapshot>) -> Result<(), EncodeError> {
         Encoder::snapshot(self, s)
     }
 
@@ -96,7 +82,7 @@ impl<W: Write + Send + 'static> Sink for Encoder<W> {
 pub(crate) struct Drained {
     pub(crate) sink: Box<dyn Sink>,
     /// The first error of `Encoder::push`, if any (later events were dropped).
-    pub(crate) push_error: Option<crate::Error>,
+    pub(crate) push_error: Option<EncodeError>,
     /// Records of an unknown kind or size (a mismatched object).
     pub(crate) malformed: u64,
 }
@@ -172,7 +158,7 @@ impl Poller {
             }
             Err(_) => {
                 let _ = thread.join();
-                Err(TrackerError::InvalidOption("the poller thread died".into()))
+                Err(TrackerError::PollerDied)
             }
         }
     }
@@ -195,7 +181,7 @@ impl Poller {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(cmd)
-            .map_err(|_| TrackerError::InvalidOption("the poller thread died".into()))?;
+            .map_err(|_| TrackerError::PollerDied)?;
         Ok(PollerRecording {
             stop,
             done: done_rx,
@@ -222,14 +208,14 @@ impl PollerRecording {
         self.stop.store(true, Ordering::Release);
         self.done
             .recv()
-            .unwrap_or_else(|_| Err(TrackerError::InvalidOption("the poller thread died".into())))
+            .unwrap_or_else(|_| Err(TrackerError::PollerDied))
     }
 }
 
 /// The recording being drained, if any.
 struct Active {
     sink: Box<dyn Sink>,
-    push_error: Option<crate::Error>,
+    push_error: Option<EncodeError>,
     malformed: u64,
 }
 
@@ -318,6 +304,8 @@ fn run(events: &MapHandle, cmds: &Receiver<Cmd>, ready: &SyncSender<Result<(), T
 
 #[cfg(test)]
 mod tests {
+    use memtrack_bpf::kind;
+
     use super::*;
 
     #[test]

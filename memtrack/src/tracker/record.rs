@@ -523,7 +523,7 @@ pub fn record_command(
     command: &[OsString],
     out: impl Write + Send + 'static,
     opts: &TrackerOptions,
-) -> crate::Result<RecordOutcome> {
+) -> Result<RecordOutcome, TrackerError> {
     record_command_with(command, out, opts, &CommandOptions::new())
 }
 
@@ -534,7 +534,7 @@ pub fn record_command_with(
     out: impl Write + Send + 'static,
     opts: &TrackerOptions,
     child: &CommandOptions,
-) -> crate::Result<RecordOutcome> {
+) -> Result<RecordOutcome, TrackerError> {
     opts.validate()?;
     let program = command
         .first()
@@ -585,7 +585,7 @@ pub fn record_command_with(
     // SAFETY: the child only calls async-signal-safe functions on memory prepared above.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(spawn_err(std::io::Error::last_os_error()).into());
+        return Err(spawn_err(std::io::Error::last_os_error()));
     }
     if pid == 0 {
         // SAFETY: child side; see above. `argv`/`envp` are NULL-terminated arrays of valid
@@ -646,7 +646,7 @@ pub fn record_command_with(
         Ok(t) => t,
         Err(e) => {
             kill_child();
-            return Err(e.into());
+            return Err(e);
         }
     };
     let meta = Metadata::now(pid, Backend::Ebpf).with_command(
@@ -695,9 +695,7 @@ pub fn record_command_with(
     let recorded = recording.stop()?;
     drop(tracker);
     if n == size_of_val(&failed) as isize {
-        return Err(creds
-            .error(program, user.as_ref(), (failed[0], failed[1]))
-            .into());
+        return Err(creds.error(program, user.as_ref(), (failed[0], failed[1])));
     }
     let exit_code = if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)

@@ -1,0 +1,217 @@
+//! What a finished session measured ([`Report`]), and the lines that say it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::analysis::{SizeClass, Timeline, Totals};
+use crate::artifact::Backend;
+use crate::human;
+use crate::limits::{Violation, describe};
+use crate::scope::Scope;
+
+/// What a session measured: the totals of `memtrack show`, computed while streaming.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Report {
+    /// The session's name.
+    pub name: String,
+    /// The artifact; `None` for an in-memory session (`SessionBuilder::in_memory`).
+    pub path: Option<PathBuf>,
+    /// Totals over every event (see the accounting rules in [`Totals`]), with per-thread totals.
+    pub totals: Totals,
+    /// Allocations by size class, the non-empty classes, smallest first (what `memtrack show`
+    /// tabulates), computed while streaming.
+    pub sizes: Vec<SizeClass>,
+    /// Live heap and mapped bytes over the session, downsampled to
+    /// [`TIMELINE_COLUMNS`](crate::TIMELINE_COLUMNS) columns without losing extremes (the
+    /// column holding the peak has it as its `heap.max`), computed while streaming.
+    pub timeline: Timeline,
+    /// Events lost because the ring buffer was full: non-zero means the numbers are incomplete.
+    pub lost_events: u64,
+    /// Wall-clock time the session recorded.
+    pub duration: Duration,
+    /// Events recorded.
+    pub events: u64,
+    /// Size of the artifact in bytes.
+    pub artifact_bytes: u64,
+    /// The recorder that produced it.
+    pub backend: Backend,
+    /// Which threads were recorded.
+    pub scope: Scope,
+    /// Allocator calls (allocations and frees) of threads of this process outside the
+    /// session's [`Scope::Threads`] scope while it recorded: not recorded, not in the totals.
+    /// Non-zero means other threads were busy (parallel tests), or that work of the measured
+    /// code ran on threads that existed before the session (use [`Scope::Process`]) or, with
+    /// the allocator recorder, were spawned without `in_session`.
+    pub out_of_scope: u64,
+    /// Iterations of a measured routine the session covers, if declared
+    /// (`Session::set_iterations`): then allocations and bytes are also given per iteration.
+    pub iterations: Option<u64>,
+}
+
+impl Report {
+    /// Successful calls returning a heap block.
+    pub fn allocations(&self) -> u64 {
+        self.totals.allocations
+    }
+
+    /// Bytes requested by those calls.
+    pub fn bytes_allocated(&self) -> u64 {
+        self.totals.bytes_allocated
+    }
+
+    /// Maximum of live heap bytes.
+    pub fn peak_live_bytes(&self) -> u64 {
+        self.totals.peak_live_bytes
+    }
+
+    /// The artifact's path for messages, or `not written (in-memory session)`.
+    pub fn where_written(&self) -> String {
+        match &self.path {
+            Some(p) => p.display().to_string(),
+            None => "not written (in-memory session)".into(),
+        }
+    }
+
+    /// The one-line summary printed when a session ends, e.g.
+    /// `memtrack: parse_json — 12,345 allocations, 1.2 MiB allocated in total; peak live heap
+    /// 512.0 KiB; still live at the end: 5 blocks (320 B); no events lost; scope: this thread
+    /// and the threads it spawned →
+    /// target/memtrack/parse_json.memtrack` (on one line). Bytes are heap bytes (malloc
+    /// family; mappings are not counted); "allocated in total" is the sum of the sizes of
+    /// every allocation, not net of frees; "still live at the end" is what was allocated during
+    /// the session and not freed by its end; "events lost" counts events the recorder dropped
+    /// (non-zero: every number is incomplete).
+    pub fn summary_line(&self) -> String {
+        let t = &self.totals;
+        let lost = if self.lost_events == 0 {
+            "no events lost".to_string()
+        } else {
+            format!(
+                "{} LOST (the numbers are incomplete: raise the ring buffer size)",
+                human::plural(self.lost_events, "event", "events")
+            )
+        };
+        let scope = match (self.scope, self.out_of_scope) {
+            (Scope::Process, _) => "scope: whole process".to_string(),
+            (Scope::Threads, 0) => format!("scope: {}", self.scope),
+            (Scope::Threads, n) => format!(
+                "scope: {} ({} allocator calls of other threads not counted)",
+                self.scope,
+                human::count(n)
+            ),
+        };
+        let per_iteration = match self.iterations {
+            Some(n) => format!(
+                "per iteration (of {}): {:.2} allocations, {} allocated; over all of them: ",
+                human::count(n),
+                t.allocations as f64 / n.max(1) as f64,
+                human::bytes_f64(t.bytes_allocated as f64 / n.max(1) as f64),
+            ),
+            None => String::new(),
+        };
+        format!(
+            "memtrack: {} — {per_iteration}{}, {} allocated in total; peak live heap {}; still \
+             live at the end: {} ({}); {}; {} → {}",
+            self.name,
+            human::plural(t.allocations, "allocation", "allocations"),
+            human::bytes(t.bytes_allocated),
+            human::bytes(t.peak_live_bytes),
+            human::plural(t.live_blocks_at_end, "block", "blocks"),
+            human::bytes(t.live_bytes_at_end),
+            lost,
+            scope,
+            self.where_written()
+        ) + if self.backend == Backend::Alloc {
+            " (Rust allocator only: C/libc allocations and mmaps are not covered)"
+        } else {
+            ""
+        }
+    }
+
+    /// The message a `#[memtrack]` function fails with when the session broke its limits:
+    /// `memtrack: parse — allocations 1,234 > max_allocations 1,000; live at end 3 blocks
+    /// (96 B) with no_leaks → target/memtrack/parse.memtrack`.
+    pub(crate) fn limits_message(&self, violations: &[Violation]) -> String {
+        format!(
+            "memtrack: {} — {} → {}",
+            self.name,
+            describe(violations),
+            self.where_written()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::Limits;
+
+    fn report(allocations: u64, live_blocks: u64, lost_events: u64) -> Report {
+        Report {
+            name: "parse".into(),
+            path: Some(PathBuf::from("t/parse.memtrack")),
+            totals: Totals {
+                allocations,
+                bytes_allocated: 1_572_864,
+                peak_live_bytes: 1536,
+                live_blocks_at_end: live_blocks,
+                live_bytes_at_end: 48,
+                ..Default::default()
+            },
+            lost_events,
+            duration: Duration::ZERO,
+            events: 0,
+            artifact_bytes: 0,
+            sizes: Vec::new(),
+            timeline: Timeline::growing(1).unwrap(),
+            backend: Backend::Ebpf,
+            scope: Scope::Threads,
+            out_of_scope: 0,
+            iterations: None,
+        }
+    }
+
+    /// Every number says what it is; singular and plural are right.
+    #[test]
+    fn summary_line_explains_itself() {
+        assert_eq!(
+            report(20_013, 20_001, 0).summary_line(),
+            "memtrack: parse — 20,013 allocations, 1.5 MiB allocated in total; peak live heap \
+             1.5 KiB; still live at the end: 20,001 blocks (48 B); no events lost; scope: this \
+             thread and the threads it spawned → t/parse.memtrack"
+        );
+        assert_eq!(
+            report(1, 1, 1).summary_line(),
+            "memtrack: parse — 1 allocation, 1.5 MiB allocated in total; peak live heap \
+             1.5 KiB; still live at the end: 1 block (48 B); 1 event LOST (the numbers are \
+             incomplete: raise the ring buffer size); scope: this thread and the threads it \
+             spawned → t/parse.memtrack"
+        );
+        let mut r = report(2, 0, 0);
+        r.path = None;
+        assert!(
+            r.summary_line()
+                .ends_with("; no events lost; scope: this thread and the threads it spawned → not written (in-memory session)"),
+            "{}",
+            r.summary_line()
+        );
+    }
+
+    #[test]
+    fn limits_message_shows_every_violation_with_exact_numbers() {
+        let mut r = report(1234, 3, 0);
+        r.totals.bytes_allocated = 2_000_000;
+        r.totals.live_bytes_at_end = 96;
+        let l = Limits::new()
+            .max_allocations(1000)
+            .max_bytes(1_048_576)
+            .no_leaks();
+        assert_eq!(
+            r.limits_message(&l.check(&r.totals, r.lost_events)),
+            "memtrack: parse — allocations 1,234 > max_allocations 1,000; \
+             bytes allocated 2,000,000 B > max_bytes 1,048,576 B; \
+             live at end 3 blocks (96 B) with no_leaks → t/parse.memtrack"
+        );
+    }
+}

@@ -1,0 +1,116 @@
+//! The totals a recording adds up to: plain numbers, stored in an artifact's trailer
+//! (`Final::totals`) and computed by the analysis (`Analyzer`), which states the accounting
+//! rules. A record of the event model, below both: the format stores it without depending on
+//! the analysis that computes it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::KindTag;
+
+/// Per-kind event counts, keyed by [`KindTag::name`] in JSON.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KindCounts(pub [u64; KindTag::ALL.len()]);
+
+impl KindCounts {
+    /// The count of events of `kind`.
+    pub fn get(&self, kind: KindTag) -> u64 {
+        self.0[kind.index()]
+    }
+}
+
+impl Serialize for KindCounts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(KindTag::ALL.len()))?;
+        for k in KindTag::ALL {
+            m.serialize_entry(k.name(), &self.get(k))?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for KindCounts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let m = BTreeMap::<String, u64>::deserialize(d)?;
+        let mut c = KindCounts::default();
+        for k in KindTag::ALL {
+            c.0[k.index()] = m.get(k.name()).copied().unwrap_or(0);
+        }
+        Ok(c)
+    }
+}
+
+/// Totals of one thread. Frees are attributed to the freeing thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ThreadTotals {
+    /// Events of this thread.
+    pub events: u64,
+    /// Allocations made by this thread.
+    pub allocations: u64,
+    /// Bytes allocated by this thread.
+    pub bytes_allocated: u64,
+    /// Blocks freed by this thread.
+    pub frees: u64,
+    /// Bytes freed by this thread (of blocks allocated while recording).
+    pub bytes_freed: u64,
+}
+
+/// Totals over a sequence of events, under the accounting rules stated by the analysis
+/// (`Analyzer`, which computes them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Totals {
+    /// Number of events.
+    pub events: u64,
+    /// Events per kind.
+    pub kinds: KindCounts,
+    /// Successful calls returning a heap block (malloc + calloc + realloc + aligned_alloc).
+    pub allocations: u64,
+    /// Heap blocks released (free events and the old blocks of reallocs).
+    pub frees: u64,
+    /// Frees of addresses not allocated while recording (no bytes counted for them).
+    pub unmatched_frees: u64,
+    /// Frees by the allocator of blocks already freed (e.g. glibc flushing an exiting
+    /// thread's cache): not in `frees`. Absent before format 1.2 (read as 0; those files
+    /// counted them in `frees` and `unmatched_frees`).
+    #[serde(default)]
+    pub allocator_internal_frees: u64,
+    /// Sum of the sizes of all allocations.
+    pub bytes_allocated: u64,
+    /// Sum of the sizes of the blocks freed (of those allocated while recording).
+    pub bytes_freed: u64,
+    /// Maximum of live heap bytes over the event order.
+    pub peak_live_bytes: u64,
+    /// Timestamp (ns) of the event at which the peak was first reached.
+    pub peak_ts: u64,
+    /// Maximum number of live heap blocks over the event order (blocks allocated while
+    /// recording and not yet freed). Absent from the totals of format 1.0 trailers (read as 0).
+    #[serde(default)]
+    pub peak_live_blocks: u64,
+    /// Live heap bytes after the last event.
+    pub live_bytes_at_end: u64,
+    /// Live heap blocks after the last event.
+    pub live_blocks_at_end: u64,
+    /// Heap blocks still live when their process replaced its image (`Exec`): gone with the
+    /// old image, so neither freed nor live at the end. Absent before format 1.3 (read as 0).
+    #[serde(default)]
+    pub blocks_discarded_at_exec: u64,
+    /// Their bytes. Absent before format 1.3 (read as 0).
+    #[serde(default)]
+    pub bytes_discarded_at_exec: u64,
+    /// Maximum of mapped bytes (page-rounded) over the event order.
+    pub mapped_bytes_peak: u64,
+    /// Mapped bytes (page-rounded) after the last event.
+    pub mapped_bytes_at_end: u64,
+    /// Number of distinct threads that produced events.
+    pub threads: u64,
+    /// Timestamp of the first event (ns, CLOCK_MONOTONIC); 0 if there were none.
+    pub first_ts: u64,
+    /// Timestamp of the last event (ns, CLOCK_MONOTONIC); 0 if there were none.
+    pub last_ts: u64,
+    /// Per-thread totals, by tid.
+    pub per_thread: BTreeMap<u32, ThreadTotals>,
+}
