@@ -36,6 +36,8 @@ pub enum Cap {
     Setgid = 6,
     /// `CAP_SETUID`: run a child as another user.
     Setuid = 7,
+    /// `CAP_SETFCAP`: give a file capabilities (`setcap`).
+    Setfcap = 31,
     /// `CAP_PERFMON`: attach uprobes.
     Perfmon = 38,
     /// `CAP_BPF`: load BPF programs and maps.
@@ -48,6 +50,7 @@ impl Cap {
             Cap::Chown => "CAP_CHOWN",
             Cap::Setgid => "CAP_SETGID",
             Cap::Setuid => "CAP_SETUID",
+            Cap::Setfcap => "CAP_SETFCAP",
             Cap::Perfmon => "CAP_PERFMON",
             Cap::Bpf => "CAP_BPF",
         }
@@ -59,6 +62,9 @@ impl Cap {
 pub enum Need {
     /// These capabilities in the effective set.
     Caps(&'static [Cap]),
+    /// Effective uid 0: for a test of what memtrack does when run by root (it decides on the
+    /// uid, not on capabilities, e.g. `record --user`).
+    Root,
     /// A program found on `PATH` (a compiler for the fixtures, `setcap`).
     Tool(&'static str),
     /// A file (a header a fixture compiles against), and the command that installs it.
@@ -109,6 +115,12 @@ pub fn missing(needs: &[Need]) -> Option<String> {
                     ));
                 }
             }
+            // SAFETY: geteuid has no preconditions.
+            Need::Root if unsafe { libc::geteuid() } != 0 => why.push(
+                "needs to run as root (effective uid 0), not only with capabilities: \
+                 e.g. `sudo -E cargo test`"
+                    .to_string(),
+            ),
             Need::Tool(tool) if !on_path(tool) => why.push(format!("needs `{tool}` on PATH")),
             Need::File(path, fix) if !Path::new(path).exists() => {
                 why.push(format!("needs {path}: {fix}"))
