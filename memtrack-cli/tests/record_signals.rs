@@ -3,6 +3,7 @@
 //! killed memtrack never leaves its command running untracked. Needs root (CI runs as root);
 //! without it the tests print why they are skipped.
 
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -58,9 +59,26 @@ fn running(pid: i32) -> bool {
 }
 
 /// The command `sh -c 'echo $$ > PIDFILE; exec sleep 30'`: its pid is known once it runs.
+///
+/// memtrack and the command start with TERM and HUP at their default disposition, whatever
+/// this test process inherited: under `nohup` HUP is ignored, an ignored signal stays ignored
+/// across exec, and memtrack rightly keeps it ignored for the command (`nohup memtrack record`
+/// is a legitimate use), so a forwarded HUP would do nothing.
 fn sleeper(dir: &Path, out: &Path) -> (Command, std::path::PathBuf) {
     let pidfile = dir.join("child.pid");
     let mut c = memtrack();
+    // SAFETY: the closure runs in the forked child before exec and calls only signal(2),
+    // which is async-signal-safe; it touches no memory of the parent.
+    unsafe {
+        c.pre_exec(|| {
+            for sig in [libc::SIGTERM, libc::SIGHUP] {
+                if libc::signal(sig, libc::SIG_DFL) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
     c.arg("record")
         .arg("-o")
         .arg(out)
