@@ -1,20 +1,19 @@
 //! `memtrack record -- CMD` end to end: exit code forwarded, summary line, errors with fixes.
-//! Needs root (CI runs as root); without it the test prints why it is skipped.
+//!
+//! `harness = false` (memtrack-test-support's runner): a test that needs the tracker (CAP_BPF +
+//! CAP_PERFMON), a compiler or another user is reported as ignored with what is missing, never
+//! as passed; CI runs them as root and fails if one was not run.
 
 use std::path::Path;
 use std::process::Command;
+
+use memtrack_test_support::{Cap, Need, TRACKER, requires, test};
 
 fn memtrack() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memtrack"))
 }
 
-#[test]
 fn record_forwards_exit_code_and_prints_summary() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: not root (the tracker needs CAP_BPF + CAP_PERFMON)");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("alloc");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/alloc.c");
@@ -101,7 +100,6 @@ fn record_forwards_exit_code_and_prints_summary() {
 /// Issue 12, item 10: `record`'s own failures never look like the command's exit code: 127 not
 /// found, 126 not executable (a file without x, a directory), 2 a bad option value (in the unit
 /// typed), as shells and `timeout` report them. Needs no privileges: all fail before loading.
-#[test]
 fn record_exit_codes_tell_its_failures_from_the_commands() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -178,15 +176,9 @@ fn record_exit_codes_tell_its_failures_from_the_commands() {
 /// Issue 12, item 12: the default pipeline's resident memory. `record -- /bin/true` was 529 MB
 /// resident with the old 256 MiB ring buffer (its pages are mapped twice, all resident); the
 /// default is now sized from the measured event rate (README "Ring buffer").
-#[test]
 // The child is reaped by wait4 (for its rusage), which clippy does not see.
 #[allow(clippy::zombie_processes)]
 fn default_record_stays_under_64_mib_resident() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: not root (the tracker needs CAP_BPF + CAP_PERFMON)");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let child = memtrack()
         .arg("record")
@@ -209,4 +201,29 @@ fn default_record_stays_under_64_mib_resident() {
         kib <= 64 * 1024,
         "memtrack record -- /bin/true: {kib} KiB resident"
     );
+}
+
+fn main() {
+    memtrack_test_support::run(vec![
+        // The fixture is compiled with `cc`; the unprivileged part runs memtrack as nobody.
+        requires(
+            "record_forwards_exit_code_and_prints_summary",
+            &[
+                TRACKER,
+                Need::Tool("cc"),
+                Need::Tool("setpriv"),
+                Need::Caps(&[Cap::Setuid, Cap::Setgid]),
+            ],
+            record_forwards_exit_code_and_prints_summary,
+        ),
+        test(
+            "record_exit_codes_tell_its_failures_from_the_commands",
+            record_exit_codes_tell_its_failures_from_the_commands,
+        ),
+        requires(
+            "default_record_stays_under_64_mib_resident",
+            &[TRACKER],
+            default_record_stays_under_64_mib_resident,
+        ),
+    ]);
 }

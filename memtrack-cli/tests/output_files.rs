@@ -2,8 +2,13 @@
 //! and issue 12 items 1, 6, 7): a symbolic link planted at any name memtrack may use never
 //! redirects a write, a device is written in place (its error reported) and never replaced,
 //! an existing artifact is replaced only by a finished one, and a failed write to stdout is a
-//! one-line error. The parts that need root (planting a link owned by another user, `mknod`)
-//! say they are skipped without it.
+//! one-line error.
+//!
+//! `harness = false` (memtrack-test-support's runner): the test that plants a link owned by
+//! another user needs CAP_CHOWN and without it is reported as ignored with what is missing,
+//! never as passed; CI runs it as root and fails if it was not run. Without root the special
+//! files test uses the machine's own `/dev/full` and `/dev/null` (another user cannot write
+//! /dev), as root copies of them made with `mknod`.
 
 mod common;
 
@@ -15,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::{memtrack, s, synth, text};
+use memtrack_test_support::{Cap, Need, requires, test};
 
 /// A character device node at `path` with major 1 and `minor` (3: null, 7: full).
 fn mknod(path: &Path, minor: u32) -> PathBuf {
@@ -71,7 +77,6 @@ fn assert_untouched(victim: &Path, links: &[PathBuf]) {
     }
 }
 
-#[test]
 fn planted_symlinks_at_temporary_names_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -117,12 +122,10 @@ fn planted_symlinks_at_temporary_names_change_nothing() {
     assert_eq!(names(d), expected);
 }
 
-#[test]
-fn a_symlink_at_the_target_is_followed_only_if_the_user_or_root_owns_it() {
+/// The user's own link at the target is followed (root's would be too).
+fn a_symlink_the_user_owns_at_the_target_is_followed() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let victim = d.join("victim");
-    fs::write(&victim, "precious").unwrap();
 
     // The user's own link: followed, the link kept, the file it names replaced.
     let own = d.join("latest.memtrack");
@@ -135,11 +138,18 @@ fn a_symlink_at_the_target_is_followed_only_if_the_user_or_root_owns_it() {
             .unwrap()
             .is_file()
     );
+}
 
-    if !is_root() {
-        eprintln!("SKIPPED (part): not root, so a link owned by another user cannot be planted");
-        return;
-    }
+/// A link planted by another user (nobody's, which only a process with CAP_CHOWN can make)
+/// at the target or on the way to it is refused.
+fn a_symlink_another_user_owns_at_the_target_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let victim = d.join("victim");
+    fs::write(&victim, "precious").unwrap();
+    // The artifact `plot` reads below.
+    synth(&d.join("real.memtrack"), 100, 1);
+
     // Another user's link (nobody's, as if planted in a shared directory): refused, for the
     // target and for a directory on the way to it.
     let planted = d.join("y.memtrack");
@@ -176,7 +186,6 @@ fn a_symlink_at_the_target_is_followed_only_if_the_user_or_root_owns_it() {
     );
 }
 
-#[test]
 fn special_files_are_written_in_place_or_refused_never_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -239,7 +248,6 @@ fn special_files_are_written_in_place_or_refused_never_replaced() {
     assert!(fs::metadata(d).unwrap().is_dir());
 }
 
-#[test]
 fn record_leaves_an_existing_artifact_whole_when_it_fails() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -293,7 +301,6 @@ fn record_leaves_an_existing_artifact_whole_when_it_fails() {
     assert_eq!(fs::metadata(&prog).unwrap().size(), size);
 }
 
-#[test]
 fn failed_writes_to_stdout_are_errors_and_a_closed_pipe_is_quiet() {
     let dir = tempfile::tempdir().unwrap();
     let art = synth(&dir.path().join("a.memtrack"), 1000, 1);
@@ -338,4 +345,34 @@ fn failed_writes_to_stdout_are_errors_and_a_closed_pipe_is_quiet() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+fn main() {
+    memtrack_test_support::run(vec![
+        test(
+            "planted_symlinks_at_temporary_names_change_nothing",
+            planted_symlinks_at_temporary_names_change_nothing,
+        ),
+        test(
+            "a_symlink_the_user_owns_at_the_target_is_followed",
+            a_symlink_the_user_owns_at_the_target_is_followed,
+        ),
+        requires(
+            "a_symlink_another_user_owns_at_the_target_is_refused",
+            &[Need::Caps(&[Cap::Chown])],
+            a_symlink_another_user_owns_at_the_target_is_refused,
+        ),
+        test(
+            "special_files_are_written_in_place_or_refused_never_replaced",
+            special_files_are_written_in_place_or_refused_never_replaced,
+        ),
+        test(
+            "record_leaves_an_existing_artifact_whole_when_it_fails",
+            record_leaves_an_existing_artifact_whole_when_it_fails,
+        ),
+        test(
+            "failed_writes_to_stdout_are_errors_and_a_closed_pipe_is_quiet",
+            failed_writes_to_stdout_are_errors_and_a_closed_pipe_is_quiet,
+        ),
+    ]);
 }

@@ -4,8 +4,10 @@
 //! not followed and is counted, and a tree's totals are the sum of its processes recorded
 //! alone with `--no-follow`.
 //!
-//! Needs root (or CAP_BPF + CAP_PERFMON) and a C compiler; without them every test prints why
-//! it is skipped. Each test records its own commands, so they may run in parallel.
+//! `harness = false` (memtrack-test-support's runner): every test needs CAP_BPF + CAP_PERFMON
+//! and a C compiler (some also python3, jemalloc, mimalloc or a static libc), and without them
+//! is reported as ignored with what is missing, never as passed; CI runs them as root and
+//! fails if one was not run. Each test records its own commands, so they may run in parallel.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -16,35 +18,15 @@ use memtrack::{
     Analyzer, CommandOptions, Event, EventKind, Final, ProcessTotals, Reader, RecordOutcome,
     TrackerOptions, record_command_with,
 };
+use memtrack_test_support::{Need, TRACKER, Trial, requires};
 
-fn missing() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (the tracker needs CAP_BPF + CAP_PERFMON)".into());
-    }
-    if Command::new("cc").arg("--version").output().is_err() {
-        return Some("no C compiler `cc` for the fixture".into());
-    }
-    None
-}
-
-macro_rules! require {
-    ($($file:expr),*) => {
-        if let Some(why) = missing() {
-            eprintln!("SKIPPED: {why}");
-            return;
-        }
-        $(
-            if !Path::new($file).exists() {
-                eprintln!("SKIPPED: {} is not installed", $file);
-                return;
-            }
-        )*
-    };
-}
+/// What every test here needs: the tracker, and `cc` for the fixture.
+const NEEDS: &[Need] = &[TRACKER, Need::Tool("cc")];
 
 const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 const MIMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2";
+/// What `cc -static` links a static program against.
+const STATIC_LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.a";
 
 /// tests/fixtures/follow.c compiled into `dir`.
 fn fixture(dir: &Path) -> PathBuf {
@@ -128,13 +110,7 @@ fn s(p: &Path) -> &str {
 }
 
 /// The issue's repro: `sh -c 'ls; python3 …'` recorded 47 allocations, all of sh's.
-#[test]
 fn python_started_by_a_shell_is_recorded() {
-    require!();
-    if Command::new("python3").arg("-c").arg("1").output().is_err() {
-        eprintln!("SKIPPED: no python3");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let run = record(
         dir.path(),
@@ -174,9 +150,7 @@ fn python_started_by_a_shell_is_recorded() {
 
 /// A forked child's allocations, exactly, in the child's pid; `--no-follow` sees none of them
 /// and counts the child as not followed.
-#[test]
 fn a_forked_child_is_recorded_exactly() {
-    require!();
     let dir = tempfile::tempdir().unwrap();
     let exe = fixture(dir.path());
     let run = record(dir.path(), &[s(&exe), "fork", "1000", "4321"], true);
@@ -203,9 +177,7 @@ fn a_forked_child_is_recorded_exactly() {
 }
 
 /// posix_spawn (clone with CLONE_VM | CLONE_VFORK, then exec): the spawned program, exactly.
-#[test]
 fn a_posix_spawned_program_is_recorded_exactly() {
-    require!();
     let dir = tempfile::tempdir().unwrap();
     let exe = fixture(dir.path());
     let run = record(
@@ -221,9 +193,7 @@ fn a_posix_spawned_program_is_recorded_exactly() {
 
 /// The issue's repro: `env LD_PRELOAD=libjemalloc.so.2 prog` recorded 202 of 875,000
 /// allocations. The exec'd program is resolved with its own environment before it runs.
-#[test]
 fn an_ld_preload_allocator_is_recorded_from_the_first_call() {
-    require!(JEMALLOC);
     let dir = tempfile::tempdir().unwrap();
     let exe = fixture(dir.path());
     let preload = format!("LD_PRELOAD={JEMALLOC}");
@@ -239,9 +209,7 @@ fn an_ld_preload_allocator_is_recorded_from_the_first_call() {
 
 /// The issue's repro: a program that dlopens its allocator lost 20,000 of 400,000 calls to the
 /// 20 ms rescan. ld.so's `_dl_debug_state` stop probes it before dlopen returns.
-#[test]
 fn a_dlopened_allocator_is_probed_before_its_first_call() {
-    require!(MIMALLOC);
     let dir = tempfile::tempdir().unwrap();
     let exe = fixture(dir.path());
     let run = record(
@@ -258,9 +226,7 @@ fn a_dlopened_allocator_is_probed_before_its_first_call() {
 /// process's own totals are what recording it alone gives. A forked child runs the shell's
 /// code until it execs (dash allocates the program's path there): that part is no program's
 /// own recording, and the analysis discards what it left live at exec, so it is set apart.
-#[test]
 fn a_trees_totals_are_the_sum_of_its_processes_recorded_alone() {
-    require!();
     let dir = tempfile::tempdir().unwrap();
     let exe = fixture(dir.path());
     let (a, b) = (
@@ -335,9 +301,7 @@ fn a_trees_totals_are_the_sum_of_its_processes_recorded_alone() {
 
 /// A setuid program a followed process executes is never followed: it stays unobserved, and
 /// the recording says so (issue 10's rule on setuid descendants).
-#[test]
 fn a_setuid_exec_is_not_followed_and_is_counted() {
-    require!();
     let dir = tempfile::tempdir().unwrap();
     let exe = fixture(dir.path());
     let setuid = dir.path().join("follow-setuid");
@@ -363,9 +327,7 @@ fn a_setuid_exec_is_not_followed_and_is_counted() {
 
 /// The CLI says which processes were covered (`record`, `show`, `show --json`), and `verify`
 /// and `compare` refuse a recording that left some out, as they refuse lost events.
-#[test]
 fn the_cli_shows_coverage_and_refuses_an_uncovered_recording() {
-    require!();
     let dir = tempfile::tempdir().unwrap();
     let exe = fixture(dir.path());
     let memtrack = |args: &[&str]| {
@@ -439,9 +401,7 @@ fn the_cli_shows_coverage_and_refuses_an_uncovered_recording() {
 
 /// A program with no allocator the probes can find (static and stripped) is flagged, not
 /// reported as a process that allocated nothing.
-#[test]
 fn a_program_without_a_probeable_allocator_is_not_covered() {
-    require!();
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("follow-static");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/follow.c");
@@ -452,10 +412,10 @@ fn a_program_without_a_probeable_allocator_is_not_covered() {
         .arg(&exe)
         .status()
         .is_ok_and(|s| s.success());
-    if !built {
-        eprintln!("SKIPPED: no static C library to link a static program");
-        return;
-    }
+    assert!(
+        built,
+        "cc -static could not link follow.c although {STATIC_LIBC} exists"
+    );
     let script = format!("{} alloc 10 1234", s(&exe));
     let run = record(dir.path(), &["/bin/sh", "-c", &script], true);
     assert_eq!(run.out.exit_code, 0);
@@ -471,4 +431,62 @@ fn a_program_without_a_probeable_allocator_is_not_covered() {
         "{p:?}"
     );
     assert_eq!(run.fin.uncovered_processes(), 1, "{ps:?}");
+}
+
+fn main() {
+    const JEMALLOC_NEED: Need = Need::File(JEMALLOC, "apt-get install libjemalloc-dev");
+    const MIMALLOC_NEED: Need = Need::File(MIMALLOC, "apt-get install libmimalloc-dev");
+    const STATIC_NEED: Need = Need::File(STATIC_LIBC, "apt-get install libc6-dev");
+    let tests: &[(&str, &'static [Need], fn())] = &[
+        (
+            "python_started_by_a_shell_is_recorded",
+            &[TRACKER, Need::Tool("cc"), Need::Tool("python3")],
+            python_started_by_a_shell_is_recorded,
+        ),
+        (
+            "a_forked_child_is_recorded_exactly",
+            NEEDS,
+            a_forked_child_is_recorded_exactly,
+        ),
+        (
+            "a_posix_spawned_program_is_recorded_exactly",
+            NEEDS,
+            a_posix_spawned_program_is_recorded_exactly,
+        ),
+        (
+            "an_ld_preload_allocator_is_recorded_from_the_first_call",
+            &[TRACKER, Need::Tool("cc"), JEMALLOC_NEED],
+            an_ld_preload_allocator_is_recorded_from_the_first_call,
+        ),
+        (
+            "a_dlopened_allocator_is_probed_before_its_first_call",
+            &[TRACKER, Need::Tool("cc"), MIMALLOC_NEED],
+            a_dlopened_allocator_is_probed_before_its_first_call,
+        ),
+        (
+            "a_trees_totals_are_the_sum_of_its_processes_recorded_alone",
+            NEEDS,
+            a_trees_totals_are_the_sum_of_its_processes_recorded_alone,
+        ),
+        (
+            "a_setuid_exec_is_not_followed_and_is_counted",
+            NEEDS,
+            a_setuid_exec_is_not_followed_and_is_counted,
+        ),
+        (
+            "the_cli_shows_coverage_and_refuses_an_uncovered_recording",
+            NEEDS,
+            the_cli_shows_coverage_and_refuses_an_uncovered_recording,
+        ),
+        (
+            "a_program_without_a_probeable_allocator_is_not_covered",
+            &[TRACKER, Need::Tool("cc"), STATIC_NEED],
+            a_program_without_a_probeable_allocator_is_not_covered,
+        ),
+    ];
+    let trials: Vec<Trial> = tests
+        .iter()
+        .map(|&(name, needs, f)| requires(name, needs, f))
+        .collect();
+    memtrack_test_support::run(trials);
 }

@@ -5,8 +5,12 @@
 //! artifact; a setuid install of memtrack is refused.
 //!
 //! The command under test prints its own `/proc/self/status` lines (it is `grep`), so the
-//! capability sets checked are the recorded process's own. Needs root (CI runs as root), and
-//! `setcap`/`setpriv` for the capability cases; each test says what it skips and why.
+//! capability sets checked are the recorded process's own.
+//!
+//! `harness = false` (memtrack-test-support's runner): each test declares what it needs (root,
+//! the tracker's CAP_BPF + CAP_PERFMON, the capabilities to switch users or give files away,
+//! `setcap`/`setpriv`), and without it is reported as ignored with what is missing, never as
+//! passed; CI runs them as root and fails if one was not run.
 
 mod common;
 
@@ -17,35 +21,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::{s, text};
+use memtrack_test_support::{Cap, Need, TRACKER, requires};
 
 const STATUS: &str = "^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapAmb|NoNewPrivs):";
 /// CAP_PERFMON (38) and CAP_BPF (39).
 const BPF_CAPS: u64 = (1 << 38) | (1 << 39);
-
-/// Why these tests cannot run here, if they cannot.
-fn missing(tools: &[&str]) -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some(
-            "not root (the tracker needs CAP_BPF + CAP_PERFMON, setcap needs root)".into(),
-        );
-    }
-    for t in tools {
-        if Command::new(t).arg("--help").output().is_err() {
-            return Some(format!("no `{t}` (package libcap2-bin / util-linux)"));
-        }
-    }
-    None
-}
-
-macro_rules! require {
-    ($($tool:expr),*) => {
-        if let Some(why) = missing(&[$($tool),*]) {
-            eprintln!("SKIPPED: {why}");
-            return;
-        }
-    };
-}
 
 /// The `Key: value` lines of a `/proc/PID/status` excerpt.
 fn status(out: &str) -> BTreeMap<String, String> {
@@ -123,15 +103,26 @@ fn verified(memtrack: &Path, artifact: &Path) {
     assert!(v.status.success(), "{}", text(&v));
 }
 
+/// Where setuid bits have no effect (the temporary directory is on a nosuid mount), the part
+/// of a test that needs them cannot run: said on stderr, and a failure under
+/// `MEMTRACK_REQUIRE_PRIVILEGED` (CI), where every part must run.
+fn nosuid_part_skipped() {
+    let why = "setuid bits have no effect here (is the temporary directory on a nosuid mount?)";
+    assert!(
+        !memtrack_test_support::required(),
+        "{} is set and {why}: set TMPDIR to a directory on a mount without nosuid",
+        memtrack_test_support::REQUIRE
+    );
+    eprintln!("SKIPPED (part): {why}");
+}
+
 /// The capabilities a root process has here (the bounding set may lack some).
 fn own_effective() -> u64 {
     let st = status(&fs::read_to_string("/proc/self/status").unwrap());
     caps(&st, "CapEff")
 }
 
-#[test]
 fn as_root_the_command_runs_as_root_unless_user_says_otherwise() {
-    require!();
     let dir = shared_dir();
     let me = Path::new(env!("CARGO_BIN_EXE_memtrack"));
 
@@ -185,9 +176,7 @@ fn as_root_the_command_runs_as_root_unless_user_says_otherwise() {
     assert!(!dir.path().join("x.memtrack").exists());
 }
 
-#[test]
 fn capabilities_held_by_memtrack_never_reach_the_command() {
-    require!("setcap", "setpriv");
     let dir = shared_dir();
     let nobody = [
         "setpriv",
@@ -243,7 +232,7 @@ fn capabilities_held_by_memtrack_never_reach_the_command() {
         .args([s(&id), "-u"])
         .run_exec();
     if String::from_utf8_lossy(&direct.stdout).trim() != "0" {
-        eprintln!("SKIPPED (part): setuid bits have no effect here (nosuid mount?)");
+        nosuid_part_skipped();
         return;
     }
     let o = Command::new(nobody[0])
@@ -278,9 +267,7 @@ fn capabilities_held_by_memtrack_never_reach_the_command() {
     );
 }
 
-#[test]
 fn a_setuid_install_of_memtrack_is_refused() {
-    require!("setpriv");
     let dir = shared_dir();
     let bin = copy_memtrack(dir.path(), "memtrack-setuid");
     fs::set_permissions(&bin, fs::Permissions::from_mode(0o4755)).unwrap();
@@ -298,7 +285,7 @@ fn a_setuid_install_of_memtrack_is_refused() {
     assert!(!Path::new("/etc/memtrack-must-not-exist").exists());
     let t = text(&o);
     if t.contains("Permission denied") {
-        eprintln!("SKIPPED (part): setuid bits have no effect here (nosuid mount?)");
+        nosuid_part_skipped();
         return;
     }
     assert_eq!(o.status.code(), Some(1), "{t}");
@@ -308,9 +295,7 @@ fn a_setuid_install_of_memtrack_is_refused() {
     );
 }
 
-#[test]
 fn planted_symlinks_never_redirect_the_recording() {
-    require!();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let me = Path::new(env!("CARGO_BIN_EXE_memtrack"));
@@ -359,4 +344,41 @@ fn planted_symlinks_never_redirect_the_recording() {
         !marker.exists(),
         "the command ran although the output was refused"
     );
+}
+
+/// Running a command as nobody (`setpriv --reuid --regid --clear-groups`).
+const SWITCH_USER: Need = Need::Caps(&[Cap::Setuid, Cap::Setgid]);
+
+fn main() {
+    memtrack_test_support::run(vec![
+        // Checks what the command gets when root runs memtrack (and `--user`, root's alone).
+        requires(
+            "as_root_the_command_runs_as_root_unless_user_says_otherwise",
+            &[Need::Root, TRACKER],
+            as_root_the_command_runs_as_root_unless_user_says_otherwise,
+        ),
+        // Gives a copy file capabilities, hands ambient ones to nobody.
+        requires(
+            "capabilities_held_by_memtrack_never_reach_the_command",
+            &[
+                TRACKER,
+                SWITCH_USER,
+                Need::Caps(&[Cap::Setfcap]),
+                Need::Tool("setcap"),
+                Need::Tool("setpriv"),
+            ],
+            capabilities_held_by_memtrack_never_reach_the_command,
+        ),
+        requires(
+            "a_setuid_install_of_memtrack_is_refused",
+            &[SWITCH_USER, Need::Tool("setpriv")],
+            a_setuid_install_of_memtrack_is_refused,
+        ),
+        // Plants a link owned by nobody.
+        requires(
+            "planted_symlinks_never_redirect_the_recording",
+            &[TRACKER, Need::Caps(&[Cap::Chown])],
+            planted_symlinks_never_redirect_the_recording,
+        ),
+    ]);
 }

@@ -1,21 +1,17 @@
 //! `memtrack record` under TERM, HUP, `timeout` and SIGKILL (issue 12, item 5): the signal goes
 //! to the command, the artifact is finished whole, memtrack exits with the command's code; a
-//! killed memtrack never leaves its command running untracked. Needs root (CI runs as root);
-//! without it the tests print why they are skipped.
+//! killed memtrack never leaves its command running untracked.
+//!
+//! `harness = false` (memtrack-test-support's runner): every test needs the tracker (CAP_BPF +
+//! CAP_PERFMON) and without it is reported as ignored with what is missing, never as passed;
+//! CI runs them as root and fails if one was not run.
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        eprintln!("SKIPPED: not root (the tracker needs CAP_BPF + CAP_PERFMON)");
-    }
-    root
-}
+use memtrack_test_support::{Need, TRACKER, requires};
 
 fn memtrack() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memtrack"))
@@ -89,11 +85,7 @@ fn sleeper(dir: &Path, out: &Path) -> (Command, std::path::PathBuf) {
     (c, pidfile)
 }
 
-#[test]
 fn term_and_hup_go_to_the_command_and_the_artifact_is_whole() {
-    if !root() {
-        return;
-    }
     for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGHUP, 129)] {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("t.memtrack");
@@ -113,11 +105,7 @@ fn term_and_hup_go_to_the_command_and_the_artifact_is_whole() {
     }
 }
 
-#[test]
 fn timeout_ends_the_recording_whole() {
-    if !root() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("t.memtrack");
     let started = Instant::now();
@@ -141,11 +129,7 @@ fn timeout_ends_the_recording_whole() {
     verified(&out);
 }
 
-#[test]
 fn a_killed_memtrack_takes_its_command_with_it() {
-    if !root() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("t.memtrack");
     let (mut cmd, pidfile) = sleeper(dir.path(), &out);
@@ -161,4 +145,24 @@ fn a_killed_memtrack_takes_its_command_with_it() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+fn main() {
+    memtrack_test_support::run(vec![
+        requires(
+            "term_and_hup_go_to_the_command_and_the_artifact_is_whole",
+            &[TRACKER],
+            term_and_hup_go_to_the_command_and_the_artifact_is_whole,
+        ),
+        requires(
+            "timeout_ends_the_recording_whole",
+            &[TRACKER, Need::Tool("timeout")],
+            timeout_ends_the_recording_whole,
+        ),
+        requires(
+            "a_killed_memtrack_takes_its_command_with_it",
+            &[TRACKER],
+            a_killed_memtrack_takes_its_command_with_it,
+        ),
+    ]);
 }
