@@ -283,19 +283,18 @@ impl SessionBuilder {
             ));
         }
         self.limits.validate()?;
-        let (turn, handed_over) =
-            SESSIONS
-                .begin(&self.name, wait, current_thread_recorded)
-                .map_err(|refused| match refused {
-                    Refused::Active(active) => Error::SessionActive {
-                        requested: self.name.clone(),
-                        active,
-                    },
-                    Refused::Nested(active) => Error::NestedSession {
-                        requested: self.name.clone(),
-                        active,
-                    },
-                })?;
+        let (turn, handed_over) = SESSIONS
+            .begin(&self.name, wait, current_thread_recorded)
+            .map_err(|refused| match refused {
+                Refused::Active(active) => Error::SessionActive {
+                    requested: self.name.clone(),
+                    active,
+                },
+                Refused::Nested(active) => Error::NestedSession {
+                    requested: self.name.clone(),
+                    active,
+                },
+            })?;
         // Probes handed over by the previous session stay attached until this one has started,
         // or failed to: then they go before the turn ends, so that they are not detached under
         // the next session's start.
