@@ -124,13 +124,17 @@ fn put_varint(out: &mut Vec<u8>, v: u64) {
 /// (FORMAT.md, "Frame payload"); [`ColumnReader`] mirrors it method for method.
 struct ColumnWriter<'c> {
     kinds: &'c mut Vec<u8>,
-    tid: (Runs, &'c mut OutCol),
-    pid: (Runs, &'c mut OutCol),
-    ts: (u64, &'c mut OutCol),
-    addr: (u64, &'c mut OutCol),
+    tid: &'c mut OutCol,
+    pid: &'c mut OutCol,
+    ts: &'c mut OutCol,
+    addr: &'c mut OutCol,
     addr2: &'c mut OutCol,
     size: &'c mut OutCol,
     align: &'c mut OutCol,
+    tid_runs: Runs,
+    pid_runs: Runs,
+    prev_ts: u64,
+    prev_addr: u64,
 }
 
 impl<'c> ColumnWriter<'c> {
@@ -145,13 +149,17 @@ impl<'c> ColumnWriter<'c> {
         let [tid, pid, ts, addr, addr2, size, align] = &mut cols.cols;
         ColumnWriter {
             kinds: &mut cols.kinds,
-            tid: (Runs::default(), tid),
-            pid: (Runs::default(), pid),
-            ts: (0, ts),
-            addr: (0, addr),
+            tid,
+            pid,
+            ts,
+            addr,
             addr2,
             size,
             align,
+            tid_runs: Runs::default(),
+            pid_runs: Runs::default(),
+            prev_ts: 0,
+            prev_addr: 0,
         }
     }
 
@@ -203,33 +211,35 @@ impl<'c> ColumnWriter<'c> {
     /// Runs of (zigzag delta, length).
     #[inline(always)]
     fn tid(&mut self, tid: u32) {
-        self.tid.0.push(tid, self.tid.1);
+        self.tid_runs.push(tid, self.tid);
     }
 
     /// Runs of (zigzag delta, length).
     #[inline(always)]
     fn pid(&mut self, pid: u32) {
-        self.pid.0.push(pid, self.pid.1);
+        self.pid_runs.push(pid, self.pid);
     }
 
     /// Zigzag delta from the previous event's.
     #[inline(always)]
     fn ts(&mut self, ts: u64) {
-        self.ts.1.put(zigzag(ts.wrapping_sub(self.ts.0) as i64));
-        self.ts.0 = ts;
+        self.ts.put(zigzag(ts.wrapping_sub(self.prev_ts) as i64));
+        self.prev_ts = ts;
     }
 
     /// Zigzag delta from the previous event's (0 for an exec).
     #[inline(always)]
     fn addr(&mut self, addr: u64) {
-        self.addr.1.put(zigzag(addr.wrapping_sub(self.addr.0) as i64));
-        self.addr.0 = addr;
+        self.addr
+            .put(zigzag(addr.wrapping_sub(self.prev_addr) as i64));
+        self.prev_addr = addr;
     }
 
     /// A realloc's or mremap's new address: zigzag delta from its old one.
     #[inline(always)]
     fn addr2(&mut self, new_addr: u64, old_addr: u64) {
-        self.addr2.put(zigzag(new_addr.wrapping_sub(old_addr) as i64));
+        let delta = new_addr.wrapping_sub(old_addr);
+        self.addr2.put(zigzag(delta as i64));
     }
 
     #[inline(always)]
@@ -243,11 +253,9 @@ impl<'c> ColumnWriter<'c> {
     }
 
     /// Ends the open tid and pid runs.
-    fn finish(self) {
-        let ColumnWriter { tid, pid, .. } = self;
-        let ((mut tids, tid_c), (mut pids, pid_c)) = (tid, pid);
-        tids.flush(tid_c);
-        pids.flush(pid_c);
+    fn finish(mut self) {
+        self.tid_runs.flush(self.tid);
+        self.pid_runs.flush(self.pid);
     }
 }
 
@@ -330,15 +338,41 @@ const NAMES: [&str; VAR_COLUMNS] = ["tid", "pid", "ts", "addr", "addr2", "size",
 /// mirror of [`ColumnWriter`].
 struct ColumnReader<'a> {
     kinds: &'a [u8],
-    /// (value, events left in its run, column).
-    tid: (u32, u64, Col<'a>),
-    pid: (u32, u64, Col<'a>),
-    /// (previous value, column).
-    ts: (u64, Col<'a>),
-    addr: (u64, Col<'a>),
+    tid: Col<'a>,
+    pid: Col<'a>,
+    ts: Col<'a>,
+    addr: Col<'a>,
     addr2: Col<'a>,
     size: Col<'a>,
     align: Col<'a>,
+    tid_run: Run,
+    pid_run: Run,
+    prev_ts: u64,
+    prev_addr: u64,
+}
+
+/// The run being read in a run-length column (tid, pid): its value and how many more events
+/// it covers.
+#[derive(Default)]
+struct Run {
+    value: u32,
+    left: u64,
+}
+
+impl Run {
+    /// The next value, reading a (zigzag delta, length) pair from `col` when the run has ended.
+    #[inline(always)]
+    fn next(&mut self, col: &mut Col<'_>) -> Result<u32, DecodeError> {
+        if self.left == 0 {
+            self.value = self.value.wrapping_add(unzigzag(col.varint()?) as u32);
+            self.left = col.varint()?;
+            if self.left == 0 {
+                return Err(empty_run(col.name));
+            }
+        }
+        self.left -= 1;
+        Ok(self.value)
+    }
 }
 
 impl<'a> ColumnReader<'a> {
@@ -385,13 +419,17 @@ impl<'a> ColumnReader<'a> {
         let [tid, pid, ts, addr, addr2, size, align] = NAMES;
         let reader = ColumnReader {
             kinds: &padded[kinds.pos..kinds.end],
-            tid: (0, 0, take(lens[0], tid)?),
-            pid: (0, 0, take(lens[1], pid)?),
-            ts: (0, take(lens[2], ts)?),
-            addr: (0, take(lens[3], addr)?),
+            tid: take(lens[0], tid)?,
+            pid: take(lens[1], pid)?,
+            ts: take(lens[2], ts)?,
+            addr: take(lens[3], addr)?,
             addr2: take(lens[4], addr2)?,
             size: take(lens[5], size)?,
             align: take(lens[6], align)?,
+            tid_run: Run::default(),
+            pid_run: Run::default(),
+            prev_ts: 0,
+            prev_addr: 0,
         };
         if pos != raw_len {
             return Err(format!("{} bytes follow the last column", raw_len - pos));
@@ -458,27 +496,31 @@ impl<'a> ColumnReader<'a> {
     /// Runs of (zigzag delta, length).
     #[inline(always)]
     fn tid(&mut self) -> Result<u32, DecodeError> {
-        run(&mut self.tid)
+        self.tid_run.next(&mut self.tid)
     }
 
     /// Runs of (zigzag delta, length).
     #[inline(always)]
     fn pid(&mut self) -> Result<u32, DecodeError> {
-        run(&mut self.pid)
+        self.pid_run.next(&mut self.pid)
     }
 
     /// Zigzag delta from the previous event's.
     #[inline(always)]
     fn ts(&mut self) -> Result<u64, DecodeError> {
-        self.ts.0 = self.ts.0.wrapping_add(unzigzag(self.ts.1.varint()?) as u64);
-        Ok(self.ts.0)
+        self.prev_ts = self
+            .prev_ts
+            .wrapping_add(unzigzag(self.ts.varint()?) as u64);
+        Ok(self.prev_ts)
     }
 
     /// Zigzag delta from the previous event's (0 for an exec).
     #[inline(always)]
     fn addr(&mut self) -> Result<u64, DecodeError> {
-        self.addr.0 = self.addr.0.wrapping_add(unzigzag(self.addr.1.varint()?) as u64);
-        Ok(self.addr.0)
+        self.prev_addr = self
+            .prev_addr
+            .wrapping_add(unzigzag(self.addr.varint()?) as u64);
+        Ok(self.prev_addr)
     }
 
     /// A realloc's or mremap's new address: zigzag delta from its old one.
@@ -499,14 +541,14 @@ impl<'a> ColumnReader<'a> {
 
     /// Checks that every run ended with the last event and every column was read to its end.
     fn finish(&self) -> Result<(), DecodeError> {
-        if self.tid.1 != 0 || self.pid.1 != 0 {
+        if self.tid_run.left != 0 || self.pid_run.left != 0 {
             return Err("a tid or pid run extends past the last event".into());
         }
         for c in [
-            &self.tid.2,
-            &self.pid.2,
-            &self.ts.1,
-            &self.addr.1,
+            &self.tid,
+            &self.pid,
+            &self.ts,
+            &self.addr,
             &self.addr2,
             &self.size,
             &self.align,
@@ -515,20 +557,6 @@ impl<'a> ColumnReader<'a> {
         }
         Ok(())
     }
-}
-
-/// The next value of a run-length column (tid, pid): `(value, left in its run, column)`.
-#[inline(always)]
-fn run((value, left, col): &mut (u32, u64, Col<'_>)) -> Result<u32, DecodeError> {
-    if *left == 0 {
-        *value = value.wrapping_add(unzigzag(col.varint()?) as u32);
-        *left = col.varint()?;
-        if *left == 0 {
-            return Err(empty_run(col.name));
-        }
-    }
-    *left -= 1;
-    Ok(*value)
 }
 
 #[cold]
