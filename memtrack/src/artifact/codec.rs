@@ -653,4 +653,79 @@ mod tests {
             assert_eq!(prefix_varint(v).1, n, "{v}");
         }
     }
+
+    fn decode(raw: &[u8], n: u32) -> Result<Vec<Event>, DecodeError> {
+        let mut padded = raw.to_vec();
+        padded.resize(raw.len() + PAD, 0);
+        let mut out = Vec::new();
+        decode_events(&padded, n, &mut out).map(|()| out)
+    }
+
+    #[test]
+    fn the_reader_reads_every_kind_the_writer_writes() {
+        let kinds = [
+            EventKind::Malloc {
+                addr: 0x1000,
+                size: 24,
+            },
+            EventKind::Calloc {
+                addr: 0x2000,
+                size: 48,
+            },
+            EventKind::Realloc {
+                old_addr: 0x2000,
+                new_addr: 0x1800,
+                size: 96,
+            },
+            EventKind::AlignedAlloc {
+                addr: 0x4000,
+                size: 64,
+                align: 4096,
+            },
+            EventKind::Free { addr: 0x1000 },
+            EventKind::Mmap {
+                addr: 0x7f00_0000_0000,
+                size: 1 << 20,
+            },
+            EventKind::Mremap {
+                old_addr: 0x7f00_0000_0000,
+                new_addr: 0x7e00_0000_0000,
+                size: 2 << 20,
+            },
+            EventKind::Munmap {
+                addr: 0x7e00_0000_0000,
+                size: 2 << 20,
+            },
+            EventKind::Brk { addr: 0x55_0000 },
+            EventKind::Exec,
+        ];
+        assert_eq!(kinds.len(), KindTag::ALL.len());
+        let events: Vec<Event> = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| Event::new(1_000 + 10 * i as u64, 7, 7 + (i as u32 % 2), k))
+            .collect();
+        let (mut cols, mut raw) = (Columns::default(), Vec::new());
+        encode_events(&events, &mut cols, &mut raw);
+        assert_eq!(decode(&raw, events.len() as u32).unwrap(), events);
+    }
+
+    #[test]
+    fn a_run_of_length_zero_names_its_column() {
+        // One malloc: the count, 7 column lengths, 1 kind byte, then the tid column's
+        // (delta, run) pair and the pid column's, every value one byte.
+        let ev = Event::new(100, 7, 5, EventKind::Malloc { addr: 64, size: 8 });
+        let (mut cols, mut raw) = (Columns::default(), Vec::new());
+        encode_events(&[ev], &mut cols, &mut raw);
+        assert_eq!(decode(&raw, 1).unwrap(), [ev]);
+        for (offset, column) in [(10, "tid"), (12, "pid")] {
+            let mut bad = raw.clone();
+            assert_eq!(bad[offset], 1 << 1 | 1, "a run of 1 at {offset}");
+            bad[offset] = 1; // a run of 0
+            assert_eq!(
+                decode(&bad, 1).unwrap_err(),
+                format!("{column} column holds a run of length 0")
+            );
+        }
+    }
 }
