@@ -297,7 +297,7 @@ impl Col<'_> {
     #[inline(always)]
     fn varint(&mut self) -> Result<u64, DecodeError> {
         let Some(w) = self.data.get(self.pos..self.pos + 9) else {
-            return Err(self.overrun());
+            return Err(overrun(self.name));
         };
         let b0 = w[0];
         let (v, n) = if b0 != 0 {
@@ -309,14 +309,9 @@ impl Col<'_> {
         };
         self.pos += n;
         if self.pos > self.end {
-            return Err(self.overrun());
+            return Err(overrun(self.name));
         }
         Ok(v)
-    }
-
-    #[cold]
-    fn overrun(&self) -> DecodeError {
-        format!("{} column ends inside a value", self.name)
     }
 
     fn finish(&self) -> Result<(), DecodeError> {
@@ -377,7 +372,9 @@ impl Run {
 
 impl<'a> ColumnReader<'a> {
     /// Reads the column table (event count, then each column's length) and splits the payload
-    /// into its columns. `expected` is the event count the frame header announces.
+    /// into its columns. `expected` is the event count the frame header announces. Inlined:
+    /// 1 instruction per event less in the decode loop (callgrind: 222.0 → 221.0).
+    #[inline(always)]
     fn new(padded: &'a [u8], expected: u32) -> Result<Self, DecodeError> {
         let raw_len = padded
             .len()
@@ -557,6 +554,13 @@ impl<'a> ColumnReader<'a> {
         }
         Ok(())
     }
+}
+
+/// Takes the column's name, not the column: `&self` passed to this outlined function cost the
+/// decode loop 3 instructions per event (callgrind, hotpaths `decode`: 225.0 → 222.0).
+#[cold]
+fn overrun(column: &str) -> DecodeError {
+    format!("{column} column ends inside a value")
 }
 
 #[cold]
