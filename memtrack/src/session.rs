@@ -12,6 +12,9 @@
 //! that, leaving only the temporary file `<name>.memtrack.XXXXXX.partial` (random characters,
 //! see [`Output`](crate::Output); [`Session::partial_path`] names it), whose complete frames
 //! `memtrack show` recovers.
+//!
+//! Sessions of one process take turns: `Idle → Running(name) → HandingOff(probes) → Running`
+//! or `→ Idle`, one state behind one lock, in `session/lifecycle.rs`.
 
 mod lifecycle;
 
