@@ -20,7 +20,7 @@
 //! bench.
 //!
 //! ```text
-//! cargo build --release -p memtrack          # the `memtrack` CLI, for the `record` row
+//! cargo build --release -p memtrack-cli      # the `memtrack` CLI, for the `record` row
 //! cargo bench --bench recorders -- [N] [ROUNDS] [CONFIG,...]
 //! ```
 //! Defaults: N = 1,000,000, 3 rounds, every configuration (the eBPF ones skip with a message

@@ -2,7 +2,7 @@
 //! `target/memtrack/<name>.memtrack`, and a one-line summary is printed when it returns.
 //!
 //! Run (needs root, or CAP_BPF + CAP_PERFMON): `cargo run --release --example basic`
-//! Then: `cargo run --release -p memtrack -- show target/memtrack/build_index.memtrack`
+//! Then: `cargo run --release -p memtrack-cli -- show target/memtrack/build_index.memtrack`
 
 use std::collections::HashMap;
 

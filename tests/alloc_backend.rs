@@ -304,7 +304,7 @@ fn profiler_runs_of_the_same_code_compare_unchanged() {
         Threshold::from_ppm(0),
     );
     let verdicts: Vec<_> = c.rows.iter().map(|r| r.verdict).collect();
-    assert_eq!(verdicts, vec![Verdict::Unchanged; 3], "{}", c.to_table());
+    assert_eq!(verdicts, vec![Verdict::Unchanged; 3], "{:#?}", c.rows);
 }
 
 /// Exactly 3 allocations: within `max_allocations = 3`.

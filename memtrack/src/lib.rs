@@ -35,7 +35,7 @@
 //! it (`memtrack/tests/layers.rs` checks every `crate::` path and doc link against this
 //! table), and each layer has its own error type, composed upward with `#[from]`.
 //! ```text
-//! presentation   the `memtrack` CLI (src/bin): tables, JSON, SVG           uses the public API
+//! presentation   memtrack-cli (the `memtrack` command): tables, JSON, SVG  uses the public API
 //!      ▲
 //! runtime        criterion, __private (the macro's expansion)
 //!                session             SessionBuilder, Session, turns         ─┐
@@ -44,7 +44,7 @@
 //!                tracker, recorder,  eBPF tracker, allocator recorder,     │ TrackerError,
 //!                limits              Limits checked against plain numbers   │ RecorderError
 //!                encode, scope,      the rayon frame pipeline, Scope,      │ EncodeError
-//!                synth               the model trace                       ─┘
+//!                synth               the model trace (feature `synth`)     ─┘
 //!      ▲
 //! analysis       Analyzer, SizeHistogram, Timeline, Comparison: numbers only  InvalidTimeline
 //!      ▲
@@ -77,6 +77,7 @@ mod recorder;
 mod report;
 mod scope;
 mod session;
+#[cfg(feature = "synth")]
 mod synth;
 mod totals;
 mod tracker;
@@ -98,6 +99,7 @@ pub use recorder::{Allocator, RecorderError, allocator_installed, in_session};
 pub use report::Report;
 pub use scope::Scope;
 pub use session::{BackendChoice, Session, SessionBuilder, start};
+#[cfg(feature = "synth")]
 pub use synth::{Synth, SynthOptions};
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
 pub use tracker::{Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};

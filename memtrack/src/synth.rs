@@ -11,6 +11,10 @@
 //! - `Vec`-like growth by `Realloc`, a little `Calloc` and aligned allocation, rare explicit
 //!   `Mmap`/`Mremap`/`Munmap` of files or buffers.
 //!
+//! Behind the non-default `synth` feature: it is the only user of `rand`/`rand_xoshiro`, which a
+//! crate that only records should not compile. The `memtrack` command, the benches and the
+//! format tests turn it on.
+//!
 //! The same seed gives the same events on every platform (xoshiro256++).
 
 use std::collections::VecDeque;

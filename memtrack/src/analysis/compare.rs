@@ -20,13 +20,15 @@
 //!   iterations and one without are not compared at all ([`Comparison::mismatched`]).
 //! - The inputs must be whole recordings: the caller refuses lossy, recovered or corrupt
 //!   artifacts before they get here (`memtrack compare` does).
+//!
+//! This is numbers and verdicts only; the `memtrack compare` command (the memtrack-cli crate)
+//! renders them as a table, markdown or JSON.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::analysis::Totals;
-use crate::human;
 
 /// A metric the comparison gates on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -61,26 +63,10 @@ impl Metric {
         }
     }
 
-    /// `v` for people: a count with thousands separators, or bytes in KiB/MiB.
-    fn human(self, v: u64) -> String {
-        match self {
-            Metric::Allocations => human::count(v),
-            Metric::Bytes | Metric::Peak => human::bytes(v),
-        }
-    }
-
     /// Whether the metric is a sum over the iterations (then compared per iteration), not a
     /// maximum.
     pub const fn per_iteration(self) -> bool {
         matches!(self, Metric::Allocations | Metric::Bytes)
-    }
-
-    /// A per-iteration value for people: `1.00/iter`, `64.00 B/iter`.
-    fn human_per_iteration(self, v: f64) -> String {
-        match self {
-            Metric::Allocations => format!("{v:.2}/iter"),
-            Metric::Bytes | Metric::Peak => format!("{}/iter", human::bytes_f64(v)),
-        }
     }
 }
 
@@ -217,24 +203,6 @@ impl Verdict {
             Verdict::Regressed => "regressed",
         }
     }
-
-    fn human(self) -> &'static str {
-        match self {
-            Verdict::Unchanged => "unchanged",
-            Verdict::Improved => "improved",
-            Verdict::WithinThreshold => "ok",
-            Verdict::Regressed => "REGRESSED",
-        }
-    }
-
-    fn markdown(self) -> &'static str {
-        match self {
-            Verdict::Unchanged => "unchanged",
-            Verdict::Improved => "✅ improved",
-            Verdict::WithinThreshold => "within threshold",
-            Verdict::Regressed => "❌ **regressed**",
-        }
-    }
 }
 
 /// One whole recording of a benchmark, as a comparison input.
@@ -268,24 +236,6 @@ impl Benchmark {
     pub fn with_iterations(mut self, iterations: Option<u64>) -> Self {
         self.iterations = iterations;
         self
-    }
-
-    /// Why this benchmark (the base) and `head` are not compared when one counted its
-    /// iterations and the other did not (see [`Comparison::mismatched`]), naming both files.
-    pub fn mismatch_with(&self, head: &Benchmark) -> String {
-        mismatch(self, head)
-    }
-
-    /// What its iterations are, for messages: `per iteration (480,313 iterations)` or `totals
-    /// (no iteration count)`.
-    pub fn kind(&self) -> String {
-        match self.iterations {
-            Some(n) => format!(
-                "per-iteration figures ({})",
-                human::plural(n, "iteration", "iterations")
-            ),
-            None => "plain totals (no iteration count)".into(),
-        }
     }
 }
 
@@ -419,164 +369,6 @@ impl Comparison {
             .filter(|r| r.verdict == Verdict::Regressed)
             .count()
     }
-
-    fn summary(&self) -> String {
-        let metrics: Vec<&str> = self.metrics.iter().map(|m| m.name()).collect();
-        let n = self.regressions();
-        let benchmarks = self.rows.len() / self.metrics.len().max(1);
-        let head = match n {
-            0 => "no regression".to_string(),
-            1 => "1 regression".to_string(),
-            n => format!("{n} regressions"),
-        };
-        format!(
-            "{head} beyond +{} growth in {} ({} {} compared)",
-            self.threshold,
-            metrics.join(", "),
-            benchmarks,
-            if benchmarks == 1 {
-                "benchmark"
-            } else {
-                "benchmarks"
-            }
-        )
-    }
-
-    /// An aligned plain-text table for a terminal, with a summary line and the added and
-    /// removed benchmarks.
-    pub fn to_table(&self) -> String {
-        let mut cells: Vec<[String; 6]> = vec![[
-            "benchmark".into(),
-            "metric".into(),
-            "base".into(),
-            "head".into(),
-            "change".into(),
-            "verdict".into(),
-        ]];
-        for r in &self.rows {
-            cells.push([
-                r.benchmark.clone(),
-                r.metric.name().into(),
-                r.human_base(),
-                r.human_head(),
-                change_text(r.change_percent),
-                r.verdict.human().into(),
-            ]);
-        }
-        let mut out = human::table(&cells, &[false, false, true, true, true, false]);
-        out.push('\n');
-        out.push_str(&self.summary());
-        out.push('\n');
-        for (what, list) in [("added", &self.added), ("removed", &self.removed)] {
-            for b in list {
-                out.push_str(&format!("{what}: {} ({})\n", b.name, b.path.display()));
-            }
-        }
-        for (b, h) in &self.mismatched {
-            out.push_str(&format!("not compared: {}\n", mismatch(b, h)));
-        }
-        out
-    }
-
-    /// GitHub-flavoured markdown for a CI job summary: a verdict line, the table, and the added
-    /// and removed benchmarks.
-    pub fn to_markdown(&self) -> String {
-        let mut out = String::from("### memtrack: memory comparison\n\n");
-        let mark = if self.regressions() > 0 { "❌" } else { "✅" };
-        out.push_str(&format!("{mark} **{}**\n\n", self.summary()));
-        if !self.rows.is_empty() {
-            out.push_str("| benchmark | metric | base | head | change | verdict |\n");
-            out.push_str("|:--|:--|--:|--:|--:|:--|\n");
-            for r in &self.rows {
-                out.push_str(&format!(
-                    "| {} | {} | {} | {} | {} | {} |\n",
-                    md_escape(&r.benchmark),
-                    r.metric.name(),
-                    r.human_base(),
-                    r.human_head(),
-                    change_text(r.change_percent),
-                    r.verdict.markdown()
-                ));
-            }
-            out.push('\n');
-        }
-        for (what, list) in [
-            ("Added (only in head)", &self.added),
-            ("Removed (only in base)", &self.removed),
-        ] {
-            if !list.is_empty() {
-                let names: Vec<String> = list.iter().map(|b| md_escape(&b.name)).collect();
-                out.push_str(&format!("**{what}:** {}\n\n", names.join(", ")));
-            }
-        }
-        for (b, h) in &self.mismatched {
-            out.push_str(&format!(
-                "**Not compared:** {}\n\n",
-                md_escape(&mismatch(b, h))
-            ));
-        }
-        out
-    }
-
-    /// Machine-readable form: exact integer values, `change_percent` as a float (`null` for
-    /// growth from 0).
-    pub fn to_json(&self) -> serde_json::Value {
-        let bench = |b: &Benchmark| serde_json::json!({"benchmark": b.name, "file": b.path});
-        serde_json::json!({
-            "threshold": self.threshold.to_string(),
-            "threshold_ppm": self.threshold.ppm(),
-            "metrics": self.metrics.iter().map(|m| m.name()).collect::<Vec<_>>(),
-            "regressions": self.regressions(),
-            "rows": self.rows.iter().map(|r| serde_json::json!({
-                "benchmark": r.benchmark,
-                "metric": r.metric.name(),
-                "base": r.base,
-                "head": r.head,
-                "base_iterations": r.base_iterations,
-                "head_iterations": r.head_iterations,
-                "base_per_iteration": r.base_per_iteration,
-                "head_per_iteration": r.head_per_iteration,
-                "change_percent": r.change_percent,
-                "verdict": r.verdict.name(),
-            })).collect::<Vec<_>>(),
-            "added": self.added.iter().map(bench).collect::<Vec<_>>(),
-            "removed": self.removed.iter().map(bench).collect::<Vec<_>>(),
-            "mismatched": self.mismatched.iter().map(|(b, h)| serde_json::json!({
-                "benchmark": h.name,
-                "base": {"file": b.path, "iterations": b.iterations},
-                "head": {"file": h.path, "iterations": h.iterations},
-            })).collect::<Vec<_>>(),
-        })
-    }
-}
-
-/// Why a pair is not compared, naming both files and what each holds.
-fn mismatch(base: &Benchmark, head: &Benchmark) -> String {
-    format!(
-        "{}: the base ({}) holds {} and the head ({}) {}: record both the same way (criterion's \
-         Profiler with `memtrack::criterion::iteration`, or both without)",
-        head.name,
-        base.path.display(),
-        base.kind(),
-        head.path.display(),
-        head.kind()
-    )
-}
-
-impl Row {
-    fn human_base(&self) -> String {
-        match self.base_per_iteration {
-            Some(v) => self.metric.human_per_iteration(v),
-            None => self.metric.human(self.base),
-        }
-    }
-
-    fn human_head(&self) -> String {
-        match self.head_per_iteration {
-            Some(v) => self.metric.human_per_iteration(v),
-            None => self.metric.human(self.head),
-        }
-    }
 }
 
 /// `(head − base) / base × 100`; 0 for 0 → 0, `None` for 0 → more.
@@ -586,29 +378,6 @@ fn change_percent(base: u64, head: u64) -> Option<f64> {
         (0, _) => None,
         _ => Some((head as f64 - base as f64) / base as f64 * 100.0),
     }
-}
-
-fn change_text(p: Option<f64>) -> String {
-    match p {
-        None => "from 0".into(),
-        Some(0.0) => "0.00%".into(),
-        Some(p) => format!("{p:+.2}%"),
-    }
-}
-
-/// Backslash-escapes what would break a GFM table cell or start markup.
-fn md_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(
-            c,
-            '|' | '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '#'
-        ) {
-            out.push('\\');
-        }
-        out.push(if c == '\n' { ' ' } else { c });
-    }
-    out
 }
 
 #[cfg(test)]
@@ -687,7 +456,6 @@ mod tests {
                 (Metric::Peak, None, Verdict::Unchanged),
             ]
         );
-        assert!(c.to_table().contains("1.00/iter"), "{}", c.to_table());
         // Without the iteration counts the same totals read as a 37.50 % improvement.
         let plain = |b: &Benchmark| b.clone().with_iterations(None);
         let c = Comparison::new(
@@ -716,10 +484,5 @@ mod tests {
         assert_eq!(hundredths(2, 3), 67);
         assert_eq!(hundredths(1, 200), 1, "0.005 rounds up");
         assert_eq!(hundredths(u64::MAX, 1), u64::MAX);
-    }
-
-    #[test]
-    fn markdown_escapes_names() {
-        assert_eq!(md_escape("a|b_c"), "a\\|b\\_c");
     }
 }

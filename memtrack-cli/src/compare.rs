@@ -7,6 +7,8 @@ use std::process::ExitCode;
 
 use memtrack::{Benchmark, Comparison, Completeness, Metric, Reader, Threshold};
 
+mod render;
+
 /// Exit code of a run whose inputs were refused (clap uses 2 for usage errors too).
 const INPUT_ERROR: u8 = 2;
 
@@ -82,7 +84,7 @@ pub fn run(
     let cmp = Comparison::new(&base_set, &head_set, &metric.metrics(), threshold);
     if !cmp.mismatched.is_empty() {
         for (b, h) in &cmp.mismatched {
-            eprintln!("memtrack: error: {}", b.mismatch_with(h));
+            eprintln!("memtrack: error: {}", render::mismatch(b, h));
         }
         eprintln!(
             "memtrack: refusing to compare per-iteration figures with plain totals: {}",
@@ -91,10 +93,10 @@ pub fn run(
         return Ok(ExitCode::from(INPUT_ERROR));
     }
     let out = match format {
-        Format::Table => cmp.to_table(),
-        Format::Markdown => cmp.to_markdown(),
+        Format::Table => render::table(&cmp),
+        Format::Markdown => render::markdown(&cmp),
         Format::Json => {
-            serde_json::to_string_pretty(&cmp.to_json()).expect("json values serialize") + "\n"
+            serde_json::to_string_pretty(&render::json(&cmp)).expect("json values serialize") + "\n"
         }
     };
     super::out(&out)?;

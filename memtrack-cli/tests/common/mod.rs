@@ -1,4 +1,4 @@
-//! Helpers shared by the CLI tests (cli, compare, plot, show_threads): running the binary and writing
+//! Helpers shared by the tests of the `memtrack` binary: running it and writing
 //! artifacts from hand-built events.
 
 #![allow(dead_code)] // each test binary uses a different subset

@@ -6,19 +6,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use memtrack::{
-    Analyzer, Backend, Completeness, Encoder, EncoderOptions, Metadata, Output, Reader,
-    SizeHistogram, Synth, SynthOptions, Totals, human,
+    Analyzer, Backend, Completeness, Encoder, EncoderOptions, Metadata, Output, Reader, Synth,
+    SynthOptions, Totals, human,
 };
 
-// The subcommands' modules live in memtrack/ beside this file (not as src/bin/*.rs, which cargo
-// would build as more binaries).
-#[path = "memtrack/compare.rs"]
 mod compare;
-#[path = "memtrack/plot.rs"]
 mod plot;
-#[path = "memtrack/progress.rs"]
 mod progress;
-#[path = "memtrack/tables.rs"]
+mod show;
 mod tables;
 
 #[derive(Parser)]
@@ -368,201 +363,12 @@ fn warn_if_recovered(reader: &Reader) -> bool {
 fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
     let reader = Reader::open(path)?;
     let recovered = warn_if_recovered(&reader);
-    // Sizes are counted beside the totals, in the same pass: `Analyzer` stays lean for others.
-    let (mut a, mut sizes) = (Analyzer::new(), SizeHistogram::new());
-    let bar = progress::events_bar(&reader, "reading");
-    reader.for_each_frame(|_, evs| {
-        a.update_all(evs);
-        sizes.update_all(evs);
-        bar.inc(evs.len() as u64);
-        Ok(())
+    let report = show::ShowReport::read(&reader, path, !recovered, threads)?;
+    out(&if json {
+        show::json(&report)
+    } else {
+        show::text(&report)
     })?;
-    bar.finish_and_clear();
-    let (t, sizes) = (a.totals(), sizes.classes());
-    let meta = reader.metadata();
-    let lost = reader.final_metadata().map(|f| f.lost_events);
-    let iterations = reader.final_metadata().and_then(|f| f.iterations);
-    let per_iteration = |v: u64| iterations.map(|n| v as f64 / n.max(1) as f64);
-    let (major, minor) = reader.version();
-    if json {
-        let mut v = serde_json::json!({
-            "file": path,
-            "format_version": format!("{major}.{minor}"),
-            "complete": !recovered,
-            "metadata": meta,
-            "events": t.events,
-            "lost_events": lost,
-            "kinds": t.kinds,
-            "allocations": t.allocations,
-            "frees": t.frees,
-            "unmatched_frees": t.unmatched_frees,
-            "allocator_internal_frees": t.allocator_internal_frees,
-            "bytes_allocated": t.bytes_allocated,
-            "bytes_freed": t.bytes_freed,
-            "peak_live_bytes": t.peak_live_bytes,
-            "peak_live_blocks": t.peak_live_blocks,
-            "live_bytes_at_end": t.live_bytes_at_end,
-            "live_blocks_at_end": t.live_blocks_at_end,
-            "blocks_discarded_at_exec": t.blocks_discarded_at_exec,
-            "bytes_discarded_at_exec": t.bytes_discarded_at_exec,
-            "mapped_bytes_peak": t.mapped_bytes_peak,
-            "mapped_bytes_at_end": t.mapped_bytes_at_end,
-            "threads": t.threads,
-            "duration_ns": t.last_ts.saturating_sub(t.first_ts),
-            "frames": reader.frames().len(),
-            "file_bytes": reader.file_bytes(),
-            "size_classes": sizes,
-        });
-        if let Some(n) = iterations {
-            v["iterations"] = n.into();
-            v["per_iteration"] = serde_json::json!({
-                "allocations": per_iteration(t.allocations),
-                "bytes_allocated": per_iteration(t.bytes_allocated),
-            });
-        }
-        if threads {
-            v["per_thread"] = t
-                .per_thread
-                .iter()
-                .map(|(tid, th)| {
-                    serde_json::json!({
-                        "tid": tid,
-                        "events": th.events,
-                        "allocations": th.allocations,
-                        "bytes_allocated": th.bytes_allocated,
-                        "frees": th.frees,
-                        "bytes_freed": th.bytes_freed,
-                    })
-                })
-                .collect();
-        }
-        out(&(serde_json::to_string_pretty(&v).expect("json") + "\n"))?;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let mut o = String::new();
-    use std::fmt::Write as _;
-    let _ = writeln!(
-        o,
-        "{}  (format {major}.{minor}, {}, {}{})",
-        path.display(),
-        human::bytes(reader.file_bytes()),
-        human::plural(reader.frames().len() as u64, "frame", "frames"),
-        if recovered {
-            ", RECOVERED: incomplete"
-        } else {
-            ""
-        }
-    );
-    let backend = serde_json::to_value(meta.backend).expect("json");
-    let _ = writeln!(
-        o,
-        "  recorded      {} by {}, pid {}{}{}",
-        backend.as_str().unwrap_or("?"),
-        meta.tool,
-        meta.pid,
-        meta.name
-            .as_ref()
-            .map(|n| format!(", name {n}"))
-            .unwrap_or_default(),
-        if meta.command.is_empty() {
-            String::new()
-        } else {
-            format!(", command `{}`", meta.command.join(" "))
-        }
-    );
-    let dur = t.last_ts.saturating_sub(t.first_ts);
-    let _ = writeln!(
-        o,
-        "  events        {} over {:.3} ms, from {}, {}",
-        human::count(t.events),
-        dur as f64 / 1e6,
-        human::plural(t.threads, "thread", "threads"),
-        lost.map_or("lost events unknown (no trailer)".to_string(), |n| {
-            format!("{} lost", human::plural(n, "event", "events"))
-        })
-    );
-    if let (Some(n), Some(a), Some(b)) = (
-        iterations,
-        per_iteration(t.allocations),
-        per_iteration(t.bytes_allocated),
-    ) {
-        let _ = writeln!(
-            o,
-            "  per iteration {a:.2} allocations, {} allocated (over {}; the totals below \
-             cover them all)",
-            human::bytes_f64(b),
-            human::plural(n, "iteration", "iterations")
-        );
-    }
-    let _ = writeln!(
-        o,
-        "  allocations   {} ({} allocated in total)",
-        human::count(t.allocations),
-        human::bytes(t.bytes_allocated)
-    );
-    let _ = writeln!(
-        o,
-        "  frees         {} ({}){}",
-        human::count(t.frees),
-        human::bytes(t.bytes_freed),
-        if t.unmatched_frees > 0 {
-            format!(
-                ", {} of blocks no recorded call allocated (before recording, or inside the allocator)",
-                human::count(t.unmatched_frees)
-            )
-        } else {
-            String::new()
-        }
-    );
-    if t.allocator_internal_frees > 0 {
-        let _ = writeln!(
-            o,
-            "  not frees     {} by the allocator of blocks already freed (its own cache, e.g. \
-             glibc's at thread exit)",
-            human::count(t.allocator_internal_frees)
-        );
-    }
-    let _ = writeln!(
-        o,
-        "  peak live     {} of heap; at most {} live at once",
-        human::bytes(t.peak_live_bytes),
-        human::plural(t.peak_live_blocks, "block", "blocks")
-    );
-    let _ = writeln!(
-        o,
-        "  live at end   {} ({}) allocated while recording and not freed",
-        human::plural(t.live_blocks_at_end, "block", "blocks"),
-        human::bytes(t.live_bytes_at_end)
-    );
-    if t.blocks_discarded_at_exec > 0 {
-        let _ = writeln!(
-            o,
-            "  exec ended    {} ({}) still live when their image was replaced (not freed, not \
-             live at the end)",
-            human::plural(t.blocks_discarded_at_exec, "block", "blocks"),
-            human::bytes(t.bytes_discarded_at_exec)
-        );
-    }
-    let _ = writeln!(
-        o,
-        "  mapped        peak {}, at end {}",
-        human::bytes(t.mapped_bytes_peak),
-        human::bytes(t.mapped_bytes_at_end)
-    );
-    let kinds: Vec<String> = memtrack::KindTag::ALL
-        .iter()
-        .map(|&k| format!("{} {}", k.name(), human::count(t.kinds.get(k))))
-        .collect();
-    let _ = writeln!(o, "  kinds         {}", kinds.join(", "));
-    if !sizes.is_empty() {
-        let _ = writeln!(o, "  allocations by size class (bytes)");
-        o.push_str(&tables::size_classes(&sizes, &t));
-    }
-    if threads {
-        let _ = writeln!(o, "  per thread (frees count in the freeing thread)");
-        o.push_str(&tables::threads(&t));
-    }
-    out(&o)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,6 +1,8 @@
 //! The human tables of `memtrack show`: allocations by size class, and per thread.
 
-use memtrack::{SizeClass, Totals, human};
+use memtrack::{SizeClass, human};
+
+use crate::show::{ShowReport, ThreadRow};
 
 /// `(n / of)` as a percentage with one decimal.
 fn percent(n: u64, of: u64) -> String {
@@ -26,8 +28,9 @@ fn bound(n: u64) -> String {
     format!("{v} {}", UNITS[unit])
 }
 
-/// The size-class table: one row per non-empty class, `(lower, upper]` bounds.
-pub fn size_classes(classes: &[SizeClass], t: &Totals) -> String {
+/// The size-class table: one row per non-empty class, `(lower, upper]` bounds, with each
+/// class's share of `allocations` and of `bytes_allocated`.
+pub fn size_classes(classes: &[SizeClass], allocations: u64, bytes_allocated: u64) -> String {
     let mut rows = vec![[
         "size class".to_string(),
         "allocations".into(),
@@ -44,16 +47,17 @@ pub fn size_classes(classes: &[SizeClass], t: &Totals) -> String {
         rows.push([
             range,
             human::count(c.allocations),
-            percent(c.allocations, t.allocations),
+            percent(c.allocations, allocations),
             human::bytes(c.bytes),
-            percent(c.bytes, t.bytes_allocated),
+            percent(c.bytes, bytes_allocated),
         ]);
     }
     indent(&human::table(&rows, &[false, true, true, true, true]))
 }
 
-/// The per-thread table with a total row; frees count in the freeing thread.
-pub fn threads(t: &Totals) -> String {
+/// The per-thread table with a total row from the report's totals; frees count in the
+/// freeing thread.
+pub fn threads(rows_in: &[ThreadRow], t: &ShowReport) -> String {
     let mut rows = vec![[
         "tid".to_string(),
         "events".into(),
@@ -62,9 +66,9 @@ pub fn threads(t: &Totals) -> String {
         "frees".into(),
         "freed".into(),
     ]];
-    for (tid, th) in &t.per_thread {
+    for th in rows_in {
         rows.push([
-            tid.to_string(),
+            th.tid.to_string(),
             human::count(th.events),
             human::count(th.allocations),
             human::bytes(th.bytes_allocated),

@@ -1,0 +1,327 @@
+//! `memtrack show FILE`: what an artifact holds, as one [`ShowReport`] built from it and two
+//! renderers of that report, [`text`] for people and [`json`] for scripts (its field names are
+//! the JSON keys the README lists).
+//!
+//! A new section (per process, say) is a field of the report, `Option` and skipped in JSON when
+//! absent if it is optional, plus its lines in [`text`].
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use memtrack::{
+    Analyzer, KindCounts, KindTag, Metadata, Reader, SizeClass, SizeHistogram, Totals, human,
+};
+use serde::Serialize;
+
+use crate::{progress, tables};
+
+/// Everything `show` prints about one artifact. Serialized as is by `show --json`.
+#[derive(Debug, Serialize)]
+pub struct ShowReport {
+    /// The artifact, as given on the command line (a name that is not UTF-8 is written
+    /// lossily, with U+FFFD).
+    #[serde(serialize_with = "lossy_path")]
+    pub file: PathBuf,
+    /// The artifact's format version, `major.minor`.
+    pub format_version: String,
+    /// Whether the file was finished (else its frames were recovered without a trailer).
+    pub complete: bool,
+    /// The metadata the recorder wrote at the start.
+    pub metadata: Metadata,
+    /// Frames in the file.
+    pub frames: usize,
+    /// Size of the file in bytes.
+    pub file_bytes: u64,
+    /// Events the recorder lost; `None` when the file has no trailer to say.
+    pub lost_events: Option<u64>,
+    /// Events decoded.
+    pub events: u64,
+    /// Events by kind.
+    pub kinds: KindCounts,
+    /// See [`Totals::allocations`].
+    pub allocations: u64,
+    /// See [`Totals::frees`].
+    pub frees: u64,
+    /// See [`Totals::unmatched_frees`].
+    pub unmatched_frees: u64,
+    /// See [`Totals::allocator_internal_frees`].
+    pub allocator_internal_frees: u64,
+    /// See [`Totals::bytes_allocated`].
+    pub bytes_allocated: u64,
+    /// See [`Totals::bytes_freed`].
+    pub bytes_freed: u64,
+    /// See [`Totals::peak_live_bytes`].
+    pub peak_live_bytes: u64,
+    /// See [`Totals::peak_live_blocks`].
+    pub peak_live_blocks: u64,
+    /// See [`Totals::live_bytes_at_end`].
+    pub live_bytes_at_end: u64,
+    /// See [`Totals::live_blocks_at_end`].
+    pub live_blocks_at_end: u64,
+    /// See [`Totals::blocks_discarded_at_exec`].
+    pub blocks_discarded_at_exec: u64,
+    /// See [`Totals::bytes_discarded_at_exec`].
+    pub bytes_discarded_at_exec: u64,
+    /// See [`Totals::mapped_bytes_peak`].
+    pub mapped_bytes_peak: u64,
+    /// See [`Totals::mapped_bytes_at_end`].
+    pub mapped_bytes_at_end: u64,
+    /// See [`Totals::threads`].
+    pub threads: u64,
+    /// Nanoseconds from the first event to the last.
+    pub duration_ns: u64,
+    /// The non-empty size classes of the allocations.
+    pub size_classes: Vec<SizeClass>,
+    /// Iterations of the measured routine, when the writer counted them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iterations: Option<u64>,
+    /// Allocations and bytes divided by `iterations`, when there are iterations.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_iteration: Option<PerIteration>,
+    /// One row per thread, when asked for (`--threads`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_thread: Option<Vec<ThreadRow>>,
+}
+
+/// The figures of a recording that counted its iterations, divided by them.
+#[derive(Debug, Serialize)]
+pub struct PerIteration {
+    /// Allocations per iteration.
+    pub allocations: f64,
+    /// Bytes allocated per iteration.
+    pub bytes_allocated: f64,
+}
+
+/// One thread's row; frees count in the freeing thread, so the rows add up to the totals.
+#[derive(Debug, Serialize)]
+pub struct ThreadRow {
+    /// The thread id.
+    pub tid: u32,
+    /// Events of the thread.
+    pub events: u64,
+    /// Allocations the thread made.
+    pub allocations: u64,
+    /// Bytes the thread allocated.
+    pub bytes_allocated: u64,
+    /// Frees the thread made.
+    pub frees: u64,
+    /// Bytes the thread freed.
+    pub bytes_freed: u64,
+}
+
+impl ShowReport {
+    /// Decodes every frame of `reader` (read from `path`; `complete` says whether it was
+    /// finished) with a progress bar on a terminal, and gathers the report; `threads` adds the
+    /// per-thread rows.
+    pub fn read(
+        reader: &Reader,
+        path: &Path,
+        complete: bool,
+        threads: bool,
+    ) -> memtrack::Result<Self> {
+        // Sizes are counted beside the totals, in the same pass: `Analyzer` stays lean for
+        // others.
+        let (mut a, mut sizes) = (Analyzer::new(), SizeHistogram::new());
+        let bar = progress::events_bar(reader, "reading");
+        reader.for_each_frame(|_, evs| {
+            a.update_all(evs);
+            sizes.update_all(evs);
+            bar.inc(evs.len() as u64);
+            Ok(())
+        })?;
+        bar.finish_and_clear();
+        let t = a.totals();
+        let iterations = reader.final_metadata().and_then(|f| f.iterations);
+        let (major, minor) = reader.version();
+        Ok(ShowReport {
+            file: path.to_path_buf(),
+            format_version: format!("{major}.{minor}"),
+            complete,
+            metadata: reader.metadata().clone(),
+            frames: reader.frames().len(),
+            file_bytes: reader.file_bytes(),
+            lost_events: reader.final_metadata().map(|f| f.lost_events),
+            events: t.events,
+            kinds: t.kinds,
+            allocations: t.allocations,
+            frees: t.frees,
+            unmatched_frees: t.unmatched_frees,
+            allocator_internal_frees: t.allocator_internal_frees,
+            bytes_allocated: t.bytes_allocated,
+            bytes_freed: t.bytes_freed,
+            peak_live_bytes: t.peak_live_bytes,
+            peak_live_blocks: t.peak_live_blocks,
+            live_bytes_at_end: t.live_bytes_at_end,
+            live_blocks_at_end: t.live_blocks_at_end,
+            blocks_discarded_at_exec: t.blocks_discarded_at_exec,
+            bytes_discarded_at_exec: t.bytes_discarded_at_exec,
+            mapped_bytes_peak: t.mapped_bytes_peak,
+            mapped_bytes_at_end: t.mapped_bytes_at_end,
+            threads: t.threads,
+            duration_ns: t.last_ts.saturating_sub(t.first_ts),
+            size_classes: sizes.classes(),
+            iterations,
+            per_iteration: iterations.map(|n| PerIteration {
+                allocations: t.allocations as f64 / n.max(1) as f64,
+                bytes_allocated: t.bytes_allocated as f64 / n.max(1) as f64,
+            }),
+            per_thread: threads.then(|| thread_rows(&t)),
+        })
+    }
+}
+
+fn thread_rows(t: &Totals) -> Vec<ThreadRow> {
+    t.per_thread
+        .iter()
+        .map(|(&tid, th)| ThreadRow {
+            tid,
+            events: th.events,
+            allocations: th.allocations,
+            bytes_allocated: th.bytes_allocated,
+            frees: th.frees,
+            bytes_freed: th.bytes_freed,
+        })
+        .collect()
+}
+
+/// The report as pretty JSON with a final newline.
+pub fn json(r: &ShowReport) -> String {
+    // Through a `Value`, whose map keeps keys sorted: the order `show --json` has always had.
+    let v = serde_json::to_value(r).expect("string keys and a lossy path always serialize");
+    serde_json::to_string_pretty(&v).expect("a Value always serializes") + "\n"
+}
+
+fn lossy_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&p.to_string_lossy())
+}
+
+/// The report for people: a header, one line per figure, the size-class table, and the
+/// per-thread table when the report has its rows.
+pub fn text(r: &ShowReport) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{}  (format {}, {}, {}{})",
+        r.file.display(),
+        r.format_version,
+        human::bytes(r.file_bytes),
+        human::plural(r.frames as u64, "frame", "frames"),
+        if r.complete {
+            ""
+        } else {
+            ", RECOVERED: incomplete"
+        }
+    );
+    let meta = &r.metadata;
+    let backend = serde_json::to_value(meta.backend).expect("a unit variant serializes");
+    let _ = writeln!(
+        o,
+        "  recorded      {} by {}, pid {}{}{}",
+        backend.as_str().unwrap_or("?"),
+        meta.tool,
+        meta.pid,
+        meta.name
+            .as_ref()
+            .map(|n| format!(", name {n}"))
+            .unwrap_or_default(),
+        if meta.command.is_empty() {
+            String::new()
+        } else {
+            format!(", command `{}`", meta.command.join(" "))
+        }
+    );
+    let _ = writeln!(
+        o,
+        "  events        {} over {:.3} ms, from {}, {}",
+        human::count(r.events),
+        r.duration_ns as f64 / 1e6,
+        human::plural(r.threads, "thread", "threads"),
+        r.lost_events
+            .map_or("lost events unknown (no trailer)".to_string(), |n| {
+                format!("{} lost", human::plural(n, "event", "events"))
+            })
+    );
+    if let (Some(n), Some(p)) = (r.iterations, &r.per_iteration) {
+        let _ = writeln!(
+            o,
+            "  per iteration {:.2} allocations, {} allocated (over {}; the totals below \
+             cover them all)",
+            p.allocations,
+            human::bytes_f64(p.bytes_allocated),
+            human::plural(n, "iteration", "iterations")
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  allocations   {} ({} allocated in total)",
+        human::count(r.allocations),
+        human::bytes(r.bytes_allocated)
+    );
+    let _ = writeln!(
+        o,
+        "  frees         {} ({}){}",
+        human::count(r.frees),
+        human::bytes(r.bytes_freed),
+        if r.unmatched_frees > 0 {
+            format!(
+                ", {} of blocks no recorded call allocated (before recording, or inside the allocator)",
+                human::count(r.unmatched_frees)
+            )
+        } else {
+            String::new()
+        }
+    );
+    if r.allocator_internal_frees > 0 {
+        let _ = writeln!(
+            o,
+            "  not frees     {} by the allocator of blocks already freed (its own cache, e.g. \
+             glibc's at thread exit)",
+            human::count(r.allocator_internal_frees)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  peak live     {} of heap; at most {} live at once",
+        human::bytes(r.peak_live_bytes),
+        human::plural(r.peak_live_blocks, "block", "blocks")
+    );
+    let _ = writeln!(
+        o,
+        "  live at end   {} ({}) allocated while recording and not freed",
+        human::plural(r.live_blocks_at_end, "block", "blocks"),
+        human::bytes(r.live_bytes_at_end)
+    );
+    if r.blocks_discarded_at_exec > 0 {
+        let _ = writeln!(
+            o,
+            "  exec ended    {} ({}) still live when their image was replaced (not freed, not \
+             live at the end)",
+            human::plural(r.blocks_discarded_at_exec, "block", "blocks"),
+            human::bytes(r.bytes_discarded_at_exec)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  mapped        peak {}, at end {}",
+        human::bytes(r.mapped_bytes_peak),
+        human::bytes(r.mapped_bytes_at_end)
+    );
+    let kinds: Vec<String> = KindTag::ALL
+        .iter()
+        .map(|&k| format!("{} {}", k.name(), human::count(r.kinds.get(k))))
+        .collect();
+    let _ = writeln!(o, "  kinds         {}", kinds.join(", "));
+    if !r.size_classes.is_empty() {
+        let _ = writeln!(o, "  allocations by size class (bytes)");
+        o.push_str(&tables::size_classes(
+            &r.size_classes,
+            r.allocations,
+            r.bytes_allocated,
+        ));
+    }
+    if let Some(rows) = &r.per_thread {
+        let _ = writeln!(o, "  per thread (frees count in the freeing thread)");
+        o.push_str(&tables::threads(rows, r));
+    }
+    o
+}
