@@ -46,6 +46,22 @@ pub const PROG_NOP: &str = "mt_nop";
 pub const PROG_SYS_EXIT: &str = "mt_sys_exit";
 /// The `tp_btf/sched_process_exec` program: an [`kind::EXEC`] event when the target execs.
 pub const PROG_EXEC: &str = "mt_exec";
+/// [`RawConfig::follow`] (`MT_FOLLOW_NONE`): the target alone; its children are ignored.
+pub const FOLLOW_NONE: u32 = 0;
+/// [`RawConfig::follow`] (`MT_FOLLOW_TREE`): the processes of the [`MAP_FOLLOWED`] map.
+pub const FOLLOW_TREE: u32 = 1;
+/// [`RawConfig::follow`] (`MT_FOLLOW_COUNT`): the target alone, its children counted.
+pub const FOLLOW_COUNT: u32 = 2;
+/// The processes recorded when [`RawConfig::follow`] is [`FOLLOW_TREE`]: a hash map, key a tgid (`u32`),
+/// value a `u32` (1). A process is recorded while its tgid is in it.
+pub const MAP_FOLLOWED: &str = "followed";
+/// A `uprobe.multi` program for ld.so's `_dl_debug_state` (attach it pid-scoped, with
+/// [`RawConfig::follow`] set, only under a tracer): it stops the calling thread with a
+/// `SIGSTOP` whose `si_code` is `SI_KERNEL`, for the tracer to probe the objects just mapped,
+/// suppress the signal and resume the thread.
+pub const PROG_DL_STATE: &str = "mt_dl_state";
+/// The symbol of ld.so that [`PROG_DL_STATE`] is attached to.
+pub const DL_STATE_SYMBOL: &str = "_dl_debug_state";
 /// The `tp_btf/sched_process_fork` program: threads spawned by a thread in scope join it.
 pub const PROG_FORK: &str = "mt_fork";
 
@@ -302,6 +318,9 @@ pub struct RawStats {
     /// Allocation and free calls of the target's threads outside the recording's scope
     /// ([`SCOPE_THREADS`]), not recorded.
     pub out_of_scope: u64,
+    /// Processes the target started while recording and not followed
+    /// ([`RawConfig::follow`] = [`FOLLOW_COUNT`]).
+    pub unfollowed: u64,
 }
 
 impl RawStats {
@@ -318,6 +337,7 @@ impl RawStats {
             frees: at(2),
             drops: at(3),
             out_of_scope: at(4),
+            unfollowed: at(5),
         })
     }
 }
@@ -333,6 +353,7 @@ impl std::ops::Add for RawStats {
             frees: self.frees.wrapping_add(o.frees),
             drops: self.drops.wrapping_add(o.drops),
             out_of_scope: self.out_of_scope.wrapping_add(o.out_of_scope),
+            unfollowed: self.unfollowed.wrapping_add(o.unfollowed),
         }
     }
 }
@@ -370,10 +391,14 @@ impl RawSwitch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct RawConfig {
-    /// The only process (tgid) recorded.
+    /// The only process (tgid) recorded, when `follow` is 0.
     pub target_tgid: u32,
-    /// 0.
-    pub reserved: u32,
+    /// What to do with the processes the target starts: [`FOLLOW_NONE`] (an in-process
+    /// session), [`FOLLOW_TREE`] (record the tgids in the [`MAP_FOLLOWED`] map instead of
+    /// `target_tgid` alone; [`PROG_DL_STATE`] stops threads for the tracer) or
+    /// [`FOLLOW_COUNT`] (record `target_tgid` only and count the processes it starts in
+    /// [`RawStats::unfollowed`], with [`PROG_FORK`] attached).
+    pub follow: u32,
     /// A wakeup is forced once this many bytes are unconsumed in the ring buffer.
     pub wakeup_bytes: u64,
     /// Alignment reported for `valloc`/`pvalloc`, in bytes.
@@ -389,7 +414,7 @@ impl RawConfig {
     pub fn new(tgid: u32) -> Self {
         Self {
             target_tgid: tgid,
-            reserved: 0,
+            follow: 0,
             wakeup_bytes: 64 * 1024,
             page_size: 4096,
         }
@@ -399,7 +424,7 @@ impl RawConfig {
     pub fn to_bytes(&self) -> [u8; Self::SIZE] {
         let mut b = [0u8; Self::SIZE];
         b[0..4].copy_from_slice(&self.target_tgid.to_ne_bytes());
-        b[4..8].copy_from_slice(&self.reserved.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.follow.to_ne_bytes());
         b[8..16].copy_from_slice(&self.wakeup_bytes.to_ne_bytes());
         b[16..24].copy_from_slice(&self.page_size.to_ne_bytes());
         b
@@ -412,7 +437,7 @@ const _: () = assert!(align_of::<RawEvent>() == 8);
 const _: () = assert!(core::mem::offset_of!(RawEvent, kind) == 16);
 const _: () = assert!(core::mem::offset_of!(RawEvent, addr) == 24);
 const _: () = assert!(core::mem::offset_of!(RawEvent, align) == 48);
-const _: () = assert!(size_of::<RawStats>() == 40);
+const _: () = assert!(size_of::<RawStats>() == 48);
 const _: () = assert!(size_of::<RawSwitch>() == 16);
 const _: () = assert!(align_of::<RawStats>() == 8);
 const _: () = assert!(size_of::<RawConfig>() == 24);

@@ -60,6 +60,7 @@ fn c_structs_match_the_rust_mirrors() {
                 ("frees", offset_of!(RawStats, frees)),
                 ("drops", offset_of!(RawStats, drops)),
                 ("out_of_scope", offset_of!(RawStats, out_of_scope)),
+                ("unfollowed", offset_of!(RawStats, unfollowed)),
             ])
         )
     );
@@ -85,7 +86,7 @@ fn c_structs_match_the_rust_mirrors() {
             size_of::<RawConfig>(),
             owned(&[
                 ("target_tgid", offset_of!(RawConfig, target_tgid)),
-                ("reserved", offset_of!(RawConfig, reserved)),
+                ("follow", offset_of!(RawConfig, follow)),
                 ("wakeup_bytes", offset_of!(RawConfig, wakeup_bytes)),
                 ("page_size", offset_of!(RawConfig, page_size)),
             ])

@@ -179,6 +179,13 @@ fn load(path: &Path) -> Result<Benchmark, String> {
             memtrack::human::count(fin.lost_events)
         ));
     }
+    if let Some(why) = super::processes::not_whole(fin) {
+        return Err(format!(
+            "{}: {why}, so its totals are not the whole command's and cannot be compared; \
+             record it again following every process (without --no-follow)",
+            path.display()
+        ));
+    }
     let totals = super::analyse(&reader, "reading").map_err(|e| e.to_string())?;
     if !super::stored_totals_agree(&reader, &totals) {
         return Err(format!(

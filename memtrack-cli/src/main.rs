@@ -12,6 +12,7 @@ use memtrack::{
 
 mod compare;
 mod plot;
+mod processes;
 mod progress;
 mod show;
 mod tables;
@@ -132,6 +133,12 @@ enum Cmd {
         /// syscall of every process on the machine while recording (see the README).
         #[arg(long, conflicts_with = "no_syscalls")]
         raw_syscalls: bool,
+        /// Record the command's own process only. By default every process it starts (fork,
+        /// posix_spawn, exec) is followed with ptrace and recorded from its first instruction;
+        /// with this flag no ptrace is used and the processes it starts are counted as not
+        /// followed (the recording is then not whole if it started any).
+        #[arg(long)]
+        no_follow: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
@@ -187,12 +194,14 @@ fn main() -> ExitCode {
             ringbuf_mib,
             no_syscalls,
             raw_syscalls,
+            no_follow,
             command,
         } => record(
             &output,
             user,
             ringbuf_mib,
             (!no_syscalls, raw_syscalls),
+            !no_follow,
             &command,
         ),
     };
@@ -404,6 +413,15 @@ fn verify(path: &Path, structure_only: bool) -> memtrack::Result<ExitCode> {
             human::plural(lost, "event was", "events were")
         ));
     }
+    let uncovered = reader.final_metadata().and_then(processes::not_whole);
+    if let Some(why) = &uncovered
+        && !structure_only
+    {
+        return fail(format!(
+            "{why}: the file is sound but the recording is not whole; pass --structure-only \
+             to check the file's structure alone"
+        ));
+    }
     out(&format!(
         "OK {}: {} frames, {} events, checksums, counts, index and totals sound{}\n",
         path.display(),
@@ -414,6 +432,8 @@ fn verify(path: &Path, structure_only: bool) -> memtrack::Result<ExitCode> {
                 " (structure only: {} lost, the recording is not whole)",
                 human::plural(lost, "event", "events")
             )
+        } else if let Some(why) = uncovered {
+            format!(" (structure only: {why}, the recording is not whole)")
         } else {
             String::new()
         }
@@ -485,6 +505,7 @@ fn record(
     user: Option<String>,
     ringbuf_mib: u64,
     (syscalls, raw_syscalls): (bool, bool),
+    follow: bool,
     command: &[std::ffi::OsString],
 ) -> memtrack::Result<ExitCode> {
     if is_the_program(output, command) {
@@ -513,7 +534,7 @@ fn record(
             p.display()
         );
     }
-    let mut child = memtrack::CommandOptions::new();
+    let mut child = memtrack::CommandOptions::new().follow(follow);
     if let Some(u) = user {
         child = child.user(u);
     }
@@ -550,6 +571,32 @@ fn record(
             "memtrack: warning: {} events were lost because the {ringbuf_mib} MiB ring buffer \
              was full: the totals are incomplete; rerun with a larger --ringbuf-mib",
             human::count(out.recorded.lost_events)
+        );
+    }
+    // Which processes were covered: always when following (the tree may be one process),
+    // and whenever some were not.
+    let table = processes::table(
+        &out.processes,
+        out.unfollowed_processes,
+        &out.recorded.written.per_process,
+    );
+    if !out.processes.is_empty() {
+        eprintln!(
+            "memtrack: {} recorded, each from its first instruction:",
+            human::plural(out.processes.len() as u64, "process", "processes")
+        );
+    }
+    eprint!("{table}");
+    let uncovered = out
+        .processes
+        .iter()
+        .filter(|p| p.uncovered.is_some())
+        .count() as u64
+        + out.unfollowed_processes;
+    if uncovered > 0 {
+        eprintln!(
+            "memtrack: warning: {} not covered: the totals are not the whole command's, and              the file is refused as a baseline (verify and compare fail)",
+            human::plural(uncovered, "process was", "processes were")
         );
     }
     Ok(ExitCode::from(u8::try_from(out.exit_code).unwrap_or(1)))

@@ -13,7 +13,7 @@ use memtrack::{
 };
 use serde::Serialize;
 
-use crate::{progress, tables};
+use crate::{processes, progress, tables};
 
 /// Everything `show` prints about one artifact. Serialized as is by `show --json`.
 #[derive(Debug, Serialize)]
@@ -81,6 +81,20 @@ pub struct ShowReport {
     /// One row per thread, when asked for (`--threads`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_thread: Option<Vec<ThreadRow>>,
+    /// Processes the recording did not cover (followed but not covered, or started and not
+    /// followed); `None` when the file has no trailer to say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uncovered_processes: Option<u64>,
+    /// Every followed process with its own totals (`record` of a process tree); absent for
+    /// in-process sessions and `--no-follow` recordings of one process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes: Option<serde_json::Value>,
+    /// The text table of the processes (see [`processes::table`]); not in the JSON.
+    #[serde(skip)]
+    pub process_table: String,
+    /// How many processes were followed, for the table's heading.
+    #[serde(skip)]
+    pub followed: usize,
 }
 
 /// The figures of a recording that counted its iterations, divided by them.
@@ -133,6 +147,8 @@ impl ShowReport {
         let t = a.totals();
         let iterations = reader.final_metadata().and_then(|f| f.iterations);
         let (major, minor) = reader.version();
+        let fin = reader.final_metadata();
+        let per_process = a.per_process();
         Ok(ShowReport {
             file: path.to_path_buf(),
             format_version: format!("{major}.{minor}"),
@@ -166,6 +182,14 @@ impl ShowReport {
                 bytes_allocated: t.bytes_allocated as f64 / n.max(1) as f64,
             }),
             per_thread: threads.then(|| thread_rows(&t)),
+            uncovered_processes: fin.map(|f| f.uncovered_processes()),
+            processes: fin
+                .filter(|f| !f.processes.is_empty())
+                .map(|f| processes::json(&f.processes, &per_process)),
+            process_table: fin.map_or_else(String::new, |f| {
+                processes::table(&f.processes, f.unfollowed_processes, &per_process)
+            }),
+            followed: fin.map_or(0, |f| f.processes.len()),
         })
     }
 }
@@ -322,6 +346,14 @@ pub fn text(r: &ShowReport) -> String {
     if let Some(rows) = &r.per_thread {
         let _ = writeln!(o, "  per thread (frees count in the freeing thread)");
         o.push_str(&tables::threads(rows, r));
+    }
+    if !r.process_table.is_empty() {
+        let _ = writeln!(
+            o,
+            "  processes     {} followed (each its own heap; the totals above are their sum)",
+            r.followed
+        );
+        o.push_str(&r.process_table);
     }
     o
 }

@@ -421,7 +421,7 @@ fn profiler_artifacts_compare_per_iteration() {
     let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(
         (v["iterations"].as_u64(), v["format_version"].as_str()),
-        (Some(300), Some("1.3"))
+        (Some(300), Some("1.4"))
     );
     assert_eq!(v["per_iteration"]["bytes_allocated"], 64.0);
 

@@ -10,6 +10,7 @@
 //! all reused. A writer killed mid-run leaves every complete frame readable (see the reader).
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
@@ -17,9 +18,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::analysis::{Analyzer, SizeClass, SizeHistogram, Stats, Timeline, Totals};
+use crate::analysis::{Analyzer, ProcessTotals, SizeClass, SizeHistogram, Stats, Timeline, Totals};
 use crate::artifact::FormatError;
-use crate::artifact::{Final, FrameWriter, Metadata, encode_frame, monotonic_ns};
+use crate::artifact::{Final, FrameWriter, Metadata, ProcessInfo, encode_frame, monotonic_ns};
 use crate::artifact::{FrameScratch, MAX_FRAME_EVENTS};
 use crate::event::Event;
 
@@ -177,18 +178,23 @@ pub struct Written {
     /// Live heap and mapped bytes over time in [`TIMELINE_COLUMNS`] columns (a
     /// [`Timeline::growing`] from the first event), computed while streaming.
     pub timeline: Timeline,
+    /// Totals of each process (by pid), computed while streaming: one row for a
+    /// single-process recording.
+    pub per_process: BTreeMap<u32, ProcessTotals>,
 }
 
 /// Columns of the [`Written::timeline`] (and a session report's): enough for a terminal-wide
 /// chart; a plot at full resolution reads the artifact (`memtrack plot`).
 pub const TIMELINE_COLUMNS: usize = 256;
 
-/// The final metadata the producer knows: lost events, end time, iterations.
-#[derive(Clone, Copy)]
+/// The final metadata the producer knows: lost events, end time, iterations, processes.
+#[derive(Clone)]
 struct Trailer {
     lost_events: u64,
     end_monotonic_ns: u64,
     iterations: Option<u64>,
+    processes: Vec<ProcessInfo>,
+    unfollowed_processes: u64,
 }
 
 struct WriterResult<W> {
@@ -245,6 +251,8 @@ pub struct Encoder<W: Write + Send + 'static> {
     current: Vec<Event>,
     end_ns: Option<u64>,
     iterations: Option<u64>,
+    processes: Vec<ProcessInfo>,
+    unfollowed_processes: u64,
     frame_events: usize,
     tx: Option<SyncSender<Msg>>,
     recycle: Receiver<Vec<Event>>,
@@ -295,6 +303,8 @@ impl<W: Write + Send + 'static> Encoder<W> {
             current: Vec::with_capacity(opts.frame_events),
             end_ns: None,
             iterations: None,
+            processes: Vec::new(),
+            unfollowed_processes: 0,
             frame_events: opts.frame_events,
             tx: Some(tx),
             recycle,
@@ -357,6 +367,13 @@ impl<W: Write + Send + 'static> Encoder<W> {
         self.iterations = Some(n);
     }
 
+    /// Stores in the trailer the processes a recording followed, and how many processes it
+    /// did not follow at all (see [`Final::processes`], [`Final::unfollowed_processes`]).
+    pub fn set_processes(&mut self, processes: Vec<ProcessInfo>, unfollowed: u64) {
+        self.processes = processes;
+        self.unfollowed_processes = unfollowed;
+    }
+
     /// Writes the last partial frame and the trailer (with `lost_events`, the number of events
     /// the recorder dropped), waits for the writer and returns what was written.
     pub fn finish(self, lost_events: u64) -> Result<Written> {
@@ -376,6 +393,8 @@ impl<W: Write + Send + 'static> Encoder<W> {
                 lost_events,
                 end_monotonic_ns: self.end_ns.unwrap_or_else(monotonic_ns),
                 iterations: self.iterations,
+                processes: std::mem::take(&mut self.processes),
+                unfollowed_processes: self.unfollowed_processes,
             }))
             .map_err(|_| Error::Stopped)
         });
@@ -496,11 +515,14 @@ fn writer_loop<W: Write + Send>(
         return Err(Error::Stopped);
     };
     let totals = analyzer.totals();
+    let per_process = analyzer.per_process();
     let fin = Final {
         lost_events: trailer.lost_events,
         end_monotonic_ns: trailer.end_monotonic_ns,
         totals: totals.clone(),
         iterations: trailer.iterations,
+        processes: trailer.processes,
+        unfollowed_processes: trailer.unfollowed_processes,
     };
     let (frame_count, events) = (frames.frames(), frames.events());
     let (out, bytes) = frames.finish(&fin)?;
@@ -513,6 +535,7 @@ fn writer_loop<W: Write + Send>(
             totals,
             sizes: sizes.classes(),
             timeline,
+            per_process,
         },
     })
 }

@@ -82,10 +82,10 @@ mod synth;
 mod totals;
 mod tracker;
 
-pub use analysis::{Analyzer, KindCounts, Stats, ThreadTotals, Totals};
+pub use analysis::{Analyzer, KindCounts, ProcessTotals, Stats, ThreadTotals, Totals};
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use analysis::{Column, Extremes, InvalidTimeline, SizeClass, SizeHistogram, Timeline};
-pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, Reader};
+pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, ProcessInfo, Reader};
 pub use artifact::{FormatError, Output, OutputError};
 pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
 pub use encode::default_workers;

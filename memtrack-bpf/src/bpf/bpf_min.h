@@ -55,6 +55,7 @@ static long (*const bpf_map_update_elem)(void *map, const void *key, const void 
 static long (*const bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
 static __u64 (*const bpf_ktime_get_ns)(void) = (void *)5;
 static __u64 (*const bpf_get_current_pid_tgid)(void) = (void *)14;
+static long (*const bpf_send_signal_thread)(__u32 sig) = (void *)117;
 static long (*const bpf_probe_read_user)(void *dst, __u32 size, const void *src) = (void *)112;
 static void *(*const bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;
 static void (*const bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;

@@ -103,10 +103,31 @@ static __always_inline struct call_state *thread_state(int create)
 				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
 }
 
+/*
+ * The processes `record` follows (config.follow): the first one and its descendants, each added
+ * by the tracer before it runs an instruction and removed when it exits or execs a program it
+ * must not observe (a setuid one). Every process in it has pid-scoped probes of its own.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u32);
+} followed SEC(".maps");
+
+/* Whether process `tgid` is recorded: the one target, or (following) one of the followed set. */
+static __always_inline int tracked(__u32 tgid)
+{
+	if (config.follow == MT_FOLLOW_TREE)
+		return bpf_map_lookup_elem(&followed, &tgid) != 0;
+	return tgid == config.target_tgid;
+}
+
 /* The target process, recording on (memtrack's own threads are checked on their state). */
 static __always_inline int should_record(__u64 pid_tgid)
 {
-	return (__u32)(pid_tgid >> 32) == config.target_tgid && sw.enabled;
+	return sw.enabled && tracked((__u32)(pid_tgid >> 32));
 }
 
 /*
@@ -402,7 +423,7 @@ int mt_ret(struct pt_regs *ctx)
 	__u64 ret = ctx->ax;
 	struct call_state *cs;
 
-	if ((__u32)(pid_tgid >> 32) != config.target_tgid)
+	if (!tracked((__u32)(pid_tgid >> 32)))
 		return 0;
 	if (MT_COOKIE_ENTRY(bpf_get_attach_cookie(ctx)) >= MT_ENTRY_MMAP)
 		return sys_ret(pid_tgid, ret);
@@ -582,7 +603,7 @@ int mt_sys_exit(__u64 *ctx)
 	struct call_state *cs;
 	__u64 nr;
 
-	if ((__u32)(pid_tgid >> 32) != config.target_tgid)
+	if (!tracked((__u32)(pid_tgid >> 32)))
 		return 0;
 	nr = regs->orig_ax;
 	if (nr != NR_MMAP && nr != NR_MUNMAP && nr != NR_MREMAP && nr != NR_BRK)
@@ -615,20 +636,30 @@ int mt_sys_exit(__u64 *ctx)
 /*
  * A thread of the target spawned by a thread in the recording's scope joins the scope
  * (MT_SCOPE_THREADS: a session covers the thread that started it and every thread it spawns,
- * so that parallel tests of one process are told apart). Attached only while recording with
- * that scope: it runs for every fork and thread creation on the machine.
+ * so that parallel tests of one process are told apart); a process the target starts is
+ * counted as not followed (MT_FOLLOW_COUNT: `record --no-follow`). Attached only while
+ * recording with that scope or mode: it runs for every fork and thread creation on the machine.
  */
 SEC("tp_btf/sched_process_fork")
 int mt_fork(__u64 *ctx)
 {
 	struct task_struct *child = (struct task_struct *)ctx[1];
 	struct call_state *parent_cs, *child_cs;
+	struct memtrack_stats *st;
+	__u32 zero = 0;
 
-	if ((__u32)(bpf_get_current_pid_tgid() >> 32) != config.target_tgid || !sw.enabled ||
-	    sw.scope != MT_SCOPE_THREADS)
+	if ((__u32)(bpf_get_current_pid_tgid() >> 32) != config.target_tgid || !sw.enabled)
 		return 0;
 	/* fork() makes another process: only new threads of the target join. */
-	if ((__u32)child->tgid != config.target_tgid)
+	if ((__u32)child->tgid != config.target_tgid) {
+		if (config.follow == MT_FOLLOW_COUNT) {
+			st = bpf_map_lookup_elem(&stats, &zero);
+			if (st)
+				st->unfollowed++;
+		}
+		return 0;
+	}
+	if (sw.scope != MT_SCOPE_THREADS)
 		return 0;
 	parent_cs = thread_state(0);
 	if (!parent_cs || parent_cs->excluded || parent_cs->scope_gen != sw.generation)
@@ -650,9 +681,28 @@ int mt_exec(__u64 *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 
-	if ((__u32)(pid_tgid >> 32) != config.target_tgid || !(sw.enabled & MT_SWITCH_STREAM))
+	if (!(sw.enabled & MT_SWITCH_STREAM) || !tracked((__u32)(pid_tgid >> 32)))
 		return 0;
 	emit(pid_tgid, MT_KIND_EXEC, 0, 0, 0, 0);
+	return 0;
+}
+
+/*
+ * ld.so's `_dl_debug_state`, the hook it calls after each change of its list of loaded objects
+ * (r_brk of `_r_debug`: at start-up and for every dlopen/dlclose, once the objects are mapped
+ * and before their code runs). Attached (pid-scoped) only when `record` follows processes: it
+ * stops the calling thread with a SIGSTOP from the kernel (si_code SI_KERNEL, which no kill(2)
+ * can forge), which the tracer takes as "new objects may be mapped": it probes them, suppresses
+ * the signal and resumes the thread, so an allocator a program dlopens is probed before its
+ * first call.
+ */
+SEC("uprobe.multi")
+int mt_dl_state(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (config.follow == MT_FOLLOW_TREE && tracked((__u32)(pid_tgid >> 32)))
+		bpf_send_signal_thread(MT_SIGSTOP);
 	return 0;
 }
 

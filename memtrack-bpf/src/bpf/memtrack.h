@@ -114,6 +114,8 @@ struct memtrack_stats {
 	unsigned long long drops;       /* events lost: ring buffer reservation failed */
 	unsigned long long out_of_scope; /* allocator calls of the target's threads outside the
 					    scope (MT_SCOPE_THREADS), not recorded */
+	unsigned long long unfollowed;  /* processes the target started, not followed
+					   (MT_FOLLOW_COUNT) */
 };
 
 /*
@@ -121,10 +123,18 @@ struct memtrack_stats {
  * user space before load. Nothing else may live in `.rodata` (user space checks the size).
  */
 struct memtrack_config {
-	unsigned int target_tgid;             /* the only process recorded */
-	unsigned int reserved;                /* 0 */
+	unsigned int target_tgid;             /* the only process recorded (follow == 0) */
+	unsigned int follow;                  /* MT_FOLLOW_*: what the target's children are */
 	unsigned long long wakeup_bytes;      /* force a wakeup once this much data is unconsumed */
 	unsigned long long page_size;         /* alignment reported for valloc/pvalloc, bytes */
 };
+
+/* `config.follow`. Mirrored by `memtrack_bpf::FOLLOW_*`. */
+#define MT_FOLLOW_NONE 0  /* the target alone (an in-process session) */
+#define MT_FOLLOW_TREE 1  /* the processes in the `followed` map (a tracer adds them) */
+#define MT_FOLLOW_COUNT 2 /* the target alone; the processes it starts are counted */
+
+/* The signal `mt_dl_state` stops a thread with (Linux's SIGSTOP on every architecture). */
+#define MT_SIGSTOP 19
 
 #endif

@@ -23,8 +23,11 @@
 //! - An `Exec` event ends the process image's heap: the blocks of that process still live are
 //!   **discarded at exec** (`blocks_discarded_at_exec`, `bytes_discarded_at_exec`), neither
 //!   freed nor live afterwards; the image's mappings and the addresses it had freed go too
-//!   (the new image starts with an empty address space). Mappings and freed addresses are not
-//!   kept per process yet: a recording covers one process.
+//!   (the new image starts with an empty address space).
+//! - Each **process** (pid) has a heap and mappings of its own: the same address in two
+//!   processes is two blocks. A process's free of a block allocated before it was observed (a
+//!   forked child freeing a block its parent allocated before the fork) is an unmatched free, as
+//!   in a recording of that process alone ([`ProcessTotals`], [`Analyzer::per_process`]).
 
 mod compare;
 mod histogram;
@@ -74,44 +77,99 @@ pub struct Stats {
     pub events: u64,
 }
 
-/// What the analysis knows of an address of the heap.
+/// Totals of one process (by pid) of a recording: each process has a heap of its own (the
+/// same address in two processes is two blocks), and a process's frees of blocks allocated
+/// before it was observed (a forked child freeing its parent's blocks) are unmatched frees, as
+/// a recording of that process alone would count them. The rows add up to [`Totals`]. Counted
+/// off the per-event path: events, allocations and frees from the process's threads, live
+/// blocks from its heap when asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ProcessTotals {
+    /// Events of this process.
+    pub events: u64,
+    /// Allocations made by this process.
+    pub allocations: u64,
+    /// Bytes allocated by this process.
+    pub bytes_allocated: u64,
+    /// Heap blocks this process freed.
+    pub frees: u64,
+    /// Bytes freed (of blocks this process allocated while recorded).
+    pub bytes_freed: u64,
+    /// Frees of blocks not allocated while this process was recorded.
+    pub unmatched_frees: u64,
+    /// Frees by the allocator of blocks already freed (see [`Totals::allocator_internal_frees`]).
+    pub allocator_internal_frees: u64,
+    /// Heap blocks of this process live after its last event.
+    pub live_blocks_at_end: u64,
+    /// Their bytes.
+    pub live_bytes_at_end: u64,
+    /// Blocks still live when this process replaced its image (exec).
+    pub blocks_discarded_at_exec: u64,
+    /// Their bytes.
+    pub bytes_discarded_at_exec: u64,
+}
+
+/// What the analysis knows of an address of a process's heap.
 #[derive(Clone, Copy)]
 enum Block {
-    /// A block of this many bytes is live there, allocated by this process.
-    Live(u64, u32),
+    /// A block of this many bytes is live there.
+    Live(u64),
     /// Freed while recording, not allocated again since: a second free of it is the
     /// allocator's own (see the module docs).
     Freed,
 }
 
-/// The heap as the events describe it. One map for live and freed addresses, so that an
-/// allocation and a free cost one hash-table operation each (a live map plus a freed set cost
-/// two each).
+/// One process's heap and mappings as the events describe them. One map for live and freed
+/// addresses, so that an allocation and a free cost one hash-table operation each (a live map
+/// plus a freed set cost two each).
 #[derive(Default)]
-struct Heap {
+struct Proc {
     blocks: FxHashMap<u64, Block>,
-    /// Live blocks (the `Live` entries of `blocks`) and their bytes.
-    live_blocks: u64,
-    live_bytes: u64,
+    /// Mapped regions: start -> page-rounded length.
+    maps: BTreeMap<u64, u64>,
+    mapped: u64,
+    /// What the per-event path counts per process: the rare cases only.
+    unmatched_frees: u64,
+    allocator_internal_frees: u64,
+    blocks_discarded_at_exec: u64,
+    bytes_discarded_at_exec: u64,
+}
+
+impl Proc {
+    /// Its live blocks and their bytes (a walk of its heap: for exec and the end, not per event).
+    fn live(&self) -> (u64, u64) {
+        self.blocks.values().fold((0, 0), |(n, b), x| match *x {
+            Block::Live(size) => (n + 1, b.saturating_add(size)),
+            Block::Freed => (n, b),
+        })
+    }
+}
+
+/// Live heap blocks and bytes over all processes.
+#[derive(Default)]
+struct Live {
+    blocks: u64,
+    bytes: u64,
 }
 
 /// The heap's part of [`Analyzer::update`]: what the kind table's rule calls for one event.
 struct HeapUpdate<'a> {
     t: &'a mut Totals,
     th: &'a mut ThreadTotals,
-    heap: &'a mut Heap,
-    pid: u32,
+    p: &'a mut Proc,
+    live: &'a mut Live,
 }
 
 impl HeapOps for HeapUpdate<'_> {
     #[inline(always)]
     fn alloc(&mut self, addr: u64, size: u64) {
-        Analyzer::alloc(self.t, self.th, self.heap, (addr, size, self.pid));
+        Analyzer::alloc(self.t, self.th, self.p, self.live, (addr, size));
     }
 
     #[inline(always)]
     fn free(&mut self, addr: u64) {
-        Analyzer::free(self.t, self.th, self.heap, addr);
+        Analyzer::free(self.t, self.th, self.p, self.live, addr);
     }
 }
 
@@ -119,15 +177,18 @@ impl HeapOps for HeapUpdate<'_> {
 #[derive(Default)]
 pub struct Analyzer {
     t: Totals,
-    heap: Heap,
-    /// Per-thread totals, in order of first appearance, and where each tid is in it.
-    threads: Vec<(u32, ThreadTotals)>,
-    thread_index: FxHashMap<u32, usize>,
-    /// The last event's thread: threads run in bursts, so this skips most index lookups.
-    last_thread: Option<(u32, usize)>,
-    /// Mapped regions: start -> page-rounded length.
-    maps: BTreeMap<u64, u64>,
+    live: Live,
+    /// Mapped bytes over all processes.
     mapped: u64,
+    /// Per-process state, in order of first appearance, and where each pid is in it.
+    procs: Vec<(u32, Proc)>,
+    proc_index: FxHashMap<u32, usize>,
+    /// Per-thread totals, in order of first appearance, each with its process's slot in
+    /// `procs`, and where each thread (pid << 32 | tid) is in it.
+    threads: Vec<(u32, usize, ThreadTotals)>,
+    thread_index: FxHashMap<u64, usize>,
+    /// The last event's thread: threads run in bursts, so this skips most index lookups.
+    last_thread: Option<(u64, usize)>,
 }
 
 impl Analyzer {
@@ -154,52 +215,67 @@ impl Analyzer {
         t.last_ts = e.ts;
         let tag = e.kind.tag();
         t.kinds.0[tag.index()] += 1;
+        // A thread is keyed with its process: a tid reused by another process is another row.
+        let key = (e.pid as u64) << 32 | e.tid as u64;
         let slot = match self.last_thread {
-            Some((tid, slot)) if tid == e.tid => slot,
-            _ => {
-                let next = self.threads.len();
-                let slot = *self.thread_index.entry(e.tid).or_insert(next);
-                if slot == next {
-                    self.threads.push((e.tid, ThreadTotals::default()));
-                }
-                self.last_thread = Some((e.tid, slot));
-                slot
-            }
+            Some((k, slot)) if k == key => slot,
+            _ => self.thread_slot(key, e.pid, e.tid),
         };
-        let th = &mut self.threads[slot].1;
+        let (_, pslot, th) = &mut self.threads[slot];
+        let pslot = *pslot;
         th.events += 1;
         // The heap's rule is the kind table's (a realloc frees its old block first).
         let mut ops = HeapUpdate {
-            t,
+            t: &mut self.t,
             th,
-            heap: &mut self.heap,
-            pid: e.pid,
+            p: &mut self.procs[pslot].1,
+            live: &mut self.live,
         };
         if !e.kind.apply_heap(&mut ops) {
-            self.other(e);
+            self.other(e, pslot);
         }
-        if self.heap.live_bytes > self.t.peak_live_bytes {
-            self.t.peak_live_bytes = self.heap.live_bytes;
+        if self.live.bytes > self.t.peak_live_bytes {
+            self.t.peak_live_bytes = self.live.bytes;
             self.t.peak_ts = e.ts;
         }
     }
 
-    /// Feeds an event that is not of the heap.
+    /// The slot of thread `key` (and of its process), created on first sight: the slow path
+    /// of [`Analyzer::update`], taken when the thread changes.
+    #[inline(never)]
+    fn thread_slot(&mut self, key: u64, pid: u32, tid: u32) -> usize {
+        let next = self.threads.len();
+        let slot = *self.thread_index.entry(key).or_insert(next);
+        if slot == next {
+            let pnext = self.procs.len();
+            let pslot = *self.proc_index.entry(pid).or_insert(pnext);
+            if pslot == pnext {
+                self.procs.push((pid, Proc::default()));
+            }
+            self.threads.push((tid, pslot, ThreadTotals::default()));
+        }
+        self.last_thread = Some((key, slot));
+        slot
+    }
+
+    /// Feeds an event that is not of the heap, of the process in `procs[pslot]`.
     #[inline]
-    fn other(&mut self, e: &Event) {
+    fn other(&mut self, e: &Event, pslot: usize) {
+        let (t, mapped) = (&mut self.t, &mut self.mapped);
+        let p = &mut self.procs[pslot].1;
         match e.kind {
-            EventKind::Mmap { addr, size } => self.map(addr, size),
-            EventKind::Munmap { addr, size } => self.unmap(addr, size),
+            EventKind::Mmap { addr, size } => Self::map(t, p, mapped, addr, size),
+            EventKind::Munmap { addr, size } => Self::unmap(p, mapped, addr, size),
             EventKind::Mremap {
                 old_addr,
                 new_addr,
                 size,
             } => {
-                let old = self.maps.get(&old_addr).copied().unwrap_or(0);
-                self.unmap(old_addr, old);
-                self.map(new_addr, size);
+                let old = p.maps.get(&old_addr).copied().unwrap_or(0);
+                Self::unmap(p, mapped, old_addr, old);
+                Self::map(t, p, mapped, new_addr, size);
             }
-            EventKind::Exec => self.exec(e.pid),
+            EventKind::Exec => Self::exec(t, p, &mut self.live, mapped),
             // `brk` is only counted; the heap's kinds are `apply_heap`'s.
             _ => {}
         }
@@ -209,107 +285,145 @@ impl Analyzer {
     fn alloc(
         t: &mut Totals,
         th: &mut ThreadTotals,
-        heap: &mut Heap,
-        (addr, size, pid): (u64, u64, u32),
+        p: &mut Proc,
+        live: &mut Live,
+        (addr, size): (u64, u64),
     ) {
         t.allocations += 1;
         t.bytes_allocated = t.bytes_allocated.saturating_add(size);
         th.allocations += 1;
         th.bytes_allocated = th.bytes_allocated.saturating_add(size);
-        match heap.blocks.insert(addr, Block::Live(size, pid)) {
+        match p.blocks.insert(addr, Block::Live(size)) {
             // A block at an address that is already live means its free was not seen: replace it.
-            Some(Block::Live(old, _)) => heap.live_bytes = heap.live_bytes.saturating_sub(old),
-            Some(Block::Freed) | None => heap.live_blocks += 1,
+            Some(Block::Live(old)) => live.bytes = live.bytes.saturating_sub(old),
+            Some(Block::Freed) | None => live.blocks += 1,
         }
-        heap.live_bytes = heap.live_bytes.saturating_add(size);
-        t.peak_live_blocks = t.peak_live_blocks.max(heap.live_blocks);
+        live.bytes = live.bytes.saturating_add(size);
+        t.peak_live_blocks = t.peak_live_blocks.max(live.blocks);
     }
 
     #[inline]
-    fn free(t: &mut Totals, th: &mut ThreadTotals, heap: &mut Heap, addr: u64) {
-        match heap.blocks.get_mut(&addr) {
+    fn free(t: &mut Totals, th: &mut ThreadTotals, p: &mut Proc, live: &mut Live, addr: u64) {
+        match p.blocks.get_mut(&addr) {
             Some(b @ Block::Live(..)) => {
-                let Block::Live(size, _) = std::mem::replace(b, Block::Freed) else {
+                let Block::Live(size) = std::mem::replace(b, Block::Freed) else {
                     unreachable!("matched Live")
                 };
                 t.bytes_freed = t.bytes_freed.saturating_add(size);
                 th.bytes_freed = th.bytes_freed.saturating_add(size);
-                heap.live_bytes = heap.live_bytes.saturating_sub(size);
-                heap.live_blocks -= 1;
+                live.bytes = live.bytes.saturating_sub(size);
+                live.blocks -= 1;
             }
             Some(Block::Freed) => {
                 t.allocator_internal_frees += 1;
+                p.allocator_internal_frees += 1;
                 return;
             }
-            None => t.unmatched_frees += 1,
+            None => {
+                t.unmatched_frees += 1;
+                p.unmatched_frees += 1;
+            }
         }
         t.frees += 1;
         th.frees += 1;
     }
 
-    /// Process `pid` replaced its image: its heap and address space are gone.
-    fn exec(&mut self, pid: u32) {
-        let t = &mut self.t;
-        let heap = &mut self.heap;
-        heap.blocks.retain(|_, b| match *b {
-            // The freed addresses go with the image (they are not kept per process yet).
-            Block::Freed => false,
-            Block::Live(_, p) if p != pid => true,
-            Block::Live(size, _) => {
-                t.blocks_discarded_at_exec += 1;
-                t.bytes_discarded_at_exec = t.bytes_discarded_at_exec.saturating_add(size);
-                heap.live_bytes = heap.live_bytes.saturating_sub(size);
-                heap.live_blocks -= 1;
-                false
-            }
-        });
-        self.maps.clear();
-        self.mapped = 0;
+    /// The process replaced its image: its heap and address space are gone.
+    fn exec(t: &mut Totals, p: &mut Proc, live: &mut Live, mapped: &mut u64) {
+        let (blocks, bytes) = p.live();
+        t.blocks_discarded_at_exec += blocks;
+        t.bytes_discarded_at_exec = t.bytes_discarded_at_exec.saturating_add(bytes);
+        p.blocks_discarded_at_exec += blocks;
+        p.bytes_discarded_at_exec = p.bytes_discarded_at_exec.saturating_add(bytes);
+        live.blocks -= blocks;
+        live.bytes = live.bytes.saturating_sub(bytes);
+        // The freed addresses go with the image too.
+        p.blocks = FxHashMap::default();
+        *mapped = mapped.saturating_sub(p.mapped);
+        p.maps.clear();
+        p.mapped = 0;
     }
 
-    fn map(&mut self, addr: u64, size: u64) {
+    fn map(t: &mut Totals, p: &mut Proc, mapped: &mut u64, addr: u64, size: u64) {
         let len = pages(size).min(u64::MAX - addr);
         if len == 0 {
             return;
         }
         // A new mapping replaces whatever it overlaps (MAP_FIXED semantics).
-        self.unmap(addr, len);
-        self.maps.insert(addr, len);
-        self.mapped = self.mapped.saturating_add(len);
-        self.t.mapped_bytes_peak = self.t.mapped_bytes_peak.max(self.mapped);
+        Self::unmap(p, mapped, addr, len);
+        p.maps.insert(addr, len);
+        p.mapped = p.mapped.saturating_add(len);
+        *mapped = mapped.saturating_add(len);
+        t.mapped_bytes_peak = t.mapped_bytes_peak.max(*mapped);
     }
 
-    fn unmap(&mut self, addr: u64, size: u64) {
+    fn unmap(p: &mut Proc, mapped: &mut u64, addr: u64, size: u64) {
         let end = addr.saturating_add(pages(size));
         if end <= addr {
             return;
         }
         // Regions overlapping [addr, end): the one starting before addr, and those inside.
         let mut hit = Vec::new();
-        if let Some((&s, &l)) = self.maps.range(..addr).next_back()
+        if let Some((&s, &l)) = p.maps.range(..addr).next_back()
             && s + l > addr
         {
             hit.push((s, l));
         }
-        hit.extend(self.maps.range(addr..end).map(|(&s, &l)| (s, l)));
+        hit.extend(p.maps.range(addr..end).map(|(&s, &l)| (s, l)));
+        let before = p.mapped;
         for (s, l) in hit {
             // Stored regions never wrap (`map` caps them), so `s + l` cannot overflow.
-            self.maps.remove(&s);
-            self.mapped = self.mapped.saturating_sub(l);
+            p.maps.remove(&s);
+            p.mapped = p.mapped.saturating_sub(l);
             if s < addr {
-                self.maps.insert(s, addr - s);
-                self.mapped = self.mapped.saturating_add(addr - s);
+                p.maps.insert(s, addr - s);
+                p.mapped = p.mapped.saturating_add(addr - s);
             }
             if s + l > end {
-                self.maps.insert(end, s + l - end);
-                self.mapped = self.mapped.saturating_add(s + l - end);
+                p.maps.insert(end, s + l - end);
+                p.mapped = p.mapped.saturating_add(s + l - end);
             }
         }
+        *mapped = mapped.saturating_sub(before).saturating_add(p.mapped);
+    }
+
+    /// Per-process totals so far, by pid (one row for a single-process recording). Walks
+    /// every process's heap: call it at the end, not per event.
+    pub fn per_process(&self) -> BTreeMap<u32, ProcessTotals> {
+        let mut out: Vec<ProcessTotals> = self
+            .procs
+            .iter()
+            .map(|(_, p)| {
+                let (live_blocks_at_end, live_bytes_at_end) = p.live();
+                ProcessTotals {
+                    unmatched_frees: p.unmatched_frees,
+                    allocator_internal_frees: p.allocator_internal_frees,
+                    live_blocks_at_end,
+                    live_bytes_at_end,
+                    blocks_discarded_at_exec: p.blocks_discarded_at_exec,
+                    bytes_discarded_at_exec: p.bytes_discarded_at_exec,
+                    ..ProcessTotals::default()
+                }
+            })
+            .collect();
+        for (_, pslot, th) in &self.threads {
+            let p = &mut out[*pslot];
+            p.events += th.events;
+            p.allocations += th.allocations;
+            p.bytes_allocated = p.bytes_allocated.saturating_add(th.bytes_allocated);
+            p.frees += th.frees;
+            p.bytes_freed = p.bytes_freed.saturating_add(th.bytes_freed);
+        }
+        self.procs
+            .iter()
+            .zip(out)
+            .map(|((pid, _), t)| (*pid, t))
+            .collect()
     }
 
     /// Live heap bytes now.
     pub fn live_bytes(&self) -> u64 {
-        self.heap.live_bytes
+        self.live.bytes
     }
 
     /// Mapped bytes (page-rounded) now.
@@ -324,8 +438,8 @@ impl Analyzer {
             allocations: self.t.allocations,
             bytes_allocated: self.t.bytes_allocated,
             frees: self.t.frees,
-            live_blocks: self.heap.live_blocks,
-            live_bytes: self.heap.live_bytes,
+            live_blocks: self.live.blocks,
+            live_bytes: self.live.bytes,
             peak_live_blocks: self.t.peak_live_blocks,
             peak_live_bytes: self.t.peak_live_bytes,
             events: self.t.events,
@@ -335,11 +449,21 @@ impl Analyzer {
     /// The totals so far.
     pub fn totals(&self) -> Totals {
         let mut t = self.t.clone();
-        t.live_bytes_at_end = self.heap.live_bytes;
-        t.live_blocks_at_end = self.heap.live_blocks;
+        t.live_bytes_at_end = self.live.bytes;
+        t.live_blocks_at_end = self.live.blocks;
         t.mapped_bytes_at_end = self.mapped;
         t.threads = self.threads.len() as u64;
-        t.per_thread = self.threads.iter().copied().collect();
+        let mut per_thread = BTreeMap::new();
+        for &(tid, _, th) in &self.threads {
+            // A tid reused by another process: one row, as before processes were told apart.
+            let row: &mut ThreadTotals = per_thread.entry(tid).or_default();
+            row.events += th.events;
+            row.allocations += th.allocations;
+            row.bytes_allocated = row.bytes_allocated.saturating_add(th.bytes_allocated);
+            row.frees += th.frees;
+            row.bytes_freed = row.bytes_freed.saturating_add(th.bytes_freed);
+        }
+        t.per_thread = per_thread;
         t
     }
 }
@@ -454,6 +578,51 @@ mod tests {
         assert_eq!((t.mapped_bytes_at_end, t.mapped_bytes_peak), (0, PAGE));
         assert_eq!(t.peak_live_bytes, 47);
         assert_eq!(t.kinds.get(KindTag::Exec), 1);
+    }
+
+    /// Each process has a heap of its own: the same address in two processes is two blocks,
+    /// and a forked child's free of its parent's block is unmatched (as a recording of the
+    /// child alone counts it). The per-process rows add up to the totals.
+    #[test]
+    fn every_process_has_a_heap_of_its_own() {
+        let mut a = Analyzer::new();
+        let at = |pid, kind| Event::new(0, pid, pid, kind);
+        a.update(&at(
+            1,
+            EventKind::Malloc {
+                addr: 0x10,
+                size: 40,
+            },
+        ));
+        // The child (pid 2) was forked after that malloc: same address, its own block.
+        a.update(&at(
+            2,
+            EventKind::Malloc {
+                addr: 0x10,
+                size: 8,
+            },
+        ));
+        a.update(&at(2, EventKind::Free { addr: 0x10 }));
+        a.update(&at(2, EventKind::Free { addr: 0x20 }));
+        a.update(&at(1, EventKind::Free { addr: 0x10 }));
+        let t = a.totals();
+        assert_eq!((t.allocations, t.frees, t.unmatched_frees), (2, 3, 1));
+        assert_eq!((t.bytes_freed, t.live_blocks_at_end), (48, 0));
+        assert_eq!(t.peak_live_bytes, 48);
+        let per = a.per_process();
+        assert_eq!(
+            (per[&1].allocations, per[&1].frees, per[&1].bytes_freed),
+            (1, 1, 40)
+        );
+        assert_eq!(
+            (
+                per[&2].allocations,
+                per[&2].frees,
+                per[&2].unmatched_frees,
+                per[&2].bytes_freed
+            ),
+            (1, 2, 1, 8)
+        );
     }
 
     #[test]

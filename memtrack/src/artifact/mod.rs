@@ -33,8 +33,9 @@ pub const TRAILER_MAGIC: [u8; 4] = *b"MTIX";
 /// The format's major version: readers reject any other.
 pub const VERSION_MAJOR: u16 = 1;
 /// The format's minor version: additions readers of the same major version may ignore.
-/// 1 added the optional `iterations` key of the final metadata.
-pub const VERSION_MINOR: u16 = 3;
+/// 1 added the optional `iterations` key of the final metadata; 4 the `processes` and
+/// `unfollowed_processes` keys.
+pub const VERSION_MINOR: u16 = 4;
 /// Size of the fixed part of the header before the metadata JSON.
 pub(crate) const HEADER_FIXED: usize = 20;
 /// Size of a frame header.
@@ -136,6 +137,65 @@ pub struct Final {
     /// figures. Since format 1.1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iterations: Option<u64>,
+    /// The processes of a recording that followed a process tree (`memtrack record`), in the
+    /// order they started; empty for a single-process recording. Since format 1.4.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<ProcessInfo>,
+    /// Processes the recorded ones started that were not followed at all (`record
+    /// --no-follow`): none of their events are in the file. Since format 1.4.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unfollowed_processes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Final {
+    /// Processes whose events are not all in the file: followed ones with a reason
+    /// ([`ProcessInfo::uncovered`]), plus [`Final::unfollowed_processes`]. Non-zero makes the
+    /// recording not whole, like lost events.
+    pub fn uncovered_processes(&self) -> u64 {
+        self.processes
+            .iter()
+            .filter(|p| p.uncovered.is_some())
+            .count() as u64
+            + self.unfollowed_processes
+    }
+}
+
+/// One process of a recording that followed a process tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ProcessInfo {
+    /// Its process id (the `pid` of its events).
+    pub pid: u32,
+    /// The followed process that started it (`None` for the first one).
+    pub parent: Option<u32>,
+    /// The program it ran last (`/proc/PID/exe`: the interpreter of a script).
+    pub exe: String,
+    /// Its command line when it last executed a program (or when it started).
+    pub command: Vec<String>,
+    /// Its exit code, 128 + N if signal N ended it; `None` if it was not seen ending.
+    pub exit_code: Option<i32>,
+    /// Why some or all of its events are not in the file (a setuid program it executed,
+    /// an allocator that could not be probed); `None` when it was recorded whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uncovered: Option<String>,
+}
+
+impl ProcessInfo {
+    /// A process seen starting, not ended yet.
+    pub fn new(pid: u32, parent: Option<u32>, exe: String, command: Vec<String>) -> Self {
+        Self {
+            pid,
+            parent,
+            exe,
+            command,
+            exit_code: None,
+            uncovered: None,
+        }
+    }
 }
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds: the clock of every event timestamp.

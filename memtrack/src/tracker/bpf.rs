@@ -1,6 +1,6 @@
 //! Loading memtrack-bpf's object for one target process and attaching its probes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -43,6 +43,43 @@ pub(crate) struct Bpf {
     /// The uprobe links and what they cover; a mutex so that files can be attached while a
     /// recording runs (libraries the target maps later).
     attached: Mutex<Attached>,
+    /// Following (`record`'s default): the set of recorded processes, and each one's links.
+    follow: Option<Following>,
+    /// The processes the target starts are counted ([`memtrack_bpf::FOLLOW_COUNT`]).
+    counts_children: bool,
+}
+
+/// The processes a following tracker records: each has links of its own (uprobes stay
+/// pid-scoped), attached by the tracer before the process runs its first instruction.
+struct Following {
+    /// The `followed` map: a process is recorded while its tgid is in it.
+    map: MapHandle,
+    /// Per process, its links and the files (device, inode) they cover.
+    procs: Mutex<HashMap<u32, ProcLinks>>,
+    /// Probe sites of every ELF file examined, by (device, inode): a file is parsed once
+    /// however many processes map it (`None`: no allocator sites, not ELF).
+    sites: Mutex<HashMap<FileId, Option<Arc<FileSites>>>>,
+    /// Links of processes that ended, closed on a thread of their own (each close waits for
+    /// an RCU grace period, ~50 ms here: the tracer must not).
+    closer: Mutex<Option<std::sync::mpsc::Sender<Vec<Link>>>>,
+    closer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// A file by (device, inode).
+type FileId = (u64, u64);
+
+/// The links of one followed process.
+#[derive(Default)]
+struct ProcLinks {
+    links: Vec<Link>,
+    files: HashSet<(u64, u64)>,
+}
+
+/// What a file contributes to a followed process: allocator sites, and ld.so's hook.
+struct FileSites {
+    probed: Option<ProbedFile>,
+    /// File offset of `_dl_debug_state` (ld.so only).
+    dl_state: Option<usize>,
 }
 
 /// How a tracker records mmap, munmap, mremap and brk.
@@ -66,6 +103,25 @@ struct ProbedFile {
     entry: Vec<(usize, u64)>,
     /// Offsets that also get a return probe, and their cookies (the same as at entry).
     ret: Vec<(usize, u64)>,
+}
+
+impl ProbedFile {
+    /// The links' offsets and cookies for `sites` of `path` (one place, so that the
+    /// single-process and the following paths attach the same programs the same way).
+    fn new(path: &Path, sites: &[memtrack_bpf::ProbeSite]) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            entry: sites
+                .iter()
+                .map(|s| (s.offset as usize, s.cookie()))
+                .collect(),
+            ret: sites
+                .iter()
+                .filter(|s| s.ret)
+                .map(|s| (s.offset as usize, s.cookie()))
+                .collect(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -98,9 +154,15 @@ fn handle(obj: &Object, pred: impl Fn(&str) -> bool, what: &str) -> Result<Arc<M
 
 impl Bpf {
     /// Loads the program for process `target` with a ring buffer of `ringbuf_bytes`, recording
-    /// syscalls as `syscalls` says. Nothing is attached: the probes and tracepoints are
+    /// syscalls as `syscalls` says, and the processes it starts as `follow` says
+    /// ([`memtrack_bpf::FOLLOW_NONE`], `FOLLOW_TREE` or `FOLLOW_COUNT`). Nothing is attached: the probes and tracepoints are
     /// attached per recording.
-    pub(crate) fn load(target: u32, ringbuf_bytes: u64, syscalls: Syscalls) -> Result<Self> {
+    pub(crate) fn load(
+        target: u32,
+        ringbuf_bytes: u64,
+        syscalls: Syscalls,
+        follow: u32,
+    ) -> Result<Self> {
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(TrackerError::NoBtf);
         }
@@ -108,6 +170,7 @@ impl Bpf {
             .open_memory(memtrack_bpf::OBJECT)
             .map_err(|e| TrackerError::bpf("opening memtrack's BPF object", e))?;
         let mut config = RawConfig::new(target);
+        config.follow = follow;
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         config.page_size = u64::try_from(page).unwrap_or(4096);
@@ -138,6 +201,36 @@ impl Bpf {
         let events = handle(&obj, |n| n == memtrack_bpf::MAP_EVENTS, "events")?;
         let stats = handle(&obj, |n| n == memtrack_bpf::MAP_STATS, "stats")?;
         let excluded = handle(&obj, |n| n == memtrack_bpf::MAP_CALLS, "calls")?;
+        let follow = if follow == memtrack_bpf::FOLLOW_TREE {
+            let map = handle(&obj, |n| n == memtrack_bpf::MAP_FOLLOWED, "followed")?;
+            let map = Arc::try_unwrap(map)
+                .map_err(|_| TrackerError::Internal("the followed map's handle is shared"))?;
+            let (tx, rx) = std::sync::mpsc::channel::<Vec<Link>>();
+            let thread = std::thread::Builder::new()
+                .name("memtrack-detach".into())
+                .spawn(move || {
+                    while let Ok(mut batch) = rx.recv() {
+                        // Everything queued meanwhile is closed in the same parallel batch.
+                        while let Ok(more) = rx.try_recv() {
+                            batch.extend(more);
+                        }
+                        detach_all(batch);
+                    }
+                })
+                .map_err(|source| TrackerError::Io {
+                    what: "starting memtrack's link-closing thread".into(),
+                    source,
+                })?;
+            Some(Following {
+                map,
+                procs: Mutex::new(HashMap::new()),
+                sites: Mutex::new(HashMap::new()),
+                closer: Mutex::new(Some(tx)),
+                closer_thread: Mutex::new(Some(thread)),
+            })
+        } else {
+            None
+        };
         Ok(Self {
             obj,
             target,
@@ -152,7 +245,152 @@ impl Bpf {
             exec_link: Mutex::new(None),
             reaper: Mutex::new(None),
             attached: Mutex::new(Attached::default()),
+            follow,
+            counts_children: config.follow == memtrack_bpf::FOLLOW_COUNT,
         })
+    }
+
+    fn following(&self) -> Result<&Following> {
+        self.follow.as_ref().ok_or(TrackerError::Internal(
+            "a process was followed with a tracker not loaded to follow",
+        ))
+    }
+
+    /// Records process `pid` from now on (a following tracker: its tgid joins the
+    /// `followed` map). Its probes are attached with [`Bpf::attach_process_files`].
+    pub(crate) fn follow_process(&self, pid: u32) -> Result<()> {
+        let f = self.following()?;
+        f.map
+            .update(&pid.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| TrackerError::bpf(format!("following process {pid}"), e))?;
+        lock(&f.procs).entry(pid).or_default();
+        Ok(())
+    }
+
+    /// Stops recording process `pid` at once (it left the followed set), and closes its links
+    /// in the background.
+    pub(crate) fn unfollow_process(&self, pid: u32) {
+        let Some(f) = &self.follow else { return };
+        // ENOENT (never followed) is what we want anyway.
+        let _ = f.map.delete(&pid.to_ne_bytes());
+        let links = lock(&f.procs).remove(&pid).map(|p| p.links);
+        if let Some(links) = links.filter(|l| !l.is_empty()) {
+            match lock(&f.closer).as_ref() {
+                Some(tx) => {
+                    if let Err(e) = tx.send(links) {
+                        drop(e.0);
+                    }
+                }
+                None => drop(links),
+            }
+        }
+    }
+
+    /// Closes the links of process `pid` and waits until they are gone (its image changed
+    /// under links that point at a thread that no longer exists: new ones follow).
+    pub(crate) fn relink_process(&self, pid: u32) -> Result<()> {
+        let f = self.following()?;
+        let old = lock(&f.procs).insert(pid, ProcLinks::default());
+        // Its files are probed again from scratch.
+        if let Some(old) = old {
+            detach_all(old.links);
+        }
+        Ok(())
+    }
+
+    /// Attaches, for process `pid` (followed), the allocator probes of every file in `files`
+    /// it has none on yet, and the dynamic loader's hook ([`memtrack_bpf::PROG_DL_STATE`]) if
+    /// one of them is ld.so. Returns the files whose probes could not be attached, with why
+    /// (a file that is not ELF or defines no allocator is not a failure).
+    pub(crate) fn attach_process_files(
+        &self,
+        pid: u32,
+        files: &[PathBuf],
+    ) -> Result<Vec<(PathBuf, String)>> {
+        let f = self.following()?;
+        let mut failed = Vec::new();
+        for path in files {
+            let Ok(meta) = std::fs::metadata(path) else {
+                continue;
+            };
+            let key = (meta.dev(), meta.ino());
+            if lock(&f.procs)
+                .get(&pid)
+                .is_some_and(|p| p.files.contains(&key))
+            {
+                continue;
+            }
+            let sites = {
+                let mut cache = lock(&f.sites);
+                match cache.get(&key) {
+                    Some(s) => s.clone(),
+                    None => {
+                        let s = self.file_sites(path).map(Arc::new);
+                        cache.insert(key, s.clone());
+                        s
+                    }
+                }
+            };
+            let mut links = Vec::new();
+            if let Some(sites) = &sites {
+                let attached = (|| {
+                    if let Some(p) = &sites.probed {
+                        links.extend(self.link_file_for(p, pid)?);
+                    }
+                    if let Some(off) = sites.dl_state {
+                        links.extend(self.link_sites(
+                            pid,
+                            path,
+                            memtrack_bpf::PROG_DL_STATE,
+                            &[(off, 0)],
+                            false,
+                        )?);
+                    }
+                    Ok::<_, TrackerError>(())
+                })();
+                if let Err(e) = attached {
+                    detach_all(std::mem::take(&mut links));
+                    failed.push((path.clone(), e.to_string()));
+                    continue;
+                }
+            }
+            let mut procs = lock(&f.procs);
+            let p = procs.entry(pid).or_default();
+            p.files.insert(key);
+            p.links.extend(links);
+        }
+        Ok(failed)
+    }
+
+    /// Whether any of `files` (examined by [`Bpf::attach_process_files`]) has allocator
+    /// probe sites.
+    pub(crate) fn any_allocator(&self, files: &[PathBuf]) -> bool {
+        let Some(f) = &self.follow else { return false };
+        let cache = lock(&f.sites);
+        files.iter().any(|path| {
+            std::fs::metadata(path).is_ok_and(|m| {
+                cache
+                    .get(&(m.dev(), m.ino()))
+                    .is_some_and(|s| s.as_ref().is_some_and(|s| s.probed.is_some()))
+            })
+        })
+    }
+
+    /// The allocator sites of `path` and its `_dl_debug_state`, or `None` if it has neither
+    /// (or is not an ELF file).
+    fn file_sites(&self, path: &Path) -> Option<FileSites> {
+        let elf = memtrack_bpf::Elf::open(path).ok()?;
+        let mut sites = memtrack_bpf::probe_sites_in(&elf);
+        if self.syscalls != Syscalls::Wrappers {
+            sites.retain(|s| !s.entry.is_syscall());
+        }
+        let dl_state = elf
+            .functions()
+            .find(|s| s.name == memtrack_bpf::DL_STATE_SYMBOL)
+            .and_then(|s| elf.file_offset(s.vaddr))
+            .map(|o| o as usize);
+        let probed = (!sites.is_empty()).then(|| ProbedFile::new(path, &sites));
+        (probed.is_some() || dl_state.is_some()).then_some(FileSites { probed, dl_state })
     }
 
     /// Adds the allocator probe sites of the ELF file `path` (attached at once if the probes
@@ -179,18 +417,7 @@ impl Bpf {
         if sites.is_empty() {
             return Ok(0);
         }
-        let file = ProbedFile {
-            path: path.to_path_buf(),
-            entry: sites
-                .iter()
-                .map(|s| (s.offset as usize, s.cookie()))
-                .collect(),
-            ret: sites
-                .iter()
-                .filter(|s| s.ret)
-                .map(|s| (s.offset as usize, s.cookie()))
-                .collect(),
-        };
+        let file = ProbedFile::new(path, &sites);
         if attached.live {
             let links = self.link_file(&file)?;
             attached.links.extend(links);
@@ -271,47 +498,18 @@ impl Bpf {
     /// (closing a link waits ~130 ms for the kernel to synchronise, measured here; a link per
     /// site made `record` of a C++ program take seconds to detach).
     fn link_file(&self, file: &ProbedFile) -> Result<Vec<Link>> {
-        let pid = self.target as i32;
-        let entry = UprobeMultiOpts {
-            offsets: file.entry.iter().map(|&(o, _)| o).collect(),
-            cookies: file.entry.iter().map(|&(_, c)| c).collect(),
-            ..Default::default()
-        };
-        let ret = UprobeMultiOpts {
-            offsets: file.ret.iter().map(|&(o, _)| o).collect(),
-            cookies: file.ret.iter().map(|&(_, c)| c).collect(),
-            retprobe: true,
-            ..Default::default()
-        };
+        self.link_file_for(file, self.target)
+    }
+
+    /// [`Bpf::link_file`] for process `pid`.
+    fn link_file_for(&self, file: &ProbedFile, pid: u32) -> Result<Vec<Link>> {
         let mut links = Vec::with_capacity(2);
-        for (program, opts) in [
-            (memtrack_bpf::PROG_ENTRY, entry),
-            (memtrack_bpf::PROG_RET, ret),
+        for (program, sites, ret) in [
+            (memtrack_bpf::PROG_ENTRY, &file.entry, false),
+            (memtrack_bpf::PROG_RET, &file.ret, true),
         ] {
-            if opts.offsets.is_empty() {
-                continue;
-            }
-            let n = opts.offsets.len();
-            let prog = self
-                .obj
-                .progs_mut()
-                .find(|p| p.name() == program)
-                .ok_or_else(|| {
-                    TrackerError::ObjectMismatch(format!("it has no program {program}"))
-                })?;
-            let link = prog
-                .attach_uprobe_multi_with_opts(pid, &file.path, "", opts)
-                .map_err(|e| {
-                    TrackerError::bpf(
-                        format!(
-                            "attaching {program} to {n} sites of {} for pid {pid}",
-                            file.path.display()
-                        ),
-                        e,
-                    )
-                });
-            match link {
-                Ok(l) => links.push(l),
+            match self.link_sites(pid, &file.path, program, sites, ret) {
+                Ok(l) => links.extend(l),
                 Err(e) => {
                     detach_all(links);
                     return Err(e);
@@ -319,6 +517,44 @@ impl Bpf {
             }
         }
         Ok(links)
+    }
+
+    /// One uprobe_multi link of `program` over `sites` (offset, cookie) of `path` for `pid`
+    /// (none if `sites` is empty).
+    fn link_sites(
+        &self,
+        pid: u32,
+        path: &Path,
+        program: &str,
+        sites: &[(usize, u64)],
+        retprobe: bool,
+    ) -> Result<Option<Link>> {
+        if sites.is_empty() {
+            return Ok(None);
+        }
+        let opts = UprobeMultiOpts {
+            offsets: sites.iter().map(|&(o, _)| o).collect(),
+            cookies: sites.iter().map(|&(_, c)| c).collect(),
+            retprobe,
+            ..Default::default()
+        };
+        let n = sites.len();
+        let prog = self
+            .obj
+            .progs_mut()
+            .find(|p| p.name() == program)
+            .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no program {program}")))?;
+        prog.attach_uprobe_multi_with_opts(pid as i32, path, "", opts)
+            .map(Some)
+            .map_err(|e| {
+                TrackerError::bpf(
+                    format!(
+                        "attaching {program} to {n} sites of {} for pid {pid}",
+                        path.display()
+                    ),
+                    e,
+                )
+            })
     }
 
     /// Probe sites attached so far, over all files.
@@ -342,7 +578,14 @@ impl Bpf {
         drop(lock(&self.syscall_link).take());
     }
 
-    /// Attaches the thread-creation tracepoint for a recording scoped to a thread tree.
+    /// Whether the processes the target starts are counted (`record --no-follow`): the
+    /// thread-creation tracepoint is then attached for every recording.
+    pub(crate) fn counts_children(&self) -> bool {
+        self.counts_children
+    }
+
+    /// Attaches the thread-creation tracepoint for a recording scoped to a thread tree, or
+    /// counting the processes the target starts.
     pub(crate) fn attach_fork(&self) -> Result<()> {
         self.attach_tp(&self.fork_link, memtrack_bpf::PROG_FORK)
     }
@@ -528,6 +771,14 @@ pub(crate) fn gettid() -> u32 {
 
 impl Drop for Bpf {
     fn drop(&mut self) {
+        if let Some(f) = &self.follow {
+            let links: Vec<Link> = lock(&f.procs).drain().flat_map(|(_, p)| p.links).collect();
+            detach_all(links);
+            drop(lock(&f.closer).take());
+            if let Some(t) = lock(&f.closer_thread).take() {
+                let _ = t.join();
+            }
+        }
         self.detach_probes();
         self.detach_syscalls();
         self.detach_fork();

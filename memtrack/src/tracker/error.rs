@@ -118,6 +118,19 @@ pub enum TrackerError {
         #[source]
         source: std::io::Error,
     },
+    /// Following the recorded command's processes with ptrace failed.
+    #[error(
+        "{what}: {source} (memtrack follows the command's processes with ptrace: is it already \
+         being traced, or does a security module forbid ptrace? `--no-follow` records the \
+         first process only, without ptrace)"
+    )]
+    Ptrace {
+        /// What was being done.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// Reading /proc or another system file failed.
     #[error("{what}: {source}")]
     Io {

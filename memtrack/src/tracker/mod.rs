@@ -30,6 +30,7 @@
 
 mod bpf;
 mod error;
+mod follow;
 mod poll;
 mod record;
 
@@ -46,7 +47,7 @@ pub use error::TrackerError;
 pub use record::{CommandOptions, RecordOutcome, record_command, record_command_with};
 
 use crate::analysis::Stats;
-use crate::artifact::Metadata;
+use crate::artifact::{Metadata, ProcessInfo};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
 use crate::scope::Scope;
 use bpf::{Bpf, Syscalls, exclude_tid, gettid, mapped_objects};
@@ -313,7 +314,13 @@ impl Tracker {
     ) -> Result<Self, TrackerError> {
         opts.validate()?;
         let _log = error::LibbpfLog::capture();
-        let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscall_mode())?;
+        // Another process (`record --no-follow`): the processes it starts are counted.
+        let follow = if pid == std::process::id() {
+            memtrack_bpf::FOLLOW_NONE
+        } else {
+            memtrack_bpf::FOLLOW_COUNT
+        };
+        let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscall_mode(), follow)?;
         for f in files {
             // A file that vanished or is not ELF (a font, a locale archive) is not an error.
             match bpf.add_file(f) {
@@ -338,6 +345,65 @@ impl Tracker {
             }),
             poller: OnceCell::new(),
         })
+    }
+
+    /// Loads the program to record a tree of processes that a tracer follows (`record`'s
+    /// default): nothing is recorded until [`Tracker::follow_process`] adds a process, whose
+    /// probes [`Tracker::attach_process_files`] attaches (pid-scoped, one set per process).
+    pub(crate) fn following(first: u32, opts: &TrackerOptions) -> Result<Self, TrackerError> {
+        opts.validate()?;
+        let _log = error::LibbpfLog::capture();
+        let bpf = Bpf::load(
+            first,
+            opts.ringbuf_bytes,
+            opts.syscall_mode(),
+            memtrack_bpf::FOLLOW_TREE,
+        )?;
+        Ok(Self {
+            bpf,
+            recording: Arc::new(AtomicBool::new(false)),
+            in_process: false,
+            switch: Mutex::new(SwitchState {
+                sw: RawSwitch::default(),
+                counting: 0,
+                holds: 0,
+                recording: false,
+            }),
+            poller: OnceCell::new(),
+        })
+    }
+
+    /// Records process `pid` from now on (a following tracker).
+    pub(crate) fn follow_process(&self, pid: u32) -> Result<(), TrackerError> {
+        self.bpf.follow_process(pid)
+    }
+
+    /// Stops recording process `pid` at once; its probes are detached in the background.
+    pub(crate) fn unfollow_process(&self, pid: u32) {
+        self.bpf.unfollow_process(pid)
+    }
+
+    /// Detaches process `pid`'s probes and waits until they are gone (before attaching new
+    /// ones after its image changed under a thread that no longer exists).
+    pub(crate) fn relink_process(&self, pid: u32) -> Result<(), TrackerError> {
+        self.bpf.relink_process(pid)
+    }
+
+    /// Attaches process `pid`'s probes on `files` (those it has none on yet). Returns the
+    /// files whose allocator could not be probed, and why.
+    pub(crate) fn attach_process_files(
+        &self,
+        pid: u32,
+        files: &[PathBuf],
+    ) -> Result<Vec<(PathBuf, String)>, TrackerError> {
+        let _log = error::LibbpfLog::capture();
+        self.bpf.attach_process_files(pid, files)
+    }
+
+    /// Whether any of `files` (attached with [`Tracker::attach_process_files`]) defines an
+    /// allocator entry point.
+    pub(crate) fn any_allocator(&self, files: &[PathBuf]) -> bool {
+        self.bpf.any_allocator(files)
     }
 
     /// Number of probe sites found (attached while recording or counting).
@@ -506,7 +572,9 @@ impl Tracker {
             snapshot,
             drops_at_start: at_start.drops,
             out_of_scope_at_start: at_start.out_of_scope,
+            unfollowed_at_start: at_start.unfollowed,
             iterations: None,
+            processes: Vec::new(),
             _out: PhantomData,
         })
     }
@@ -518,7 +586,7 @@ impl Tracker {
             self.bpf.attach_probes()?;
             self.bpf.attach_syscalls()?;
             self.bpf.attach_exec()?;
-            if scope == Scope::Threads {
+            if scope == Scope::Threads || self.bpf.counts_children() {
                 self.bpf.attach_fork()?;
             }
             Ok::<_, TrackerError>(())
@@ -591,7 +659,9 @@ pub struct Recording<'t, W: Write + Send + 'static> {
     snapshot: Arc<Snapshot>,
     drops_at_start: u64,
     out_of_scope_at_start: u64,
+    unfollowed_at_start: u64,
     iterations: Option<u64>,
+    processes: Vec<ProcessInfo>,
     _out: PhantomData<fn() -> W>,
 }
 
@@ -606,6 +676,9 @@ pub struct Recorded {
     /// Allocation and free calls of threads outside a thread-scoped recording's scope, not
     /// recorded (0 for a process-wide recording).
     pub out_of_scope: u64,
+    /// Processes the recorded process started and that were not followed (`record
+    /// --no-follow`; also in the artifact's trailer).
+    pub unfollowed_processes: u64,
 }
 
 impl<W: Write + Send + 'static> Recording<'_, W> {
@@ -625,6 +698,12 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
     /// (see [`Final::iterations`](crate::Final::iterations)).
     pub fn set_iterations(&mut self, n: u64) {
         self.iterations = Some(n);
+    }
+
+    /// Stores in the artifact's trailer the processes a recording followed (see
+    /// [`Final::processes`](crate::Final::processes)).
+    pub(crate) fn set_processes(&mut self, processes: Vec<ProcessInfo>) {
+        self.processes = processes;
     }
 
     /// Stops recording: switch off, drain the ring buffer's tail, finish the artifact.
@@ -673,6 +752,8 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
         }
+        let unfollowed = stats.unfollowed.wrapping_sub(self.unfollowed_at_start);
+        encoder.set_processes(std::mem::take(&mut self.processes), unfollowed);
         let written = encoder.finish(lost_events)?;
         if let Some(e) = push_error {
             return Err(e.into());
@@ -681,6 +762,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             written,
             lost_events,
             out_of_scope,
+            unfollowed_processes: unfollowed,
         })
     }
 }

@@ -1,12 +1,13 @@
 //! `memtrack record -- CMD`: run a command with the tracker attached from its first
-//! instruction.
+//! instruction, and (by default) every process it starts from theirs.
 //!
-//! The child is forked and waits on a pipe before `execve`; the parent attaches the uprobes
-//! (for the child's pid) to the command's executable and every library the dynamic loader
-//! will map for it, switches recording on, and only then lets the child exec. Uprobes follow
-//! the file, so libraries mapped after exec (and libc under a `dlopen`ed library) are covered;
-//! a `dlopen`ed library with its own allocator is found by rescanning /proc/PID/maps every
-//! 20 ms while the command runs (its calls before that are missed).
+//! The child is forked and waits on a pipe before `execve`. Following (the default), a tracer
+//! thread seizes it with ptrace and probes every process of the tree before it runs (see
+//! `follow.rs`). With [`CommandOptions::follow`] off, the parent attaches the uprobes (for the
+//! child's pid) to the command's executable and every library the dynamic loader will map for
+//! it, switches recording on, and only then lets the child exec; a `dlopen`ed library with its
+//! own allocator is then found by rescanning /proc/PID/maps every 20 ms while the command runs
+//! (its calls before that are missed), and the processes it starts are counted, not recorded.
 //!
 //! The command never gains privileges through memtrack. Between fork and exec the child
 //! clears its ambient and inheritable capabilities (the ones memtrack may hold through file
@@ -14,7 +15,8 @@
 //! [`CommandOptions::user`] if one is given, and sets `PR_SET_NO_NEW_PRIVS` whenever it will
 //! not run as root, so that a setuid or setgid program it executes runs without gaining
 //! privileges and memtrack never observes a more privileged program than the one it started.
-//! Only the command's own process is recorded: its children are not followed.
+//! A followed process that executes a setuid or setgid program, or whose credentials change at
+//! an exec, is no longer followed (counted as not covered).
 //!
 //! Signals: INT, TERM and HUP sent to memtrack go to the command (see `Forward`); the
 //! artifact is finished once it exits. The command gets `PR_SET_PDEATHSIG(SIGKILL)`, so that
@@ -26,8 +28,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
+use super::follow::{Tracer, seize};
 use super::{Recorded, Tracker, TrackerError, TrackerOptions};
-use crate::artifact::{Backend, Metadata};
+use crate::artifact::{Backend, Metadata, ProcessInfo};
 use crate::encode::{EncoderOptions, default_workers};
 
 /// How often `record` looks for objects the command mapped since it started (20 ms: the
@@ -44,19 +47,44 @@ pub struct RecordOutcome {
     pub exit_code: i32,
     /// What was recorded.
     pub recorded: Recorded,
+    /// Every process recorded, in the order they started (the command's first); empty with
+    /// [`CommandOptions::follow`] off.
+    pub processes: Vec<ProcessInfo>,
+    /// Processes started by the recorded ones and not followed at all (with
+    /// [`CommandOptions::follow`] off).
+    pub unfollowed_processes: u64,
 }
 
 /// Who the recorded command runs as; see the module docs for what it never inherits.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CommandOptions {
     user: Option<String>,
+    follow: bool,
+}
+
+impl Default for CommandOptions {
+    fn default() -> Self {
+        Self {
+            user: None,
+            follow: true,
+        }
+    }
 }
 
 impl CommandOptions {
     /// Defaults: the command runs as memtrack's user (root under sudo), without memtrack's
-    /// capabilities.
+    /// capabilities, and its descendants are followed.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Whether to record the processes the command starts (forked, vforked, spawned, and what
+    /// they execute), each from its first instruction (default: yes). They are followed with
+    /// ptrace (see the module docs); with `false`, only the command's own process is recorded,
+    /// without ptrace, and the processes it starts are counted as not followed.
+    pub fn follow(mut self, follow: bool) -> Self {
+        self.follow = follow;
+        self
     }
 
     /// Runs the command as `user` (a name or a numeric uid from the password database): its
@@ -400,12 +428,20 @@ fn program_run_by(exe: &Path) -> Result<PathBuf, TrackerError> {
 }
 
 /// The executable and every library the dynamic loader maps for it (`ld.so --list`, run
-/// with the command's credentials); just the executable if it is static.
-fn objects_of(exe: &Path, creds: &Credentials) -> Vec<PathBuf> {
+/// with the command's credentials, and with `env` as its environment if given: LD_PRELOAD
+/// and LD_LIBRARY_PATH decide what it loads); just the executable if it is static.
+fn objects_of(
+    exe: &Path,
+    creds: &Credentials,
+    env: Option<&[(OsString, OsString)]>,
+) -> Vec<PathBuf> {
     let mut files = vec![exe.to_path_buf()];
     let loader = Path::new("/lib64/ld-linux-x86-64.so.2");
     let mut cmd = std::process::Command::new(loader);
     cmd.arg("--list").arg(exe);
+    if let Some(env) = env {
+        cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+    }
     let creds = creds.clone();
     // SAFETY: `apply` makes only async-signal-safe calls on memory prepared before the fork.
     unsafe {
@@ -547,7 +583,12 @@ pub fn record_command_with(
     let (creds, user) = Credentials::new(child)?;
     // A script runs its interpreter: probe that (and its libraries), exec the script.
     let image = program_run_by(&exe)?;
-    let files = objects_of(&image, &creds);
+    // Following, the tracer resolves each image at its exec stop, with its own environment.
+    let files = if child.follow {
+        Vec::new()
+    } else {
+        objects_of(&image, &creds, None)
+    };
 
     // Everything the child needs is prepared before fork: after it, only async-signal-safe
     // calls (read, execve, write, _exit) are allowed.
@@ -636,7 +677,12 @@ pub fn record_command_with(
         close(err[0]);
     };
 
-    let tracker = match Tracker::attach_files(pid, &files, opts).map_err(|e| match e {
+    let tracker = if child.follow {
+        Tracker::following(pid, opts).and_then(|t| t.follow_process(pid).map(|()| t))
+    } else {
+        Tracker::attach_files(pid, &files, opts)
+    };
+    let tracker = match tracker.map_err(|e| match e {
         TrackerError::NoAllocatorSymbols { files, .. } => TrackerError::NoAllocatorSymbols {
             program: Some(image.clone()),
             files,
@@ -655,7 +701,7 @@ pub fn record_command_with(
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
     );
-    let recording = match tracker.start(out, &meta, EncoderOptions::new(), default_workers()) {
+    let mut recording = match tracker.start(out, &meta, EncoderOptions::new(), default_workers()) {
         Ok(r) => r,
         Err(e) => {
             kill_child();
@@ -663,35 +709,97 @@ pub fn record_command_with(
         }
     };
 
-    // INT, TERM and HUP go to the command, and memtrack finishes the artifact once it exits.
-    // Installed before the child may exec: a signal sent as soon as the command runs (a
-    // short `timeout`) must find the handler, not kill memtrack. The child was forked before
-    // this, so it keeps the default dispositions.
+    // INT, TERM and HUP go to the command, and memtrack finishes the artifact once it exits;
+    // the handler stays until the artifact is finished (`timeout` signals memtrack and then
+    // its whole process group: the second signal may come after the command has ended).
+    // Installed before the child may exec: a signal sent as soon as the command runs (a short
+    // `timeout`) must find the handler, not kill memtrack. The child was forked before this,
+    // so it keeps the default dispositions.
     let _forward = Forward::install(pid);
-    // Let the child exec, and learn whether execve failed.
-    // SAFETY: writing one byte from a valid buffer to our pipe, then closing our end.
-    unsafe { libc::write(go[1], [1u8].as_ptr().cast(), 1) };
-    close(go[1]);
-    let mut failed: [libc::c_int; 2] = [0; 2];
-    // SAFETY: reading at most size_of_val(&failed) bytes into `failed`.
-    let n = unsafe { libc::read(err[0], failed.as_mut_ptr().cast(), size_of_val(&failed)) };
-    close(err[0]);
-
-    // Wait for the child; meanwhile probe libraries it maps later (a dlopen()ed allocator):
-    // uprobes attached before exec cover only the files known then.
-    let mut status = 0;
-    loop {
-        // SAFETY: polling our own child into a valid int.
-        let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
-        if r == pid as libc::pid_t
-            || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
-        {
-            break;
+    let mut processes = Vec::new();
+    let (n, failed, status) = if child.follow {
+        let command_s: Vec<String> = command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let resolve = |exe: &Path, env: &[(OsString, OsString)]| objects_of(exe, &creds, Some(env));
+        let run = std::thread::scope(|s| {
+            let (seized_tx, seized_rx) = std::sync::mpsc::channel();
+            let tracker = &tracker;
+            let resolve = &resolve;
+            let image = image.to_string_lossy().into_owned();
+            // ptrace answers only the thread that attached: this one seizes and traces.
+            let tracer = std::thread::Builder::new()
+                .name("memtrack-tracer".into())
+                .spawn_scoped(s, move || {
+                    let seized = seize(pid);
+                    let ok = seized.is_ok();
+                    let _ = seized_tx.send(seized);
+                    ok.then(|| Tracer::new(tracker, resolve, pid, image, command_s).run())
+                })
+                .map_err(|source| TrackerError::Io {
+                    what: "starting memtrack's tracer thread".into(),
+                    source,
+                })?;
+            match seized_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    return Err(TrackerError::Io {
+                        what: "starting memtrack's tracer thread".into(),
+                        source: std::io::Error::other("it ended before attaching"),
+                    });
+                }
+            }
+            let (n, failed) = go_and_wait(go[1], err[0]);
+            let traced = tracer
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            Ok((n, failed, traced))
+        });
+        match run {
+            Ok((n, failed, Some(traced))) => {
+                processes = traced.processes;
+                // The command is this thread's child: its tracer got its exit status, and it
+                // is reaped here (or waited for, if it was detached at a setuid exec).
+                let mut status = 0;
+                // SAFETY: waiting for our own child into a valid int.
+                let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+                let status = match traced.status {
+                    Some(s) => s,
+                    None if r == pid as libc::pid_t => status,
+                    None => 1 << 8,
+                };
+                (n, failed, status)
+            }
+            Ok((_, _, None)) => unreachable!("the tracer runs once seized"),
+            Err(e) => {
+                kill_child();
+                drop(recording.stop());
+                return Err(e);
+            }
         }
-        // /proc/PID/maps vanishes as the child exits: errors here are not the user's problem.
-        let _ = tracker.attach_new_objects();
-        std::thread::sleep(RESCAN_PERIOD);
-    }
+    } else {
+        let (n, failed) = go_and_wait(go[1], err[0]);
+        // Wait for the child; meanwhile probe libraries it maps later (a dlopen()ed
+        // allocator): uprobes attached before exec cover only the files known then.
+        let mut status = 0;
+        loop {
+            // SAFETY: polling our own child into a valid int.
+            let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
+            if r == pid as libc::pid_t
+                || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
+            {
+                break;
+            }
+            // /proc/PID/maps vanishes as the child exits: errors here are not the user's
+            // problem.
+            let _ = tracker.attach_new_objects();
+            std::thread::sleep(RESCAN_PERIOD);
+        }
+        (n, failed, status)
+    };
+    recording.set_processes(processes.clone());
     let recorded = recording.stop()?;
     drop(tracker);
     if n == size_of_val(&failed) as isize {
@@ -707,6 +815,21 @@ pub fn record_command_with(
     Ok(RecordOutcome {
         pid,
         exit_code,
+        unfollowed_processes: recorded.unfollowed_processes,
+        processes,
         recorded,
     })
+}
+
+/// Lets the forked child exec (one byte on `go`), and learns whether execve failed: returns
+/// the bytes read from `err` and what they say (a step and an errno; 0 bytes: it exec'd).
+fn go_and_wait(go: libc::c_int, err: libc::c_int) -> (isize, [libc::c_int; 2]) {
+    // SAFETY: writing one byte from a valid buffer to our pipe, then closing our end.
+    unsafe { libc::write(go, [1u8].as_ptr().cast(), 1) };
+    close(go);
+    let mut failed: [libc::c_int; 2] = [0; 2];
+    // SAFETY: reading at most size_of_val(&failed) bytes into `failed`.
+    let n = unsafe { libc::read(err, failed.as_mut_ptr().cast(), size_of_val(&failed)) };
+    close(err);
+    (n, failed)
 }

@@ -1,0 +1,474 @@
+//! `memtrack record` follows the command's process tree (issue 12, items 3 and 4), against the
+//! real kernel: forked, posix_spawned and exec'd descendants are recorded from their first
+//! instruction, an allocator loaded by LD_PRELOAD or dlopen misses nothing, a setuid exec is
+//! not followed and is counted, and a tree's totals are the sum of its processes recorded
+//! alone with `--no-follow`.
+//!
+//! Needs root (or CAP_BPF + CAP_PERFMON) and a C compiler; without them every test prints why
+//! it is skipped. Each test records its own commands, so they may run in parallel.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use memtrack::{
+    Analyzer, CommandOptions, Event, EventKind, Final, ProcessTotals, Reader, RecordOutcome,
+    TrackerOptions, record_command_with,
+};
+
+fn missing() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (the tracker needs CAP_BPF + CAP_PERFMON)".into());
+    }
+    if Command::new("cc").arg("--version").output().is_err() {
+        return Some("no C compiler `cc` for the fixture".into());
+    }
+    None
+}
+
+macro_rules! require {
+    ($($file:expr),*) => {
+        if let Some(why) = missing() {
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+        $(
+            if !Path::new($file).exists() {
+                eprintln!("SKIPPED: {} is not installed", $file);
+                return;
+            }
+        )*
+    };
+}
+
+const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+const MIMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2";
+
+/// tests/fixtures/follow.c compiled into `dir`.
+fn fixture(dir: &Path) -> PathBuf {
+    let exe = dir.join("follow");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../memtrack/tests/fixtures/follow.c");
+    let st = Command::new("cc")
+        .arg("-O1")
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-ldl")
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "compiling follow.c failed");
+    exe
+}
+
+struct Run {
+    out: RecordOutcome,
+    events: Vec<Event>,
+    fin: Final,
+}
+
+impl Run {
+    /// Allocations of exactly `size` bytes, and in how many processes.
+    fn allocations_of(&self, size: u64) -> (usize, usize) {
+        let mut pids: Vec<u32> = Vec::new();
+        let n = self
+            .events
+            .iter()
+            .filter(|e| alloc_size(e) == Some(size))
+            .inspect(|e| pids.push(e.pid))
+            .count();
+        pids.sort_unstable();
+        pids.dedup();
+        (n, pids.len())
+    }
+
+    fn per_process(&self) -> BTreeMap<u32, ProcessTotals> {
+        let mut a = Analyzer::new();
+        a.update_all(&self.events);
+        a.per_process()
+    }
+}
+
+fn alloc_size(e: &Event) -> Option<u64> {
+    match e.kind {
+        EventKind::Malloc { size, .. }
+        | EventKind::Calloc { size, .. }
+        | EventKind::AlignedAlloc { size, .. }
+        | EventKind::Realloc { size, .. } => Some(size),
+        _ => None,
+    }
+}
+
+fn record(dir: &Path, cmd: &[&str], follow: bool) -> Run {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("run-{n}.memtrack"));
+    let file = std::fs::File::create(&path).unwrap();
+    let cmd: Vec<OsString> = cmd.iter().map(OsString::from).collect();
+    let out = record_command_with(
+        &cmd,
+        file,
+        &TrackerOptions::new(),
+        &CommandOptions::new().follow(follow),
+    )
+    .expect("record");
+    let reader = Reader::open(&path).unwrap();
+    let events: Vec<Event> = reader.events().collect::<Result<_, _>>().unwrap();
+    let fin = reader.final_metadata().unwrap().clone();
+    assert_eq!(
+        out.recorded.lost_events, 0,
+        "events lost: the counts are not exact"
+    );
+    Run { out, events, fin }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The issue's repro: `sh -c 'ls; python3 …'` recorded 47 allocations, all of sh's.
+#[test]
+fn python_started_by_a_shell_is_recorded() {
+    require!();
+    if Command::new("python3").arg("-c").arg("1").output().is_err() {
+        eprintln!("SKIPPED: no python3");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = record(
+        dir.path(),
+        &[
+            "/bin/sh",
+            "-c",
+            "ls >/dev/null; python3 -c 'x=[bytearray(1000) for _ in range(1000)]'",
+        ],
+        true,
+    );
+    assert_eq!(run.out.exit_code, 0);
+    let first = run.out.pid;
+    let big = run
+        .events
+        .iter()
+        .filter(|e| e.pid != first && alloc_size(e).is_some_and(|s| s >= 1000))
+        .count();
+    assert!(
+        big >= 1000,
+        "only {big} allocations of 1000 bytes or more outside sh"
+    );
+    let ps = &run.fin.processes;
+    assert!(ps.len() >= 3, "sh, ls and python at least: {ps:?}");
+    assert_eq!(ps[0].pid, first);
+    assert!(ps.iter().any(|p| p.exe.ends_with("/ls")), "{ps:?}");
+    assert!(ps.iter().any(|p| p.exe.contains("python")), "{ps:?}");
+    // pyenv's shims run helpers that exit 1 (readlink of a missing link): only the ends.
+    assert_eq!(ps[0].exit_code, Some(0));
+    assert!(
+        ps.iter()
+            .any(|p| p.exe.contains("python") && p.exit_code == Some(0)),
+        "{ps:?}"
+    );
+    assert_eq!(run.fin.uncovered_processes(), 0, "{ps:?}");
+    assert_eq!(run.out.processes, *ps);
+}
+
+/// A forked child's allocations, exactly, in the child's pid; `--no-follow` sees none of them
+/// and counts the child as not followed.
+#[test]
+fn a_forked_child_is_recorded_exactly() {
+    require!();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixture(dir.path());
+    let run = record(dir.path(), &[s(&exe), "fork", "1000", "4321"], true);
+    assert_eq!(run.out.exit_code, 0);
+    assert_eq!(run.allocations_of(4321), (1000, 1));
+    let child = run
+        .events
+        .iter()
+        .find(|e| alloc_size(e) == Some(4321))
+        .unwrap()
+        .pid;
+    assert_ne!(child, run.out.pid);
+    let ps = &run.fin.processes;
+    assert_eq!(ps.len(), 2, "{ps:?}");
+    assert_eq!((ps[1].pid, ps[1].parent), (child, Some(run.out.pid)));
+    assert_eq!(ps[1].exit_code, Some(0));
+    assert_eq!(run.fin.uncovered_processes(), 0);
+
+    let alone = record(dir.path(), &[s(&exe), "fork", "1000", "4321"], false);
+    assert_eq!(alone.allocations_of(4321), (0, 0));
+    assert!(alone.fin.processes.is_empty());
+    assert_eq!(alone.fin.unfollowed_processes, 1);
+    assert_eq!(alone.fin.uncovered_processes(), 1);
+}
+
+/// posix_spawn (clone with CLONE_VM | CLONE_VFORK, then exec): the spawned program, exactly.
+#[test]
+fn a_posix_spawned_program_is_recorded_exactly() {
+    require!();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixture(dir.path());
+    let run = record(
+        dir.path(),
+        &[s(&exe), "spawn", s(&exe), "700", "3210"],
+        true,
+    );
+    assert_eq!(run.out.exit_code, 0);
+    assert_eq!(run.allocations_of(3210), (700, 1));
+    assert_eq!(run.fin.processes.len(), 2, "{:?}", run.fin.processes);
+    assert_eq!(run.fin.uncovered_processes(), 0);
+}
+
+/// The issue's repro: `env LD_PRELOAD=libjemalloc.so.2 prog` recorded 202 of 875,000
+/// allocations. The exec'd program is resolved with its own environment before it runs.
+#[test]
+fn an_ld_preload_allocator_is_recorded_from_the_first_call() {
+    require!(JEMALLOC);
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixture(dir.path());
+    let preload = format!("LD_PRELOAD={JEMALLOC}");
+    let run = record(
+        dir.path(),
+        &["env", &preload, s(&exe), "alloc", "5000", "5555"],
+        true,
+    );
+    assert_eq!(run.out.exit_code, 0);
+    assert_eq!(run.allocations_of(5555), (5000, 1));
+    assert_eq!(run.fin.uncovered_processes(), 0);
+}
+
+/// The issue's repro: a program that dlopens its allocator lost 20,000 of 400,000 calls to the
+/// 20 ms rescan. ld.so's `_dl_debug_state` stop probes it before dlopen returns.
+#[test]
+fn a_dlopened_allocator_is_probed_before_its_first_call() {
+    require!(MIMALLOC);
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixture(dir.path());
+    let run = record(
+        dir.path(),
+        &[s(&exe), "dlopen", MIMALLOC, "20000", "6666"],
+        true,
+    );
+    assert_eq!(run.out.exit_code, 0);
+    assert_eq!(run.allocations_of(6666), (20000, 1));
+    assert_eq!(run.fin.uncovered_processes(), 0);
+}
+
+/// The totals of a tree are the sum of its processes recorded alone (`--no-follow`), and each
+/// process's own totals are what recording it alone gives. A forked child runs the shell's
+/// code until it execs (dash allocates the program's path there): that part is no program's
+/// own recording, and the analysis discards what it left live at exec, so it is set apart.
+#[test]
+fn a_trees_totals_are_the_sum_of_its_processes_recorded_alone() {
+    require!();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixture(dir.path());
+    let (a, b) = (
+        [s(&exe), "alloc", "300", "1111"],
+        [s(&exe), "alloc", "500", "2222"],
+    );
+    let script = format!("{}; {}", a.join(" "), b.join(" "));
+    let tree = record(dir.path(), &["/bin/sh", "-c", &script], true);
+    let ps = &tree.fin.processes;
+    assert_eq!(ps.len(), 3, "{ps:?}");
+    let alone: Vec<Run> = [&["/bin/sh", "-c", &script][..], &a[..], &b[..]]
+        .iter()
+        .map(|cmd| record(dir.path(), cmd, false))
+        .collect();
+    // The children's events before their exec: the shell's code in the forked child.
+    let mut exec_seen: std::collections::HashSet<u32> = [ps[0].pid].into();
+    let images: Vec<Event> = tree
+        .events
+        .iter()
+        .filter(|e| {
+            if e.kind == EventKind::Exec {
+                exec_seen.insert(e.pid);
+                return false;
+            }
+            exec_seen.contains(&e.pid)
+        })
+        .copied()
+        .collect();
+    let mut an = Analyzer::new();
+    an.update_all(&images);
+    let per = an.per_process();
+    let key = |t: &memtrack::Totals| {
+        (
+            t.allocations,
+            t.bytes_allocated,
+            t.frees,
+            t.live_blocks_at_end,
+        )
+    };
+    for (p, r) in ps.iter().zip(&alone) {
+        let t = &per[&p.pid];
+        assert_eq!(
+            (
+                t.allocations,
+                t.bytes_allocated,
+                t.frees,
+                t.live_blocks_at_end
+            ),
+            key(&r.fin.totals),
+            "process {p:?}"
+        );
+    }
+    let sum = alone
+        .iter()
+        .map(|r| key(&r.fin.totals))
+        .fold((0, 0, 0, 0), |x, k| {
+            (x.0 + k.0, x.1 + k.1, x.2 + k.2, x.3 + k.3)
+        });
+    assert_eq!(key(&an.totals()), sum);
+    // What the forked children did before exec is nothing's live block at the end.
+    let whole = tree.per_process();
+    for p in &ps[1..] {
+        let (w, i) = (&whole[&p.pid], &per[&p.pid]);
+        assert_eq!(w.live_blocks_at_end, i.live_blocks_at_end, "{p:?}");
+        assert_eq!(
+            w.allocations - i.allocations,
+            w.blocks_discarded_at_exec + (w.frees - i.frees),
+            "{p:?}"
+        );
+    }
+}
+
+/// A setuid program a followed process executes is never followed: it stays unobserved, and
+/// the recording says so (issue 10's rule on setuid descendants).
+#[test]
+fn a_setuid_exec_is_not_followed_and_is_counted() {
+    require!();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixture(dir.path());
+    let setuid = dir.path().join("follow-setuid");
+    std::fs::copy(&exe, &setuid).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&setuid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let script = format!("{} alloc 10 1234; {} alloc 10 3333", s(&exe), s(&setuid));
+    let run = record(dir.path(), &["/bin/sh", "-c", &script], true);
+    assert_eq!(run.out.exit_code, 0);
+    assert_eq!(run.allocations_of(1234), (10, 1));
+    assert_eq!(run.allocations_of(3333), (0, 0));
+    let ps = &run.fin.processes;
+    let p = ps
+        .iter()
+        .find(|p| p.exe.ends_with("follow-setuid"))
+        .unwrap_or_else(|| panic!("{ps:?}"));
+    assert!(
+        p.uncovered.as_deref().is_some_and(|w| w.contains("setuid")),
+        "{p:?}"
+    );
+    assert_eq!(run.fin.uncovered_processes(), 1, "{ps:?}");
+}
+
+/// The CLI says which processes were covered (`record`, `show`, `show --json`), and `verify`
+/// and `compare` refuse a recording that left some out, as they refuse lost events.
+#[test]
+fn the_cli_shows_coverage_and_refuses_an_uncovered_recording() {
+    require!();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixture(dir.path());
+    let memtrack = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_memtrack"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let text = |o: &std::process::Output| {
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+    };
+    let (tree, alone) = (
+        dir.path().join("tree.memtrack"),
+        dir.path().join("alone.memtrack"),
+    );
+    let o = memtrack(&[
+        "record",
+        "-o",
+        s(&tree),
+        "--",
+        s(&exe),
+        "fork",
+        "100",
+        "4321",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("2 processes recorded"), "{}", text(&o));
+    let o = memtrack(&["verify", s(&tree)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = memtrack(&["show", "--json", s(&tree)]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["uncovered_processes"], 0);
+    let ps = v["processes"].as_array().unwrap();
+    assert_eq!(ps.len(), 2);
+    assert_eq!(ps[1]["allocations"], 100);
+    assert_eq!(ps[1]["bytes_allocated"], 432_100);
+    assert_eq!(ps[1]["exit_code"], 0);
+
+    let o = memtrack(&[
+        "record",
+        "--no-follow",
+        "-o",
+        s(&alone),
+        "--",
+        s(&exe),
+        "fork",
+        "100",
+        "4321",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("NOT COVERED: 1 process started by the command and not followed"),
+        "{}",
+        text(&o)
+    );
+    let o = memtrack(&["show", s(&alone)]);
+    assert!(text(&o).contains("NOT COVERED"), "{}", text(&o));
+    let o = memtrack(&["verify", s(&alone)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("1 process was not covered"),
+        "{}",
+        text(&o)
+    );
+    let o = memtrack(&["verify", "--structure-only", s(&alone)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = memtrack(&["compare", s(&alone), s(&tree)]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("not covered"), "{}", text(&o));
+}
+
+/// A program with no allocator the probes can find (static and stripped) is flagged, not
+/// reported as a process that allocated nothing.
+#[test]
+fn a_program_without_a_probeable_allocator_is_not_covered() {
+    require!();
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("follow-static");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../memtrack/tests/fixtures/follow.c");
+    let built = Command::new("cc")
+        .args(["-O1", "-static", "-s"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        eprintln!("SKIPPED: no static C library to link a static program");
+        return;
+    }
+    let script = format!("{} alloc 10 1234", s(&exe));
+    let run = record(dir.path(), &["/bin/sh", "-c", &script], true);
+    assert_eq!(run.out.exit_code, 0);
+    let ps = &run.fin.processes;
+    let p = ps
+        .iter()
+        .find(|p| p.exe.ends_with("follow-static"))
+        .unwrap_or_else(|| panic!("{ps:?}"));
+    assert!(
+        p.uncovered
+            .as_deref()
+            .is_some_and(|w| w.contains("no allocator entry point")),
+        "{p:?}"
+    );
+    assert_eq!(run.fin.uncovered_processes(), 1, "{ps:?}");
+}
