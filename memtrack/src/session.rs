@@ -454,6 +454,7 @@ impl Active {
                     written,
                     lost_events,
                     out_of_scope: crate::recorder::OUT_OF_SCOPE.load(Ordering::Relaxed),
+                    unfollowed_processes: 0,
                 })
             }
         }
@@ -546,6 +547,8 @@ impl Session {
                 written,
                 lost_events,
                 out_of_scope,
+                // Sessions record this process: it follows no other.
+                unfollowed_processes: _,
             } = recorded;
             if let Some(output) = output {
                 output.commit()?;

@@ -198,6 +198,16 @@ enum Stream {
 }
 
 impl SwitchState {
+    /// Nothing attached, nothing counted, no recording.
+    fn new() -> Self {
+        SwitchState {
+            sw: RawSwitch::default(),
+            counting: 0,
+            holds: 0,
+            stream: Stream::Off,
+        }
+    }
+
     fn needs_probes(&self) -> bool {
         self.counting > 0 || self.holds > 0 || self.stream == Stream::On
     }
@@ -337,12 +347,7 @@ impl Tracker {
         Ok(Self {
             bpf,
             in_process: pid == std::process::id(),
-            switch: Mutex::new(SwitchState {
-                sw: RawSwitch::default(),
-                counting: 0,
-                holds: 0,
-                stream: Stream::Off,
-            }),
+            switch: Mutex::new(SwitchState::new()),
             poller: OnceCell::new(),
         })
     }
@@ -361,14 +366,8 @@ impl Tracker {
         )?;
         Ok(Self {
             bpf,
-            recording: Arc::new(AtomicBool::new(false)),
             in_process: false,
-            switch: Mutex::new(SwitchState {
-                sw: RawSwitch::default(),
-                counting: 0,
-                holds: 0,
-                recording: false,
-            }),
+            switch: Mutex::new(SwitchState::new()),
             poller: OnceCell::new(),
         })
     }
@@ -780,12 +779,7 @@ mod tests {
     use super::*;
 
     fn state() -> SwitchState {
-        SwitchState {
-            sw: RawSwitch::default(),
-            counting: 0,
-            holds: 0,
-            stream: Stream::Off,
-        }
+        SwitchState::new()
     }
 
     #[test]
