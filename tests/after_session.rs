@@ -6,13 +6,11 @@
 //! Compares a malloc/free loop's time before any session, after a finished session, after a
 //! nested pair, and after a counting guard, in the same run (the uprobe cost here moves 2×
 //! between days: only ratios within one run mean anything). With probes left attached the loop
-//! is 25–100× slower; the bound allows 2× for noise on a shared machine. Needs root (or
-//! CAP_BPF + CAP_PERFMON): without it the test says it is skipped and why.
+//! is 25–100× slower; the bound allows 2× for noise on a shared machine. Needs
+//! CAP_BPF + CAP_PERFMON: without them the tests are reported as ignored, with why.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
-
-mod harness;
 
 /// The fastest of 7 runs of 20,000 malloc(64)+free pairs.
 fn malloc_loop() -> Duration {
@@ -113,18 +111,19 @@ fn no_cost_after_counting() {
 }
 
 fn main() {
-    // SAFETY: geteuid has no preconditions.
-    let skip = (unsafe { libc::geteuid() } != 0)
-        .then(|| "not root (the eBPF tracker needs CAP_BPF + CAP_PERFMON)".to_string());
-    harness::run(
-        &[
-            ("no_cost_after_a_session", no_cost_after_a_session),
-            (
-                "no_cost_after_back_to_back_sessions",
-                no_cost_after_back_to_back_sessions,
-            ),
-            ("no_cost_after_counting", no_cost_after_counting),
-        ],
-        skip,
-    );
+    use memtrack_test_support::{TRACKER, requires};
+    // In this order: the first measures the loop before any session of the process.
+    memtrack_test_support::run_sequential(vec![
+        requires(
+            "no_cost_after_a_session",
+            &[TRACKER],
+            no_cost_after_a_session,
+        ),
+        requires(
+            "no_cost_after_back_to_back_sessions",
+            &[TRACKER],
+            no_cost_after_back_to_back_sessions,
+        ),
+        requires("no_cost_after_counting", &[TRACKER], no_cost_after_counting),
+    ]);
 }

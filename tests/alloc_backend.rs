@@ -8,9 +8,8 @@
 use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
 use std::hint::black_box;
 
-mod harness;
-
 use memtrack::{Backend, BackendChoice, Event, EventKind, Reader, SessionBuilder, memtrack};
+use memtrack_test_support::{TRACKER, lacking, test, three_blocks};
 
 #[global_allocator]
 static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
@@ -32,10 +31,7 @@ fn events(report: &memtrack::Report) -> Vec<Event> {
 fn exact_counts() {
     black_box(vec![0u8; 77]); // before: not counted
     let s = session("alloc_exact");
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
     let r = s.finish().unwrap();
     black_box(vec![0u8; 77]); // after: not counted
     let t = &r.totals;
@@ -121,7 +117,7 @@ fn threads_that_exit_before_the_end() {
     }
     let r = s.finish().unwrap();
     let evs = events(&r);
-    harness::assert_one_thread_per_size(&evs, 3, 500, 10);
+    memtrack_test_support::assert_one_thread_per_size(&evs, 3, 500, 10);
     let per_thread: u64 = r.totals.per_thread.values().map(|p| p.allocations).sum();
     assert_eq!(per_thread, r.totals.allocations);
 }
@@ -218,18 +214,7 @@ fn threads_outside_the_scope_are_counted_apart() {
 }
 
 fn sequential_sessions_are_independent() {
-    for (name, n) in [("alloc_seq_a", 5u64), ("alloc_seq_b", 9)] {
-        let s = session(name);
-        for i in 0..n {
-            black_box(Vec::<u8>::with_capacity(10 + i as usize));
-        }
-        let r = s.finish().unwrap();
-        assert_eq!(r.totals.allocations, n);
-        assert_eq!(
-            r.totals.bytes_allocated,
-            (0..n).map(|i| 10 + i).sum::<u64>()
-        );
-    }
+    memtrack_test_support::check_sequential_sessions(session);
 }
 
 fn criterion_measurement_counts() {
@@ -310,10 +295,7 @@ fn profiler_runs_of_the_same_code_compare_unchanged() {
 /// Exactly 3 allocations: within `max_allocations = 3`.
 #[memtrack(name = "alloc_macro", backend = "alloc", max_allocations = 3, no_leaks)]
 fn macro_within_limits() {
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
 }
 
 #[memtrack(name = "alloc_macro_over", backend = "alloc", max_allocations = 2)]
@@ -383,10 +365,7 @@ fn limit_panic_points_at_the_users_function() {
     no_leaks
 )]
 fn expectation_kept() {
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
 }
 
 #[memtrack(
@@ -401,10 +380,7 @@ fn expectation_missed() {
 }
 
 fn expectation_kept_body() {
-    let a: Vec<u8> = black_box(Vec::with_capacity(100));
-    let b = black_box(Box::new([7u64; 8]));
-    let c = black_box(vec![0u8; 1000]);
-    drop((a, b, c));
+    drop(three_blocks());
 }
 
 /// `allocations = N` and `max_blocks` on the attribute and the builder, in memory: no file.
@@ -463,9 +439,9 @@ fn expectations_and_in_memory_sessions() {
     assert!(err.to_string().contains("keep one"), "{err}");
 }
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+/// Whether this process may use the eBPF recorder (what `auto` checks).
+fn privileged() -> bool {
+    memtrack_test_support::missing(&[TRACKER]).is_none()
 }
 
 fn auto_picks_the_right_backend() {
@@ -475,7 +451,7 @@ fn auto_picks_the_right_backend() {
         .unwrap()
         .finish()
         .unwrap();
-    let expected = if root() {
+    let expected = if privileged() {
         Backend::Ebpf
     } else {
         Backend::Alloc
@@ -484,10 +460,6 @@ fn auto_picks_the_right_backend() {
 }
 
 fn ebpf_is_refused_without_privileges() {
-    if root() {
-        println!("  (root: the refusal is checked by the unprivileged run in CI)");
-        return;
-    }
     let err = SessionBuilder::new("alloc_ebpf")
         .backend(BackendChoice::Ebpf)
         .start()
@@ -503,55 +475,56 @@ fn ebpf_is_refused_without_privileges() {
 
 /// A mid-session snapshot counts what came before it, exactly, and costs no allocation.
 fn stats_mid_session() {
-    harness::check_stats_mid_session(session("alloc_stats"));
+    memtrack_test_support::check_stats_mid_session(session("alloc_stats"));
 }
 
 fn main() {
-    let tests: &[(&str, fn())] = &[
-        ("exact_counts", exact_counts),
-        ("stats_mid_session", stats_mid_session),
-        (
+    let tests = vec![
+        test("exact_counts", exact_counts),
+        test("stats_mid_session", stats_mid_session),
+        test(
             "realloc_aligned_and_zeroed_paths",
             realloc_aligned_and_zeroed_paths,
         ),
-        (
+        test(
             "threads_that_exit_before_the_end",
             threads_that_exit_before_the_end,
         ),
-        (
+        test(
             "allocation_during_thread_local_destruction",
             allocation_during_thread_local_destruction,
         ),
-        (
+        test(
             "threads_outside_the_scope_are_counted_apart",
             threads_outside_the_scope_are_counted_apart,
         ),
-        (
+        test(
             "sequential_sessions_are_independent",
             sequential_sessions_are_independent,
         ),
-        ("criterion_measurement_counts", criterion_measurement_counts),
-        (
+        test("criterion_measurement_counts", criterion_measurement_counts),
+        test(
             "profiler_runs_of_the_same_code_compare_unchanged",
             profiler_runs_of_the_same_code_compare_unchanged,
         ),
-        ("auto_picks_the_right_backend", auto_picks_the_right_backend),
-        (
+        test("auto_picks_the_right_backend", auto_picks_the_right_backend),
+        test(
             "attribute_with_the_allocator_backend_and_limits",
             attribute_with_the_allocator_backend_and_limits,
         ),
-        (
+        test(
             "expectations_and_in_memory_sessions",
             expectations_and_in_memory_sessions,
         ),
-        (
+        test(
             "limit_panic_points_at_the_users_function",
             limit_panic_points_at_the_users_function,
         ),
-        (
+        lacking(
             "ebpf_is_refused_without_privileges",
+            &[TRACKER],
             ebpf_is_refused_without_privileges,
         ),
     ];
-    harness::run(tests, None);
+    memtrack_test_support::run_sequential(tests);
 }

@@ -1,19 +1,19 @@
-//! The parallel suite (`parallel_suite/suite.rs`) on the eBPF recorder, under libtest's default
-//! parallel runner. Needs root (or CAP_BPF + CAP_PERFMON); without, each test says it skipped.
+//! The parallel suite (`parallel_suite/suite.rs`) on the eBPF recorder, run in parallel as
+//! libtest runs tests. Needs CAP_BPF + CAP_PERFMON; without them each test is reported as
+//! ignored, with why.
 
 use memtrack::BackendChoice;
 
 const BACKEND: BackendChoice = BackendChoice::Ebpf;
 
-fn skip() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let skip = unsafe { libc::geteuid() } != 0;
-    if skip {
-        eprintln!("SKIPPED: not root (the eBPF tracker needs CAP_BPF + CAP_PERFMON)");
-    }
-    skip
-}
-
 include!("parallel_suite/suite.rs");
 
 suite!("ebpf");
+
+fn main() {
+    use memtrack_test_support::{TRACKER, requires};
+    let tests = TESTS
+        .iter()
+        .map(|&(name, test)| requires(name, &[TRACKER], test));
+    memtrack_test_support::run(tests.collect());
+}

@@ -1,5 +1,6 @@
 //! Feeds arbitrary bytes to the artifact reader: it must return an error or events, never
-//! panic, hang or allocate without bound. Seed corpus: `memtrack synth` outputs.
+//! panic, hang or allocate without bound. Seeds: fuzz/seeds/reader (`memtrack synth` outputs, one
+//! cut short) and tests/fuzz-regressions; CI runs it for 60 s with `.ci/fuzz`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -17,7 +17,7 @@ fn record_forwards_exit_code_and_prints_summary() {
     }
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("alloc");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../memtrack/tests/fixtures/alloc.c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/alloc.c");
     assert!(
         Command::new("cc")
             .arg("-O1")

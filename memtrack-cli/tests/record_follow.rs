@@ -49,7 +49,7 @@ const MIMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2";
 /// tests/fixtures/follow.c compiled into `dir`.
 fn fixture(dir: &Path) -> PathBuf {
     let exe = dir.join("follow");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../memtrack/tests/fixtures/follow.c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/follow.c");
     let st = Command::new("cc")
         .arg("-O1")
         .arg(&src)
@@ -444,7 +444,7 @@ fn a_program_without_a_probeable_allocator_is_not_covered() {
     require!();
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join("follow-static");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../memtrack/tests/fixtures/follow.c");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/follow.c");
     let built = Command::new("cc")
         .args(["-O1", "-static", "-s"])
         .arg(&src)

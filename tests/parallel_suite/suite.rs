@@ -1,8 +1,11 @@
-// Twenty `#[test]`s with exact allocation counts, run by libtest's default parallel runner:
-// exact limits and exact counts must hold while other tests of the process allocate at the
-// same time (each session counts its own thread and the threads it spawns, and sessions
+// Twenty tests with exact allocation counts, run in parallel as libtest runs `#[test]`s (a pool
+// of runner threads, one thread of its own per test, named after it): exact limits and exact
+// counts must hold while other tests of the process allocate, and threads start and exit, at
+// the same time (each session counts its own thread and the threads it spawns, and sessions
 // take turns). Included by `parallel_limits.rs` (eBPF recorder) and
-// `parallel_limits_alloc.rs` (allocator recorder), each defining `BACKEND` and `skip()`.
+// `parallel_limits_alloc.rs` (allocator recorder), each defining `BACKEND` and a `main` that
+// runs `TESTS` (`harness = false`: memtrack-test-support's runner, so that a test the machine
+// cannot run is reported as ignored, not passed).
 //
 // Run it 100 times (the figure in the README): `cargo test --test parallel_limits --no-run`,
 // then `for i in $(seq 100); do ./target/debug/deps/parallel_limits-* -q || break; done`.
@@ -24,7 +27,8 @@ fn allocate(n: usize, size: usize) {
 fn session(name: &str, body: impl FnOnce()) -> Report {
     let s = SessionBuilder::new(name)
         .backend(BACKEND)
-        .output_dir(std::env::temp_dir().join("memtrack-parallel-suite"))
+        // Cargo's per-target scratch directory, not a fixed name in the shared /tmp.
+        .output_dir(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("parallel-suite"))
         .quiet(true)
         .start_waiting()
         .expect("session starts");
@@ -67,6 +71,17 @@ fn spawn_cost() -> (u64, u64) {
     })
 }
 
+/// Runs `test` on a thread of its own named after it, as libtest does, and fails if it panicked.
+fn on_own_thread(name: &str, test: fn()) {
+    let thread = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(test)
+        .expect("spawn the test's thread");
+    if let Err(panic) = thread.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// Allocates without a session, on its own thread and on threads it spawns, while the other
 /// tests record: none of it may reach their counts.
 fn noise() {
@@ -85,98 +100,102 @@ fn noise() {
     });
 }
 
-/// The twenty tests, for the recorder named `$backend` (`BACKEND` must be the same).
+/// The twenty tests, for the recorder named `$backend` (`BACKEND` must be the same), and
+/// `TESTS`, each by name.
 macro_rules! suite {
     ($backend:literal) => {
-        suite!(@limited $backend;
-            limited_1: 10 allocations of 100;
-            limited_2: 11 allocations of 200;
-            limited_3: 12 allocations of 300;
-            limited_4: 13 allocations of 400;
-            limited_5: 14 allocations of 500;
-            limited_6: 15 allocations of 600;
-            limited_7: 16 allocations of 700;
-            limited_8: 17 allocations of 800;
+        suite!(@all $backend;
+            limited: [
+                limited_1: 10 allocations of 100;
+                limited_2: 11 allocations of 200;
+                limited_3: 12 allocations of 300;
+                limited_4: 13 allocations of 400;
+                limited_5: 14 allocations of 500;
+                limited_6: 15 allocations of 600;
+                limited_7: 16 allocations of 700;
+                limited_8: 17 allocations of 800;
+            ]
+            exact: [
+                exact_1: 20 allocations of 48;
+                exact_2: 21 allocations of 96;
+                exact_3: 22 allocations of 144;
+                exact_4: 23 allocations of 192;
+                exact_5: 1000 allocations of 16;
+                exact_6: 2000 allocations of 32;
+            ]
+            spawning: [
+                spawning_1: 1 threads of 50 allocations of 72;
+                spawning_2: 2 threads of 60 allocations of 88;
+                spawning_3: 3 threads of 70 allocations of 104;
+                spawning_4: 4 threads of 80 allocations of 120;
+            ]
         );
-        suite!(@exact
-            exact_1: 20 allocations of 48;
-            exact_2: 21 allocations of 96;
-            exact_3: 22 allocations of 144;
-            exact_4: 23 allocations of 192;
-            exact_5: 1000 allocations of 16;
-            exact_6: 2000 allocations of 32;
-        );
-        suite!(@spawning
-            spawning_1: 1 threads of 50 allocations of 72;
-            spawning_2: 2 threads of 60 allocations of 88;
-            spawning_3: 3 threads of 70 allocations of 104;
-            spawning_4: 4 threads of 80 allocations of 120;
-        );
+    };
+    (@all $backend:literal;
+        limited: [$($ln:ident: $lcount:literal allocations of $lsize:literal;)*]
+        exact: [$($en:ident: $ecount:literal allocations of $esize:literal;)*]
+        spawning: [$($sn:ident: $threads:literal threads of $scount:literal allocations of $ssize:literal;)*]
+    ) => {
+        $(
+            /// Exactly `$lcount` allocations, all freed: the limit holds at its value.
+            #[memtrack(backend = $backend, max_allocations = $lcount, no_leaks)]
+            fn $ln() {
+                allocate($lcount, $lsize);
+            }
+        )*
+        $(
+            fn $en() {
+                let r = session(stringify!($en), || allocate($ecount, $esize));
+                assert_eq!(
+                    (r.allocations(), r.bytes_allocated()),
+                    ($ecount, $ecount * $esize),
+                    "{}",
+                    r.summary_line()
+                );
+                assert_eq!(r.totals.live_blocks_at_end, 0, "{}", r.summary_line());
+                assert_eq!(r.lost_events, 0);
+            }
+        )*
+        $(
+            fn $sn() {
+                let (per_scope, per_thread) = spawn_cost();
+                let r = session(stringify!($sn), || {
+                    allocate(3, 8);
+                    spawn_allocating($threads, $scount, $ssize);
+                });
+                assert_eq!(
+                    r.allocations(),
+                    3 + per_scope + $threads * ($scount + per_thread),
+                    "{} (spawning: {per_scope} per scope, {per_thread} per thread)",
+                    r.summary_line()
+                );
+                // Each spawned thread is recorded as a thread of its own.
+                let workers = r
+                    .totals
+                    .per_thread
+                    .values()
+                    .filter(|t| t.allocations >= $scount)
+                    .count();
+                assert_eq!(workers, $threads, "{:?}", r.totals.per_thread);
+                assert_eq!(r.lost_events, 0);
+            }
+        )*
 
-        #[test]
         fn noise_1() {
             noise();
         }
 
-        #[test]
         fn noise_2() {
             noise();
         }
+
+        /// Every test of the suite, by name, each run on a thread of its own.
+        const TESTS: &[(&str, fn())] = &[
+            $((stringify!($ln), || on_own_thread(stringify!($ln), $ln)),)*
+            $((stringify!($en), || on_own_thread(stringify!($en), $en)),)*
+            $((stringify!($sn), || on_own_thread(stringify!($sn), $sn)),)*
+            ("noise_1", || on_own_thread("noise_1", noise_1)),
+            ("noise_2", || on_own_thread("noise_2", noise_2)),
+        ];
     };
-    (@limited $backend:literal; $($name:ident: $n:literal allocations of $size:literal;)*) => {$(
-        /// Exactly `$n` allocations, all freed: the limit holds at its value.
-        #[test]
-        #[memtrack(backend = $backend, max_allocations = $n, no_leaks)]
-        fn $name() {
-            if skip() {
-                return;
-            }
-            allocate($n, $size);
-        }
-    )*};
-    (@exact $($name:ident: $n:literal allocations of $size:literal;)*) => {$(
-        #[test]
-        fn $name() {
-            if skip() {
-                return;
-            }
-            let r = session(stringify!($name), || allocate($n, $size));
-            assert_eq!(
-                (r.allocations(), r.bytes_allocated()),
-                ($n, $n * $size),
-                "{}",
-                r.summary_line()
-            );
-            assert_eq!(r.totals.live_blocks_at_end, 0, "{}", r.summary_line());
-            assert_eq!(r.lost_events, 0);
-        }
-    )*};
-    (@spawning $($name:ident: $threads:literal threads of $n:literal allocations of $size:literal;)*) => {$(
-        #[test]
-        fn $name() {
-            if skip() {
-                return;
-            }
-            let (per_scope, per_thread) = spawn_cost();
-            let r = session(stringify!($name), || {
-                allocate(3, 8);
-                spawn_allocating($threads, $n, $size);
-            });
-            assert_eq!(
-                r.allocations(),
-                3 + per_scope + $threads * ($n + per_thread),
-                "{} (spawning: {per_scope} per scope, {per_thread} per thread)",
-                r.summary_line()
-            );
-            // Each spawned thread is recorded as a thread of its own.
-            let workers = r
-                .totals
-                .per_thread
-                .values()
-                .filter(|t| t.allocations >= $n)
-                .count();
-            assert_eq!(workers, $threads, "{:?}", r.totals.per_thread);
-            assert_eq!(r.lost_events, 0);
-        }
-    )*};
 }

@@ -1,8 +1,9 @@
 //! The eBPF tracker against the real kernel, through `record_command` (a spawned fixture per
 //! test, so the tests may run in parallel: each loads its own program for its own pid).
 //!
-//! Needs root (or CAP_BPF + CAP_PERFMON) and a C compiler; without them every test prints
-//! why it is skipped. CI runs them as root.
+//! `harness = false` (memtrack-test-support's runner): each test needs CAP_BPF + CAP_PERFMON
+//! and a C compiler, and without them is reported as ignored with what is missing; CI runs
+//! them as root and fails if one was not run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -10,31 +11,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use memtrack::{Event, EventKind, Reader, TrackerOptions, record_command};
+use memtrack_test_support::{Need, TRACKER, Trial, requires};
 
 // Below glibc's mmap threshold: the markers stay on the heap and add no syscalls.
 const MARK_BEGIN: u64 = 0xbe01;
 const MARK_END: u64 = 0xbe02;
 
-/// Why these tests cannot run here, if they cannot.
-fn missing() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (the tracker needs CAP_BPF + CAP_PERFMON)".into());
-    }
-    if Command::new("cc").arg("--version").output().is_err() {
-        return Some("no C compiler `cc` for the fixtures".into());
-    }
-    None
-}
-
-macro_rules! require_privileges {
-    () => {
-        if let Some(why) = missing() {
-            eprintln!("SKIPPED: {why}");
-            return;
-        }
-    };
-}
+/// What every test here needs: the tracker, and the C and C++ compilers for the fixtures.
+const NEEDS: &[Need] = &[TRACKER, Need::Tool("cc"), Need::Tool("c++")];
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -121,9 +105,7 @@ fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
-#[test]
 fn libc_family_exact_sequence() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     let run = record(
@@ -223,9 +205,7 @@ fn libc_family_exact_sequence() {
     );
 }
 
-#[test]
 fn mmap_munmap_mremap() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     let run = record(
@@ -270,9 +250,7 @@ fn mmap_munmap_mremap() {
     );
 }
 
-#[test]
 fn cxx_new_delete_counted_once() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "cxx.cc", "cxx", &[]);
     let run = record(dir.path(), &[&os(&exe)], &TrackerOptions::new());
@@ -316,9 +294,7 @@ fn cxx_new_delete_counted_once() {
     }
 }
 
-#[test]
 fn threads_carry_their_tids() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &["-pthread"]);
     let run = record(
@@ -347,9 +323,7 @@ fn threads_carry_their_tids() {
     }
 }
 
-#[test]
 fn dlopened_library_allocations() {
-    require_privileges!();
     let dir = tmp();
     let lib = build(dir.path(), "lib.c", "libfix.so", &["-shared", "-fPIC"]);
     let exe = build(dir.path(), "alloc.c", "alloc", &["-ldl"]);
@@ -366,9 +340,7 @@ fn dlopened_library_allocations() {
     assert_eq!((n77, got.len()), (5, 6), "{got:?}");
 }
 
-#[test]
 fn dlopened_allocator_is_found_while_running() {
-    require_privileges!();
     let dir = tmp();
     let lib = build(
         dir.path(),
@@ -393,9 +365,7 @@ fn dlopened_allocator_is_found_while_running() {
     assert_eq!(addr, freed);
 }
 
-#[test]
 fn last_allocation_before_exit_and_exit_code() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     let run = record(
@@ -419,9 +389,7 @@ fn last_allocation_before_exit_and_exit_code() {
     );
 }
 
-#[test]
 fn unrelated_concurrent_process_is_not_recorded() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     // The same binary, untracked, allocating 24-byte blocks while the tracked one runs.
@@ -455,9 +423,7 @@ fn unrelated_concurrent_process_is_not_recorded() {
     assert_eq!(n16, 200_000);
 }
 
-#[test]
 fn ten_million_events_none_lost() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     let run = record(
@@ -474,9 +440,7 @@ fn ten_million_events_none_lost() {
     )));
 }
 
-#[test]
 fn tiny_ring_buffer_reports_losses() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     let opts = TrackerOptions::new().ringbuf_bytes(16 * 1024);
@@ -506,97 +470,79 @@ fn tiny_ring_buffer_reports_losses() {
     );
 }
 
-/// Compiles an allocator fixture if the allocator's headers are installed (CI installs
-/// libjemalloc-dev and libmimalloc-dev); otherwise says what is missing.
-fn build_with(dir: &Path, src: &str, header: &str, lib: &str) -> Option<PathBuf> {
-    if !Path::new(header).exists() {
-        eprintln!("SKIPPED: {header} missing (apt-get install -y libjemalloc-dev libmimalloc-dev)");
-        return None;
-    }
-    Some(build(dir, src, src.trim_end_matches(".c"), &[lib]))
+/// A fixture that calls an allocator's own API between the markers (not through malloc).
+struct AllocatorApi {
+    /// The trial's name.
+    name: &'static str,
+    /// The fixture in tests/fixtures and the library it links.
+    fixture: &'static str,
+    lib: &'static str,
+    /// The tracker, a compiler, and the allocator's header (CI installs it).
+    needs: &'static [Need],
+    /// The heap events it makes, in order, as (kind, size, alignment).
+    expected: &'static [(&'static str, u64, u64)],
 }
 
-/// The kinds and sizes of heap events, addresses checked pairwise by the caller.
-fn shape(k: &EventKind) -> (u8, u64, u64) {
-    match *k {
-        EventKind::Malloc { size, .. } => (1, size, 0),
-        EventKind::Calloc { size, .. } => (2, size, 0),
-        EventKind::Realloc { size, .. } => (3, size, 0),
-        EventKind::AlignedAlloc { size, align, .. } => (4, size, align),
-        EventKind::Free { .. } => (5, 0, 0),
-        _ => (0, 0, 0),
-    }
-}
+const APT: &str = "apt-get install -y libjemalloc-dev libmimalloc-dev";
 
-#[test]
-fn jemalloc_api() {
-    require_privileges!();
+const ALLOCATOR_APIS: &[AllocatorApi] = &[
+    AllocatorApi {
+        name: "jemalloc_api",
+        fixture: "jemalloc.c",
+        lib: "-ljemalloc",
+        needs: &[
+            TRACKER,
+            Need::Tool("cc"),
+            Need::File("/usr/include/jemalloc/jemalloc.h", APT),
+        ],
+        expected: &[
+            ("aligned", 100, 64),
+            ("realloc", 200, 0),
+            ("free", 0, 0),
+            ("calloc", 50, 0),
+            ("free", 0, 0),
+            ("malloc", 30, 0),
+            ("free", 0, 0),
+            ("calloc", 16, 0),
+            ("free", 0, 0),
+        ],
+    },
+    AllocatorApi {
+        name: "mimalloc_api",
+        fixture: "mimalloc.c",
+        lib: "-lmimalloc",
+        needs: &[
+            TRACKER,
+            Need::Tool("cc"),
+            Need::File("/usr/include/mimalloc.h", APT),
+        ],
+        expected: &[
+            ("malloc", 10, 0),
+            ("free", 0, 0),
+            ("calloc", 20, 0),
+            ("free", 0, 0),
+            ("calloc", 30, 0),
+            ("free", 0, 0),
+            ("malloc", 32, 0),
+            ("realloc", 1000, 0),
+            ("free", 0, 0),
+            ("aligned", 64, 128),
+            ("free", 0, 0),
+        ],
+    },
+];
+
+fn allocator_api(api: &AllocatorApi) {
     let dir = tmp();
-    let Some(exe) = build_with(
-        dir.path(),
-        "jemalloc.c",
-        "/usr/include/jemalloc/jemalloc.h",
-        "-ljemalloc",
-    ) else {
-        return;
-    };
+    let out = api.fixture.trim_end_matches(".c");
+    let exe = build(dir.path(), api.fixture, out, &[api.lib]);
     let run = record(dir.path(), &[&os(&exe)], &TrackerOptions::new());
     let got = heap_between_markers(&run);
     let shapes: Vec<_> = got.iter().map(shape).collect();
-    assert_eq!(
-        shapes,
-        [
-            (4, 100, 64),
-            (3, 200, 0),
-            (5, 0, 0),
-            (2, 50, 0),
-            (5, 0, 0),
-            (1, 30, 0),
-            (5, 0, 0),
-            (2, 16, 0),
-            (5, 0, 0)
-        ],
-        "{got:?}"
-    );
+    assert_eq!(shapes, api.expected, "{got:?}");
 }
 
-#[test]
-fn mimalloc_api() {
-    require_privileges!();
-    let dir = tmp();
-    let Some(exe) = build_with(
-        dir.path(),
-        "mimalloc.c",
-        "/usr/include/mimalloc.h",
-        "-lmimalloc",
-    ) else {
-        return;
-    };
-    let run = record(dir.path(), &[&os(&exe)], &TrackerOptions::new());
-    let got = heap_between_markers(&run);
-    let shapes: Vec<_> = got.iter().map(shape).collect();
-    assert_eq!(
-        shapes,
-        [
-            (1, 10, 0),
-            (5, 0, 0),
-            (2, 20, 0),
-            (5, 0, 0),
-            (2, 30, 0),
-            (5, 0, 0),
-            (1, 32, 0),
-            (3, 1000, 0),
-            (5, 0, 0),
-            (4, 64, 128),
-            (5, 0, 0)
-        ],
-        "{got:?}"
-    );
-}
-
-#[test]
 fn syscalls_can_be_left_out() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     let opts = TrackerOptions::new().syscalls(false);
@@ -618,9 +564,7 @@ fn syscalls_can_be_left_out() {
 /// Issue 12, item 12: by default mmap/munmap are recorded through libc's wrappers (pid-scoped
 /// uprobes, no cost to other processes), so a raw `syscall(SYS_mmap)` is not seen; the raw
 /// option's global tracepoint sees both. Before, the default was the tracepoint (all four).
-#[test]
 fn syscalls_through_libc_by_default_raw_on_request() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     let page = 4096;
@@ -661,27 +605,27 @@ fn syscalls_through_libc_by_default_raw_on_request() {
     );
 }
 
-/// (kind, size) of heap events: what two runs of the same code share (addresses differ).
-fn shapes(kinds: &[EventKind]) -> Vec<(&'static str, u64)> {
-    kinds
-        .iter()
-        .map(|k| match *k {
-            EventKind::Malloc { size, .. } => ("malloc", size),
-            EventKind::Calloc { size, .. } => ("calloc", size),
-            EventKind::Realloc { size, .. } => ("realloc", size),
-            EventKind::AlignedAlloc { size, .. } => ("aligned", size),
-            EventKind::Free { .. } => ("free", 0),
-            _ => ("other", 0),
-        })
-        .collect()
+/// (kind, size, alignment) of a heap event: what two runs of the same code share (addresses
+/// differ).
+fn shape(k: &EventKind) -> (&'static str, u64, u64) {
+    match *k {
+        EventKind::Malloc { size, .. } => ("malloc", size, 0),
+        EventKind::Calloc { size, .. } => ("calloc", size, 0),
+        EventKind::Realloc { size, .. } => ("realloc", size, 0),
+        EventKind::AlignedAlloc { size, align, .. } => ("aligned", size, align),
+        EventKind::Free { .. } => ("free", 0, 0),
+        _ => ("other", 0, 0),
+    }
+}
+
+fn shapes(kinds: &[EventKind]) -> Vec<(&'static str, u64, u64)> {
+    kinds.iter().map(shape).collect()
 }
 
 /// Issue 12, item 2: a script, and a script whose interpreter is itself a script (a shim),
 /// record what actually runs: the interpreter named by the `#!` lines, found as the kernel
 /// does. Before, both failed with "no allocator symbols … statically linked?", a wrong cause.
-#[test]
 fn scripts_and_shims_record_their_interpreter() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     let direct = record(
@@ -726,9 +670,7 @@ fn scripts_and_shims_record_their_interpreter() {
 /// Issue 12, item 9: glibc's thread shutdown returns the blocks left in the exiting thread's
 /// cache through `free`; they were freed by the program already and are not user frees. Four
 /// workers each malloc+free one size 100 times: each leaves exactly one block in its tcache.
-#[test]
 fn thread_exit_cache_flush_is_not_counted_as_frees() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &["-lpthread"]);
     let run = record(
@@ -756,9 +698,7 @@ fn thread_exit_cache_flush_is_not_counted_as_frees() {
 /// live at the end. A process image's heap ends at exec: what the program leaves live is the
 /// same as when it is recorded alone, and the shell's blocks live at the exec are counted as
 /// discarded.
-#[test]
 fn exec_ends_the_images_heap() {
-    require_privileges!();
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     let totals = |run: &Run| {
@@ -800,4 +740,57 @@ fn exec_ends_the_images_heap() {
         (s.live_blocks_at_end, s.live_bytes_at_end),
         (a.live_blocks_at_end, a.live_bytes_at_end)
     );
+}
+
+fn main() {
+    let tests: &[(&str, fn())] = &[
+        ("libc_family_exact_sequence", libc_family_exact_sequence),
+        ("mmap_munmap_mremap", mmap_munmap_mremap),
+        ("cxx_new_delete_counted_once", cxx_new_delete_counted_once),
+        ("threads_carry_their_tids", threads_carry_their_tids),
+        ("dlopened_library_allocations", dlopened_library_allocations),
+        (
+            "dlopened_allocator_is_found_while_running",
+            dlopened_allocator_is_found_while_running,
+        ),
+        (
+            "last_allocation_before_exit_and_exit_code",
+            last_allocation_before_exit_and_exit_code,
+        ),
+        (
+            "unrelated_concurrent_process_is_not_recorded",
+            unrelated_concurrent_process_is_not_recorded,
+        ),
+        ("ten_million_events_none_lost", ten_million_events_none_lost),
+        (
+            "tiny_ring_buffer_reports_losses",
+            tiny_ring_buffer_reports_losses,
+        ),
+        ("syscalls_can_be_left_out", syscalls_can_be_left_out),
+        (
+            "syscalls_through_libc_by_default_raw_on_request",
+            syscalls_through_libc_by_default_raw_on_request,
+        ),
+        (
+            "scripts_and_shims_record_their_interpreter",
+            scripts_and_shims_record_their_interpreter,
+        ),
+        (
+            "thread_exit_cache_flush_is_not_counted_as_frees",
+            thread_exit_cache_flush_is_not_counted_as_frees,
+        ),
+        ("exec_ends_the_images_heap", exec_ends_the_images_heap),
+    ];
+    // Each test records a fixture of its own (its own program for its own pid): they may run
+    // in parallel.
+    let mut trials: Vec<Trial> = tests
+        .iter()
+        .map(|&(name, f)| requires(name, NEEDS, f))
+        .collect();
+    trials.extend(
+        ALLOCATOR_APIS
+            .iter()
+            .map(|api| requires(api.name, api.needs, move || allocator_api(api))),
+    );
+    memtrack_test_support::run(trials);
 }

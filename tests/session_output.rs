@@ -3,14 +3,15 @@
 //! temporary file has a random name beside the artifact and holds complete frames while the
 //! session runs, and another user's link at the artifact's name is refused at `start`.
 //!
-//! One test in this binary: sessions are process-global. It uses the allocator backend (no
-//! privileges needed); the part that plants a link owned by another user needs root and says
-//! so when it is skipped.
+//! `harness = false`, tests run one after another on the main thread: sessions are
+//! process-global. They use the allocator backend (no privileges needed); planting a link owned
+//! by another user needs CAP_CHOWN, and without it that test is reported as ignored.
 
 use std::fs;
 use std::path::Path;
 
 use memtrack::{BackendChoice, Error, OutputError, Reader, SessionBuilder};
+use memtrack_test_support::{Cap, Need};
 
 #[global_allocator]
 static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
@@ -22,8 +23,7 @@ fn builder(name: &str, dir: &Path) -> SessionBuilder {
         .quiet(true)
 }
 
-#[test]
-fn sessions_write_through_a_random_temporary_name_and_refuse_planted_links() {
+fn sessions_write_through_a_random_temporary_name() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let victim = d.join("victim");
@@ -65,12 +65,13 @@ fn sessions_write_through_a_random_temporary_name_and_refuse_planted_links() {
     );
     let r = Reader::open(&path).unwrap();
     assert_eq!(r.completeness(), &memtrack::Completeness::Complete);
+}
 
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED (part): not root, so a link owned by another user cannot be planted");
-        return;
-    }
+fn another_users_link_at_the_artifact_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let victim = d.join("victim");
+    fs::write(&victim, "precious").unwrap();
     let planted = d.join("other.memtrack");
     std::os::unix::fs::symlink(&victim, &planted).unwrap();
     std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
@@ -88,6 +89,21 @@ fn sessions_write_through_a_random_temporary_name_and_refuse_planted_links() {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(names.len(), 4, "{names:?}");
+    assert_eq!(names.len(), 2, "only the victim and the link: {names:?}");
     builder("after", d).start().unwrap().finish().unwrap();
+}
+
+fn main() {
+    use memtrack_test_support::{requires, test};
+    memtrack_test_support::run_sequential(vec![
+        test(
+            "sessions_write_through_a_random_temporary_name",
+            sessions_write_through_a_random_temporary_name,
+        ),
+        requires(
+            "another_users_link_at_the_artifact_is_refused_at_start",
+            &[Need::Caps(&[Cap::Chown])],
+            another_users_link_at_the_artifact_is_refused_at_start,
+        ),
+    ]);
 }

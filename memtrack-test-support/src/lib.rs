@@ -1,0 +1,435 @@
+//! What the workspace's integration tests share, in one place: the check of what a test needs
+//! (capabilities, tools, headers) read from the process itself, the test runner for the
+//! `harness = false` binaries, the checks several binaries make, and artifacts built from
+//! hand-written events.
+//!
+//! **Skipped is never passed.** A test that needs something this machine lacks is reported by
+//! the runner as `ignored, <what is missing and how to get it>`, and counted as ignored in the
+//! summary line. With `MEMTRACK_REQUIRE_PRIVILEGED=1` in the environment (CI sets it, as root)
+//! a missing need fails the test instead: a CI run that skipped a privileged test is red.
+//!
+//! The runner is [libtest-mimic](https://docs.rs/libtest-mimic): libtest's command line
+//! (filters, `--exact`, `--skip`, `--list`, `--ignored`, `--test-threads`, `-q`), its output and
+//! its `test result: ok. N passed; N failed; N ignored; …` line, for binaries that cannot use
+//! libtest itself (the recorders see every thread of the process, and libtest's threads would
+//! add allocations to exact counts) or that decide at run time whether a test can run (libtest
+//! can only ignore at compile time).
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use libtest_mimic::{Arguments, Completion};
+pub use libtest_mimic::{Failed, Trial};
+use memtrack::{Backend, Encoder, EncoderOptions, Event, EventKind, Metadata};
+
+/// The environment variable that turns a missing need into a failure (CI sets it).
+pub const REQUIRE: &str = "MEMTRACK_REQUIRE_PRIVILEGED";
+
+/// A capability, by its bit in `CapEff` (linux/capability.h).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cap {
+    /// `CAP_CHOWN`: give a file to another user.
+    Chown = 0,
+    /// `CAP_SETGID`: run a child as another group.
+    Setgid = 6,
+    /// `CAP_SETUID`: run a child as another user.
+    Setuid = 7,
+    /// `CAP_PERFMON`: attach uprobes.
+    Perfmon = 38,
+    /// `CAP_BPF`: load BPF programs and maps.
+    Bpf = 39,
+}
+
+impl Cap {
+    fn name(self) -> &'static str {
+        match self {
+            Cap::Chown => "CAP_CHOWN",
+            Cap::Setgid => "CAP_SETGID",
+            Cap::Setuid => "CAP_SETUID",
+            Cap::Perfmon => "CAP_PERFMON",
+            Cap::Bpf => "CAP_BPF",
+        }
+    }
+}
+
+/// Something a test needs that a machine may lack.
+#[derive(Clone, Copy, Debug)]
+pub enum Need {
+    /// These capabilities in the effective set.
+    Caps(&'static [Cap]),
+    /// A program found on `PATH` (a compiler for the fixtures, `setcap`).
+    Tool(&'static str),
+    /// A file (a header a fixture compiles against), and the command that installs it.
+    File(&'static str, &'static str),
+}
+
+/// What the eBPF tracker needs: `CAP_BPF` and `CAP_PERFMON` (root has both).
+pub const TRACKER: Need = Need::Caps(&[Cap::Bpf, Cap::Perfmon]);
+
+/// The capabilities in this process's effective set, from `/proc/self/status` (`CapEff`, hex).
+pub fn effective_caps() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .expect("CapEff in /proc/self/status")
+        .trim();
+    u64::from_str_radix(hex, 16).expect("CapEff is hex")
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|d| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(d.join(tool))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
+/// Why a test with `needs` cannot run here (every missing need, and how to get it), or `None`.
+pub fn missing(needs: &[Need]) -> Option<String> {
+    let caps = effective_caps();
+    let mut why = Vec::new();
+    for need in needs {
+        match *need {
+            Need::Caps(wanted) => {
+                let lacking: Vec<&str> = wanted
+                    .iter()
+                    .filter(|&&c| caps & (1 << c as u32) == 0)
+                    .map(|c| c.name())
+                    .collect();
+                if !lacking.is_empty() {
+                    why.push(format!(
+                        "needs {}, not in this process's effective capabilities: run as \
+                         root, e.g. `sudo -E cargo test`",
+                        lacking.join(" + ")
+                    ));
+                }
+            }
+            Need::Tool(tool) if !on_path(tool) => why.push(format!("needs `{tool}` on PATH")),
+            Need::File(path, fix) if !Path::new(path).exists() => {
+                why.push(format!("needs {path}: {fix}"))
+            }
+            _ => {}
+        }
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
+/// Whether missing needs fail instead of being ignored ([`REQUIRE`] set to anything but `0`).
+pub fn required() -> bool {
+    std::env::var_os(REQUIRE).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+fn outcome(r: std::thread::Result<()>) -> Result<Completion, Failed> {
+    r.map(|()| Completion::Completed).map_err(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("(a panic without a message)");
+        Failed::from(format!("test panicked: {msg}"))
+    })
+}
+
+/// A test that runs wherever the binary runs.
+pub fn test(name: &str, f: impl FnOnce() + Send + 'static) -> Trial {
+    requires(name, &[], f)
+}
+
+/// A test that runs only where `needs` are met: elsewhere it is reported as ignored with what
+/// is missing, or fails if [`REQUIRE`] is set.
+pub fn requires(name: &str, needs: &'static [Need], f: impl FnOnce() + Send + 'static) -> Trial {
+    Trial::ignorable_test(name, move || match missing(needs) {
+        Some(why) if required() => Err(Failed::from(format!(
+            "{REQUIRE} is set and this test {why}"
+        ))),
+        Some(why) => Ok(Completion::ignored_with(why)),
+        None => outcome(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))),
+    })
+}
+
+/// A test of what happens *without* `needs` (a refusal that only an unprivileged process
+/// sees): where they are met it is reported as ignored, whatever [`REQUIRE`] says; CI runs
+/// such binaries a second time as an unprivileged user.
+pub fn lacking(name: &str, needs: &'static [Need], f: impl FnOnce() + Send + 'static) -> Trial {
+    Trial::ignorable_test(name, move || match missing(needs) {
+        None => Ok(Completion::ignored_with(
+            "checks a refusal seen only without these privileges, and this process has them; CI runs it unprivileged too",
+        )),
+        Some(_) => outcome(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))),
+    })
+}
+
+/// Runs `trials` with libtest's command line and exits with libtest's status, in parallel
+/// (`--test-threads`, default: the number of CPUs), in name order as libtest runs them (which
+/// tests overlap in time then stays what it was under libtest).
+pub fn run(mut trials: Vec<Trial>) -> ! {
+    trials.sort_by(|a, b| a.name().cmp(b.name()));
+    libtest_mimic::run(&Arguments::from_args(), trials).exit()
+}
+
+/// Runs `trials` one after another on the main thread, whatever `--test-threads` says, in a
+/// fresh `$MEMTRACK_DIR`: for binaries whose tests record the whole process. Call it first
+/// thing in `main` (it sets an environment variable: no other thread may exist yet).
+pub fn run_sequential(trials: Vec<Trial>) -> ! {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // SAFETY: called first thing in `main` (documented): no other thread exists yet.
+    unsafe { std::env::set_var("MEMTRACK_DIR", dir.path()) };
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(dir);
+    conclusion.exit()
+}
+
+/// Asserts that for each of `threads` worker threads, which made `per_thread` mallocs of size
+/// `base + i` (a size no one else uses), all of them are in `evs`, from one thread that is not
+/// the main thread, and that the workers are distinct threads.
+pub fn assert_one_thread_per_size(evs: &[Event], threads: u64, base: u64, per_thread: usize) {
+    let mut tids = BTreeSet::new();
+    for i in 0..threads {
+        let of: Vec<&Event> = evs
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Malloc { size, .. } if size == base + i))
+            .collect();
+        assert_eq!(of.len(), per_thread, "thread {i}: {of:?}");
+        assert!(
+            of.iter()
+                .all(|e| e.tid == of[0].tid && e.tid != std::process::id()),
+            "thread {i}: {of:?}"
+        );
+        tids.insert(of[0].tid);
+    }
+    assert_eq!(tids.len() as u64, threads);
+}
+
+/// The three blocks many tests count, all live at once: 100 bytes (malloc), 64 (a boxed
+/// `[u64; 8]`: malloc) and 1,000 zeroed bytes (calloc): 3 allocations, 1,164 bytes, a peak of
+/// 1,164. Dropping them frees all three.
+#[inline(never)]
+pub fn three_blocks() -> (Vec<u8>, Box<[u64; 8]>, Vec<u8>) {
+    let a: Vec<u8> = std::hint::black_box(Vec::with_capacity(100));
+    let b = std::hint::black_box(Box::new([7u64; 8]));
+    let c = std::hint::black_box(vec![0u8; 1000]);
+    (a, b, c)
+}
+
+/// Two sessions one after the other, started by `start`, making 5 and 9 blocks of `10 + i`
+/// bytes: each report counts its own blocks only, and the artifact's events (counted by
+/// [`count`]) hold exactly them.
+pub fn check_sequential_sessions(start: impl Fn(&str) -> memtrack::Session) {
+    for (name, n) in [("seq_a", 5u64), ("seq_b", 9)] {
+        let s = start(name);
+        for i in 0..n {
+            std::hint::black_box(Vec::<u8>::with_capacity(10 + i as usize));
+        }
+        let report = s.finish().expect("finish");
+        let bytes = (0..n).map(|i| 10 + i).sum::<u64>();
+        assert_eq!(
+            (report.allocations(), report.bytes_allocated()),
+            (n, bytes),
+            "{name}: {}",
+            report.summary_line()
+        );
+        assert_eq!(report.lost_events, 0);
+        let path = report.path.as_ref().expect("written to a file");
+        let events: Vec<Event> = memtrack::Reader::open(path)
+            .expect("artifact")
+            .events()
+            .collect::<Result<_, _>>()
+            .expect("decode");
+        let c = count(&events);
+        assert_eq!(
+            (c.allocations, c.bytes_allocated, c.frees),
+            (n, bytes, n),
+            "{name}: {events:?}"
+        );
+    }
+}
+
+/// Makes two blocks (100 and 200 bytes) in `s`, takes a snapshot after each step, and checks
+/// the snapshots count exactly what came before them and that taking them allocated nothing.
+pub fn check_stats_mid_session(s: memtrack::Session) {
+    let a = std::hint::black_box(Vec::<u8>::with_capacity(100));
+    let b = std::hint::black_box(Vec::<u8>::with_capacity(200));
+    let st = s.stats().expect("stats");
+    assert_eq!(
+        (
+            st.allocations,
+            st.bytes_allocated,
+            st.live_blocks,
+            st.live_bytes
+        ),
+        (2, 300, 2, 300),
+        "{st:?}"
+    );
+    drop(a);
+    let st = s.stats().expect("stats");
+    assert_eq!(
+        (
+            st.allocations,
+            st.frees,
+            st.live_blocks,
+            st.live_bytes,
+            st.peak_live_bytes
+        ),
+        (2, 1, 1, 200, 300),
+        "{st:?}"
+    );
+    drop(b);
+    let r = s.finish().expect("finish");
+    // Taking the snapshots allocated and freed nothing on this thread.
+    assert_eq!(
+        (r.allocations(), r.totals.frees, r.totals.live_blocks_at_end),
+        (2, 2, 0),
+        "{}",
+        r.summary_line()
+    );
+}
+
+/// Totals computed from the events by the test, with the simplest model of the rules the
+/// README states (not memtrack's `Analyzer`): the independent oracle for `show`, reports and
+/// trailers. For well-formed streams (every free frees a live block, mappings do not overlap),
+/// as the fixtures and `Synth` make.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counted {
+    /// malloc, calloc, the aligned family, and reallocs that return a block.
+    pub allocations: u64,
+    /// The sum of their sizes.
+    pub bytes_allocated: u64,
+    /// Frees of a block (`free`, or a `realloc` moving or freeing its old block).
+    pub frees: u64,
+    /// The sizes of the blocks those frees freed.
+    pub bytes_freed: u64,
+    /// The most heap bytes live at once.
+    pub peak_live_bytes: u64,
+    /// Blocks and bytes live after the last event.
+    pub live_blocks_at_end: u64,
+    /// See `live_blocks_at_end`.
+    pub live_bytes_at_end: u64,
+    /// The most mapped bytes at once (mappings are whole 4 KiB pages).
+    pub mapped_bytes_peak: u64,
+    /// Mapped bytes after the last event.
+    pub mapped_bytes_at_end: u64,
+}
+
+/// [`Counted`] over `evs`.
+pub fn count(evs: &[Event]) -> Counted {
+    use std::collections::HashMap;
+    fn pages(size: u64) -> u64 {
+        size.div_ceil(4096) * 4096
+    }
+    fn free(c: &mut Counted, live: &mut HashMap<u64, u64>, live_bytes: &mut u64, addr: u64) {
+        if addr != 0 {
+            c.frees += 1;
+            if let Some(size) = live.remove(&addr) {
+                c.bytes_freed += size;
+                *live_bytes -= size;
+            }
+        }
+    }
+    let mut c = Counted::default();
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let mut maps: HashMap<u64, u64> = HashMap::new();
+    let (mut live_bytes, mut mapped) = (0u64, 0u64);
+    for e in evs {
+        let mut alloc = None;
+        match e.kind {
+            EventKind::Malloc { addr, size }
+            | EventKind::Calloc { addr, size }
+            | EventKind::AlignedAlloc { addr, size, .. } => alloc = Some((addr, size)),
+            EventKind::Realloc {
+                old_addr,
+                new_addr,
+                size,
+            } => {
+                free(&mut c, &mut live, &mut live_bytes, old_addr);
+                if new_addr != 0 {
+                    alloc = Some((new_addr, size));
+                }
+            }
+            EventKind::Free { addr } => free(&mut c, &mut live, &mut live_bytes, addr),
+            EventKind::Mmap { addr, size } => {
+                maps.insert(addr, pages(size));
+                mapped += pages(size);
+            }
+            EventKind::Munmap { addr, .. } => mapped -= maps.remove(&addr).unwrap_or(0),
+            EventKind::Mremap {
+                old_addr,
+                new_addr,
+                size,
+            } => {
+                mapped -= maps.remove(&old_addr).unwrap_or(0);
+                maps.insert(new_addr, pages(size));
+                mapped += pages(size);
+            }
+            EventKind::Brk { .. } => {}
+            other => panic!("count() has no rule for {other:?}: add the README's rule for it"),
+        }
+        if let Some((addr, size)) = alloc {
+            c.allocations += 1;
+            c.bytes_allocated += size;
+            live_bytes += size;
+            if let Some(old) = live.insert(addr, size) {
+                live_bytes -= old;
+            }
+        }
+        c.peak_live_bytes = c.peak_live_bytes.max(live_bytes);
+        c.mapped_bytes_peak = c.mapped_bytes_peak.max(mapped);
+    }
+    c.live_blocks_at_end = live.len() as u64;
+    c.live_bytes_at_end = live_bytes;
+    c.mapped_bytes_at_end = mapped;
+    c
+}
+
+/// stdout then stderr, for assertion messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `p` as &str.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+/// Writes `events` to `path` as a finished artifact named `name` (no name if `None`) that
+/// reports `lost` lost events.
+pub fn write(path: &Path, name: Option<&str>, events: &[Event], lost: u64) -> PathBuf {
+    let mut meta = Metadata::now(7, Backend::Other);
+    if let Some(n) = name {
+        meta = meta.with_name(n);
+    }
+    let file = File::create(path).expect("create artifact");
+    let mut enc = Encoder::new(file, &meta, EncoderOptions::new().workers(1)).expect("encoder");
+    for &e in events {
+        enc.push(e).expect("push");
+    }
+    enc.finish(lost).expect("finish");
+    path.to_path_buf()
+}
+
+/// `n` allocations of `size` bytes by thread 7, each freed right after it is made: `n`
+/// allocations, `n × size` bytes, a peak of `size`.
+pub fn alloc_free_pairs(n: u64, size: u64) -> Vec<Event> {
+    let mut v = Vec::new();
+    for i in 0..n {
+        let addr = 0x10_0000 + i * 0x1000;
+        v.push(Event::new(
+            1_000 + 2 * i,
+            7,
+            7,
+            EventKind::Malloc { addr, size },
+        ));
+        v.push(Event::new(1_001 + 2 * i, 7, 7, EventKind::Free { addr }));
+    }
+    v
+}
