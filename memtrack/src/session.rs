@@ -12,18 +12,21 @@
 //! that, leaving only the temporary file `<name>.memtrack.XXXXXX.partial` (random characters,
 //! see [`Output`](crate::Output); [`Session::partial_path`] names it), whose complete frames
 //! `memtrack show` recovers.
+//!
+//! Sessions of one process take turns: `Idle → Running(name) → HandingOff(probes) → Running`
+//! or `→ Idle`, one state behind one lock, in `session/lifecycle.rs`.
+
+mod lifecycle;
 
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::analysis::Stats;
 use crate::artifact::{Backend, Metadata, Output};
 use crate::encode::EncoderOptions;
-use crate::encode::Written;
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::recorder::{AllocRecording, allocator_installed};
@@ -31,27 +34,16 @@ use crate::report::Report;
 use crate::scope::Scope;
 #[cfg(feature = "criterion")]
 use crate::tracker::Counting;
-use crate::tracker::{ProbeHold, Recording, Tracker, TrackerOptions};
+use crate::tracker::{ProbeHold, Recorded, Recording, Tracker, TrackerOptions};
+use lifecycle::{Lifecycle, Refused, Turn};
 
-/// Name of the session running in this process, if any (sessions of one process take turns:
-/// each recorder records one session at a time).
-static ACTIVE: Mutex<Option<String>> = Mutex::new(None);
-/// Signalled when the running session ends.
-static IDLE: Condvar = Condvar::new();
-/// Sessions waiting for their turn ([`SessionBuilder::start_waiting`]).
-static WAITERS: AtomicUsize = AtomicUsize::new(0);
-/// The eBPF probes a finished session left attached for the session that waited for it
-/// (attaching and detaching them costs ~10 + ~50 ms); taken by the next start.
-static HANDOFF: Mutex<Option<ProbeHold>> = Mutex::new(None);
+/// The sessions of this process take turns (each recorder records one session at a time); a
+/// session that ends while another waits hands it the attached eBPF probes. See [`lifecycle`].
+static SESSIONS: Lifecycle<ProbeHold> = Lifecycle::new();
 
 /// The name of the session running in this process, if any.
 pub(crate) fn active_name() -> Option<String> {
-    ACTIVE.lock().unwrap_or_else(|e| e.into_inner()).clone()
-}
-
-fn set_idle() {
-    *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    IDLE.notify_all();
+    SESSIONS.running()
 }
 
 /// Settings of a [`Session`]; [`start`] uses the defaults.
@@ -294,41 +286,33 @@ impl SessionBuilder {
             ));
         }
         self.limits.validate()?;
-        {
-            let mut active = ACTIVE.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(other) = active.as_ref()
-                && wait
-                && current_thread_recorded()
-            {
-                return Err(Error::NestedSession {
-                    requested: self.name,
-                    active: other.clone(),
-                });
+        let (turn, handed_over) = SESSIONS
+            .begin(&self.name, wait, current_thread_recorded)
+            .map_err(|refused| match refused {
+                Refused::Active(active) => Error::SessionActive {
+                    requested: self.name.clone(),
+                    active,
+                },
+                Refused::Nested(active) => Error::NestedSession {
+                    requested: self.name.clone(),
+                    active,
+                },
+            })?;
+        // Probes handed over by the previous session stay attached until this one has started,
+        // or failed to: then they go before the turn ends, so that they are not detached under
+        // the next session's start.
+        match self.start_inner() {
+            Ok(mut session) => {
+                session.turn = Some(turn);
+                drop(handed_over);
+                Ok(session)
             }
-            if wait && active.is_some() {
-                WAITERS.fetch_add(1, Ordering::SeqCst);
-                while active.is_some() {
-                    active = IDLE.wait(active).unwrap_or_else(|e| e.into_inner());
-                }
-                WAITERS.fetch_sub(1, Ordering::SeqCst);
+            Err(e) => {
+                drop(handed_over);
+                turn.end(None);
+                Err(e)
             }
-            if let Some(other) = active.as_ref() {
-                return Err(Error::SessionActive {
-                    requested: self.name,
-                    active: other.clone(),
-                });
-            }
-            *active = Some(self.name.clone());
         }
-        // Probes handed over by the previous session stay attached until this one has started
-        // (or failed to).
-        let handoff = HANDOFF.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let started = self.start_inner();
-        drop(handoff);
-        if started.is_err() {
-            set_idle();
-        }
-        started
     }
 
     fn start_inner(self) -> Result<Session> {
@@ -370,6 +354,7 @@ impl SessionBuilder {
             recording: None,
             meta,
             iterations: None,
+            turn: None,
         };
         // Recording starts last: nothing here may allocate or free after it (the metadata is
         // kept in the session and freed after recording stops).
@@ -411,6 +396,8 @@ pub struct Session {
     recording: Option<Active>,
     meta: Metadata,
     iterations: Option<u64>,
+    /// This session's turn in [`SESSIONS`]; ended when the recording has stopped.
+    turn: Option<Turn<'static, ProbeHold>>,
 }
 
 /// Where a session's events go once encoded: its temporary file, or nowhere (in memory).
@@ -448,13 +435,6 @@ enum Active {
     Alloc(AllocRecording<Out>),
 }
 
-/// What a recorder wrote and what it could not record.
-struct Stopped {
-    written: Written,
-    lost_events: u64,
-    out_of_scope: u64,
-}
-
 impl Active {
     fn set_iterations(&mut self, n: u64) {
         match self {
@@ -464,23 +444,17 @@ impl Active {
     }
 
     /// Stops recording and finishes the artifact.
-    fn stop(self) -> Result<Stopped> {
+    fn stop(self) -> Result<Recorded> {
         match self {
-            Active::Ebpf(r) => {
-                let r = r.stop()?;
-                Ok(Stopped {
-                    written: r.written,
-                    lost_events: r.lost_events,
-                    out_of_scope: r.out_of_scope,
-                })
-            }
+            Active::Ebpf(r) => Ok(r.stop()?),
             // The allocator backend waits for room instead of dropping events.
             Active::Alloc(r) => {
                 let (written, lost_events) = r.stop()?;
-                Ok(Stopped {
+                Ok(Recorded {
                     written,
                     lost_events,
                     out_of_scope: crate::recorder::OUT_OF_SCOPE.load(Ordering::Relaxed),
+                    unfollowed_processes: 0,
                 })
             }
         }
@@ -490,7 +464,7 @@ impl Active {
 /// Whether a session is running and records the calling thread (a nested start). Allocates
 /// nothing: a nested `#[memtrack]` function asks this inside the session that counts it.
 pub(crate) fn recorded_here() -> bool {
-    ACTIVE.lock().unwrap_or_else(|e| e.into_inner()).is_some() && current_thread_recorded()
+    SESSIONS.is_running() && current_thread_recorded()
 }
 
 /// Whether the calling thread is recorded by the session running now (its scope includes it).
@@ -560,19 +534,22 @@ impl Session {
         if let Some(n) = self.iterations {
             recording.set_iterations(n);
         }
-        if matches!(recording, Active::Ebpf(_))
-            && WAITERS.load(Ordering::SeqCst) > 0
-            && let Some(hold) = Tracker::loaded().and_then(|t| t.hold().ok())
-        {
-            *HANDOFF.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold);
-        }
+        // A session waiting for its turn gets the attached probes (kept by `hold`).
+        let hold = match &self.turn {
+            Some(turn) if matches!(recording, Active::Ebpf(_)) && turn.awaited() => {
+                Tracker::loaded().and_then(|t| t.hold().ok())
+            }
+            _ => None,
+        };
         let output = self.output.take();
-        let result = recording.stop().and_then(|stopped| {
-            let Stopped {
+        let result = recording.stop().and_then(|recorded| {
+            let Recorded {
                 written,
                 lost_events,
                 out_of_scope,
-            } = stopped;
+                // Sessions record this process: it follows no other.
+                unfollowed_processes: _,
+            } = recorded;
             if let Some(output) = output {
                 output.commit()?;
             }
@@ -592,7 +569,9 @@ impl Session {
                 iterations: self.iterations,
             })
         });
-        set_idle();
+        if let Some(turn) = self.turn.take() {
+            turn.end(hold);
+        }
         if let Ok(report) = &result
             && !self.quiet
         {

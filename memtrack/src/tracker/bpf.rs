@@ -786,10 +786,13 @@ impl Drop for Bpf {
     }
 }
 
-/// Closes `links` in parallel: each close waits for an RCU grace period, so closing hundreds
-/// one after another takes visibly long.
+/// Closes `links` in parallel, each on its own thread up to 256: each close waits for an RCU
+/// grace period, and waits that run at the same time share one. With 8 threads, `record` of
+/// `sh -c 'for i in $(seq 160); do /bin/true; done'` spent 3.8 s closing the 160 processes'
+/// links after the command had ended; with one thread per link, 0.1 s (README, "What following
+/// costs").
 fn detach_all(links: Vec<Link>) {
-    let threads = 8.min(links.len());
+    let threads = 256.min(links.len());
     if threads <= 1 {
         drop(links);
         return;

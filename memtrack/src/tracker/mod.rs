@@ -37,7 +37,7 @@ mod record;
 use std::io::Write;
 use std::marker::PhantomData;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -158,7 +158,6 @@ pub struct Counters {
 /// The eBPF program loaded and attached to one process.
 pub struct Tracker {
     bpf: Bpf,
-    recording: Arc<AtomicBool>,
     in_process: bool,
     /// The `.bss` switch as last written, and what needs the probes attached.
     switch: Mutex<SwitchState>,
@@ -166,21 +165,79 @@ pub struct Tracker {
     poller: OnceCell<Poller>,
 }
 
-/// The tracker's one lifecycle: the probes are attached exactly while a recording runs or a
-/// [`Counting`] guard lives, and the switch says what the program does with a hit.
+/// The tracker's one lifecycle, behind one lock: the probes are attached exactly while a
+/// recording runs, a [`Counting`] guard or a [`ProbeHold`] lives, and the switch says what the
+/// program does with a hit.
 struct SwitchState {
     sw: RawSwitch,
     /// [`Counting`] guards alive.
     counting: usize,
     /// [`ProbeHold`] guards alive.
     holds: usize,
-    /// Whether a [`Recording`] holds the switch's stream bit.
-    recording: bool,
+    /// The one recording a tracker runs at a time.
+    stream: Stream,
+}
+
+/// Where the tracker's one recording is:
+///
+/// ```text
+/// Off ─claim─▶ Starting ─started─▶ On ─draining─▶ Draining ─release─▶ Off
+///                  └───────────── release (the start failed) ───────────▶ Off
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    /// No recording: a start may claim the stream.
+    Off,
+    /// A start claimed it and is setting up (encoder, poller, probes); nothing is recorded yet.
+    Starting,
+    /// Recording: the switch's stream bit is on.
+    On,
+    /// Stopped: the stream bit is off and the poller drains the ring buffer's tail. A new
+    /// start is still refused, so that it cannot take the events of this one.
+    Draining,
 }
 
 impl SwitchState {
+    /// Nothing attached, nothing counted, no recording.
+    fn new() -> Self {
+        SwitchState {
+            sw: RawSwitch::default(),
+            counting: 0,
+            holds: 0,
+            stream: Stream::Off,
+        }
+    }
+
     fn needs_probes(&self) -> bool {
-        self.counting > 0 || self.holds > 0 || self.recording
+        self.counting > 0 || self.holds > 0 || self.stream == Stream::On
+    }
+
+    /// Off → Starting; a second recording is refused.
+    fn claim(&mut self) -> Result<(), TrackerError> {
+        if self.stream != Stream::Off {
+            return Err(TrackerError::AlreadyRecording);
+        }
+        self.stream = Stream::Starting;
+        Ok(())
+    }
+
+    /// Starting → On, with the switch `sw` written.
+    fn started(&mut self, sw: RawSwitch) {
+        debug_assert_eq!(self.stream, Stream::Starting);
+        self.sw = sw;
+        self.stream = Stream::On;
+    }
+
+    /// On → Draining (the switch's stream bit is off, or failed to go off).
+    fn draining(&mut self) {
+        debug_assert_eq!(self.stream, Stream::On);
+        self.stream = Stream::Draining;
+    }
+
+    /// Starting (a failed start) or Draining (a finished stop) → Off.
+    fn release(&mut self) {
+        debug_assert!(matches!(self.stream, Stream::Starting | Stream::Draining));
+        self.stream = Stream::Off;
     }
 }
 
@@ -241,7 +298,7 @@ impl Tracker {
     /// a process-wide one; `false` if none runs).
     pub(crate) fn current_thread_in_scope(&self) -> Result<bool, TrackerError> {
         let st = self.state();
-        if !st.recording {
+        if st.stream != Stream::On {
             return Ok(false);
         }
         if st.sw.scope == memtrack_bpf::SCOPE_PROCESS {
@@ -289,14 +346,8 @@ impl Tracker {
         }
         Ok(Self {
             bpf,
-            recording: Arc::new(AtomicBool::new(false)),
             in_process: pid == std::process::id(),
-            switch: Mutex::new(SwitchState {
-                sw: RawSwitch::default(),
-                counting: 0,
-                holds: 0,
-                recording: false,
-            }),
+            switch: Mutex::new(SwitchState::new()),
             poller: OnceCell::new(),
         })
     }
@@ -315,14 +366,8 @@ impl Tracker {
         )?;
         Ok(Self {
             bpf,
-            recording: Arc::new(AtomicBool::new(false)),
             in_process: false,
-            switch: Mutex::new(SwitchState {
-                sw: RawSwitch::default(),
-                counting: 0,
-                holds: 0,
-                recording: false,
-            }),
+            switch: Mutex::new(SwitchState::new()),
             poller: OnceCell::new(),
         })
     }
@@ -424,12 +469,10 @@ impl Tracker {
                     .into(),
             ));
         }
-        if self.recording.swap(true, Ordering::AcqRel) {
-            return Err(TrackerError::AlreadyRecording);
-        }
+        self.state().claim()?;
         let result = self.start_inner(out, meta, opts, workers, scope);
         if result.is_err() {
-            self.recording.store(false, Ordering::Release);
+            self.state().release();
         }
         result
     }
@@ -521,8 +564,7 @@ impl Tracker {
             self.detach_after_recording(&st);
             return Err(e);
         }
-        st.sw = sw;
-        st.recording = true;
+        st.started(sw);
         Ok(Recording {
             tracker: self,
             poller: Some(poller),
@@ -683,17 +725,15 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             if off.is_ok() {
                 st.sw = sw;
             }
-            st.recording = false;
+            st.draining();
             off
         };
         let drained = poller.finish();
         {
-            let st = t.state();
-            if !st.recording {
-                t.detach_after_recording(&st);
-            }
+            let mut st = t.state();
+            t.detach_after_recording(&st);
+            st.release();
         }
-        t.recording.store(false, Ordering::Release);
         off?;
         let mut drained = drained?;
         let stats = t.bpf.stats()?;
@@ -731,5 +771,59 @@ impl<W: Write + Send + 'static> Drop for Recording<'_, W> {
         if self.poller.is_some() {
             let _ = self.stop_inner();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> SwitchState {
+        SwitchState::new()
+    }
+
+    #[test]
+    fn one_recording_at_a_time_until_it_has_drained() {
+        let mut st = state();
+        st.claim().unwrap();
+        assert!(matches!(st.claim(), Err(TrackerError::AlreadyRecording)));
+        // Setting up records nothing yet: the probes are not needed for it.
+        assert!(!st.needs_probes());
+        let sw = RawSwitch {
+            enabled: memtrack_bpf::SWITCH_STREAM,
+            generation: 1,
+            ..RawSwitch::default()
+        };
+        st.started(sw);
+        assert_eq!(st.sw.generation, 1);
+        assert!(st.needs_probes());
+        assert!(matches!(st.claim(), Err(TrackerError::AlreadyRecording)));
+        st.draining();
+        // Draining: the probes may go, but the next recording waits for the tail.
+        assert!(!st.needs_probes());
+        assert!(matches!(st.claim(), Err(TrackerError::AlreadyRecording)));
+        st.release();
+        st.claim().unwrap();
+    }
+
+    #[test]
+    fn a_failed_start_frees_the_stream() {
+        let mut st = state();
+        st.claim().unwrap();
+        st.release();
+        assert_eq!(st.stream, Stream::Off);
+        st.claim().unwrap();
+    }
+
+    #[test]
+    fn counting_and_holds_keep_the_probes_without_a_recording() {
+        let mut st = state();
+        st.counting = 1;
+        assert!(st.needs_probes());
+        st.counting = 0;
+        st.holds = 1;
+        assert!(st.needs_probes());
+        st.holds = 0;
+        assert!(!st.needs_probes());
     }
 }
