@@ -18,7 +18,7 @@ use memtrack::{
     Analyzer, CommandOptions, Event, EventKind, Final, ProcessTotals, Reader, RecordOutcome,
     TrackerOptions, record_command_with,
 };
-use memtrack_test_support::{Need, TRACKER, Trial, requires};
+use memtrack_test_support::{Need, TRACKER, requires};
 
 /// What every test here needs: the tracker, and `cc` for the fixture.
 const NEEDS: &[Need] = &[TRACKER, Need::Tool("cc")];
@@ -437,56 +437,51 @@ fn main() {
     const JEMALLOC_NEED: Need = Need::File(JEMALLOC, "apt-get install libjemalloc-dev");
     const MIMALLOC_NEED: Need = Need::File(MIMALLOC, "apt-get install libmimalloc-dev");
     const STATIC_NEED: Need = Need::File(STATIC_LIBC, "apt-get install libc6-dev");
-    let tests: &[(&str, &'static [Need], fn())] = &[
-        (
+    memtrack_test_support::run(vec![
+        requires(
             "python_started_by_a_shell_is_recorded",
             &[TRACKER, Need::Tool("cc"), Need::Tool("python3")],
             python_started_by_a_shell_is_recorded,
         ),
-        (
+        requires(
             "a_forked_child_is_recorded_exactly",
             NEEDS,
             a_forked_child_is_recorded_exactly,
         ),
-        (
+        requires(
             "a_posix_spawned_program_is_recorded_exactly",
             NEEDS,
             a_posix_spawned_program_is_recorded_exactly,
         ),
-        (
+        requires(
             "an_ld_preload_allocator_is_recorded_from_the_first_call",
             &[TRACKER, Need::Tool("cc"), JEMALLOC_NEED],
             an_ld_preload_allocator_is_recorded_from_the_first_call,
         ),
-        (
+        requires(
             "a_dlopened_allocator_is_probed_before_its_first_call",
             &[TRACKER, Need::Tool("cc"), MIMALLOC_NEED],
             a_dlopened_allocator_is_probed_before_its_first_call,
         ),
-        (
+        requires(
             "a_trees_totals_are_the_sum_of_its_processes_recorded_alone",
             NEEDS,
             a_trees_totals_are_the_sum_of_its_processes_recorded_alone,
         ),
-        (
+        requires(
             "a_setuid_exec_is_not_followed_and_is_counted",
             NEEDS,
             a_setuid_exec_is_not_followed_and_is_counted,
         ),
-        (
+        requires(
             "the_cli_shows_coverage_and_refuses_an_uncovered_recording",
             NEEDS,
             the_cli_shows_coverage_and_refuses_an_uncovered_recording,
         ),
-        (
+        requires(
             "a_program_without_a_probeable_allocator_is_not_covered",
             &[TRACKER, Need::Tool("cc"), STATIC_NEED],
             a_program_without_a_probeable_allocator_is_not_covered,
         ),
-    ];
-    let trials: Vec<Trial> = tests
-        .iter()
-        .map(|&(name, needs, f)| requires(name, needs, f))
-        .collect();
-    memtrack_test_support::run(trials);
+    ]);
 }
