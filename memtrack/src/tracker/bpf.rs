@@ -380,10 +380,7 @@ impl Bpf {
     /// (or is not an ELF file).
     fn file_sites(&self, path: &Path) -> Option<FileSites> {
         let elf = memtrack_bpf::Elf::open(path).ok()?;
-        let mut sites = memtrack_bpf::probe_sites_in(&elf);
-        if self.syscalls != Syscalls::Wrappers {
-            sites.retain(|s| !s.entry.is_syscall());
-        }
+        let sites = self.recorded_sites(memtrack_bpf::probe_sites_in(&elf));
         let dl_state = elf
             .functions()
             .find(|s| s.name == memtrack_bpf::DL_STATE_SYMBOL)
@@ -391,6 +388,18 @@ impl Bpf {
             .map(|o| o as usize);
         let probed = (!sites.is_empty()).then(|| ProbedFile::new(path, &sites));
         (probed.is_some() || dl_state.is_some()).then_some(FileSites { probed, dl_state })
+    }
+
+    /// The sites of `sites` this tracker probes: the syscall wrappers' only in the mode that
+    /// uses them (with the raw tracepoint too, every mapping would be recorded twice).
+    fn recorded_sites(
+        &self,
+        mut sites: Vec<memtrack_bpf::ProbeSite>,
+    ) -> Vec<memtrack_bpf::ProbeSite> {
+        if self.syscalls != Syscalls::Wrappers {
+            sites.retain(|s| !s.entry.is_syscall());
+        }
+        sites
     }
 
     /// Adds the allocator probe sites of the ELF file `path` (attached at once if the probes
@@ -408,12 +417,7 @@ impl Bpf {
         if !attached.probed.insert((meta.dev(), meta.ino())) {
             return Ok(0);
         }
-        let mut sites = memtrack_bpf::probe_sites(path)?;
-        // The wrappers' probes only in the mode that uses them: with the raw tracepoint too,
-        // every mapping would be recorded twice.
-        if self.syscalls != Syscalls::Wrappers {
-            sites.retain(|s| !s.entry.is_syscall());
-        }
+        let sites = self.recorded_sites(memtrack_bpf::probe_sites(path)?);
         if sites.is_empty() {
             return Ok(0);
         }

@@ -340,8 +340,10 @@ impl<'a> Tracer<'a> {
         let creds = creds_of(&status);
         let exe = exe_of(pid);
         let command = cmdline_of(pid);
-        let setid = std::fs::metadata(format!("/proc/{pid}/exe"))
-            .is_ok_and(|m| m.mode() & (libc::S_ISUID | libc::S_ISGID) != 0);
+        let image = std::fs::metadata(format!("/proc/{pid}/exe")).ok();
+        let setid = image
+            .as_ref()
+            .is_some_and(|m| m.mode() & (libc::S_ISUID | libc::S_ISGID) != 0);
         let Some(p) = self.proc_mut(pid) else {
             return Some(0);
         };
@@ -361,7 +363,7 @@ impl<'a> Tracer<'a> {
             self.not_followed(pid, why);
             return None;
         }
-        let mut files = self.image_files(pid, &exe);
+        let mut files = image.map_or_else(Vec::new, |m| self.image_files(pid, &exe, &m));
         if let Ok(mapped) = mapped_objects(pid) {
             files.extend(mapped);
         }
@@ -378,13 +380,10 @@ impl<'a> Tracer<'a> {
         Some(0)
     }
 
-    /// What the dynamic loader will map for the program `exe` of process `pid`: `ld.so
-    /// --list` with the process's own environment (LD_PRELOAD, LD_LIBRARY_PATH), cached per
+    /// What the dynamic loader will map for the program `exe` (`meta`: its metadata, through
+    /// /proc/PID/exe) of process `pid`: `ld.so --list` with the process's own environment (LD_PRELOAD, LD_LIBRARY_PATH), cached per
     /// program and loader variables.
-    fn image_files(&mut self, pid: u32, exe: &str) -> Vec<PathBuf> {
-        let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
-            return Vec::new();
-        };
+    fn image_files(&mut self, pid: u32, exe: &str, meta: &std::fs::Metadata) -> Vec<PathBuf> {
         let env = environ_of(pid);
         let loader_vars: Vec<(OsString, OsString)> = env
             .iter()
