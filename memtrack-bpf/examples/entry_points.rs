@@ -27,15 +27,12 @@
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use libbpf_rs::{
-    Link, MapCore, MapFlags, Object, ObjectBuilder, RingBufferBuilder, UprobeMultiOpts,
-};
+use libbpf_rs::{Link, MapCore, MapFlags, Object, UprobeMultiOpts};
 use memtrack_bpf::{
-    Elf, MAP_EVENTS, MAP_STATS, PROG_ENTRY, PROG_NOP, PROG_RET, PlacementRule, ProbeSite,
-    RawConfig, RawStats, RawSwitch, SCOPE_PROCESS, SWITCH_STREAM, probe_sites_in,
+    Elf, MAP_STATS, PROG_ENTRY, PROG_NOP, PROG_RET, PlacementRule, ProbeSite, RawStats,
+    probe_sites_in,
 };
 
 const LIB: &str = "/usr/lib/x86_64-linux-gnu";
@@ -141,27 +138,7 @@ impl Op {
     }
 }
 
-/// A symbol of the running process (`RTLD_DEFAULT`: the preloaded allocator first).
-fn sym(name: &str) -> Option<*mut c_void> {
-    let c = CString::new(name).unwrap();
-    // SAFETY: dlsym with a NUL-terminated name.
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) };
-    (!p.is_null()).then_some(p)
-}
-
-/// The function `name` as a pointer of type `F`; the caller names the C signature.
-fn f<F: Copy>(name: &str) -> F {
-    assert_eq!(
-        size_of::<F>(),
-        size_of::<*mut c_void>(),
-        "{name}: not a function pointer"
-    );
-    let p = sym(name).unwrap_or_else(|| panic!("{name} not found"));
-    // SAFETY: `F` is a function pointer type (checked: pointer-sized) and the symbol is a
-    // function with the C signature the call site's type says (the table below pairs each
-    // name with its signature).
-    unsafe { std::mem::transmute_copy(&p) }
-}
+mod harness;
 
 /// The file that defines the function at `p`, and its address in that file.
 fn defining_file(p: *mut c_void) -> (PathBuf, u64) {
@@ -188,74 +165,98 @@ fn cases(group: &str) -> Vec<Case> {
     let c = |label, probed, op| Case { label, probed, op };
     match group {
         "glibc" | "jemalloc" | "mimalloc" => {
-            let free: unsafe extern "C" fn(P) = f("free");
+            let free: unsafe extern "C" fn(P) = harness::f("free");
             let mut v = vec![
-                c("malloc", "malloc", Op::Alloc(f("malloc"), free)),
-                c("free", "free", Op::Alloc(f("malloc"), free)),
-                c("calloc", "calloc", Op::Alloc2(f("calloc"), 1, 16, free)),
-                c("realloc", "realloc", Op::Realloc(f("realloc"), free)),
+                c("malloc", "malloc", Op::Alloc(harness::f("malloc"), free)),
+                c("free", "free", Op::Alloc(harness::f("malloc"), free)),
+                c(
+                    "calloc",
+                    "calloc",
+                    Op::Alloc2(harness::f("calloc"), 1, 16, free),
+                ),
+                c(
+                    "realloc",
+                    "realloc",
+                    Op::Realloc(harness::f("realloc"), free),
+                ),
                 c(
                     "aligned_alloc",
                     "aligned_alloc",
-                    Op::Alloc2(f("aligned_alloc"), 64, 64, free),
+                    Op::Alloc2(harness::f("aligned_alloc"), 64, 64, free),
                 ),
                 c(
                     "posix_memalign",
                     "posix_memalign",
-                    Op::PosixMemalign(f("posix_memalign"), free),
+                    Op::PosixMemalign(harness::f("posix_memalign"), free),
                 ),
             ];
             if group != "jemalloc" {
                 v.push(c(
                     "reallocarray",
                     "reallocarray",
-                    Op::Reallocarray(f("reallocarray"), free),
+                    Op::Reallocarray(harness::f("reallocarray"), free),
                 ));
             }
             if group == "jemalloc" {
-                let dallocx: unsafe extern "C" fn(P, usize, usize) = f("dallocx");
-                let sdallocx: unsafe extern "C" fn(P, usize, usize) = f("sdallocx");
+                let dallocx: unsafe extern "C" fn(P, usize, usize) = harness::f("dallocx");
+                let sdallocx: unsafe extern "C" fn(P, usize, usize) = harness::f("sdallocx");
                 v.extend([
-                    c("mallocx", "mallocx", Op::Alloc2(f("mallocx"), 16, 0, free)),
+                    c(
+                        "mallocx",
+                        "mallocx",
+                        Op::Alloc2(harness::f("mallocx"), 16, 0, free),
+                    ),
                     c(
                         "rallocx",
                         "rallocx",
-                        Op::Rallocx(f("rallocx"), f("malloc"), free),
+                        Op::Rallocx(harness::f("rallocx"), harness::f("malloc"), free),
                     ),
                     c(
                         "dallocx",
                         "dallocx",
-                        Op::AllocFree3(f("mallocx"), 0, dallocx, 0, 0),
+                        Op::AllocFree3(harness::f("mallocx"), 0, dallocx, 0, 0),
                     ),
                     c(
                         "sdallocx",
                         "sdallocx",
-                        Op::AllocFree3(f("mallocx"), 0, sdallocx, 16, 0),
+                        Op::AllocFree3(harness::f("mallocx"), 0, sdallocx, 16, 0),
                     ),
                 ]);
             }
             if group == "mimalloc" {
-                let mi_free: unsafe extern "C" fn(P) = f("mi_free");
+                let mi_free: unsafe extern "C" fn(P) = harness::f("mi_free");
                 v.extend([
-                    c("mi_malloc", "mi_malloc", Op::Alloc(f("mi_malloc"), mi_free)),
-                    c("mi_free", "mi_free", Op::Alloc(f("mi_malloc"), mi_free)),
-                    c("mi_zalloc", "mi_zalloc", Op::Alloc(f("mi_zalloc"), mi_free)),
+                    c(
+                        "mi_malloc",
+                        "mi_malloc",
+                        Op::Alloc(harness::f("mi_malloc"), mi_free),
+                    ),
+                    c(
+                        "mi_free",
+                        "mi_free",
+                        Op::Alloc(harness::f("mi_malloc"), mi_free),
+                    ),
+                    c(
+                        "mi_zalloc",
+                        "mi_zalloc",
+                        Op::Alloc(harness::f("mi_zalloc"), mi_free),
+                    ),
                     c(
                         "mi_calloc",
                         "mi_calloc",
-                        Op::Alloc2(f("mi_calloc"), 1, 16, mi_free),
+                        Op::Alloc2(harness::f("mi_calloc"), 1, 16, mi_free),
                     ),
                     c(
                         "mi_realloc",
                         "mi_realloc",
-                        Op::Realloc(f("mi_realloc"), mi_free),
+                        Op::Realloc(harness::f("mi_realloc"), mi_free),
                     ),
                     c(
                         "mi_malloc_aligned",
                         "mi_malloc_aligned",
-                        Op::Alloc2(f("mi_malloc_aligned"), 16, 64, mi_free),
+                        Op::Alloc2(harness::f("mi_malloc_aligned"), 16, 64, mi_free),
                     ),
-                    c("mi_new", "mi_new", Op::Alloc(f("mi_new"), mi_free)),
+                    c("mi_new", "mi_new", Op::Alloc(harness::f("mi_new"), mi_free)),
                 ]);
             }
             if group != "glibc" {
@@ -272,10 +273,10 @@ fn cases(group: &str) -> Vec<Case> {
 /// them).
 fn cxx_cases() -> Vec<Case> {
     let c = |label, probed, op| Case { label, probed, op };
-    let new: unsafe extern "C" fn(usize) -> P = f("_Znwm");
-    let del: unsafe extern "C" fn(P) = f("_ZdlPv");
-    let new_al: unsafe extern "C" fn(usize, usize) -> P = f("_ZnwmSt11align_val_t");
-    let del_al: unsafe extern "C" fn(P, usize, usize) = f("_ZdlPvSt11align_val_t");
+    let new: unsafe extern "C" fn(usize) -> P = harness::f("_Znwm");
+    let del: unsafe extern "C" fn(P) = harness::f("_ZdlPv");
+    let new_al: unsafe extern "C" fn(usize, usize) -> P = harness::f("_ZnwmSt11align_val_t");
+    let del_al: unsafe extern "C" fn(P, usize, usize) = harness::f("_ZdlPvSt11align_val_t");
     // The nothrow_t argument is an ignored reference: any valid address.
     static NOTHROW: u8 = 0;
     let nothrow = &NOTHROW as *const u8 as usize;
@@ -285,12 +286,24 @@ fn cxx_cases() -> Vec<Case> {
         c(
             "new nothrow",
             "_ZnwmRKSt9nothrow_t",
-            Op::AllocFree3(f("_ZnwmRKSt9nothrow_t"), nothrow, f("_ZdlPvm"), 16, 0),
+            Op::AllocFree3(
+                harness::f("_ZnwmRKSt9nothrow_t"),
+                nothrow,
+                harness::f("_ZdlPvm"),
+                16,
+                0,
+            ),
         ),
         c(
             "delete sized",
             "_ZdlPvm",
-            Op::AllocFree3(f("_ZnwmRKSt9nothrow_t"), nothrow, f("_ZdlPvm"), 16, 0),
+            Op::AllocFree3(
+                harness::f("_ZnwmRKSt9nothrow_t"),
+                nothrow,
+                harness::f("_ZdlPvm"),
+                16,
+                0,
+            ),
         ),
         c(
             "new aligned",
@@ -305,27 +318,9 @@ fn cxx_cases() -> Vec<Case> {
         c(
             "delete sized aligned",
             "_ZdlPvmSt11align_val_t",
-            Op::AllocFree3(new_al, 64, f("_ZdlPvmSt11align_val_t"), 16, 64),
+            Op::AllocFree3(new_al, 64, harness::f("_ZdlPvmSt11align_val_t"), 16, 64),
         ),
     ]
-}
-
-fn load() -> Object {
-    let mut open = ObjectBuilder::default()
-        .open_memory(memtrack_bpf::OBJECT)
-        .unwrap();
-    for mut m in open.maps_mut() {
-        let name = m.name().to_string_lossy().into_owned();
-        if name.ends_with(".rodata") {
-            let cfg = RawConfig::new(std::process::id());
-            m.initial_value_mut()
-                .unwrap()
-                .copy_from_slice(&cfg.to_bytes());
-        } else if name == MAP_EVENTS {
-            m.set_max_entries(8 << 20).unwrap();
-        }
-    }
-    open.load().unwrap()
 }
 
 /// Attaches `entry` (and `ret` as a return probe when the site has one) at `offset` of
@@ -393,53 +388,14 @@ fn drops(obj: &Object) -> u64 {
 /// Runs `op` with memtrack's programs at the site, recording on, the ring buffer drained.
 fn with_bpf(obj: &Object, file: &Path, site: &ProbeSite, op: Op, n: u64, generation: u32) -> f64 {
     let links = attach(obj, file, site, site.offset, false);
-    let events = obj.maps().find(|m| m.name() == MAP_EVENTS).unwrap();
-    let bss = obj
-        .maps()
-        .find(|m| m.name().to_string_lossy().ends_with(".bss"))
-        .unwrap();
-    let switch = |enabled| RawSwitch {
-        enabled,
-        scope: SCOPE_PROCESS,
-        generation,
-        reserved: 0,
-    };
-    let stop = AtomicBool::new(false);
     let before = drops(obj);
-    let ns = std::thread::scope(|s| {
-        let mut b = RingBufferBuilder::new();
-        b.add(&events, |_| 0).unwrap();
-        let rb = b.build().unwrap();
-        let stop = &stop;
-        let poller = s.spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                rb.poll(Duration::from_millis(10)).unwrap();
-                rb.consume().unwrap();
-            }
-            rb.consume().unwrap();
-        });
-        let on = switch(SWITCH_STREAM).to_bytes();
-        bss.update(&0u32.to_ne_bytes(), &on, MapFlags::ANY).unwrap();
-        let ns = ns_per_call(op, n);
-        let off = switch(0).to_bytes();
-        bss.update(&0u32.to_ne_bytes(), &off, MapFlags::ANY)
-            .unwrap();
-        stop.store(true, Ordering::Release);
-        poller.join().unwrap();
-        ns
-    });
+    let ns = harness::recording(obj, generation, || ns_per_call(op, n));
     drop(links);
     let lost = drops(obj) - before;
     assert_eq!(lost, 0, "{}: {lost} events dropped", site.symbol);
     ns
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// One group, in this process: every case, every configuration, interleaved.
 fn run_group(group: &str, n: u64, rounds: usize) {
     if group == "libstdc++" {
         let path = CString::new(format!("{LIB}/libstdc++.so.6")).unwrap();
@@ -447,10 +403,10 @@ fn run_group(group: &str, n: u64, rounds: usize) {
         let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
         assert!(!h.is_null(), "dlopen libstdc++");
     }
-    let obj = load();
+    let obj = harness::load(Some(8 << 20));
     let mut generation = 0;
     for case in cases(group) {
-        let p = sym(case.probed).unwrap();
+        let p = harness::sym(case.probed).unwrap();
         let (file, vaddr) = defining_file(p);
         let elf = Elf::open(&file).unwrap();
         let at = elf.file_offset(vaddr).unwrap();
@@ -492,8 +448,12 @@ fn run_group(group: &str, n: u64, rounds: usize) {
                 }
             }
         }
-        let (un, fl, bpf) = (median(un), median(fl), median(bpf));
-        let f0 = if placed { median(f0) } else { fl };
+        let (un, fl, bpf) = (
+            harness::median(un),
+            harness::median(fl),
+            harness::median(bpf),
+        );
+        let f0 = if placed { harness::median(f0) } else { fl };
         let how = match site.placement.rule {
             PlacementRule::Emulated => "emulated",
             _ => "single-step",

@@ -14,15 +14,12 @@
 
 use std::hint::black_box;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use libbpf_rs::{
-    Link, MapCore, MapFlags, Object, ObjectBuilder, RingBufferBuilder, UprobeMultiOpts,
-};
-use memtrack_bpf::{
-    PROG_ENTRY, PROG_NOP, PROG_RET, RawConfig, RawSwitch, SCOPE_PROCESS, SWITCH_STREAM, probe_sites,
-};
+use libbpf_rs::{Link, Object, UprobeMultiOpts};
+use memtrack_bpf::{PROG_ENTRY, PROG_NOP, PROG_RET, probe_sites};
+
+mod harness;
 
 fn pairs_ns(pairs: u64) -> f64 {
     let t = Instant::now();
@@ -50,21 +47,6 @@ fn libc_path() -> PathBuf {
         .find(|p| p.contains("/libc.so"))
         .map(PathBuf::from)
         .expect("libc mapped")
-}
-
-fn load() -> Object {
-    let mut open = ObjectBuilder::default()
-        .open_memory(memtrack_bpf::OBJECT)
-        .unwrap();
-    for mut m in open.maps_mut() {
-        if m.name().to_string_lossy().ends_with(".rodata") {
-            let cfg = RawConfig::new(std::process::id());
-            m.initial_value_mut()
-                .unwrap()
-                .copy_from_slice(&cfg.to_bytes());
-        }
-    }
-    open.load().unwrap()
 }
 
 /// Attaches `mt_nop` (if `nop`) or the real programs to libc's sites for this process, the
@@ -110,56 +92,12 @@ fn child_ns(pairs: u64, runs: usize) -> f64 {
 }
 
 /// Runs `f` with memtrack's real programs attached, recording on, and a thread draining the
-/// ring buffer (its callback allocates nothing, so it needs no exclusion).
+/// ring buffer.
 fn with_bpf<T>(obj: &Object, f: impl FnOnce() -> T) -> T {
     let links = attach(obj, false, true);
-    let events = obj
-        .maps()
-        .find(|m| m.name() == memtrack_bpf::MAP_EVENTS)
-        .unwrap();
-    let bss = obj
-        .maps()
-        .find(|m| m.name().to_string_lossy().ends_with(".bss"))
-        .unwrap();
-    // The whole `.bss` (a RawSwitch): recording on for the whole process.
-    let switch = |enabled| {
-        RawSwitch {
-            enabled,
-            scope: SCOPE_PROCESS,
-            generation: 1,
-            reserved: 0,
-        }
-        .to_bytes()
-    };
-    let stop = AtomicBool::new(false);
-    let out = std::thread::scope(|s| {
-        let mut b = RingBufferBuilder::new();
-        b.add(&events, |_| 0).unwrap();
-        let rb = b.build().unwrap();
-        let stop = &stop;
-        let poller = s.spawn(move || {
-            while !stop.load(Ordering::Acquire) {
-                rb.poll(Duration::from_millis(10)).unwrap();
-                rb.consume().unwrap();
-            }
-            rb.consume().unwrap();
-        });
-        bss.update(&0u32.to_ne_bytes(), &switch(SWITCH_STREAM), MapFlags::ANY)
-            .unwrap();
-        let out = f();
-        bss.update(&0u32.to_ne_bytes(), &switch(0), MapFlags::ANY)
-            .unwrap();
-        stop.store(true, Ordering::Release);
-        poller.join().unwrap();
-        out
-    });
+    let out = harness::recording(obj, 1, f);
     drop(links);
     out
-}
-
-fn med(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {
@@ -174,7 +112,7 @@ fn main() {
     let pairs: u64 = args.get(1).map_or(1_000_000, |a| a.parse().unwrap());
     let runs: usize = args.get(2).map_or(5, |a| a.parse().unwrap());
     println!("{pairs} malloc(16)+free pairs, median of {runs} interleaved runs, ns per pair");
-    let obj = load();
+    let obj = harness::load(None);
     // The VM's timing drifts: the configurations alternate run by run.
     let (mut untracked, mut floor, mut floor0, mut bpf) = (vec![], vec![], vec![], vec![]);
     for _ in 0..runs {
@@ -189,10 +127,13 @@ fn main() {
     }
     let other_untracked = child_ns(pairs, runs);
     let other = with_bpf(&obj, || child_ns(pairs, runs));
-    let (floor, bpf) = (med(floor), med(bpf));
-    println!("untracked               {:>9.1}", med(untracked));
+    let (floor, bpf) = (harness::median(floor), harness::median(bpf));
+    println!(
+        "untracked               {:>9.1}",
+        harness::median(untracked)
+    );
     println!("floor (mt_nop, placed)  {floor:>9.1}");
-    println!("floor@0 (mt_nop, +0)    {:>9.1}", med(floor0));
+    println!("floor@0 (mt_nop, +0)    {:>9.1}", harness::median(floor0));
     println!(
         "bpf (memtrack programs) {bpf:>9.1}   = {:.2}x the floor",
         bpf / floor

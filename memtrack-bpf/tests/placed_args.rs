@@ -12,11 +12,8 @@ use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::path::{Path, PathBuf};
 
-use libbpf_rs::{MapCore, MapFlags, ObjectBuilder, RingBufferBuilder, UprobeMultiOpts};
-use memtrack_bpf::{
-    MAP_EVENTS, PROG_ENTRY, PROG_RET, RawConfig, RawEvent, RawSwitch, SCOPE_PROCESS, SWITCH_STREAM,
-    kind, probe_sites,
-};
+use libbpf_rs::{MapCore, RingBufferBuilder, UprobeMultiOpts};
+use memtrack_bpf::{MAP_EVENTS, PROG_ENTRY, PROG_RET, RawEvent, kind, probe_sites};
 
 const LIB: &str = "/usr/lib/x86_64-linux-gnu";
 const CHILD: &str = "MEMTRACK_BPF_PLACED_ARGS_GROUP";
@@ -26,24 +23,12 @@ type P = *mut c_void;
 /// (kind, addr, old_addr, size, align) of an event.
 type Shape = (u32, u64, u64, u64, u64);
 
-fn sym(name: &str) -> P {
-    let c = CString::new(name).unwrap();
-    // SAFETY: dlsym with a NUL-terminated name.
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) };
-    assert!(!p.is_null(), "{name} not found");
-    p
-}
+#[path = "../examples/harness/mod.rs"]
+mod harness;
+use harness::f;
 
-/// The function `name` as a pointer of type `F`; the caller names the C signature.
-fn f<F: Copy>(name: &str) -> F {
-    assert_eq!(
-        size_of::<F>(),
-        size_of::<P>(),
-        "{name}: not a function pointer type"
-    );
-    // SAFETY: `F` is a function pointer type (checked: pointer-sized) and the symbol is a
-    // function; the binding's type states its C signature.
-    unsafe { std::mem::transmute_copy(&sym(name)) }
+fn sym(name: &str) -> P {
+    harness::sym(name).unwrap_or_else(|| panic!("{name} not found"))
 }
 
 /// The file that defines `name` in this process.
@@ -74,20 +59,7 @@ fn record(
     free: unsafe extern "C" fn(P),
     calls: impl FnOnce(&mut Vec<Shape>),
 ) -> (Vec<Shape>, Vec<Shape>) {
-    let mut open = ObjectBuilder::default()
-        .open_memory(memtrack_bpf::OBJECT)
-        .unwrap();
-    for mut m in open.maps_mut() {
-        if m.name().to_string_lossy().ends_with(".rodata") {
-            let cfg = RawConfig::new(std::process::id());
-            m.initial_value_mut()
-                .unwrap()
-                .copy_from_slice(&cfg.to_bytes());
-        } else if m.name() == MAP_EVENTS {
-            m.set_max_entries(1 << 20).unwrap();
-        }
-    }
-    let obj = open.load().unwrap();
+    let obj = harness::load(Some(1 << 20));
     let sites: Vec<_> = probe_sites(file)
         .unwrap()
         .into_iter()
@@ -118,21 +90,7 @@ fn record(
             .attach_uprobe_multi_with_opts(pid, file, "", ret)
             .unwrap(),
     ];
-    let bss = obj
-        .maps()
-        .find(|m| m.name().to_string_lossy().ends_with(".bss"))
-        .unwrap();
-    let switch = |enabled| {
-        RawSwitch {
-            enabled,
-            scope: SCOPE_PROCESS,
-            generation: 1,
-            reserved: 0,
-        }
-        .to_bytes()
-    };
-    bss.update(&0u32.to_ne_bytes(), &switch(SWITCH_STREAM), MapFlags::ANY)
-        .unwrap();
+    harness::switch(&obj, true, 1);
     // Allocated before recording: `calls` pushes without growing it.
     let mut expected = Vec::with_capacity(256);
     let mark = |size| {
@@ -143,8 +101,7 @@ fn record(
     calls(&mut expected);
     mark(MARK_END);
     assert!(expected.len() < 256, "grew while recording");
-    bss.update(&0u32.to_ne_bytes(), &switch(0), MapFlags::ANY)
-        .unwrap();
+    harness::switch(&obj, false, 1);
     let events = obj.maps().find(|m| m.name() == MAP_EVENTS).unwrap();
     let got = RefCell::new(Vec::new());
     let me = tid();

@@ -1,0 +1,109 @@
+//! What memtrack-bpf's examples and its `placed_args` test share to drive the BPF object by
+//! hand, without the memtrack crate: load it for this process, switch recording on and off,
+//! drain the ring buffer while a closure runs, and look up C functions of this process.
+//!
+//! `examples/*.rs` use it as `mod harness;`, the test as
+//! `#[path = "../examples/harness/mod.rs"] mod harness;` (not an example itself: cargo builds
+//! `examples/*.rs` and `examples/*/main.rs` only).
+
+#![allow(dead_code)] // each user needs a different subset
+
+use std::ffi::{CString, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, RingBufferBuilder};
+use memtrack_bpf::{MAP_EVENTS, RawConfig, RawSwitch, SCOPE_PROCESS, SWITCH_STREAM};
+
+/// The BPF object loaded to record this process; `events_bytes` sizes the ring buffer (else
+/// the object's default).
+pub fn load(events_bytes: Option<u32>) -> Object {
+    let mut open = ObjectBuilder::default()
+        .open_memory(memtrack_bpf::OBJECT)
+        .unwrap();
+    for mut m in open.maps_mut() {
+        let name = m.name().to_string_lossy().into_owned();
+        if name.ends_with(".rodata") {
+            let cfg = RawConfig::new(std::process::id());
+            m.initial_value_mut()
+                .unwrap()
+                .copy_from_slice(&cfg.to_bytes());
+        } else if name == MAP_EVENTS
+            && let Some(bytes) = events_bytes
+        {
+            m.set_max_entries(bytes).unwrap();
+        }
+    }
+    open.load().unwrap()
+}
+
+/// Writes the whole `.bss` (a [`RawSwitch`]): recording `on` or off for the whole process,
+/// in `generation`.
+pub fn switch(obj: &Object, on: bool, generation: u32) {
+    let bss = obj
+        .maps()
+        .find(|m| m.name().to_string_lossy().ends_with(".bss"))
+        .unwrap();
+    let sw = RawSwitch {
+        enabled: if on { SWITCH_STREAM } else { 0 },
+        scope: SCOPE_PROCESS,
+        generation,
+        reserved: 0,
+    };
+    bss.update(&0u32.to_ne_bytes(), &sw.to_bytes(), MapFlags::ANY)
+        .unwrap();
+}
+
+/// Runs `f` with recording on (in `generation`) and a thread draining the ring buffer (its
+/// callback allocates nothing, so it needs no exclusion); recording is off again when it
+/// returns.
+pub fn recording<T>(obj: &Object, generation: u32, f: impl FnOnce() -> T) -> T {
+    let events = obj.maps().find(|m| m.name() == MAP_EVENTS).unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let mut b = RingBufferBuilder::new();
+        b.add(&events, |_| 0).unwrap();
+        let rb = b.build().unwrap();
+        let stop = &stop;
+        let poller = s.spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                rb.poll(Duration::from_millis(10)).unwrap();
+                rb.consume().unwrap();
+            }
+            rb.consume().unwrap();
+        });
+        switch(obj, true, generation);
+        let out = f();
+        switch(obj, false, generation);
+        stop.store(true, Ordering::Release);
+        poller.join().unwrap();
+        out
+    })
+}
+
+/// A symbol of the running process (`RTLD_DEFAULT`: a preloaded allocator first).
+pub fn sym(name: &str) -> Option<*mut c_void> {
+    let c = CString::new(name).unwrap();
+    // SAFETY: dlsym with a NUL-terminated name.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+/// The function `name` as a pointer of type `F`; the caller names the C signature.
+pub fn f<F: Copy>(name: &str) -> F {
+    assert_eq!(
+        size_of::<F>(),
+        size_of::<*mut c_void>(),
+        "{name}: not a function pointer type"
+    );
+    let p = sym(name).unwrap_or_else(|| panic!("{name} not found"));
+    // SAFETY: `F` is a function pointer type (checked: pointer-sized) and the symbol is a
+    // function with the C signature the caller's binding states.
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+/// The middle value of `v` (the upper one of an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
