@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use libbpf_rs::{MapCore, RingBufferBuilder, UprobeMultiOpts};
 use memtrack_bpf::{MAP_EVENTS, PROG_ENTRY, PROG_RET, RawEvent, kind, probe_sites};
+use memtrack_test_support::{Need, TRACKER, requires, run};
 
 const LIB: &str = "/usr/lib/x86_64-linux-gnu";
 const CHILD: &str = "MEMTRACK_BPF_PLACED_ARGS_GROUP";
@@ -306,25 +307,9 @@ fn cxx_calls() -> impl FnOnce(&mut Vec<Shape>) {
     }
 }
 
-fn skipped() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: not root (the BPF programs need CAP_BPF + CAP_PERFMON)");
-        return true;
-    }
-    false
-}
-
 /// Runs `group` here if this is the child for it, else in a child with `preload`.
 fn in_child(group: &str, test: &str, preload: &str) {
-    if skipped() {
-        return;
-    }
     let lib = Path::new(LIB).join(preload);
-    if !lib.exists() {
-        eprintln!("SKIPPED: {} not installed", lib.display());
-        return;
-    }
     if std::env::var(CHILD).as_deref() == Ok(group) {
         let file = file_of("malloc");
         assert!(file.ends_with(preload), "malloc is {}", file.display());
@@ -351,21 +336,13 @@ fn in_child(group: &str, test: &str, preload: &str) {
     );
 }
 
-#[test]
 fn glibc() {
-    if skipped() {
-        return;
-    }
     let file = file_of("malloc");
     let (got, want) = record(&file, f("malloc"), f("free"), libc_calls("glibc"));
     assert_eq!(got, want, "events (left) vs calls (right)");
 }
 
-#[test]
 fn libstdcxx() {
-    if skipped() {
-        return;
-    }
     let path = CString::new(format!("{LIB}/libstdc++.so.6")).unwrap();
     // SAFETY: dlopen of a library path; the handle stays open for the process's life.
     let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
@@ -375,12 +352,37 @@ fn libstdcxx() {
     assert_eq!(got, want, "events (left) vs calls (right)");
 }
 
-#[test]
 fn jemalloc() {
     in_child("jemalloc", "jemalloc", "libjemalloc.so.2");
 }
 
-#[test]
 fn mimalloc() {
     in_child("mimalloc", "mimalloc", "libmimalloc.so.2");
+}
+
+/// What every test needs: the BPF programs load and attach only with CAP_BPF + CAP_PERFMON.
+const NEEDS: &[Need] = &[TRACKER];
+const APT: &str = "apt-get install libjemalloc-dev libmimalloc-dev (.ci/setup does)";
+
+fn main() {
+    run(vec![
+        requires("glibc", NEEDS, glibc),
+        requires("libstdcxx", NEEDS, libstdcxx),
+        requires(
+            "jemalloc",
+            &[
+                TRACKER,
+                Need::File("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", APT),
+            ],
+            jemalloc,
+        ),
+        requires(
+            "mimalloc",
+            &[
+                TRACKER,
+                Need::File("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2", APT),
+            ],
+            mimalloc,
+        ),
+    ]);
 }
