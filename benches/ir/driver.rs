@@ -150,6 +150,7 @@ fn trace() -> Vec<Event> {
     Synth::new(SynthOptions {
         seed: 1,
         threads: 4,
+        stacks: false,
     })
     .take(TRACE)
     .collect()

@@ -98,6 +98,10 @@ enum Cmd {
         /// Number of threads in the model.
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
         threads: u32,
+        /// Allocations carry call stacks (300 call sites, Zipf-like counts, 10–40 frames with
+        /// shared prefixes), each stack defined where the trace first uses it.
+        #[arg(long)]
+        stacks: bool,
         /// Compression threads (default: available cores − 2, at least 1).
         #[arg(long)]
         workers: Option<usize>,
@@ -185,9 +189,10 @@ fn main() -> ExitCode {
             events,
             seed,
             threads,
+            stacks,
             workers,
             output,
-        } => synth(events, seed, threads, workers, &output),
+        } => synth(events, seed, threads, stacks, workers, &output),
         Cmd::Record {
             output,
             user,
@@ -445,10 +450,15 @@ fn synth(
     events: u64,
     seed: u64,
     threads: u32,
+    stacks: bool,
     workers: Option<usize>,
     output: &Path,
 ) -> memtrack::Result<ExitCode> {
-    let model = Synth::new(SynthOptions { seed, threads });
+    let model = Synth::new(SynthOptions {
+        seed,
+        threads,
+        stacks,
+    });
     let meta = Metadata::now(model.pid(), Backend::Synth)
         .with_name(format!("synth seed={seed} threads={threads}"))
         .with_command(std::env::args().collect());
@@ -461,7 +471,21 @@ fn synth(
     let out = Output::create(output)?;
     let w = Encoder::new(out.writer()?, &meta, opts)
         .and_then(|mut enc| {
-            enc.extend(model.take(events as usize))?;
+            for (id, m) in model.modules() {
+                enc.define_module(*id, m.clone())?;
+            }
+            // Each stack defined just before the first event that names it, as a recorder does.
+            let table = model.stacks().to_vec();
+            let mut defined = vec![false; table.len() + 1];
+            for ev in model.take(events as usize) {
+                let id = ev.stack.0 as usize;
+                if id != 0 && !defined[id] {
+                    defined[id] = true;
+                    let (sid, stack) = &table[id - 1];
+                    enc.define_stack(*sid, stack.clone())?;
+                }
+                enc.push(ev)?;
+            }
             enc.finish(0)
         })
         .map_err(|e| writing(e, out.path()))?;

@@ -25,6 +25,7 @@ fn show_json_reports_exact_totals() {
     let events: Vec<Event> = Synth::new(SynthOptions {
         seed: 9,
         threads: 3,
+        stacks: false,
     })
     .take(200_000)
     .collect();

@@ -297,6 +297,22 @@ impl KindTag {
     pub const fn index(self) -> usize {
         self as usize - 1
     }
+
+    /// Whether an event of this kind may carry a call stack ([`Event::stack`]): the calls
+    /// that make a block or a mapping. Frees, unmappings, `brk` and `exec` never do (DHAT's
+    /// accounting attributes a block's whole life to the stack that allocated it). The
+    /// artifact stores a stack id for these kinds only.
+    pub const fn carries_stack(self) -> bool {
+        matches!(
+            self,
+            KindTag::Malloc
+                | KindTag::Calloc
+                | KindTag::Realloc
+                | KindTag::AlignedAlloc
+                | KindTag::Mmap
+                | KindTag::Mremap
+        )
+    }
 }
 
 impl EventKind {

@@ -87,6 +87,7 @@ pub use analysis::{Analyzer, KindCounts, ProcessTotals, Stats, ThreadTotals, Tot
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use analysis::{Column, Extremes, InvalidTimeline, SizeClass, SizeHistogram, Timeline};
 pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, ProcessInfo, Reader};
+pub use artifact::{Definitions, StackTable};
 pub use artifact::{FormatError, Output, OutputError};
 pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
 pub use encode::default_workers;

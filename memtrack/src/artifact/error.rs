@@ -65,6 +65,13 @@ pub enum FormatError {
         /// What is wrong.
         problem: String,
     },
+    /// Events given to the writer that the format cannot store (a stack on a free): a bug of
+    /// the recorder that made them.
+    #[error("cannot write the artifact: {problem}")]
+    Unwritable {
+        /// What cannot be stored.
+        problem: String,
+    },
     /// The trailer (frame index and final metadata) is damaged.
     #[error("{path}: corrupt trailer at byte offset {offset}: {problem}")]
     CorruptTrailer {
