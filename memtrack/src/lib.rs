@@ -46,7 +46,8 @@
 //!                encode, scope,      the rayon frame pipeline, Scope,      │ EncodeError
 //!                synth               the model trace (feature `synth`)     ─┘
 //!      ▲
-//! analysis       Analyzer, SizeHistogram, Timeline, Comparison: numbers only  InvalidTimeline
+//! analysis       Analyzer, SizeHistogram, Timeline, Comparison, Sites:       InvalidTimeline
+//!                numbers only
 //!      ▲
 //! artifact       the format: codec, Reader, frame writer, Output           FormatError,
 //!      ▲                                                                   OutputError
@@ -86,6 +87,7 @@ mod tracker;
 pub use analysis::{Analyzer, KindCounts, ProcessTotals, Stats, ThreadTotals, Totals};
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use analysis::{Column, Extremes, InvalidTimeline, SizeClass, SizeHistogram, Timeline};
+pub use analysis::{Site, SiteAnalyzer, SiteOrder, Sites};
 pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, ProcessInfo, Reader};
 pub use artifact::{Definitions, StackTable};
 pub use artifact::{FormatError, Output, OutputError};

@@ -8,12 +8,17 @@
 //! Only allocating events carry a stack: DHAT's accounting attributes a block's whole life to
 //! the stack that allocated it, so a free never carries one.
 
+use serde::{Deserialize, Serialize};
+
 /// The id of a distinct [`Stack`] in a recording's stack table.
 ///
 /// [`StackId::NONE`] (0) means "no stack recorded" (a recorder that does not capture stacks, a
 /// free, a mapping); ids ≥ 1 index the recording's stack table. Ids are assigned by the
 /// recorder and are only meaningful within one recording.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
 pub struct StackId(pub u32);
 
 impl StackId {
