@@ -19,7 +19,6 @@ fn trace() -> Vec<Event> {
     Synth::new(SynthOptions {
         seed: 1,
         threads: 4,
-        stacks: false,
     })
     .take(EVENTS)
     .collect()

@@ -40,7 +40,6 @@ fn synth(n: usize) -> Vec<Event> {
     Synth::new(SynthOptions {
         seed: 3,
         threads: 3,
-        stacks: false,
     })
     .take(n)
     .collect()
@@ -242,10 +241,9 @@ fn every_flipped_byte_is_detected_in(events: &[Event], bytes: &[u8]) {
 /// `synth(n)` with call stacks, each stack defined just before the first event naming it (as a
 /// recorder does), encoded in frames of `frame` events.
 fn synth_with_stacks(n: usize, frame: usize) -> (Vec<Event>, Vec<u8>) {
-    let model = Synth::new(SynthOptions {
+    let model = Synth::with_stacks(SynthOptions {
         seed: 3,
         threads: 3,
-        stacks: true,
     });
     let modules = model.modules().to_vec();
     let table: BTreeMap<StackId, Stack> = model.stacks().iter().cloned().collect();
@@ -290,7 +288,6 @@ fn a_file_without_stacks_is_the_1_4_file_but_for_its_version() {
     let model = Synth::new(SynthOptions {
         seed: 5,
         threads: 2,
-        stacks: false,
     });
     enc.extend(model.take(3000)).expect("push");
     let new = enc.finish_into(0).expect("finish").0;
@@ -339,7 +336,6 @@ fn files_of_1_0_to_1_4_still_read() {
     let events: Vec<Event> = Synth::new(SynthOptions {
         seed: 5,
         threads: 2,
-        stacks: false,
     })
     .take(3000)
     .collect();
@@ -373,10 +369,9 @@ fn stacks_round_trip_with_their_tables() {
     let r = Reader::from_bytes(bytes.clone()).expect("open");
     let back: Vec<Event> = r.events().collect::<Result<_, _>>().expect("decode");
     assert_eq!(back, events);
-    let model = Synth::new(SynthOptions {
+    let model = Synth::with_stacks(SynthOptions {
         seed: 3,
         threads: 3,
-        stacks: true,
     });
     let used: BTreeSet<StackId> = events.iter().map(|e| e.stack).collect();
     let table = r.stacks().expect("tables");

@@ -157,10 +157,9 @@ fn encode(events: &[Event]) -> Reader {
 
 #[test]
 fn synth_sites_match_an_independent_count() {
-    let events: Vec<Event> = Synth::new(SynthOptions {
+    let events: Vec<Event> = Synth::with_stacks(SynthOptions {
         seed: 11,
         threads: 3,
-        stacks: true,
     })
     .take(200_000)
     .collect();

@@ -150,7 +150,6 @@ fn trace() -> Vec<Event> {
     Synth::new(SynthOptions {
         seed: 1,
         threads: 4,
-        stacks: false,
     })
     .take(TRACE)
     .collect()

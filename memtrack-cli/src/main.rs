@@ -28,6 +28,26 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// `show --by`: the orders of `memtrack::SiteOrder`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum By {
+    Bytes,
+    Allocations,
+    Peak,
+    Leaked,
+}
+
+impl By {
+    fn order(self) -> memtrack::SiteOrder {
+        match self {
+            By::Bytes => memtrack::SiteOrder::Bytes,
+            By::Allocations => memtrack::SiteOrder::Allocations,
+            By::Peak => memtrack::SiteOrder::Peak,
+            By::Leaked => memtrack::SiteOrder::Leaked,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Print an artifact's metadata and totals.
@@ -40,6 +60,14 @@ enum Cmd {
         /// Add the per-thread table (`per_thread` in JSON). Frees count in the freeing thread.
         #[arg(long)]
         threads: bool,
+        /// Add the N top call sites, DHAT-style, each with its stack (`top_sites` in JSON):
+        /// allocations and bytes, blocks live at the heap's peak and at the end.
+        #[arg(long, value_name = "N")]
+        top: Option<usize>,
+        /// What `--top` ranks sites by: bytes allocated, allocations, bytes live at the peak,
+        /// or bytes still live at the end (leaked).
+        #[arg(long, value_enum, default_value_t = By::Bytes, requires = "top")]
+        by: By,
     },
     /// Decode every frame and check checksums, counts and the trailer: exit 0 only if all is
     /// sound and the recording is whole (no lost events), else exit 1 naming the first
@@ -167,7 +195,9 @@ fn main() -> ExitCode {
             file,
             json,
             threads,
-        } => show(&file, json, threads),
+            top,
+            by,
+        } => show(&file, json, threads, top.map(|n| (n, by.order()))),
         Cmd::Verify {
             file,
             structure_only,
@@ -374,10 +404,15 @@ fn warn_if_recovered(reader: &Reader) -> bool {
     }
 }
 
-fn show(path: &Path, json: bool, threads: bool) -> memtrack::Result<ExitCode> {
+fn show(
+    path: &Path,
+    json: bool,
+    threads: bool,
+    top: Option<(usize, memtrack::SiteOrder)>,
+) -> memtrack::Result<ExitCode> {
     let reader = Reader::open(path)?;
     let recovered = warn_if_recovered(&reader);
-    let report = show::ShowReport::read(&reader, path, !recovered, threads)?;
+    let report = show::ShowReport::read(&reader, path, !recovered, threads, top)?;
     out(&if json {
         show::json(&report)
     } else {
@@ -454,11 +489,12 @@ fn synth(
     workers: Option<usize>,
     output: &Path,
 ) -> memtrack::Result<ExitCode> {
-    let model = Synth::new(SynthOptions {
-        seed,
-        threads,
-        stacks,
-    });
+    let opts = SynthOptions { seed, threads };
+    let model = if stacks {
+        Synth::with_stacks(opts)
+    } else {
+        Synth::new(opts)
+    };
     let meta = Metadata::now(model.pid(), Backend::Synth)
         .with_name(format!("synth seed={seed} threads={threads}"))
         .with_command(std::env::args().collect());

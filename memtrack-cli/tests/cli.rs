@@ -25,7 +25,6 @@ fn show_json_reports_exact_totals() {
     let events: Vec<Event> = Synth::new(SynthOptions {
         seed: 9,
         threads: 3,
-        stacks: false,
     })
     .take(200_000)
     .collect();

@@ -11,13 +11,7 @@ use memtrack::{Event, EventKind, Synth, SynthOptions};
 /// Per thread, counted straight from the model's events: (events, allocations).
 fn model_counts(events: usize, seed: u64) -> BTreeMap<u64, (u64, u64)> {
     let mut m = BTreeMap::new();
-    for e in Synth::new(SynthOptions {
-        seed,
-        threads: 3,
-        stacks: false,
-    })
-    .take(events)
-    {
+    for e in Synth::new(SynthOptions { seed, threads: 3 }).take(events) {
         let c = m.entry(e.tid as u64).or_insert((0, 0));
         c.0 += 1;
         c.1 += match e.kind {

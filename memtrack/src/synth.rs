@@ -15,8 +15,9 @@
 //! crate that only records should not compile. The `memtrack` command, the benches and the
 //! format tests turn it on.
 //!
-//! With [`SynthOptions::stacks`], allocations (`Malloc`, `Calloc`, `AlignedAlloc`, `Realloc`)
-//! carry call stacks with the shape real programs show ([`Synth::stacks`] are their definitions):
+//! Made with [`Synth::with_stacks`], allocations (`Malloc`, `Calloc`, `AlignedAlloc`,
+//! `Realloc`) carry call stacks with the shape real programs show ([`Synth::stacks`] are their
+//! definitions):
 //! - [`SITES`] call sites, each one stack of 10–40 frames, innermost first, in three modules (the
 //!   program, libc for the outermost frames, libstdc++ for the `operator new` frame of a fifth of
 //!   the sites); sites share prefixes: a site's outer frames (`main`, a subsystem, a loop) are
@@ -50,8 +51,6 @@ pub struct SynthOptions {
     pub seed: u64,
     /// Number of threads (at least 1).
     pub threads: u32,
-    /// Allocations carry call stacks (see the module docs for their distribution).
-    pub stacks: bool,
 }
 
 impl Default for SynthOptions {
@@ -59,7 +58,6 @@ impl Default for SynthOptions {
         SynthOptions {
             seed: 1,
             threads: 4,
-            stacks: false,
         }
     }
 }
@@ -216,6 +214,14 @@ pub struct Synth {
 }
 
 impl Synth {
+    /// A model with `opts`, whose allocations carry call stacks (see the module docs for
+    /// their distribution); the events are those of [`Synth::new`] but for [`Event::stack`].
+    pub fn with_stacks(opts: SynthOptions) -> Self {
+        let mut model = Self::new(opts);
+        model.sites = Some(Sites::new(opts.seed, opts.threads.max(1) as usize));
+        model
+    }
+
     /// A model with `opts`; `opts.threads` of 0 is taken as 1.
     pub fn new(opts: SynthOptions) -> Self {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(opts.seed);
@@ -248,9 +254,7 @@ impl Synth {
             brk: 0x5555_5556_0000,
             maps: Vec::new(),
             pending: VecDeque::new(),
-            sites: opts
-                .stacks
-                .then(|| Sites::new(opts.seed, opts.threads.max(1) as usize)),
+            sites: None,
         }
     }
 
@@ -259,13 +263,13 @@ impl Synth {
         self.pid
     }
 
-    /// The modules of the stacks (empty without [`SynthOptions::stacks`]): define them in the
+    /// The modules of the stacks (empty but [`Synth::with_stacks`]): define them in the
     /// encoder ([`Encoder::define_module`](crate::Encoder::define_module)) before the stacks.
     pub fn modules(&self) -> &[(ModuleId, Module)] {
         self.sites.as_ref().map_or(&[], |s| &s.modules)
     }
 
-    /// Every stack the events may name, by id (empty without [`SynthOptions::stacks`]): define
+    /// Every stack the events may name, by id (empty but [`Synth::with_stacks`]): define
     /// them ([`Encoder::define_stack`](crate::Encoder::define_stack)) before the events.
     pub fn stacks(&self) -> &[(StackId, Stack)] {
         self.sites.as_ref().map_or(&[], |s| &s.stacks)

@@ -72,6 +72,17 @@ pub enum FormatError {
         /// What cannot be stored.
         problem: String,
     },
+    /// Events name a call stack that no frame of the file defines.
+    #[error(
+        "{path}: events name call stack {stack}, which no frame of the file defines (a damaged \
+         recording, or a bug of the recorder that wrote it)"
+    )]
+    UndefinedStack {
+        /// The file, or `<memory>`.
+        path: PathBuf,
+        /// The stack id.
+        stack: u32,
+    },
     /// The trailer (frame index and final metadata) is damaged.
     #[error("{path}: corrupt trailer at byte offset {offset}: {problem}")]
     CorruptTrailer {

@@ -658,6 +658,17 @@ impl Reader {
         decode_definitions(&raw).map_err(|p| self.frame_err(frame, offset, p))
     }
 
+    /// Stack `id` of the recording's table ([`Reader::stacks`]); [`Error::UndefinedStack`]
+    /// if no frame defines it (an event naming it is then damaged).
+    pub fn stack(&self, id: StackId) -> Result<&Stack> {
+        self.stacks()?
+            .stack(id)
+            .ok_or_else(|| Error::UndefinedStack {
+                path: self.path.clone(),
+                stack: id.0,
+            })
+    }
+
     /// The call stacks of the recording and their modules (format 1.5): the definitions of
     /// every frame, read on the first call (only frames with definitions are read whole) and
     /// kept. Empty for a file without stacks. An error names the frame whose definitions are
