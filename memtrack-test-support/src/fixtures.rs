@@ -83,7 +83,9 @@ pub const NEEDS: &[Need] = &[
 
 /// tests/fixtures of the workspace.
 pub fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    // Canonical: the path is what the fixtures' debug information names their sources by.
+    dir.canonicalize().unwrap_or(dir)
 }
 
 /// The source file `name` in tests/fixtures.
