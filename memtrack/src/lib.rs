@@ -40,6 +40,8 @@
 //! runtime        criterion, __private (the macro's expansion)
 //!                session             SessionBuilder, Session, turns         ─┐
 //!                error               the crate-wide Error: composes these  │ Error
+//!                symbolize           Symbolizer: reads the recorded files, │ (never fails:
+//!                                    frames to names (feature `symbolize`) │  falls back)
 //!                report              Report, its summary line              │
 //!                tracker, recorder,  eBPF tracker, allocator recorder,     │ TrackerError,
 //!                limits              Limits checked against plain numbers   │ RecorderError
@@ -79,6 +81,8 @@ mod report;
 mod scope;
 mod session;
 mod stack;
+#[cfg(feature = "symbolize")]
+mod symbolize;
 #[cfg(feature = "synth")]
 mod synth;
 mod totals;
@@ -104,6 +108,8 @@ pub use report::Report;
 pub use scope::Scope;
 pub use session::{BackendChoice, Session, SessionBuilder, start};
 pub use stack::{Frame, Module, ModuleId, Stack, StackId};
+#[cfg(feature = "symbolize")]
+pub use symbolize::{ModuleStatus, SymFrame, Symbolizer};
 #[cfg(feature = "synth")]
 pub use synth::{Synth, SynthOptions};
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
