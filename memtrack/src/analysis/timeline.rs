@@ -252,7 +252,11 @@ impl Timeline {
             Some(c) => {
                 c.events += 1;
                 c.heap.add(heap);
-                c.mapped.add(mapped);
+                // Mapped bytes rarely change (never with the allocator backend): the same
+                // value again is already the column's `last` and within its extremes.
+                if mapped != enter_mapped {
+                    c.mapped.add(mapped);
+                }
             }
             slot @ None => {
                 *slot = Some(Column {
