@@ -233,7 +233,8 @@ impl Analyzer {
 
     /// Feeds one event, and its allocation (if it makes one) to `sizes`: what
     /// [`SizeHistogram::update`] counts, without matching the event's kind a second time
-    /// (the encoder's writer: 8 instructions per event less, callgrind).
+    /// (the encoder's writer; with `Timeline::push` skipping unchanged mapped bytes, its
+    /// thread went 178 → 167 instructions per event of hotpaths `alloc_session`, callgrind).
     #[inline(always)]
     pub(crate) fn update_sized(&mut self, e: &Event, sizes: &mut SizeHistogram) {
         self.update_with(e, sizes);

@@ -171,7 +171,7 @@ impl Ring {
     /// at the collector's `tail` only every so often (at most every RING/8 pushes), and wakes
     /// the collector at most that often, once the ring is a quarter full.
     /// `make` is called once there is room, and its slot is built in place: a `Raw` built
-    /// first and copied cost the recording call ~10 instructions per event (callgrind).
+    /// first and copied cost the recording call 5 instructions per event (78 → 73, callgrind).
     #[inline(always)]
     fn push(&self, make: impl FnOnce() -> Raw) {
         let head = self.head.0.load(Ordering::Relaxed);
