@@ -4,7 +4,7 @@
 //! A slot becomes an [`Event`] once, when it is drained (its `ts` still the TSC value), and
 //! goes to the encoder when it is old enough, its timestamp converted on the way: a copy less
 //! than keeping slot copies and converting them on the way out (the collector's thread: 107 →
-//! 100 instructions per event, callgrind, hotpaths `alloc_session`). A `Vec` compacted from its
+//! 96 instructions per event, callgrind, hotpaths `alloc_session`). A `Vec` compacted from its
 //! front, with events sent to the encoder as slices, measured 113: its bulk copies run as
 //! `rep movsb`, which callgrind counts per byte (48 per event).
 
@@ -76,10 +76,13 @@ impl Pending {
         } else {
             (front, &back[..n - front.len()])
         };
-        for e in front.iter().chain(back) {
-            let mut e = *e;
-            e.ts = to_ns(e.ts);
-            enc.push(e)?;
+        // Two plain loops: a chained iterator cost 5 instructions per event more (callgrind).
+        for part in [front, back] {
+            for e in part {
+                let mut e = *e;
+                e.ts = to_ns(e.ts);
+                enc.push(e)?;
+            }
         }
         self.events.drain(..n);
         Ok(())
