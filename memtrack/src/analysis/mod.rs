@@ -29,6 +29,7 @@
 //!   forked child freeing a block its parent allocated before the fork) is an unmatched free, as
 //!   in a recording of that process alone ([`ProcessTotals`], [`Analyzer::per_process`]).
 
+mod blocks;
 mod compare;
 mod histogram;
 mod timeline;
@@ -42,6 +43,8 @@ pub use crate::totals::{KindCounts, ThreadTotals, Totals};
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
+
+use blocks::BlockMap;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{Event, EventKind, HeapOps};
@@ -125,7 +128,7 @@ enum Block {
 /// plus a freed set cost two each).
 #[derive(Default)]
 struct Proc {
-    blocks: FxHashMap<u64, Block>,
+    blocks: BlockMap,
     /// Mapped regions: start -> page-rounded length.
     maps: BTreeMap<u64, u64>,
     mapped: u64,
@@ -340,7 +343,7 @@ impl Analyzer {
 
     #[inline]
     fn free(t: &mut Totals, th: &mut ThreadTotals, p: &mut Proc, live: &mut Live, addr: u64) {
-        match p.blocks.get_mut(&addr) {
+        match p.blocks.get_mut(addr) {
             Some(b @ Block::Live(..)) => {
                 let Block::Live(size) = std::mem::replace(b, Block::Freed) else {
                     unreachable!("matched Live")
@@ -374,7 +377,7 @@ impl Analyzer {
         live.blocks -= blocks;
         live.bytes = live.bytes.saturating_sub(bytes);
         // The freed addresses go with the image too.
-        p.blocks = FxHashMap::default();
+        p.blocks = BlockMap::default();
         *mapped = mapped.saturating_sub(p.mapped);
         p.maps.clear();
         p.mapped = 0;
