@@ -171,6 +171,8 @@ impl Bpf {
             .map_err(|e| TrackerError::bpf("opening memtrack's BPF object", e))?;
         let mut config = RawConfig::new(target);
         config.follow = follow;
+        // No stacks until the poller turns stack records into frames.
+        config.stack_depth = 0;
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         config.page_size = u64::try_from(page).unwrap_or(4096);

@@ -315,7 +315,7 @@ mod tests {
             pid: 7,
             tid: 8,
             kind: kind::REALLOC,
-            reserved: 0,
+            stack: 0,
             addr: 0x2000,
             old_addr: 0x1000,
             size: 96,
