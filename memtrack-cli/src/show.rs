@@ -9,7 +9,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use memtrack::{
-    Analyzer, KindCounts, KindTag, Metadata, Reader, SizeClass, SizeHistogram, Totals, human,
+    Analyzer, Backend, KindCounts, KindTag, Metadata, ModuleId, Reader, Site, SiteAnalyzer,
+    SiteOrder, SizeClass, SizeHistogram, StackTable, Totals, human,
 };
 use serde::Serialize;
 
@@ -89,12 +90,147 @@ pub struct ShowReport {
     /// in-process sessions and `--no-follow` recordings of one process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes: Option<serde_json::Value>,
+    /// The top call sites, when asked for (`--top N`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_sites: Option<TopSites>,
     /// The text table of the processes (see [`processes::table`]); not in the JSON.
     #[serde(skip)]
     pub process_table: String,
     /// How many processes were followed, for the table's heading.
     #[serde(skip)]
     pub followed: usize,
+}
+
+/// The top call sites of a recording (`show --top N --by …`): DHAT's numbers per allocating
+/// stack, with the stack.
+#[derive(Debug, Serialize)]
+pub struct TopSites {
+    /// What the rows are ranked by: `bytes`, `allocations`, `peak` or `leaked`.
+    pub by: &'static str,
+    /// Call sites in the recording (distinct allocating stacks, the no-stack site included).
+    pub sites: usize,
+    /// Whether the recording has call stacks.
+    pub stacks: bool,
+    /// Why there are no stacks and how to record them, when there are none (then `rows` is
+    /// empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// The recording's peak live heap bytes, the whole of which `bytes_at_peak` are shares.
+    pub peak_live_bytes: u64,
+    /// The sites, ranked.
+    pub rows: Vec<SiteRow>,
+}
+
+/// One call site: its numbers (the fields of [`Site`]) and its stack.
+#[derive(Debug, Serialize)]
+pub struct SiteRow {
+    /// The numbers.
+    #[serde(flatten)]
+    pub site: Site,
+    /// The stack was cut at the recorder's depth cap.
+    pub truncated: bool,
+    /// The stack, innermost first (empty for the no-stack site, `stack` 0).
+    pub frames: Vec<FrameRow>,
+}
+
+/// One frame of a site's stack.
+#[derive(Debug, Serialize)]
+pub struct FrameRow {
+    /// The module's path; `None` for an address outside any file (its `offset` is then the
+    /// address).
+    pub module: Option<String>,
+    /// The offset in the module's file.
+    pub offset: u64,
+    /// The frame as printed: `module_basename+0xoffset`.
+    pub location: String,
+}
+
+/// `--by`'s names.
+pub fn order_name(order: SiteOrder) -> &'static str {
+    match order {
+        SiteOrder::Allocations => "allocations",
+        SiteOrder::Peak => "peak",
+        SiteOrder::Leaked => "leaked",
+        _ => "bytes",
+    }
+}
+
+/// The top `n` sites by `order`, with their stacks from `reader`'s tables.
+fn top_sites(
+    reader: &Reader,
+    a: &SiteAnalyzer,
+    n: usize,
+    order: SiteOrder,
+) -> memtrack::Result<TopSites> {
+    let sites = a.sites();
+    let mut top = TopSites {
+        by: order_name(order),
+        sites: sites.sites.len(),
+        stacks: sites.has_stacks(),
+        note: None,
+        peak_live_bytes: sites.peak_live_bytes,
+        rows: Vec::new(),
+    };
+    if !top.stacks {
+        top.note = Some(no_stacks_note(reader));
+        return Ok(top);
+    }
+    let table = reader.stacks()?;
+    for site in sites.top(order, n) {
+        let (frames, truncated) = if site.stack.is_none() {
+            (Vec::new(), false)
+        } else {
+            let st = reader.stack(site.stack)?;
+            let frames = st
+                .frames
+                .iter()
+                .map(|f| frame_row(table, f.module, f.offset))
+                .collect();
+            (frames, st.truncated)
+        };
+        top.rows.push(SiteRow {
+            site: *site,
+            truncated,
+            frames,
+        });
+    }
+    Ok(top)
+}
+
+fn frame_row(table: &StackTable, module: ModuleId, offset: u64) -> FrameRow {
+    let path = table.module(module).map(|m| m.path.clone());
+    let location = match &path {
+        Some(p) => {
+            let base = p.rsplit('/').next().unwrap_or(p);
+            format!("{base}+{offset:#x}")
+        }
+        None => format!("{offset:#x}"),
+    };
+    FrameRow {
+        module: path,
+        offset,
+        location,
+    }
+}
+
+/// What `--top` says of a recording without stacks: why, and how to get them.
+fn no_stacks_note(reader: &Reader) -> String {
+    let why = match reader.metadata().backend {
+        Backend::Alloc => "the allocator recorder (memtrack::Allocator) records none".to_string(),
+        Backend::Synth => "it was made by `memtrack synth` without --stacks".to_string(),
+        _ if reader.version() < (1, 5) => format!(
+            "it is a format {}.{} file, written before memtrack recorded stacks",
+            reader.version().0,
+            reader.version().1
+        ),
+        _ => "its recorder defined none".to_string(),
+    };
+    format!(
+        "no call stacks in this recording: {why}. Call stacks are recorded by the eBPF recorder \
+         (`memtrack record -- CMD`, or a session with the eBPF backend), into format 1.5; \
+         build the code with frame pointers (RUSTFLAGS=\"-C force-frame-pointers=yes\") so \
+         that they are whole"
+    )
 }
 
 /// The figures of a recording that counted its iterations, divided by them.
@@ -126,20 +262,25 @@ pub struct ThreadRow {
 impl ShowReport {
     /// Decodes every frame of `reader` (read from `path`; `complete` says whether it was
     /// finished) with a progress bar on a terminal, and gathers the report; `threads` adds the
-    /// per-thread rows.
+    /// per-thread rows, `top` the top N call sites by an order.
     pub fn read(
         reader: &Reader,
         path: &Path,
         complete: bool,
         threads: bool,
+        top: Option<(usize, SiteOrder)>,
     ) -> memtrack::Result<Self> {
-        // Sizes are counted beside the totals, in the same pass: `Analyzer` stays lean for
-        // others.
+        // Sizes (and sites, when asked for) are counted beside the totals, in the same pass:
+        // `Analyzer` stays lean for others.
         let (mut a, mut sizes) = (Analyzer::new(), SizeHistogram::new());
+        let mut sites = top.map(|_| SiteAnalyzer::new());
         let bar = progress::events_bar(reader, "reading");
         reader.for_each_frame(|_, evs| {
             a.update_all(evs);
             sizes.update_all(evs);
+            if let Some(s) = &mut sites {
+                s.update_all(evs);
+            }
             bar.inc(evs.len() as u64);
             Ok(())
         })?;
@@ -149,6 +290,10 @@ impl ShowReport {
         let (major, minor) = reader.version();
         let fin = reader.final_metadata();
         let per_process = a.per_process();
+        let top_sites = match (top, &sites) {
+            (Some((n, order)), Some(s)) => Some(top_sites(reader, s, n, order)?),
+            _ => None,
+        };
         Ok(ShowReport {
             file: path.to_path_buf(),
             format_version: format!("{major}.{minor}"),
@@ -190,6 +335,7 @@ impl ShowReport {
                 processes::table(&f.processes, f.unfollowed_processes, &per_process)
             }),
             followed: fin.map_or(0, |f| f.processes.len()),
+            top_sites,
         })
     }
 }
@@ -355,5 +501,68 @@ pub fn text(r: &ShowReport) -> String {
         );
         o.push_str(&r.process_table);
     }
+    if let Some(top) = &r.top_sites {
+        sites_text(&mut o, top, r);
+    }
     o
+}
+
+/// The top sites, DHAT-style: a row of numbers per site, its stack below it.
+fn sites_text(o: &mut String, top: &TopSites, r: &ShowReport) {
+    if let Some(note) = &top.note {
+        let _ = writeln!(o, "  call sites    {note}");
+        return;
+    }
+    let by = match top.by {
+        "allocations" => "allocations",
+        "peak" => "bytes live at the peak",
+        "leaked" => "bytes live at the end",
+        _ => "bytes allocated",
+    };
+    let _ = writeln!(
+        o,
+        "  top {} of {} by {by} (at peak: live when the heap peaked at {})",
+        top.rows.len(),
+        human::plural(top.sites as u64, "call site", "call sites"),
+        human::bytes(top.peak_live_bytes)
+    );
+    let mut rows = vec![[
+        "#".to_string(),
+        "allocations".into(),
+        "bytes".into(),
+        "share".into(),
+        "at peak".into(),
+        "bytes".into(),
+        "at end".into(),
+        "bytes".into(),
+    ]];
+    for (i, row) in top.rows.iter().enumerate() {
+        let s = &row.site;
+        rows.push([
+            format!("{}", i + 1),
+            human::count(s.blocks),
+            human::bytes(s.bytes),
+            tables::percent(s.bytes, r.bytes_allocated),
+            human::count(s.blocks_at_peak),
+            human::bytes(s.bytes_at_peak),
+            human::count(s.blocks_at_end),
+            human::bytes(s.bytes_at_end),
+        ]);
+    }
+    let table = human::table(&rows, &[true; 8]);
+    let mut lines = table.lines();
+    let _ = writeln!(o, "    {}", lines.next().unwrap_or_default());
+    for (row, line) in top.rows.iter().zip(lines) {
+        let _ = writeln!(o, "    {line}");
+        if row.site.stack.is_none() {
+            let _ = writeln!(o, "        (no stack recorded)");
+            continue;
+        }
+        for f in &row.frames {
+            let _ = writeln!(o, "        {}", f.location);
+        }
+        if row.truncated {
+            let _ = writeln!(o, "        … (cut at the recorder's depth cap)");
+        }
+    }
 }
