@@ -17,7 +17,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("runtime: encoder pipeline", &["encode", "scope", "synth"]),
     (
         "runtime: recorders and limits",
-        &["tracker", "recorder", "limits"],
+        &["tracker", "modules", "recorder", "limits"],
     ),
     ("runtime: report", &["report"]),
     // Reads the recorded files (ELF, DWARF): runtime, never analysis.
