@@ -99,7 +99,7 @@ mod tests {
 }
 
 /// What `record`'s summary and `show` say of `n` heap allocations whose call stack stops early
-/// ([`Final::short_stacks`](crate::Final::short_stacks)): what it means and how to fix it.
+/// (the artifact trailer's `short_stacks`): what it means and how to fix it.
 pub fn short_stacks_note(n: u64) -> String {
     format!(
         "{} call stacks that stop early (no caller beyond the allocation site, or a frame \

@@ -42,6 +42,10 @@ struct Image {
     maps: Vec<Mapping>,
     /// When its maps were last read (a miss rescans only if they may have changed since).
     scanned_ns: u64,
+    /// Every range mapped when they were last read (any permissions): an address in one of
+    /// them that is not code is not worth a rescan (a frame-pointer chain broken by code built
+    /// without frame pointers yields data words, which point into the heap and stacks).
+    mapped: Vec<(u64, u64)>,
 }
 
 /// The executable mappings of the processes of a recording, and the modules they map.
@@ -74,7 +78,11 @@ impl ModuleMap {
     pub fn scan(&mut self, pid: u32, now_ns: u64) -> std::io::Result<usize> {
         let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
         let mut found = Vec::new();
+        let mut mapped = Vec::new();
         for line in text.lines() {
+            if let Some(r) = parse_range(line) {
+                mapped.push(r);
+            }
             if let Some(m) = parse_maps_line(line) {
                 found.push(m);
             }
@@ -117,6 +125,7 @@ impl ModuleMap {
         }
         if let Some(image) = self.procs.get_mut(&pid).and_then(|i| i.last_mut()) {
             image.scanned_ns = now_ns;
+            image.mapped = mapped;
         }
         Ok(added)
     }
@@ -126,15 +135,15 @@ impl ModuleMap {
     pub fn exec(&mut self, pid: u32, ts_ns: u64) {
         self.procs.entry(pid).or_default().push(Image {
             start_ns: ts_ns,
-            maps: Vec::new(),
-            scanned_ns: 0,
+            ..Image::default()
         });
     }
 
     /// The frames of absolute addresses `addrs` of process `pid`, from a stack taken at
     /// `ts_ns`. An address no mapping of that image holds makes the process's maps be read
-    /// again (once per call, and only if they were last read before `ts_ns` or never) when
-    /// `rescan` and the image is the current one; an address still outside every mapping
+    /// again (once per call, only if they were last read before `ts_ns` or never, and only for
+    /// an address that was in no mapping at all then) when `rescan` and the image is the
+    /// current one; an address still outside every executable mapping
     /// (anonymous or JIT code, a broken frame-pointer chain) is a [`ModuleId::UNKNOWN`] frame
     /// holding the address itself.
     pub fn frames(&mut self, pid: u32, ts_ns: u64, addrs: &[u64], rescan: bool) -> Vec<Frame> {
@@ -142,7 +151,7 @@ impl ModuleMap {
         let mut rescanned = false;
         for &addr in addrs {
             let mut frame = self.lookup(pid, ts_ns, addr);
-            if frame.is_none() && rescan && !rescanned && self.may_rescan(pid, ts_ns) {
+            if frame.is_none() && rescan && !rescanned && self.may_rescan(pid, ts_ns, addr) {
                 rescanned = true;
                 let _ = self.scan(pid, monotonic_ns());
                 frame = self.lookup(pid, ts_ns, addr);
@@ -155,14 +164,21 @@ impl ModuleMap {
         out
     }
 
-    /// Whether a rescan can find mappings for a stack of `ts_ns`: the image of `ts_ns` is the
-    /// process's current one and its maps may have changed since they were read.
-    fn may_rescan(&self, pid: u32, ts_ns: u64) -> bool {
+    /// Whether a rescan can find a mapping holding `addr` for a stack of `ts_ns`: the image of
+    /// `ts_ns` is the process's current one, its maps may have changed since they were read,
+    /// and `addr` was in none of them (a user-space address: not a small number, not the
+    /// kernel's half).
+    fn may_rescan(&self, pid: u32, ts_ns: u64, addr: u64) -> bool {
+        if !(0x10000..0x8000_0000_0000).contains(&addr) {
+            return false;
+        }
         match self.procs.get(&pid) {
             None => true,
             Some(images) => {
                 let current = images.last().expect("one image at least");
-                current.start_ns <= ts_ns && (current.scanned_ns == 0 || current.scanned_ns < ts_ns)
+                current.start_ns <= ts_ns
+                    && current.scanned_ns < ts_ns
+                    && !current.mapped.iter().any(|&(s, e)| s <= addr && addr < e)
             }
         }
     }
@@ -229,6 +245,16 @@ impl ModuleMap {
         self.build_ids.insert(key, id.clone());
         id
     }
+}
+
+/// (start, end) of any line of `/proc/PID/maps`.
+fn parse_range(line: &str) -> Option<(u64, u64)> {
+    let (start, rest) = line.split_once('-')?;
+    let end = rest.split(' ').next()?;
+    Some((
+        u64::from_str_radix(start, 16).ok()?,
+        u64::from_str_radix(end, 16).ok()?,
+    ))
 }
 
 /// (start, end, file offset, path) of an executable mapping of a file; `None` for any other
@@ -375,6 +401,7 @@ mod tests {
                     seen_ns: 0,
                 }],
                 scanned_ns: 10,
+                mapped: vec![(0x1000, 0x2000)],
             }],
         );
         map.exec(pid, 100);
@@ -407,6 +434,32 @@ mod tests {
                 module: ModuleId(2),
                 offset: 0x1810
             }
+        );
+    }
+
+    #[test]
+    fn a_miss_rescans_only_for_an_address_mapped_since() {
+        let mut map = ModuleMap::new();
+        let pid = std::process::id();
+        let t0 = monotonic_ns();
+        map.scan(pid, t0).unwrap();
+        let heap = Box::new(5u64);
+        let data = &*heap as *const u64 as u64;
+        // A data word (broken chain), a small number, a kernel address: no rescan.
+        assert!(!map.may_rescan(pid, t0 + 1, data));
+        assert!(!map.may_rescan(pid, t0 + 1, 42));
+        assert!(!map.may_rescan(pid, t0 + 1, 0xffff_ffff_8100_0000));
+        // An address in no mapping, from a stack taken after the scan: maybe mapped since.
+        let unmapped = map.procs[&pid][0]
+            .mapped
+            .windows(2)
+            .find(|w| w[1].0 > w[0].1 + 0x1000)
+            .map(|w| w[0].1 + 0x800)
+            .expect("a hole in the address space");
+        assert!(map.may_rescan(pid, t0 + 1, unmapped));
+        assert!(
+            !map.may_rescan(pid, t0 - 1, unmapped),
+            "a stack older than the scan"
         );
     }
 
