@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use memtrack::{
-    Analyzer, Backend, KindCounts, KindTag, Metadata, ModuleId, Reader, Site, SiteAnalyzer,
-    SiteOrder, SizeClass, SizeHistogram, StackTable, Totals, human,
+    Analyzer, Backend, KindCounts, KindTag, Metadata, ModuleStatus, Reader, Site, SiteAnalyzer,
+    SiteOrder, SizeClass, SizeHistogram, Stack, SymFrame, Symbolizer, Totals, human,
 };
 use serde::Serialize;
 
@@ -123,6 +123,19 @@ pub struct TopSites {
     pub peak_live_bytes: u64,
     /// The sites, ranked.
     pub rows: Vec<SiteRow>,
+    /// The modules of the shown stacks whose frames could not be named, and why (missing,
+    /// rebuilt since the recording, not ELF): their frames print as `module+0xOFFSET`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unsymbolized: Vec<Unsymbolized>,
+}
+
+/// A module whose frames could not be symbolized.
+#[derive(Debug, Serialize)]
+pub struct Unsymbolized {
+    /// Its path, as recorded.
+    pub module: String,
+    /// Why, and what to do.
+    pub reason: String,
 }
 
 /// One call site: its numbers (the fields of [`Site`]) and its stack.
@@ -137,15 +150,25 @@ pub struct SiteRow {
     pub frames: Vec<FrameRow>,
 }
 
-/// One frame of a site's stack.
+/// One frame of a site's stack, symbolized: a recorded return address gives one row per
+/// function inlined there (`inlined`, innermost first) and one for the function it is in.
 #[derive(Debug, Serialize)]
 pub struct FrameRow {
     /// The module's path; `None` for an address outside any file (its `offset` is then the
     /// address).
     pub module: Option<String>,
-    /// The offset in the module's file.
+    /// The recorded offset in the module's file (the return address's).
     pub offset: u64,
-    /// The frame as printed: `module_basename+0xoffset`.
+    /// The function (demangled); `None` when the address could not be named.
+    pub function: Option<String>,
+    /// The source file of `line`.
+    pub file: Option<String>,
+    /// The line: of the call, for a return address.
+    pub line: Option<u32>,
+    /// This function was inlined into the next row's (no call happened).
+    pub inlined: bool,
+    /// The frame as printed: `function (file:line)`, ` [inlined]` after an inlined one, or
+    /// `module_basename+0xoffset` when it could not be named.
     pub location: String,
 }
 
@@ -174,46 +197,69 @@ fn top_sites(
         note: None,
         peak_live_bytes: sites.peak_live_bytes,
         rows: Vec::new(),
+        unsymbolized: Vec::new(),
     };
     if !top.stacks {
         top.note = Some(no_stacks_note(reader));
         return Ok(top);
     }
     let table = reader.stacks()?;
-    for site in sites.top(order, n) {
-        let (frames, truncated) = if site.stack.is_none() {
-            (Vec::new(), false)
-        } else {
-            let st = reader.stack(site.stack)?;
-            let frames = st
-                .frames
-                .iter()
-                .map(|f| frame_row(table, f.module, f.offset))
-                .collect();
-            (frames, st.truncated)
-        };
+    let ranked = sites.top(order, n);
+    let none = Stack::default();
+    let stacks: Vec<&Stack> = ranked
+        .iter()
+        .map(|site| match site.stack.is_none() {
+            true => Ok(&none),
+            false => reader.stack(site.stack),
+        })
+        .collect::<Result<_, _>>()?;
+    // One symbolizer for all the rows: each module is read once, each distinct frame looked
+    // up once.
+    let mut sym = Symbolizer::new();
+    let named = sym.symbolize_stacks(&stacks, |id| table.module(id));
+    for ((site, stack), frames) in ranked.iter().zip(&stacks).zip(named) {
+        let frames = stack
+            .frames
+            .iter()
+            .zip(frames)
+            .flat_map(|(recorded, syms)| {
+                let path = table.module(recorded.module).map(|m| m.path.clone());
+                syms.into_iter().map(move |f| frame_row(path.clone(), &f))
+            })
+            .collect();
         top.rows.push(SiteRow {
-            site: *site,
-            truncated,
+            site: **site,
+            truncated: stack.truncated,
             frames,
         });
+    }
+    let mut shown: Vec<_> = stacks
+        .iter()
+        .flat_map(|st| st.frames.iter().map(|f| f.module))
+        .collect();
+    shown.sort();
+    shown.dedup();
+    for m in shown.into_iter().filter_map(|id| table.module(id)) {
+        let status = sym.status(m);
+        if *status != ModuleStatus::Usable {
+            top.unsymbolized.push(Unsymbolized {
+                module: m.path.clone(),
+                reason: status.to_string(),
+            });
+        }
     }
     Ok(top)
 }
 
-fn frame_row(table: &StackTable, module: ModuleId, offset: u64) -> FrameRow {
-    let path = table.module(module).map(|m| m.path.clone());
-    let location = match &path {
-        Some(p) => {
-            let base = p.rsplit('/').next().unwrap_or(p);
-            format!("{base}+{offset:#x}")
-        }
-        None => format!("{offset:#x}"),
-    };
+fn frame_row(module: Option<String>, f: &SymFrame) -> FrameRow {
     FrameRow {
-        module: path,
-        offset,
-        location,
+        module,
+        offset: f.offset,
+        function: f.function.clone(),
+        file: f.file.clone(),
+        line: f.line,
+        inlined: f.inlined,
+        location: f.to_string(),
     }
 }
 
@@ -572,5 +618,8 @@ fn sites_text(o: &mut String, top: &TopSites, r: &ShowReport) {
         if row.truncated {
             let _ = writeln!(o, "        … (cut at the recorder's depth cap)");
         }
+    }
+    for u in &top.unsymbolized {
+        let _ = writeln!(o, "  not named     {}: {}", u.module, u.reason);
     }
 }

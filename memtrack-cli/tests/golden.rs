@@ -346,9 +346,9 @@ fn with_stacks(dir: &Path) -> PathBuf {
         path: path.into(),
         build_id: Some(vec![0x5a; 20]),
     };
-    enc.define_module(ModuleId(1), module("/opt/app/bin/server"))
+    enc.define_module(ModuleId(1), module("/opt/memtrack-golden/bin/server"))
         .unwrap();
-    enc.define_module(ModuleId(2), module("/usr/lib/x86_64-linux-gnu/libc.so.6"))
+    enc.define_module(ModuleId(2), module("/opt/memtrack-golden/lib/libc.so.6"))
         .unwrap();
     let frame = |module, offset| Frame {
         module: ModuleId(module),

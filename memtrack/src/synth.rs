@@ -88,13 +88,12 @@ impl Sites {
             ),
         };
         let (app, libc, cxx) = (ModuleId(1), ModuleId(2), ModuleId(3));
+        // Paths no machine has: a symbolizer falls back to `module+0xOFFSET` everywhere alike
+        // (a real libc would be found, with another build id, and named so in the output).
         let modules = vec![
-            (app, module("/usr/local/bin/synth-app", 1)),
-            (libc, module("/usr/lib/x86_64-linux-gnu/libc.so.6", 2)),
-            (
-                cxx,
-                module("/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30", 3),
-            ),
+            (app, module("/synth/bin/synth-app", 1)),
+            (libc, module("/synth/lib/libc.so.6", 2)),
+            (cxx, module("/synth/lib/libstdc++.so.6", 3)),
         ];
         // Return addresses inside functions of the program (a 4 MiB text).
         let ret = |rng: &mut Xoshiro256PlusPlus| Frame {
