@@ -256,6 +256,8 @@ fn a_million_allocations_from_three_sites_send_three_stacks() {
         "{sent} stack records for 1,000,000 allocations"
     );
     assert!(run.stacks.len() as u64 <= sent);
+    assert_eq!(run.out.recorded.stack_collisions, 0);
+    assert_eq!(run.out.recorded.stacks_not_remembered, 0);
 }
 
 fn a_dlopened_librarys_allocations_have_frames_in_it() {

@@ -459,6 +459,8 @@ impl Active {
                     stacks: 0,
                     short_stacks: 0,
                     truncated_stacks: 0,
+                    stack_collisions: 0,
+                    stacks_not_remembered: 0,
                 })
             }
         }
@@ -557,6 +559,8 @@ impl Session {
                 stacks: _,
                 short_stacks: _,
                 truncated_stacks: _,
+                stack_collisions: _,
+                stacks_not_remembered: _,
             } = recorded;
             if let Some(output) = output {
                 output.commit()?;

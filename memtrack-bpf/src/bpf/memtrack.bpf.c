@@ -15,12 +15,14 @@
  * out of operator new).
  *
  * Stacks: every allocation and mapping event is emitted at its call's return (mt_ret), where
- * the user stack walk is whole: ip is the caller's return site and rbp is restored, so
- * `bpf_get_stack(BPF_F_USER_STACK)` gives the call site first and then each caller. (At an
- * entry probe the walk would skip the caller: glibc's allocators begin with `push %r12`, not
- * the `push %rbp`/`endbr64` for which the kernel adds it.) Each distinct stack is sent once,
- * as its own `struct memtrack_stack` record before the first event naming its id; see
- * `stack_id`.
+ * the user stack walk is whole: ip is the caller's return site and rbp is restored, so a
+ * frame-pointer walk gives the call site first and then each caller. (At an entry probe it
+ * would skip the caller, whose return address is at the stack pointer, not above a saved rbp:
+ * glibc's allocators begin with `push %r12`, not the `push %rbp`/`endbr64` for which the
+ * kernel adds it.) Raw syscalls (mt_sys_exit) are walked from the user registers at the
+ * syscall's exit: ip is in libc's frameless wrapper, so the wrapper's caller is missing.
+ * Each distinct stack is sent once, as its own `struct memtrack_stack` record before the first
+ * event naming its id; see `stack_id`.
  *
  * Cost: events are submitted with BPF_RB_NO_WAKEUP (a wakeup per event costs ~1.3 us here) and
  * a wakeup is forced only when unconsumed data crosses `wakeup_bytes`; user space also drains
@@ -341,9 +343,10 @@ __attribute__((noinline)) int stack_hash(struct stack_buf *b, __u32 n)
  * above each saved rbp, while the frame pointer is 8-aligned and grows (a broken chain stops
  * the walk, it never loops). It reads the user stack STACK_CHUNK bytes at a time and finds the
  * frames in that window, reading again only when the chain leaves it: one
- * bpf_probe_read_user per frame, or bpf_get_stack(BPF_F_USER_STACK) (which reads each word
- * apart), cost ~150-200 ns per frame here, 20 frames nearly doubling a malloc+free pair;
- * the window costs ~330 ns for 21 frames (`examples/overhead`).
+ * bpf_probe_read_user per frame (+3.0 us for 20 frames) or bpf_get_stack(BPF_F_USER_STACK)
+ * (+4.2 us) nearly doubled a malloc+free pair here; with the window a pair with a 20-frame
+ * stack costs 1.22-1.24x one without (`cargo run --release -p memtrack-bpf --example
+ * overhead 300000 5`).
  *
  * No loss, no aliasing: two independent 64-bit hashes over (frames, flags, tgid, the address
  * space's never-reused `ctx_id`: after an exec the same addresses are other code); the first

@@ -746,6 +746,12 @@ pub struct Recorded {
     pub short_stacks: u64,
     /// Stacks cut at [`TrackerOptions::stack_depth`] frames.
     pub truncated_stacks: u64,
+    /// Stacks whose first hash matched another stack's: sent again under an id of their own
+    /// (never confused with the other; only more ring-buffer traffic).
+    pub stack_collisions: u64,
+    /// New stacks the program could not remember (its map of sent stacks was full): sent
+    /// again each time they recur (nothing lost; more ring-buffer traffic).
+    pub stacks_not_remembered: u64,
 }
 
 impl<W: Write + Send + 'static> Recording<'_, W> {
@@ -837,6 +843,12 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             truncated_stacks: stats
                 .stacks_truncated
                 .wrapping_sub(self.stats_at_start.stacks_truncated),
+            stack_collisions: stats
+                .stack_collisions
+                .wrapping_sub(self.stats_at_start.stack_collisions),
+            stacks_not_remembered: stats
+                .stack_map_full
+                .wrapping_sub(self.stats_at_start.stack_map_full),
         })
     }
 }
