@@ -309,6 +309,39 @@ fn rebuilt_or_missing_module_falls_back() {
     );
 }
 
+/// A symbol without a size (hand-written assembly without `.size`, as in some stripped
+/// libraries) names its first byte only: past it may be the next, unnamed function.
+fn sizeless_symbol_names_only_its_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("sizeless.c");
+    std::fs::write(
+        &src,
+        "__asm__(\".text\\n.globl sizeless\\n.type sizeless, @function\\nsizeless:\\n\
+         nop\\nnop\\nnop\\nret\\n\");\nint main(void) { return 0; }\n",
+    )
+    .unwrap();
+    let exe = dir.path().join("sizeless");
+    run_ok(
+        std::process::Command::new("cc")
+            .args(["-O2", "-g"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&exe),
+    );
+    let m = module(&exe);
+    let (at, past) = (
+        symbol_offset(&exe, "sizeless", 0),
+        symbol_offset(&exe, "sizeless", 2),
+    );
+    let frames = Symbolizer::new().symbolize(&m, &[at, past]);
+    assert_eq!(
+        frames[0][0].function.as_deref(),
+        Some("sizeless"),
+        "{frames:?}"
+    );
+    assert_eq!(frames[1], vec![SymFrame::fallback(&m, past)]);
+}
+
 fn unknown_and_undefined_modules() {
     let stack = Stack {
         frames: vec![
@@ -337,6 +370,10 @@ fn main() {
         ),
         ("cxx_names_are_demangled", cxx_names_are_demangled),
         ("stripped_copy_falls_back", stripped_copy_falls_back),
+        (
+            "sizeless_symbol_names_only_its_start",
+            sizeless_symbol_names_only_its_start,
+        ),
         (
             "rebuilt_or_missing_module_falls_back",
             rebuilt_or_missing_module_falls_back,

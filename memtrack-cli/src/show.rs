@@ -326,15 +326,17 @@ impl ShowReport {
         let mut sites = top.map(|_| SiteAnalyzer::new());
         let bar = progress::events_bar(reader, "reading");
         reader.for_each_frame(|_, evs| {
-            a.update_all(evs);
-            sizes.update_all(evs);
-            if let Some(s) = &mut sites {
-                s.update_all(evs);
+            // The site analyzer feeds an `Analyzer` of its own: one analysis, not two.
+            match &mut sites {
+                Some(s) => s.update_all(evs),
+                None => a.update_all(evs),
             }
+            sizes.update_all(evs);
             bar.inc(evs.len() as u64);
             Ok(())
         })?;
         bar.finish_and_clear();
+        let a = sites.as_ref().map_or(&a, SiteAnalyzer::analyzer);
         let t = a.totals();
         let iterations = reader.final_metadata().and_then(|f| f.iterations);
         let (major, minor) = reader.version();

@@ -1,31 +1,14 @@
-//! Offline symbolization (feature `symbolize`): a recorded [`Frame`] (a module and a file
-//! offset) to the function, file and line it is in, with the functions inlined there.
-//!
-//! Symbolization happens when a recording is shown, never while recording, and needs nothing
-//! but the files: the process may be long gone. It is [blazesym](https://docs.rs/blazesym)'s
-//! (the libbpf project's symbolizer: ELF symbols and DWARF, inlined functions, Rust legacy
-//! `_ZN…` and v0 `_R…` names side by side, C++ names, split debug information).
-//!
-//! **Never a wrong name.** A frame whose module cannot be read (deleted, moved), whose file has
-//! another build id than the one recorded (rebuilt since), or whose address no symbol covers
-//! (a stripped file) is shown as `module+0xOFFSET` ([`SymFrame::is_resolved`] is false), never
-//! as an error and never as the name of whatever code is now at that offset. A symbol without a
-//! size (assembly, some stripped files) names only its own first instruction: an address past it
-//! may belong to the next, unnamed function. [`Symbolizer::status`] tells why a module's frames
-//! are not resolved.
-//!
-//! **Cached per module.** A [`Symbolizer`] parses each file once (its ELF and DWARF tables stay
-//! mapped) and remembers every offset it resolved, so that the many stacks sharing frames cost
-//! one lookup per distinct frame.
+//! Offline symbolization (feature `symbolize`): recorded frames to function, file:line and
+//! inlined frames, from the files alone. The guide is [`Symbolizer`]'s documentation.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized};
+use rustc_hash::FxHashMap;
 
-use crate::stack::{Frame, Module, ModuleId, Stack};
+use crate::stack::{Module, ModuleId, Stack};
 
 /// One frame of a symbolized address: a function (maybe inlined into the next frame) at a file
 /// and line, or, when the address cannot be named, the module and offset it was recorded as.
@@ -162,10 +145,30 @@ struct ModuleCache {
     status: ModuleStatus,
     basename: String,
     /// Offset looked up → its frames (with `offset` the looked-up one).
-    frames: HashMap<u64, Vec<SymFrame>>,
+    frames: FxHashMap<u64, Vec<SymFrame>>,
 }
 
-/// Symbolizes recorded frames from the files they were recorded in, caching per module.
+/// Symbolizes recorded frames (a module and a file offset) from the files they were recorded
+/// in: the function, file and line of each, with the functions inlined there (feature
+/// `symbolize`).
+///
+/// Symbolization happens when a recording is shown, never while recording, and needs nothing
+/// but the files: the process may be long gone. It is [blazesym](https://docs.rs/blazesym)'s
+/// (the libbpf project's symbolizer: ELF symbols and DWARF, inlined functions, Rust legacy
+/// `_ZN…` and v0 `_R…` names side by side, C++ names, split debug information found through
+/// debug links and `/usr/lib/debug/.build-id`).
+///
+/// **Never a wrong name.** A frame whose module cannot be read (deleted, moved), whose file has
+/// another build id than the one recorded (rebuilt since), or whose address no symbol covers
+/// (a stripped file) is the fallback `module+0xOFFSET` ([`SymFrame::is_resolved`] is false),
+/// never an error and never the name of whatever code is now at that offset. A symbol without
+/// a size (assembly, some stripped files) names only its own first byte: an address past it may
+/// be in the next, unnamed function. [`status`](Self::status) tells why a module's frames are
+/// not named. A module recorded without a build id is trusted if its file has none either.
+///
+/// **Cached per module.** Each file is parsed once (its ELF and DWARF tables stay mapped while
+/// the symbolizer lives) and every offset resolved is remembered, so that the many stacks
+/// sharing frames cost one lookup per distinct frame.
 ///
 /// ```no_run
 /// use memtrack::{Module, Symbolizer};
@@ -178,7 +181,7 @@ struct ModuleCache {
 /// ```
 pub struct Symbolizer {
     blaze: blazesym::symbolize::Symbolizer,
-    modules: HashMap<Module, ModuleCache>,
+    modules: FxHashMap<Module, ModuleCache>,
 }
 
 impl Default for Symbolizer {
@@ -209,13 +212,13 @@ impl Symbolizer {
             .build();
         Symbolizer {
             blaze,
-            modules: HashMap::new(),
+            modules: FxHashMap::default(),
         }
     }
 
     /// Symbolizes `offsets` (file offsets of instructions) in `module`: one `Vec` per offset,
     /// its inlined frames first (innermost), the function the address is in last; a single
-    /// fallback frame where the address cannot be named (see the module docs). Never fails.
+    /// fallback frame where the address cannot be named (see [`Symbolizer`]). Never fails.
     ///
     /// A return address (every frame of a recorded [`Stack`]) belongs to the instruction
     /// before it: symbolize `offset − 1`, or use [`symbolize_stacks`](Self::symbolize_stacks).
@@ -246,7 +249,7 @@ impl Symbolizer {
         stacks: &[&Stack],
         module: impl Fn(ModuleId) -> Option<&'m Module>,
     ) -> Vec<Vec<Vec<SymFrame>>> {
-        let mut wanted: HashMap<ModuleId, Vec<u64>> = HashMap::new();
+        let mut wanted: FxHashMap<ModuleId, Vec<u64>> = FxHashMap::default();
         for stack in stacks {
             for fr in &stack.frames {
                 if fr.module != ModuleId::UNKNOWN {
@@ -257,53 +260,47 @@ impl Symbolizer {
                 }
             }
         }
-        for (id, mut offsets) in wanted {
+        for (id, offsets) in wanted {
             if let Some(m) = module(id) {
-                offsets.sort_unstable();
-                offsets.dedup();
                 self.resolve(m, &offsets);
             }
         }
+        // Every frame is resolved now (or its module is not usable): read-only from here.
+        type Entry<'a> = Option<(&'a Module, Option<&'a ModuleCache>)>;
+        let mut caches: FxHashMap<ModuleId, Entry<'_>> = FxHashMap::default();
         stacks
             .iter()
             .map(|stack| {
                 stack
                     .frames
                     .iter()
-                    .map(|fr| self.frame(fr, &module))
+                    .map(|fr| {
+                        if fr.module == ModuleId::UNKNOWN {
+                            return vec![SymFrame::unknown(fr.offset)];
+                        }
+                        let cache = *caches
+                            .entry(fr.module)
+                            .or_insert_with(|| module(fr.module).map(|m| (m, self.modules.get(m))));
+                        let Some((m, cache)) = cache else {
+                            return vec![SymFrame {
+                                module: format!("[module {}]", fr.module.0),
+                                ..SymFrame::unknown(fr.offset)
+                            }];
+                        };
+                        match cache.and_then(|c| c.frames.get(&fr.offset.saturating_sub(1))) {
+                            Some(frames) => frames
+                                .iter()
+                                .map(|f| SymFrame {
+                                    offset: fr.offset,
+                                    ..f.clone()
+                                })
+                                .collect(),
+                            None => vec![SymFrame::fallback(m, fr.offset)],
+                        }
+                    })
                     .collect()
             })
             .collect()
-    }
-
-    /// The symbolized frames of one recorded return-address frame (already resolved by
-    /// `symbolize_stacks`, else looked up now).
-    fn frame<'m>(
-        &mut self,
-        fr: &Frame,
-        module: &impl Fn(ModuleId) -> Option<&'m Module>,
-    ) -> Vec<SymFrame> {
-        if fr.module == ModuleId::UNKNOWN {
-            return vec![SymFrame::unknown(fr.offset)];
-        }
-        let Some(m) = module(fr.module) else {
-            return vec![SymFrame {
-                module: format!("[module {}]", fr.module.0),
-                ..SymFrame::unknown(fr.offset)
-            }];
-        };
-        let looked_up = fr.offset.saturating_sub(1);
-        let cache = self.resolve(m, &[looked_up]);
-        match cache.frames.get(&looked_up) {
-            Some(frames) => frames
-                .iter()
-                .map(|f| SymFrame {
-                    offset: fr.offset,
-                    ..f.clone()
-                })
-                .collect(),
-            None => vec![SymFrame::fallback(m, fr.offset)],
-        }
     }
 
     /// Whether `module`'s frames can be named, and if not why (checked and cached here if no
@@ -321,7 +318,7 @@ impl Symbolizer {
                 ModuleCache {
                     status,
                     basename: basename(&module.path).to_string(),
-                    frames: HashMap::new(),
+                    frames: FxHashMap::default(),
                 },
             );
         }

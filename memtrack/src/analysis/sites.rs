@@ -252,6 +252,12 @@ impl SiteAnalyzer {
         }
     }
 
+    /// The [`Analyzer`] it feeds with the same events (whose peak it uses): the totals of
+    /// those events, without a second analysis.
+    pub fn analyzer(&self) -> &Analyzer {
+        &self.analyzer
+    }
+
     /// The sites so far.
     pub fn sites(&self) -> Sites {
         let mut sites: Vec<Site> = self
