@@ -171,6 +171,12 @@ enum Cmd {
         /// followed (the recording is then not whole if it started any).
         #[arg(long)]
         no_follow: bool,
+        /// Frames kept of each allocation's call stack (0 to 127; 0 records no stacks). Stacks
+        /// are walked by frame pointers: build the code with them (Rust:
+        /// RUSTFLAGS="-C force-frame-pointers=yes"; C/C++: -fno-omit-frame-pointer) or its
+        /// stacks stop early (the summary says how many).
+        #[arg(long, value_name = "N", default_value_t = memtrack::DEFAULT_STACK_DEPTH, value_parser = stack_depth)]
+        stack_depth: u32,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
@@ -230,6 +236,7 @@ fn main() -> ExitCode {
             no_syscalls,
             raw_syscalls,
             no_follow,
+            stack_depth,
             command,
         } => record(
             &output,
@@ -237,6 +244,7 @@ fn main() -> ExitCode {
             ringbuf_mib,
             (!no_syscalls, raw_syscalls),
             !no_follow,
+            stack_depth,
             &command,
         ),
     };
@@ -282,6 +290,16 @@ fn ringbuf_mib(s: &str) -> Result<u64, String> {
         Ok(n) if n.is_power_of_two() && n <= 1024 => Ok(n),
         _ => Err(format!(
             "expected a power of two from 1 to 1024 (MiB), got {s:?}"
+        )),
+    }
+}
+
+/// `--stack-depth`: 0 to 127 frames (the kernel's `perf_event_max_stack`).
+fn stack_depth(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n <= 127 => Ok(n),
+        _ => Err(format!(
+            "expected a number of frames from 0 (no stacks) to 127, got {s:?}"
         )),
     }
 }
@@ -566,6 +584,7 @@ fn record(
     ringbuf_mib: u64,
     (syscalls, raw_syscalls): (bool, bool),
     follow: bool,
+    stack_depth: u32,
     command: &[std::ffi::OsString],
 ) -> memtrack::Result<ExitCode> {
     if is_the_program(output, command) {
@@ -577,7 +596,8 @@ fn record(
     let opts = memtrack::TrackerOptions::new()
         .ringbuf_bytes(ringbuf_mib.saturating_mul(1 << 20))
         .syscalls(syscalls)
-        .raw_syscalls(raw_syscalls);
+        .raw_syscalls(raw_syscalls)
+        .stack_depth(stack_depth);
     // SAFETY: geteuid has no preconditions.
     let runs_as_root = unsafe { libc::geteuid() } == 0 && user.is_none();
     if let Some(p) = find_program(command)
@@ -607,17 +627,26 @@ fn record(
         .map_err(|e| writing(e, file.path()))?;
     let written = file.commit()?;
     let t = &out.recorded.written.totals;
+    let short = out.recorded.short_stacks;
     eprintln!(
         "memtrack: {}, {} allocated in total; peak live heap {}; still live at the end: {} \
-         ({}); {} lost -> {}",
+         ({}); {} lost{} -> {}",
         human::plural(t.allocations, "allocation", "allocations"),
         human::bytes(t.bytes_allocated),
         human::bytes(t.peak_live_bytes),
         human::plural(t.live_blocks_at_end, "block", "blocks"),
         human::bytes(t.live_bytes_at_end),
         human::plural(out.recorded.lost_events, "event", "events"),
+        if short > 0 {
+            format!("; {} with short call stacks", human::count(short))
+        } else {
+            String::new()
+        },
         written.display()
     );
+    if short > 0 {
+        eprintln!("memtrack: {}", human::short_stacks_note(short));
+    }
     if t.blocks_discarded_at_exec > 0 {
         eprintln!(
             "memtrack: {} ({}) were still live when the program replaced its image (exec): \

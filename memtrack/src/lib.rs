@@ -76,6 +76,7 @@ mod error;
 mod event;
 pub mod human;
 mod limits;
+mod modules;
 mod recorder;
 mod report;
 mod scope;
@@ -103,6 +104,7 @@ pub use event::{Event, EventKind, KindTag};
 pub use limits::{InvalidLimits, Limits, Violation};
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;
+pub use modules::{ModuleMap, StackInterner};
 pub use recorder::{Allocator, RecorderError, allocator_installed, in_session};
 pub use report::Report;
 pub use scope::Scope;
@@ -112,6 +114,7 @@ pub use stack::{Frame, Module, ModuleId, Stack, StackId};
 pub use symbolize::{ModuleStatus, SymFrame, Symbolizer};
 #[cfg(feature = "synth")]
 pub use synth::{Synth, SynthOptions};
+pub use tracker::DEFAULT_STACK_DEPTH;
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
 pub use tracker::{Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};
 pub use tracker::{TrackerError, TrackerOptions};
