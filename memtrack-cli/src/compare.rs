@@ -5,7 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use memtrack::{Benchmark, Comparison, Completeness, Metric, Reader, Threshold};
+use memtrack::{
+    Attribution, Benchmark, Comparison, Completeness, Metric, Reader, SiteKey, Sites, Symbolizer,
+    Threshold, Verdict,
+};
 
 mod render;
 
@@ -92,11 +95,14 @@ pub fn run(
         );
         return Ok(ExitCode::from(INPUT_ERROR));
     }
+    let attributed = attribute(&cmp, &base_set, &head_set)?;
     let out = match format {
-        Format::Table => render::table(&cmp),
-        Format::Markdown => render::markdown(&cmp),
+        Format::Table => render::table(&cmp, &attributed),
+        Format::Markdown => render::markdown(&cmp, &attributed),
         Format::Json => {
-            serde_json::to_string_pretty(&render::json(&cmp)).expect("json values serialize") + "\n"
+            serde_json::to_string_pretty(&render::json(&cmp, &attributed))
+                .expect("json values serialize")
+                + "\n"
         }
     };
     super::out(&out)?;
@@ -202,4 +208,86 @@ fn load(path: &Path) -> Result<Benchmark, String> {
         ),
     };
     Ok(Benchmark::new(name, path, totals).with_iterations(fin.iterations))
+}
+
+/// The call sites behind one regressed row of a comparison.
+pub struct Attributed {
+    /// The benchmark.
+    pub benchmark: String,
+    /// The sites ranked by their part in the change of the row's metric.
+    pub attribution: Attribution<SiteKey>,
+    /// Sites of the base, then of the head, with a frame that cannot be matched across
+    /// recordings (no symbol and no build id): they show as vanished and new.
+    pub unmatched: [usize; 2],
+    /// Modules whose frames could not be named (path, why), of either side.
+    pub unnamed_modules: Vec<(String, String)>,
+}
+
+/// The sites behind every regressed row whose two recordings have call stacks, matched by
+/// symbolized frames. Benchmarks whose recordings lack stacks get a note on stderr instead
+/// (the standard output stays what it is without attribution).
+fn attribute(
+    cmp: &Comparison,
+    base_set: &[Benchmark],
+    head_set: &[Benchmark],
+) -> memtrack::Result<Vec<Attributed>> {
+    let mut out = Vec::new();
+    let mut benchmarks: Vec<&str> = cmp
+        .rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::Regressed)
+        .map(|r| r.benchmark.as_str())
+        .collect();
+    benchmarks.dedup();
+    let mut sym = Symbolizer::new();
+    let mut without_stacks = Vec::new();
+    for name in benchmarks {
+        let find = |set: &[Benchmark]| {
+            // A lone file's benchmark was renamed to the head's: it is the only one.
+            set.iter()
+                .find(|b| b.name == name)
+                .or(set.first().filter(|_| set.len() == 1))
+                .map(|b| b.path.clone())
+        };
+        let (Some(bp), Some(hp)) = (find(base_set), find(head_set)) else {
+            continue;
+        };
+        let (br, hr) = (Reader::open(&bp)?, Reader::open(&hp)?);
+        let (bs, hs) = (Sites::read(&br)?, Sites::read(&hr)?);
+        if !bs.has_stacks() || !hs.has_stacks() {
+            without_stacks.push(name.to_string());
+            continue;
+        }
+        let bk = memtrack::site_keys(&mut sym, &br, &bs, 0)?;
+        let hk = memtrack::site_keys(&mut sym, &hr, &hs, 1)?;
+        let mut unnamed = bk.unnamed_modules.clone();
+        for m in &hk.unnamed_modules {
+            if !unnamed.contains(m) {
+                unnamed.push(m.clone());
+            }
+        }
+        for r in cmp
+            .rows
+            .iter()
+            .filter(|r| r.benchmark == name && r.verdict == Verdict::Regressed)
+        {
+            out.push(Attributed {
+                benchmark: name.to_string(),
+                attribution: memtrack::attribute(r.metric, &bk.sites, &hk.sites),
+                unmatched: [bk.unmatched, hk.unmatched],
+                unnamed_modules: unnamed.clone(),
+            });
+        }
+    }
+    if !without_stacks.is_empty() {
+        eprintln!(
+            "memtrack: note: no call sites to attribute the regression of {} to: attribution \
+             needs call stacks in both recordings; record with the eBPF tracker (`memtrack \
+             record`, which keeps --stack-depth {} frames by default) from binaries built with \
+             frame pointers (-fno-omit-frame-pointer, or RUSTFLAGS=\"-C force-frame-pointers=yes\")",
+            without_stacks.join(", "),
+            memtrack::DEFAULT_STACK_DEPTH
+        );
+    }
+    Ok(out)
 }
