@@ -253,7 +253,14 @@ fn attribute(
             continue;
         };
         let (br, hr) = (Reader::open(&bp)?, Reader::open(&hp)?);
-        let (bs, hs) = (Sites::read(&br)?, Sites::read(&hr)?);
+        // The two sides' passes are independent: one thread each (each decodes in parallel
+        // too, but the site accounting itself is serial).
+        let (bs, hs) = std::thread::scope(|s| {
+            let b = s.spawn(|| Sites::read(&br));
+            let h = Sites::read(&hr);
+            (b.join().expect("the site pass does not panic"), h)
+        });
+        let (bs, hs) = (bs?, hs?);
         if !bs.has_stacks() || !hs.has_stacks() {
             without_stacks.push(name.to_string());
             continue;
