@@ -83,23 +83,42 @@ pub fn dhat(cs: &CallSites) -> serde_json::Value {
         })
     };
     let us = |ns: u128| (ns / 1000) as u64;
-    let pps: Vec<serde_json::Value> = cs
+    let fss: Vec<Vec<usize>> = cs
         .call_sites
         .iter()
         .map(|c| {
+            if c.locations.is_empty() {
+                return vec![frame(NO_STACK.to_string())];
+            }
+            c.locations
+                .iter()
+                .flat_map(|l| l.frames.iter().map(move |f| (l.offset, f)))
+                .map(|(off, f)| match f.is_resolved() {
+                    true => frame(format!("{off:#x}: {f}")),
+                    false => frame(f.to_string()),
+                })
+                .collect()
+        })
+        .collect();
+    // DHAT's program points have distinct frames (its viewer refuses a repeated one), but two
+    // recorded stacks can read the same (the same frames, one cut at the depth cap): those
+    // get their stack id as an outermost frame rather than numbers merged (a sum of their
+    // maxima would not be the maximum of their sum).
+    let mut seen: HashMap<&[usize], u32> = HashMap::new();
+    for fs in &fss {
+        *seen.entry(fs).or_default() += 1;
+    }
+    let repeated: Vec<bool> = fss.iter().map(|fs| seen[fs.as_slice()] > 1).collect();
+    let pps: Vec<serde_json::Value> = cs
+        .call_sites
+        .iter()
+        .zip(fss.clone())
+        .zip(repeated)
+        .map(|((c, mut fs), repeated)| {
+            if repeated {
+                fs.push(frame(format!("[recorded stack {}]", c.site.stack.0)));
+            }
             let s = &c.site;
-            let fs: Vec<usize> = if c.locations.is_empty() {
-                vec![frame(NO_STACK.to_string())]
-            } else {
-                c.locations
-                    .iter()
-                    .flat_map(|l| l.frames.iter().map(move |f| (l.offset, f)))
-                    .map(|(off, f)| match f.is_resolved() {
-                        true => frame(format!("{off:#x}: {f}")),
-                        false => frame(f.to_string()),
-                    })
-                    .collect()
-            };
             json!({
                 "tb": s.bytes, "tbk": s.blocks, "tl": us(s.lifetimes_ns),
                 "mb": s.max_bytes, "mbk": s.max_blocks,
@@ -130,7 +149,8 @@ pub fn dhat(cs: &CallSites) -> serde_json::Value {
 
 /// The Firefox Profiler's processed profile: per process, every allocation as an allocation
 /// sample (its time, stack, address and size) and every free as one of negative size at the
-/// same address, so that the profiler's "retained memory" view shows what is live. A second
+/// same address, so that the profiler's "retained memory" view shows what is live; all on one
+/// thread per process, as the profiler keeps them. A second
 /// pass over the events; the frees' stacks (when recorded) are symbolized as they come.
 pub fn firefox(reader: &Reader, cs: &mut CallSites) -> memtrack::Result<fx::Profile> {
     let meta = reader.metadata().clone();
@@ -156,8 +176,7 @@ pub fn firefox(reader: &Reader, cs: &mut CallSites) -> memtrack::Result<fx::Prof
     .map(|(c, name, colour)| (c, p.add_category(name, colour).into()))
     .collect();
     let ts = |t: u64| fx::Timestamp::from_nanos_since_reference(t.saturating_sub(t0));
-    let mut processes: HashMap<u32, fx::ProcessHandle> = HashMap::new();
-    let mut threads: HashMap<(u32, u32), fx::ThreadHandle> = HashMap::new();
+    let mut processes: HashMap<u32, fx::ThreadHandle> = HashMap::new();
     let mut stacks: HashMap<(fx::ThreadHandle, StackId), Option<fx::StackHandle>> = HashMap::new();
     // Per process: live block address -> size, for the frees' sizes.
     let mut heaps: HashMap<u32, HashMap<u64, u64>> = HashMap::new();
@@ -167,18 +186,17 @@ pub fn firefox(reader: &Reader, cs: &mut CallSites) -> memtrack::Result<fx::Prof
     for frame in 0..reader.frames().len() {
         reader.decode_frame(frame, &mut evs)?;
         for e in &evs {
-            let process = *processes.entry(e.pid).or_insert_with(|| {
+            // One thread per process carries its allocation samples: the profiler keeps them
+            // on a process's first thread whichever thread allocated (its retained-memory
+            // view pairs a free with its allocation there), and a sample's stack must be of
+            // the thread that holds it (fxprof-processed-profile 0.8 keeps the index as is).
+            let thread = *processes.entry(e.pid).or_insert_with(|| {
                 let name = format!("{} ({})", cs.name, e.pid);
                 let h = p.add_process(&name, e.pid, ts(e.ts));
-                // The profile keeps a process's allocations on its first thread: its main
-                // thread, named first.
-                let main = p.add_thread(h, e.pid, ts(e.ts), true);
-                threads.insert((e.pid, e.pid), main);
-                h
+                let t = p.add_thread(h, e.pid, ts(e.ts), true);
+                p.set_thread_name(t, &format!("allocations of process {}", e.pid));
+                t
             });
-            let thread = *threads
-                .entry((e.pid, e.tid))
-                .or_insert_with(|| p.add_thread(process, e.tid, ts(e.ts), false));
             let heap = heaps.entry(e.pid).or_default();
             if matches!(e.kind, EventKind::Exec) {
                 // The image's blocks are gone: freed, for the retained-memory view.

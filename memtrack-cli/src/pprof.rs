@@ -171,7 +171,7 @@ pub fn profile(cs: &CallSites) -> Profile {
         unit: st.get("bytes"),
     });
     p.period = 1;
-    p.default_sample_type = 3;
+    p.default_sample_type = st.get("inuse_space");
     p.duration_nanos = cs.last_ts.saturating_sub(cs.first_ts) as i64;
     p.comment = vec![st.get(&format!("memtrack: {}", cs.name))];
     let mut mappings: HashMap<String, u64> = HashMap::new();
