@@ -184,6 +184,7 @@ pub fn firefox(reader: &Reader, cs: &mut CallSites) -> memtrack::Result<fx::Prof
     // In order on this thread: the symbolizer (blazesym's caches) is not Send.
     let mut evs = Vec::new();
     for frame in 0..reader.frames().len() {
+        evs.clear();
         reader.decode_frame(frame, &mut evs)?;
         for e in &evs {
             // One thread per process carries its allocation samples: the profiler keeps them

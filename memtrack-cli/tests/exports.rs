@@ -49,13 +49,14 @@ fn reader(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A synth recording with stacks, and `show --json` of it.
+/// A synth recording with stacks (several frames of the file: 32,768 events each), and
+/// `show --json` of it.
 fn synth_stacks(dir: &Path) -> (PathBuf, Value) {
     let path = dir.join("synth.memtrack");
     let out = memtrack(&[
         "synth",
         "--events",
-        "30000",
+        "80000",
         "--seed",
         "7",
         "--stacks",
@@ -256,6 +257,7 @@ fn folded_synth() {
 fn firefox_synth() {
     let dir = tempfile::tempdir().unwrap();
     let (input, show) = synth_stacks(dir.path());
+    assert!(u(&show, "frames") > 1);
     let p = json_file(&export(&input, "firefox", &[]));
     for f in ["meta", "libs", "threads", "pages", "counters"] {
         assert!(p.get(f).is_some(), "no {f}");
@@ -345,7 +347,12 @@ fn firefox_synth() {
         }
         samples += n;
     }
-    assert!(samples > 0, "no allocation samples");
+    // One sample per allocation, one per free of a block seen allocated (synth has no exec
+    // nor replaced block).
+    assert_eq!(
+        samples as u64,
+        u(&show, "allocations") + u(&show, "frees") - u(&show, "unmatched_frees")
+    );
     assert_eq!(plus as u64, u(&show, "bytes_allocated"));
     assert_eq!(all as u64, u(&show, "live_bytes_at_end"));
 }
