@@ -1,18 +1,18 @@
 //! The collector: drains the per-thread rings into an [`Encoder`], in timestamp order.
 
-use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::{JoinHandle, Thread};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::RecorderError as Error;
-use super::{OVERFLOW, REGISTRY, Raw, STREAM, SWITCH, exclude_current_thread, tsc};
+use super::merge::Pending;
+use super::{OVERFLOW, RECORDER, REGISTRY, Raw, exclude_current_thread, tsc};
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, monotonic_ns};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
-use crate::event::{Event, EventKind, RawRecord};
+use crate::event::RawRecord;
 use crate::scope::Scope;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -22,20 +22,11 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 const TICK: Duration = Duration::from_millis(1);
 const LAG_NS: u64 = 2_000_000;
 
-/// The collector thread, to wake when a ring fills up.
-static COLLECTOR: Mutex<Option<Thread>> = Mutex::new(None);
-
-pub(super) fn wake() {
-    if let Ok(c) = COLLECTOR.try_lock()
-        && let Some(t) = c.as_ref()
-    {
-        t.unpark();
-    }
-}
-
 /// TSC → CLOCK_MONOTONIC: an anchor taken once per process, and the rate refined at every
-/// tick over the longest baseline available.
-struct Clock {
+/// tick over the longest baseline available. Kept in the recorder's state between recordings,
+/// owned by the collector during one.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Clock {
     tsc0: u64,
     mono0: u64,
     /// Nanoseconds per TSC tick.
@@ -49,13 +40,9 @@ impl Clock {
         self.scale = scale;
         self.mult = (scale * (1u64 << 32) as f64) as u64;
     }
-}
 
-static CLOCK: Mutex<Option<Clock>> = Mutex::new(None);
-
-fn calibrate() -> Result<()> {
-    let mut c = CLOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if c.is_none() {
+    /// Anchors a clock now and measures the rate over 2 ms.
+    fn calibrate() -> Result<Clock> {
         let (t0, m0) = (tsc(), monotonic_ns());
         std::thread::sleep(Duration::from_millis(2));
         let (t1, m1) = (tsc(), monotonic_ns());
@@ -72,18 +59,30 @@ fn calibrate() -> Result<()> {
             mult: 0,
         };
         clock.set_scale((m1 - m0) as f64 / (t1 - t0) as f64);
-        *c = Some(clock);
+        Ok(clock)
     }
-    Ok(())
-}
 
-fn refine() {
-    let mut c = CLOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = c.as_mut() {
+    /// Measures the rate again, over the whole time since the anchor.
+    fn refine(&mut self) {
         let (t, m) = (tsc(), monotonic_ns());
-        if m > c.mono0 + 10_000_000 && t > c.tsc0 {
-            c.set_scale((m - c.mono0) as f64 / (t - c.tsc0) as f64);
+        if m > self.mono0 + 10_000_000 && t > self.tsc0 {
+            self.set_scale((m - self.mono0) as f64 / (t - self.tsc0) as f64);
         }
+    }
+
+    #[cfg(test)]
+    pub(super) fn for_test(tsc0: u64) -> Clock {
+        Clock {
+            tsc0,
+            mono0: 1_000,
+            scale: 1.0,
+            mult: 1 << 32,
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn tsc0(&self) -> u64 {
+        self.tsc0
     }
 }
 
@@ -110,9 +109,13 @@ fn invariant_tsc() -> bool {
 pub(crate) struct AllocRecording<W: Write + Send + 'static> {
     stop: Arc<AtomicBool>,
     snapshot: Arc<Snapshot>,
-    thread: Option<JoinHandle<Result<Encoder<W>>>>,
+    thread: Option<JoinHandle<Collected<W>>>,
     iterations: Option<u64>,
 }
+
+/// What the collector thread returns: the encoder (or why it failed), and the clock it refined
+/// (for the next recording).
+type Collected<W> = (Result<Encoder<W>>, Clock);
 
 /// Starts recording the Rust allocator into an artifact written to `out`.
 pub(crate) fn start_recording<W: Write + Send + 'static>(
@@ -127,10 +130,52 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
              nonstop_tsc), which this CPU does not report; use the eBPF backend",
         ));
     }
-    if SWITCH.load(Ordering::Relaxed) & STREAM != 0 {
-        return Err(Error::AlreadyRecording);
+    // Idle → Starting: refused while another recording starts, records or stops.
+    let claim = RECORDER.claim(scope)?;
+    let mut clock = claim.clock;
+    match start_claimed(
+        out,
+        meta,
+        workers,
+        claim.epoch,
+        claim.generation,
+        &mut clock,
+    ) {
+        Ok(thread) => {
+            let (recording, collector) = thread;
+            // Starting → Recording: the switch goes on, the last thing done.
+            match RECORDER.switch_on(collector) {
+                Ok(()) => Ok(recording),
+                Err(refused) => {
+                    drop(recording);
+                    Err(refused.into())
+                }
+            }
+        }
+        Err(e) => {
+            // Starting → Idle, keeping a calibrated clock for the next recording.
+            RECORDER.abandon(clock)?;
+            Err(e)
+        }
     }
-    calibrate()?;
+}
+
+/// The start of a claimed recording: the clock, the encoder's threads, the epoch's clean slate
+/// and the collector thread; returns the recording and the collector (for
+/// [`Lifecycle::switch_on`](super::lifecycle::Lifecycle::switch_on)) once every thread runs.
+/// On error, every thread it started is gone and `clock` holds the clock to keep.
+fn start_claimed<W: Write + Send + 'static>(
+    out: W,
+    meta: &Metadata,
+    workers: usize,
+    epoch: u32,
+    generation: u32,
+    clock: &mut Option<Clock>,
+) -> Result<(AllocRecording<W>, std::thread::Thread)> {
+    let c = match *clock {
+        Some(c) => c,
+        None => *clock.insert(Clock::calibrate()?),
+    };
     // memtrack's threads mark themselves as its own when they start; recording is switched on
     // only once all of them (encoder writer and workers, collector) have, so that none of
     // their start-up allocations is recorded.
@@ -145,9 +190,11 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
         meta,
         EncoderOptions::new().workers(workers).on_thread_start(hook),
     )?;
-    // A new epoch and scope; whatever an earlier session left in the rings is dropped.
-    super::begin_session(scope);
-    drain_all(|_, _| {});
+    // The new epoch and scope are in the session word already: the calling thread joins the
+    // scope, and whatever an earlier session left in the rings is dropped.
+    super::OUT_OF_SCOPE.store(0, Ordering::Relaxed);
+    super::join_scope(generation);
+    drain_all(epoch as u8, |_, _| {});
     super::LOST.store(0, Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
     let snapshot = Arc::new(Snapshot::default());
@@ -161,21 +208,33 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
         .spawn(move || {
             exclude_current_thread();
             counted.fetch_add(1, Ordering::Release);
-            let r = collect(encoder, &stop2, &snapshot2);
+            let mut clock = c;
+            let r = collect(encoder, &stop2, &snapshot2, epoch as u8, &mut clock);
             if r.is_err() {
                 // Producers waiting for room must not wait for a collector that is gone.
-                SWITCH.fetch_and(!STREAM, Ordering::SeqCst);
+                // Refused only before the switch went on, when no producer records.
+                let _ = RECORDER.collector_failed();
             }
-            r
+            (r, clock)
         })
         .map_err(|source| Error::Io {
             what: "starting the collector thread",
             source,
         })?;
-    *COLLECTOR.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread.thread().clone());
+    let collector = thread.thread().clone();
+    let mut recording = AllocRecording {
+        stop,
+        snapshot,
+        thread: Some(thread),
+        iterations: None,
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while started.load(Ordering::Acquire) < workers + 2 {
         if std::time::Instant::now() > deadline {
+            // The collector ends (and the encoder's threads with it) before the claim is
+            // abandoned.
+            let (_, refined) = recording.join_collector();
+            *clock = refined.or(*clock);
             return Err(Error::Io {
                 what: "starting the allocator recorder",
                 source: std::io::Error::other("memtrack's threads did not start within 5 s"),
@@ -183,13 +242,7 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
         }
         std::thread::sleep(Duration::from_micros(100));
     }
-    SWITCH.fetch_or(STREAM, Ordering::SeqCst);
-    Ok(AllocRecording {
-        stop,
-        snapshot,
-        thread: Some(thread),
-        iterations: None,
-    })
+    Ok((recording, collector))
 }
 
 impl<W: Write + Send + 'static> AllocRecording<W> {
@@ -197,7 +250,7 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
     /// collector keeps the newest 2 ms back to merge them in order, so this takes 2–3 ms).
     /// Allocates nothing on the calling thread.
     pub(crate) fn stats(&self) -> Result<Stats> {
-        wake();
+        RECORDER.wake_collector();
         self.snapshot
             .ask(Duration::from_secs(10))
             .ok_or_else(|| Error::Io {
@@ -220,20 +273,38 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
         self.stop_inner()
     }
 
-    fn stop_inner(&mut self) -> Result<(Written, u64)> {
-        SWITCH.fetch_and(!STREAM, Ordering::SeqCst);
+    /// Tells the collector to drain what is left and end, and joins it: its encoder (or why
+    /// it failed) and its clock (`None` if it panicked). `(Internal, None)` if it was joined.
+    fn join_collector(&mut self) -> (Result<Encoder<W>>, Option<Clock>) {
         let Some(thread) = self.thread.take() else {
-            return Err(Error::Internal("the recording was already stopped"));
+            return (
+                Err(Error::Internal("the recording was already stopped")),
+                None,
+            );
         };
         self.stop.store(true, Ordering::Release);
         thread.thread().unpark();
-        let joined = thread.join().map_err(|_| Error::Io {
-            what: "collector thread",
-            source: std::io::Error::other("panicked"),
-        });
-        *COLLECTOR.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        match thread.join() {
+            Ok((encoder, clock)) => (encoder, Some(clock)),
+            Err(_) => (
+                Err(Error::Io {
+                    what: "collector thread",
+                    source: std::io::Error::other("panicked"),
+                }),
+                None,
+            ),
+        }
+    }
+
+    fn stop_inner(&mut self) -> Result<(Written, u64)> {
+        // Recording → Stopping: the switch is off before the collector drains the last events.
+        let stopped = RECORDER.stop();
+        let (joined, clock) = self.join_collector();
+        // Stopping → Idle, whatever the collector returned.
+        let finished = stopped.and_then(|()| RECORDER.finish(clock));
         let lost = super::LOST.load(Ordering::Relaxed);
-        let mut encoder = joined??;
+        let mut encoder = joined?;
+        finished?;
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
         }
@@ -249,11 +320,10 @@ impl<W: Write + Send + 'static> Drop for AllocRecording<W> {
     }
 }
 
-/// Drains every ring and the overflow, calling `f(tid, raw)` for the current epoch's events;
+/// Drains every ring and the overflow, calling `f(tid, raw)` for the events of `epoch`;
 /// forgets closed rings once drained. Generic, not `dyn`: called once per event, the closure
 /// must inline (a dynamic call per event cost the collector ~45 instructions per event).
-fn drain_all(mut f: impl FnMut(u32, &Raw)) {
-    let epoch = super::epoch();
+fn drain_all(epoch: u8, mut f: impl FnMut(u32, &Raw)) {
     let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     reg.retain(|ring| {
         // Read `closed` first: a ring seen closed has no write after this drain.
@@ -278,13 +348,6 @@ fn drain_all(mut f: impl FnMut(u32, &Raw)) {
             f(*tid, r);
         }
     }
-}
-
-/// The event `r` stands for; `None` for a kind number this build does not know (slot memory
-/// not written by `record`: a bug), which the caller counts as lost.
-fn event(c: &Clock, pid: u32, tid: u32, r: &Raw) -> Option<Event> {
-    let kind = EventKind::from_raw(r.kind as u32, r)?;
-    Some(Event::new(to_ns(c, r.tsc), pid, tid, kind))
 }
 
 /// A slot as the kind table reads it: a realloc's old block is `addr2`.
@@ -312,13 +375,14 @@ fn collect<W: Write + Send + 'static>(
     mut enc: Encoder<W>,
     stop: &AtomicBool,
     snapshot: &Arc<Snapshot>,
+    epoch: u8,
+    clock: &mut Clock,
 ) -> Result<Encoder<W>> {
     // A snapshot asked for at this TSC: answered once every event before it is encoded.
     let mut snapshot_at: Option<u64> = None;
     let pid = std::process::id();
-    // Events drained but younger than the lag, in timestamp order. A deque: the emitted front
-    // is popped without moving the rest (which holds up to LAG_NS of events).
-    let mut pending: VecDeque<(u32, Raw)> = VecDeque::new();
+    // Events drained but younger than the lag, in timestamp order.
+    let mut pending = Pending::default();
     loop {
         let last = stop.load(Ordering::Acquire);
         if last {
@@ -330,36 +394,27 @@ fn collect<W: Write + Send + 'static>(
             snapshot_at = Some(now);
         }
         let before = pending.len();
-        drain_all(|tid, r| pending.push_back((tid, *r)));
-        // Each ring's events arrive sorted; with one thread allocating, so does the whole
-        // batch, and checking the new events is all the work. Otherwise a stable sort merges
-        // the runs.
-        let sorted = pending
-            .range(before.saturating_sub(1)..)
-            .is_sorted_by_key(|(_, r)| r.tsc);
-        if !sorted {
-            pending.make_contiguous().sort_by_key(|(_, r)| r.tsc);
+        let mut unknown = 0;
+        drain_all(epoch, |tid, r| {
+            if !pending.push(pid, tid, r) {
+                unknown += 1;
+            }
+        });
+        // Never silently another kind: the session reports it lost, so its numbers say they
+        // are incomplete and cannot serve as a baseline.
+        if unknown > 0 {
+            super::LOST.fetch_add(unknown, Ordering::Relaxed);
         }
-        refine();
-        let clock = CLOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let c = clock.as_ref().expect("calibrated before recording");
+        pending.sort_from(before);
+        clock.refine();
+        let c = &*clock;
         let horizon = now.saturating_sub((LAG_NS as f64 / c.scale) as u64);
         let ready = if last {
             pending.len()
         } else {
-            pending.partition_point(|(_, r)| r.tsc < horizon)
+            pending.ready(horizon)
         };
-        for (tid, r) in pending.drain(..ready) {
-            match event(c, pid, tid, &r) {
-                Some(ev) => enc.push(ev)?,
-                // Never silently another kind: the session reports it lost, so its numbers
-                // say they are incomplete and cannot serve as a baseline.
-                None => {
-                    super::LOST.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-        drop(clock);
+        pending.emit(ready, |t| to_ns(c, t), &mut enc)?;
         if let Some(at) = snapshot_at
             && horizon >= at
         {
@@ -375,28 +430,21 @@ fn collect<W: Write + Send + 'static>(
 
 /// Keeps the counters running while alive (criterion measurements); guards nest.
 #[cfg(feature = "criterion")]
-pub(crate) struct CountingGuard;
-
-#[cfg(feature = "criterion")]
-static COUNTING_USERS: Mutex<usize> = Mutex::new(0);
+pub(crate) struct CountingGuard(());
 
 /// Starts counting allocations, frees and bytes (no events).
 #[cfg(feature = "criterion")]
 pub(crate) fn start_counting() -> CountingGuard {
-    let mut u = COUNTING_USERS.lock().unwrap_or_else(|e| e.into_inner());
-    *u += 1;
-    SWITCH.fetch_or(super::COUNT, Ordering::SeqCst);
-    CountingGuard
+    RECORDER.count_begin();
+    CountingGuard(())
 }
 
 #[cfg(feature = "criterion")]
 impl Drop for CountingGuard {
     fn drop(&mut self) {
-        let mut u = COUNTING_USERS.lock().unwrap_or_else(|e| e.into_inner());
-        *u -= 1;
-        if *u == 0 {
-            SWITCH.fetch_and(!super::COUNT, Ordering::SeqCst);
-        }
+        // Refused only without a matching `count_begin`, which this guard is.
+        let ended = RECORDER.count_end();
+        debug_assert!(ended.is_ok(), "{ended:?}");
     }
 }
 
@@ -408,59 +456,4 @@ pub(crate) fn counters() -> (u64, u64, u64) {
         super::COUNT_BYTES.load(Ordering::Relaxed),
         super::COUNT_FREES.load(Ordering::Relaxed),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::event::KindTag;
-
-    /// A slot of an unknown kind is no event (the collector counts it lost); it used to become
-    /// a `Malloc`.
-    #[test]
-    fn unknown_kinds_are_not_events() {
-        let c = Clock {
-            tsc0: 0,
-            mono0: 1_000,
-            scale: 1.0,
-            mult: 1 << 32,
-        };
-        let raw = Raw {
-            tsc: 5,
-            addr: 0x2000,
-            addr2: 0x1000,
-            size: 96,
-            align: 64,
-            kind: 0,
-            epoch: 0,
-        };
-        for kind in [0, KindTag::ALL.len() as u8 + 1, u8::MAX] {
-            assert_eq!(event(&c, 1, 2, &Raw { kind, ..raw }), None, "kind {kind}");
-        }
-        let realloc = Raw {
-            kind: KindTag::Realloc as u8,
-            ..raw
-        };
-        assert_eq!(
-            event(&c, 1, 2, &realloc),
-            Some(Event::new(
-                1_005,
-                1,
-                2,
-                EventKind::Realloc {
-                    old_addr: 0x1000,
-                    new_addr: 0x2000,
-                    size: 96
-                }
-            ))
-        );
-        let free = Raw {
-            kind: KindTag::Free as u8,
-            ..raw
-        };
-        assert_eq!(
-            event(&c, 1, 2, &free).map(|e| e.kind),
-            Some(EventKind::Free { addr: 0x2000 })
-        );
-    }
 }
