@@ -1,6 +1,6 @@
 //! `memtrack export FILE --format dhat|pprof|folded|firefox -o OUT`: the call sites in the
 //! formats of the tools people already open. Each is a rendering of one
-//! [`CallSites`](crate::callsites::CallSites) (pprof's is in [`crate::pprof`]).
+//! [`CallSites`] (pprof's is in [`crate::pprof`]).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -72,7 +72,7 @@ pub fn run(
 /// first event. The fields as valgrind's dh_main.c writes them and dh_view.js reads them: per
 /// program point `tb`/`tbk` total bytes/blocks, `tl` their lifetimes summed, `mb`/`mbk` the
 /// most live at once, `gb`/`gbk` live at the global peak, `eb`/`ebk` live at the end, `fs` its
-/// frames (indices into `ftbl`, innermost first, `ftbl[0]` is "[root]").
+/// frames (indices into `ftbl`, innermost first, `ftbl[0]` is `"[root]"`).
 pub fn dhat(cs: &CallSites) -> serde_json::Value {
     let mut ftbl: Vec<String> = vec!["[root]".to_string()];
     let mut index: HashMap<String, usize> = HashMap::new();
