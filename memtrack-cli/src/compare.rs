@@ -6,11 +6,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use memtrack::{
-    Attribution, Benchmark, Comparison, Completeness, Metric, Reader, SiteKey, Sites, Symbolizer,
-    Threshold, Verdict,
+    Attribution, Benchmark, Comparison, Completeness, Metric, Reader, SiteAnalyzer, SiteKey, Sites,
+    Symbolizer, Threshold, Verdict,
 };
 
 mod render;
+
+/// The sites of the loaded recordings that have call stacks, by file.
+type SiteSets = std::collections::HashMap<PathBuf, Sites>;
 
 /// Exit code of a run whose inputs were refused (clap uses 2 for usage errors too).
 const INPUT_ERROR: u8 = 2;
@@ -59,8 +62,9 @@ pub fn run(
     format: Format,
 ) -> memtrack::Result<ExitCode> {
     let mut errors = Vec::new();
-    let base_set = load_side(base, "base", &mut errors);
-    let head_set = load_side(head, "head", &mut errors);
+    let mut sites = SiteSets::new();
+    let base_set = load_side(base, "base", &mut errors, &mut sites);
+    let head_set = load_side(head, "head", &mut errors, &mut sites);
     if !errors.is_empty() {
         for e in &errors {
             eprintln!("memtrack: error: {e}");
@@ -95,7 +99,7 @@ pub fn run(
         );
         return Ok(ExitCode::from(INPUT_ERROR));
     }
-    let attributed = attribute(&cmp, &base_set, &head_set)?;
+    let attributed = attribute(&cmp, &base_set, &head_set, &sites)?;
     let out = match format {
         Format::Table => render::table(&cmp, &attributed),
         Format::Markdown => render::markdown(&cmp, &attributed),
@@ -115,7 +119,12 @@ pub fn run(
 
 /// The benchmarks of one side: a file, or the `*.memtrack` files of a directory. Problems are
 /// appended to `errors` (all of them, so that one run reports every bad input).
-fn load_side(path: &Path, side: &str, errors: &mut Vec<String>) -> Vec<Benchmark> {
+fn load_side(
+    path: &Path,
+    side: &str,
+    errors: &mut Vec<String>,
+    sites: &mut SiteSets,
+) -> Vec<Benchmark> {
     let files = match artifacts(path) {
         Ok(f) => f,
         Err(e) => {
@@ -126,7 +135,10 @@ fn load_side(path: &Path, side: &str, errors: &mut Vec<String>) -> Vec<Benchmark
     let mut set: Vec<Benchmark> = Vec::new();
     for f in files {
         match load(&f) {
-            Ok(b) => {
+            Ok((b, s)) => {
+                if let Some(s) = s {
+                    sites.insert(b.path.clone(), s);
+                }
                 if let Some(other) = set.iter().find(|o| o.name == b.name) {
                     errors.push(format!(
                         "{side}: {} and {} both hold benchmark {:?}: keep one per name",
@@ -166,7 +178,8 @@ fn artifacts(path: &Path) -> Result<Vec<PathBuf>, String> {
 
 /// Reads one artifact whole and checks it is fit to compare: finished, no lost events, every
 /// frame sound and its decoded totals equal to those its writer stored.
-fn load(path: &Path) -> Result<Benchmark, String> {
+/// Its sites too when it has call stacks.
+fn load(path: &Path) -> Result<(Benchmark, Option<Sites>), String> {
     let reader = Reader::open(path).map_err(|e| format!("{e}; it cannot be compared"))?;
     if let Completeness::Recovered { reason } = reader.completeness() {
         return Err(format!(
@@ -192,7 +205,25 @@ fn load(path: &Path) -> Result<Benchmark, String> {
             path.display()
         ));
     }
-    let totals = super::analyse(&reader, "reading").map_err(|e| e.to_string())?;
+    // A recording with call stacks gets its sites in the same pass (the site accounting costs
+    // less than decoding the file a second time when a regression is attributed).
+    let stacked = reader.stacks().is_ok_and(|t| t.stacks().len() > 0);
+    let (totals, sites) = if stacked {
+        let mut a = SiteAnalyzer::new();
+        let bar = super::progress::events_bar(&reader, "reading");
+        reader
+            .for_each_frame(|_, evs| {
+                a.update_all(evs);
+                bar.inc(evs.len() as u64);
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?;
+        bar.finish_and_clear();
+        (a.analyzer().totals(), Some(a.sites()))
+    } else {
+        let totals = super::analyse(&reader, "reading").map_err(|e| e.to_string())?;
+        (totals, None)
+    };
     if !super::stored_totals_agree(&reader, &totals) {
         return Err(format!(
             "{}: the totals stored in the trailer differ from the decoded events: the artifact \
@@ -207,7 +238,10 @@ fn load(path: &Path) -> Result<Benchmark, String> {
             |s| s.to_string_lossy().into(),
         ),
     };
-    Ok(Benchmark::new(name, path, totals).with_iterations(fin.iterations))
+    Ok((
+        Benchmark::new(name, path, totals).with_iterations(fin.iterations),
+        sites,
+    ))
 }
 
 /// The call sites behind one regressed row of a comparison.
@@ -230,6 +264,7 @@ fn attribute(
     cmp: &Comparison,
     base_set: &[Benchmark],
     head_set: &[Benchmark],
+    sites: &SiteSets,
 ) -> memtrack::Result<Vec<Attributed>> {
     let mut out = Vec::new();
     let mut benchmarks: Vec<&str> = cmp
@@ -252,21 +287,17 @@ fn attribute(
         let (Some(bp), Some(hp)) = (find(base_set), find(head_set)) else {
             continue;
         };
-        let (br, hr) = (Reader::open(&bp)?, Reader::open(&hp)?);
-        // The two sides' passes are independent: one thread each (each decodes in parallel
-        // too, but the site accounting itself is serial).
-        let (bs, hs) = std::thread::scope(|s| {
-            let b = s.spawn(|| Sites::read(&br));
-            let h = Sites::read(&hr);
-            (b.join().expect("the site pass does not panic"), h)
-        });
-        let (bs, hs) = (bs?, hs?);
+        let (Some(bs), Some(hs)) = (sites.get(&bp), sites.get(&hp)) else {
+            without_stacks.push(name.to_string());
+            continue;
+        };
         if !bs.has_stacks() || !hs.has_stacks() {
             without_stacks.push(name.to_string());
             continue;
         }
-        let bk = memtrack::site_keys(&mut sym, &br, &bs, 0)?;
-        let hk = memtrack::site_keys(&mut sym, &hr, &hs, 1)?;
+        let (br, hr) = (Reader::open(&bp)?, Reader::open(&hp)?);
+        let bk = memtrack::site_keys(&mut sym, &br, bs, 0)?;
+        let hk = memtrack::site_keys(&mut sym, &hr, hs, 1)?;
         let mut unnamed = bk.unnamed_modules.clone();
         for m in &hk.unnamed_modules {
             if !unnamed.contains(m) {
