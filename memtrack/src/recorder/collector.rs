@@ -133,9 +133,15 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
     // Idle → Starting: refused while another recording starts, records or stops.
     let claim = RECORDER.claim(scope)?;
     let mut clock = claim.clock;
-    match start_claimed(out, meta, workers, claim.epoch, claim.generation, &mut clock) {
-        Ok(thread) => {
-            let (recording, collector) = thread;
+    match start_claimed(
+        out,
+        meta,
+        workers,
+        claim.epoch,
+        claim.generation,
+        &mut clock,
+    ) {
+        Ok((recording, collector)) => {
             // Starting → Recording: the switch goes on, the last thing done.
             match RECORDER.switch_on(collector) {
                 Ok(()) => Ok(recording),

@@ -372,7 +372,11 @@ mod tests {
         assert_eq!((claim.epoch, claim.generation), (1, 0));
         assert!(claim.clock.is_none(), "no clock before the first recording");
         assert_eq!(l.phase(), "starting(1, 0)");
-        assert_eq!(switch(&l), 0, "the switch stays off while the threads start");
+        assert_eq!(
+            switch(&l),
+            0,
+            "the switch stays off while the threads start"
+        );
         assert_eq!(session(&l), 1 << 32);
 
         l.switch_on(std::thread::current()).unwrap();
@@ -408,9 +412,15 @@ mod tests {
             Some((Refused::Busy("starting"), "starting(1, 0)".into()))
         );
         l.switch_on(std::thread::current()).unwrap();
-        assert_eq!(l.claim(Scope::Threads).err(), Some(Refused::Busy("recording")));
+        assert_eq!(
+            l.claim(Scope::Threads).err(),
+            Some(Refused::Busy("recording"))
+        );
         l.stop().unwrap();
-        assert_eq!(l.claim(Scope::Threads).err(), Some(Refused::Busy("stopping")));
+        assert_eq!(
+            l.claim(Scope::Threads).err(),
+            Some(Refused::Busy("stopping"))
+        );
         // Refusals change nothing: still stopping, epoch not consumed.
         assert_eq!(l.phase(), "stopping");
         l.finish(None).unwrap();
@@ -461,7 +471,11 @@ mod tests {
         l.switch_on(std::thread::current()).unwrap();
         l.collector_failed().unwrap();
         assert_eq!(l.phase(), "stopping");
-        assert_eq!(switch(&l), 0, "producers must not wait for a collector that is gone");
+        assert_eq!(
+            switch(&l),
+            0,
+            "producers must not wait for a collector that is gone"
+        );
         assert_eq!(
             l.collector_failed(),
             Err(Refused::Invalid {
@@ -522,7 +536,10 @@ mod tests {
         l.switch_on(collector.thread().clone()).unwrap();
         l.wake_collector();
         let parked = collector.join().unwrap();
-        assert!(parked.as_secs() < 30, "the collector was not woken: {parked:?}");
+        assert!(
+            parked.as_secs() < 30,
+            "the collector was not woken: {parked:?}"
+        );
         // Never blocks, even when the lock is held (a producer allocating inside a transition).
         let held = l.lock();
         l.wake_collector();

@@ -813,8 +813,12 @@ pub fn record_command_with(
     // From here, every return (or panic) before the command is reaped kills and reaps it.
     let mut cmd = Child::spawn(&plan.exec, &plan.creds, plan.program)?;
     let tracker = plan.attach(cmd.pid, opts)?;
-    let recording =
-        tracker.start(out, &plan.metadata(cmd.pid), EncoderOptions::new(), default_workers())?;
+    let recording = tracker.start(
+        out,
+        &plan.metadata(cmd.pid),
+        EncoderOptions::new(),
+        default_workers(),
+    )?;
     // INT, TERM and HUP go to the command, and memtrack finishes the artifact once it exits;
     // the handler stays until the artifact is finished (`timeout` signals memtrack and then
     // its whole process group: the second signal may come after the command has ended).
