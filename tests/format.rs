@@ -1,8 +1,10 @@
 //! Round trips, framing, recovery and corruption detection of the artifact format.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use memtrack::{
-    Backend, Completeness, Encoder, EncoderOptions, Event, EventKind, FormatError as Error,
-    Metadata, Reader, Synth, SynthOptions, VERSION_MINOR,
+    Backend, Completeness, Encoder, EncoderOptions, Event, EventKind, FormatError as Error, Frame,
+    Metadata, Module, ModuleId, Reader, Stack, StackId, Synth, SynthOptions, VERSION_MINOR,
 };
 use proptest::prelude::*;
 
@@ -189,13 +191,25 @@ fn truncation_at_every_frame_boundary_and_mid_frame_recovers_complete_frames() {
 #[test]
 fn every_flipped_byte_is_detected() {
     let events = synth(3_000);
-    let bytes = encode(&events, 1000);
-    let spans = frame_spans(&bytes);
+    every_flipped_byte_is_detected_in(&events, &encode(&events, 1000));
+}
+
+/// The same with call stacks: the stack-id columns and the definitions blocks are covered too.
+#[test]
+fn every_flipped_byte_of_a_file_with_stacks_is_detected() {
+    let (events, bytes) = synth_with_stacks(3_000, 1000);
+    assert!(bytes.len() > 10_000);
+    every_flipped_byte_is_detected_in(&events, &bytes);
+}
+
+fn every_flipped_byte_is_detected_in(events: &[Event], bytes: &[u8]) {
+    let spans = frame_spans(bytes);
     for pos in 0..bytes.len() {
-        let mut bad = bytes.clone();
+        let mut bad = bytes.to_vec();
         bad[pos] ^= 0x10;
         let outcome = Reader::from_bytes(bad).and_then(|r| {
             let evs = r.events().collect::<Result<Vec<_>, _>>()?;
+            r.stacks()?;
             Ok((r.completeness().clone(), evs))
         });
         match outcome {
@@ -222,6 +236,340 @@ fn every_flipped_byte_is_detected() {
             Ok((Completeness::Complete, _)) => panic!("flipped byte {pos} went unnoticed"),
         }
     }
+}
+
+/// `synth(n)` with call stacks, each stack defined just before the first event naming it (as a
+/// recorder does), encoded in frames of `frame` events.
+fn synth_with_stacks(n: usize, frame: usize) -> (Vec<Event>, Vec<u8>) {
+    let model = Synth::with_stacks(SynthOptions {
+        seed: 3,
+        threads: 3,
+    });
+    let modules = model.modules().to_vec();
+    let table: BTreeMap<StackId, Stack> = model.stacks().iter().cloned().collect();
+    let events: Vec<Event> = model.take(n).collect();
+    let mut enc = Encoder::new(
+        Vec::new(),
+        &meta(),
+        EncoderOptions::new().workers(2).frame_events(frame),
+    )
+    .expect("encoder");
+    enc.set_end_time(99);
+    for (id, m) in modules {
+        enc.define_module(id, m).expect("module");
+    }
+    let mut defined = BTreeSet::new();
+    for ev in &events {
+        if !ev.stack.is_none() && defined.insert(ev.stack) {
+            enc.define_stack(ev.stack, table[&ev.stack].clone())
+                .expect("stack");
+        }
+        enc.push(*ev).expect("push");
+    }
+    (events, enc.finish_into(0).expect("finish").0)
+}
+
+/// A file without stacks is today's 1.4 file but for the version field (and the header CRC,
+/// which covers it): `tests/data/format-1.4-synth-3000.memtrack` was written by the 1.4 writer
+/// (commit 4b058fd) from these events and settings.
+#[test]
+fn a_file_without_stacks_is_the_1_4_file_but_for_its_version() {
+    let old = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/format-1.4-synth-3000.memtrack"
+    ))
+    .expect("the 1.4 fixture");
+    let mut m = Metadata::now(7, Backend::Synth).with_name("format-1.4");
+    m.start_unix_ns = 1;
+    m.start_monotonic_ns = 2;
+    let opts = EncoderOptions::new().workers(1).frame_events(1024);
+    let mut enc = Encoder::new(Vec::new(), &m, opts).expect("encoder");
+    enc.set_end_time(99);
+    let model = Synth::new(SynthOptions {
+        seed: 5,
+        threads: 2,
+    });
+    enc.extend(model.take(3000)).expect("push");
+    let new = enc.finish_into(0).expect("finish").0;
+    assert_eq!(old[10..12], 4u16.to_le_bytes());
+    assert_eq!(new[10..12], VERSION_MINOR.to_le_bytes());
+    assert_eq!(with_minor(&old, VERSION_MINOR), new);
+}
+
+/// CRC-32/ISO-HDLC (FORMAT.md's) of the concatenated `parts`, bit by bit: the tests' own, not
+/// the writer's.
+fn crc32(parts: &[&[u8]]) -> u32 {
+    let mut crc = !0u32;
+    for &b in parts.iter().flat_map(|p| p.iter()) {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// `bytes` with the header's minor version set to `minor` (and its CRC fixed).
+fn with_minor(bytes: &[u8], minor: u16) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    b[10..12].copy_from_slice(&minor.to_le_bytes());
+    let meta_len = u32::from_le_bytes(b[12..16].try_into().unwrap()) as usize;
+    let crc = crc32(&[&b[..16], &b[20..20 + meta_len]]);
+    b[16..20].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Files of 1.0 to 1.4 (whose frames are laid out alike: the minor versions added metadata keys
+/// and the `Exec` kind) read, with no stacks; so do the 1.3 files of the fuzz seeds, written by
+/// a 1.3 writer.
+#[test]
+fn files_of_1_0_to_1_4_still_read() {
+    let old = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/format-1.4-synth-3000.memtrack"
+    ))
+    .expect("the 1.4 fixture");
+    let events: Vec<Event> = Synth::new(SynthOptions {
+        seed: 5,
+        threads: 2,
+    })
+    .take(3000)
+    .collect();
+    for minor in 0..=4 {
+        let r = Reader::from_bytes(with_minor(&old, minor)).expect("open");
+        assert_eq!(r.version(), (1, minor));
+        let back: Vec<Event> = r.events().collect::<Result<_, _>>().expect("decode");
+        assert_eq!(back, events, "1.{minor}");
+        assert!(r.stacks().expect("no tables").is_empty());
+    }
+    let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/reader");
+    let mut n = 0;
+    for entry in std::fs::read_dir(seeds).expect("seeds") {
+        let r = Reader::from_bytes(std::fs::read(entry.unwrap().path()).unwrap()).expect("open");
+        if r.version().1 >= 5 {
+            continue; // a seed with stacks
+        }
+        assert_eq!(r.version(), (1, 3));
+        let evs: Vec<Event> = r.events().collect::<Result<_, _>>().expect("decode");
+        assert!(evs.iter().all(|e| e.stack.is_none()));
+        assert!(r.stacks().expect("no tables").is_empty());
+        n += 1;
+    }
+    assert!(n >= 4);
+}
+
+/// Stacks round trip: every event's stack id, and the table (modules and stacks) as defined.
+#[test]
+fn stacks_round_trip_with_their_tables() {
+    let (events, bytes) = synth_with_stacks(50_000, 4096);
+    let r = Reader::from_bytes(bytes.clone()).expect("open");
+    let back: Vec<Event> = r.events().collect::<Result<_, _>>().expect("decode");
+    assert_eq!(back, events);
+    let model = Synth::with_stacks(SynthOptions {
+        seed: 3,
+        threads: 3,
+    });
+    let used: BTreeSet<StackId> = events.iter().map(|e| e.stack).collect();
+    let table = r.stacks().expect("tables");
+    let want: Vec<(StackId, &Stack)> = model
+        .stacks()
+        .iter()
+        .filter(|(id, _)| used.contains(id))
+        .map(|(id, s)| (*id, s))
+        .collect();
+    assert!(want.len() > 100, "{} stacks used", want.len());
+    assert_eq!(table.stacks().collect::<Vec<_>>(), want);
+    let modules: Vec<(ModuleId, &Module)> = model.modules().iter().map(|(i, m)| (*i, m)).collect();
+    assert_eq!(table.modules().collect::<Vec<_>>(), modules);
+    // Re-encoding what was read gives the same bytes.
+    let mut enc = Encoder::new(
+        Vec::new(),
+        &meta(),
+        EncoderOptions::new().workers(2).frame_events(4096),
+    )
+    .unwrap();
+    enc.set_end_time(99);
+    for (id, m) in table.modules() {
+        enc.define_module(id, m.clone()).unwrap();
+    }
+    let mut defined = BTreeSet::new();
+    for ev in &back {
+        if !ev.stack.is_none() && defined.insert(ev.stack) {
+            enc.define_stack(ev.stack, table.stack(ev.stack).unwrap().clone())
+                .unwrap();
+        }
+        enc.push(*ev).unwrap();
+    }
+    assert_eq!(enc.finish_into(0).unwrap().0, bytes);
+}
+
+/// 1 M allocations (and their frees) from 3 call sites: 3 stack records in the file, not 1 M.
+#[test]
+fn a_million_allocations_from_three_sites_store_three_stacks() {
+    let mut enc = Encoder::new(Vec::new(), &meta(), EncoderOptions::new().workers(2)).unwrap();
+    enc.define_module(ModuleId(1), module("/bin/app")).unwrap();
+    for s in 1..=3u32 {
+        enc.define_stack(StackId(s), stack(s, 12)).unwrap();
+    }
+    for i in 0..1_000_000u64 {
+        let addr = 0x1000 + (i % 64) * 32;
+        let site = StackId(1 + (i % 3) as u32);
+        enc.push(Event::new(2 * i, 7, 7, EventKind::Malloc { addr, size: 24 }).with_stack(site))
+            .unwrap();
+        enc.push(Event::new(2 * i + 1, 7, 7, EventKind::Free { addr }))
+            .unwrap();
+    }
+    let (bytes, written) = enc.finish_into(0).unwrap();
+    let r = Reader::from_bytes(bytes).unwrap();
+    let defs: Vec<_> = (0..r.frames().len())
+        .map(|i| r.frame_definitions(i).unwrap())
+        .collect();
+    let records: usize = defs.iter().map(|d| d.stacks.len()).sum();
+    assert_eq!(records, 3);
+    assert_eq!(defs.iter().map(|d| d.modules.len()).sum::<usize>(), 1);
+    assert_eq!(r.stacks().unwrap().stacks().count(), 3);
+    // The stack column costs little: 2 M events, 3 sites.
+    assert!(
+        written.bytes < 2_000_000,
+        "{} bytes for 2 M events",
+        written.bytes
+    );
+}
+
+fn module(path: &str) -> Module {
+    Module {
+        path: path.into(),
+        build_id: Some(vec![0xab; 20]),
+    }
+}
+
+/// A stack of `depth` frames in module 1, distinct per `seed`.
+fn stack(seed: u32, depth: u64) -> Stack {
+    Stack {
+        frames: (0..depth)
+            .map(|d| Frame {
+                module: ModuleId(1),
+                offset: 0x1000 * seed as u64 + 0x10 * d,
+            })
+            .collect(),
+        truncated: false,
+    }
+}
+
+/// A prefix of whole frames (a writer killed mid-run) has every stack its events name, and
+/// each stack is defined in the frame of its first use or an earlier one.
+#[test]
+fn every_prefix_of_whole_frames_has_the_stacks_its_events_name() {
+    let (events, bytes) = synth_with_stacks(20_000, 500);
+    let spans = frame_spans(&bytes);
+    let full = Reader::from_bytes(bytes.clone()).unwrap();
+    let mut first_use = BTreeMap::new();
+    for (i, ev) in events.iter().enumerate() {
+        first_use.entry(ev.stack).or_insert(i / 500);
+    }
+    first_use.remove(&StackId::NONE);
+    let mut defined_in = BTreeMap::new();
+    for i in 0..full.frames().len() {
+        for (id, _) in full.frame_definitions(i).unwrap().stacks {
+            defined_in.insert(id, i);
+        }
+    }
+    assert_eq!(
+        defined_in.keys().collect::<Vec<_>>(),
+        first_use.keys().collect::<Vec<_>>()
+    );
+    for (id, frame) in &defined_in {
+        assert!(*frame <= first_use[id], "stack {id:?}");
+    }
+    // Definitions are spread over frames, not all in the first.
+    assert!(defined_in.values().any(|&f| f > 0));
+    for &(_, end) in &spans {
+        let r = Reader::from_bytes(bytes[..end as usize].to_vec()).unwrap();
+        assert!(matches!(r.completeness(), Completeness::Recovered { .. }));
+        let table = r.stacks().expect("tables of the prefix");
+        for ev in r.events() {
+            let ev = ev.unwrap();
+            if !ev.stack.is_none() {
+                assert_eq!(
+                    table.stack(ev.stack),
+                    full.stacks().unwrap().stack(ev.stack),
+                    "cut at {end}"
+                );
+            }
+        }
+    }
+}
+
+/// What the encoder refuses: a stack on a free, definitions with id 0, twice, or naming a
+/// module not defined.
+#[test]
+fn bad_stacks_and_definitions_are_refused() {
+    let mut enc = Encoder::new(Vec::new(), &meta(), EncoderOptions::new().workers(1)).unwrap();
+    let err = enc.define_stack(StackId(1), stack(1, 3)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("stack 1 has a frame in module 1, which is not defined"),
+        "{err}"
+    );
+    enc.define_module(ModuleId(1), module("/bin/app")).unwrap();
+    let err = enc
+        .define_module(ModuleId(1), module("/bin/other"))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("module 1 (/bin/other) is already defined")
+    );
+    let err = enc
+        .define_module(ModuleId::UNKNOWN, module("/x"))
+        .unwrap_err();
+    assert!(err.to_string().contains("UNKNOWN"), "{err}");
+    let err = enc.define_stack(StackId::NONE, stack(1, 3)).unwrap_err();
+    assert!(err.to_string().contains("StackId::NONE"), "{err}");
+    enc.define_stack(StackId(1), stack(1, 3)).unwrap();
+    assert!(enc.define_stack(StackId(1), stack(2, 3)).is_err());
+    enc.push(Event::new(1, 7, 7, EventKind::Malloc { addr: 16, size: 8 }).with_stack(StackId(1)))
+        .unwrap();
+    enc.push(Event::new(2, 7, 7, EventKind::Free { addr: 16 }).with_stack(StackId(1)))
+        .unwrap();
+    let err = enc.finish_into(0).unwrap_err().to_string();
+    assert!(
+        err.contains("a free event carries stack 1: only allocations and mappings carry"),
+        "{err}"
+    );
+}
+
+/// A frame flag this build does not know is refused with the message a 1.4 reader gives a
+/// 1.5 frame with stacks.
+#[test]
+fn an_unknown_frame_flag_is_refused() {
+    let (_, mut bytes) = synth_with_stacks(100, 50);
+    let at = frame_spans(&bytes)[0].0 as usize;
+    assert_eq!(
+        bytes[at + 4],
+        3,
+        "the first frame has stacks and definitions"
+    );
+    bytes[at + 4] |= 4;
+    let crc_at = at + 20;
+    let payload_len = u32::from_le_bytes(bytes[at + 16..at + 20].try_into().unwrap()) as usize;
+    let crc = crc32(&[&bytes[at..at + 20], &bytes[at + 24..at + 40 + payload_len]]);
+    bytes[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+    let r = Reader::from_bytes(bytes).unwrap();
+    let err = r
+        .events()
+        .find_map(Result::err)
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "corrupt frame 0 at byte offset {at}: unknown frame flags 0x7 (written by a newer memtrack?)"
+        )),
+        "{err}"
+    );
 }
 
 #[test]
@@ -291,11 +639,91 @@ fn arb_event() -> impl Strategy<Value = Event> {
         .prop_map(|(ts, pid, tid, kind)| Event::new(ts, pid, tid, kind))
 }
 
+fn arb_frame() -> impl Strategy<Value = Frame> {
+    (0u32..4, any::<u64>()).prop_map(|(m, offset)| Frame {
+        module: ModuleId(m),
+        offset,
+    })
+}
+
+fn arb_stack() -> impl Strategy<Value = Stack> {
+    (prop::collection::vec(arb_frame(), 0..70), any::<bool>())
+        .prop_map(|(frames, truncated)| Stack { frames, truncated })
+}
+
+fn arb_module() -> impl Strategy<Value = Module> {
+    (
+        "[a-z/._é-]{0,40}",
+        prop::option::of(prop::collection::vec(any::<u8>(), 0..40)),
+    )
+        .prop_map(|(path, build_id)| Module { path, build_id })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
     #[test]
     fn arbitrary_events_round_trip(events in prop::collection::vec(arb_event(), 0..300), frame in 1usize..64) {
         prop_assert_eq!(decode(encode(&events, frame)), events);
+    }
+
+    /// Events with stacks (on the kinds that carry one), definitions given at arbitrary points
+    /// before their first use, arbitrary ids, modules (ids 1–3, and UNKNOWN frames) and stacks.
+    #[test]
+    fn arbitrary_stacks_round_trip(
+        events in prop::collection::vec((arb_event(), any::<prop::sample::Index>(), any::<bool>()), 1..300),
+        stacks in prop::collection::btree_map(1u32.., arb_stack(), 1..20),
+        modules in prop::collection::vec(arb_module(), 3),
+        early in prop::collection::vec(any::<bool>(), 20),
+        frame in 1usize..64,
+    ) {
+        let ids: Vec<u32> = stacks.keys().copied().collect();
+        let events: Vec<Event> = events
+            .into_iter()
+            .map(|(e, i, with)| {
+                if with && e.kind.tag().carries_stack() {
+                    e.with_stack(StackId(ids[i.index(ids.len())]))
+                } else {
+                    e
+                }
+            })
+            .collect();
+        let mut enc = Encoder::new(
+            Vec::new(),
+            &meta(),
+            EncoderOptions::new().workers(2).frame_events(frame),
+        )
+        .unwrap();
+        for (i, m) in modules.iter().enumerate() {
+            enc.define_module(ModuleId(i as u32 + 1), m.clone()).unwrap();
+        }
+        // Some stacks are defined up front, the others just before their first use.
+        let mut defined = BTreeSet::new();
+        for (k, (id, st)) in stacks.iter().enumerate() {
+            if early[k] {
+                enc.define_stack(StackId(*id), st.clone()).unwrap();
+                defined.insert(*id);
+            }
+        }
+        for ev in &events {
+            if !ev.stack.is_none() && defined.insert(ev.stack.0) {
+                enc.define_stack(ev.stack, stacks[&ev.stack.0].clone()).unwrap();
+            }
+            enc.push(*ev).unwrap();
+        }
+        let r = Reader::from_bytes(enc.finish_into(0).unwrap().0).unwrap();
+        let back: Vec<Event> = r.events().collect::<Result<_, _>>().unwrap();
+        prop_assert_eq!(&back, &events);
+        let table = r.stacks().unwrap();
+        for (id, st) in table.stacks() {
+            prop_assert_eq!(Some(st), stacks.get(&id.0));
+            prop_assert!(defined.contains(&id.0));
+        }
+        // Every definition was written (none given after the last event here).
+        prop_assert_eq!(table.stacks().count(), defined.len());
+        prop_assert_eq!(table.modules().count(), 3);
+        for (id, m) in table.modules() {
+            prop_assert_eq!(m, &modules[id.0 as usize - 1]);
+        }
     }
 }
 

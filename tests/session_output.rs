@@ -67,6 +67,42 @@ fn sessions_write_through_a_random_temporary_name() {
     assert_eq!(r.completeness(), &memtrack::Completeness::Complete);
 }
 
+/// `Report::sites` reads the session's artifact: the allocator recorder captures no stacks, so
+/// every allocation is in the no-stack site, whose numbers are the session's totals; an
+/// in-memory session has no artifact and no sites.
+fn report_sites_are_read_from_the_artifact() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = builder("sites", dir.path()).start().unwrap();
+    let kept: Vec<Vec<u8>> = (0..10)
+        .map(|i| std::hint::black_box(vec![i as u8; 100]))
+        .filter(|v| v[0] % 3 == 0)
+        .collect();
+    let report = session.finish().unwrap();
+    drop(kept);
+    let sites = report.sites().expect("a file").expect("read");
+    assert!(!sites.has_stacks());
+    let none = sites.no_stack().expect("the no-stack site");
+    assert_eq!(sites.sites.len(), 1);
+    let t = &report.totals;
+    assert!(t.allocations >= 10, "{}", t.allocations);
+    assert_eq!(
+        (none.blocks, none.bytes),
+        (t.allocations, t.bytes_allocated)
+    );
+    assert_eq!(
+        (none.blocks_at_end, none.bytes_at_end),
+        (t.live_blocks_at_end, t.live_bytes_at_end)
+    );
+    assert_eq!(none.bytes_at_peak, t.peak_live_bytes);
+    let memory = builder("sites-in-memory", dir.path())
+        .in_memory(true)
+        .start()
+        .unwrap()
+        .finish()
+        .unwrap();
+    assert!(memory.sites().is_none());
+}
+
 fn another_users_link_at_the_artifact_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -99,6 +135,10 @@ fn main() {
         test(
             "sessions_write_through_a_random_temporary_name",
             sessions_write_through_a_random_temporary_name,
+        ),
+        test(
+            "report_sites_are_read_from_the_artifact",
+            report_sites_are_read_from_the_artifact,
         ),
         requires(
             "another_users_link_at_the_artifact_is_refused_at_start",

@@ -9,7 +9,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use memtrack::{
-    Analyzer, KindCounts, KindTag, Metadata, Reader, SizeClass, SizeHistogram, Totals, human,
+    Analyzer, Backend, KindCounts, KindTag, Metadata, ModuleStatus, Reader, Site, SiteAnalyzer,
+    SiteOrder, SizeClass, SizeHistogram, Stack, SymFrame, Symbolizer, Totals, human,
 };
 use serde::Serialize;
 
@@ -89,12 +90,193 @@ pub struct ShowReport {
     /// in-process sessions and `--no-follow` recordings of one process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes: Option<serde_json::Value>,
+    /// The top call sites, when asked for (`--top N`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_sites: Option<TopSites>,
     /// The text table of the processes (see [`processes::table`]); not in the JSON.
     #[serde(skip)]
     pub process_table: String,
     /// How many processes were followed, for the table's heading.
     #[serde(skip)]
     pub followed: usize,
+}
+
+/// The top call sites of a recording (`show --top N --by …`): DHAT's numbers per allocating
+/// stack, with the stack.
+#[derive(Debug, Serialize)]
+pub struct TopSites {
+    /// What the rows are ranked by: `bytes`, `allocations`, `peak` or `leaked`.
+    pub by: &'static str,
+    /// Call sites in the recording (distinct allocating stacks, the no-stack site included).
+    pub sites: usize,
+    /// Whether the recording has call stacks.
+    pub stacks: bool,
+    /// Why there are no stacks and how to record them, when there are none (then `rows` is
+    /// empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// The recording's peak live heap bytes, the whole of which `bytes_at_peak` are shares.
+    pub peak_live_bytes: u64,
+    /// The sites, ranked.
+    pub rows: Vec<SiteRow>,
+    /// The modules of the shown stacks whose frames could not be named, and why (missing,
+    /// rebuilt since the recording, not ELF): their frames print as `module+0xOFFSET`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unsymbolized: Vec<Unsymbolized>,
+}
+
+/// A module whose frames could not be symbolized.
+#[derive(Debug, Serialize)]
+pub struct Unsymbolized {
+    /// Its path, as recorded.
+    pub module: String,
+    /// Why, and what to do.
+    pub reason: String,
+}
+
+/// One call site: its numbers (the fields of [`Site`]) and its stack.
+#[derive(Debug, Serialize)]
+pub struct SiteRow {
+    /// The numbers.
+    #[serde(flatten)]
+    pub site: Site,
+    /// The stack was cut at the recorder's depth cap.
+    pub truncated: bool,
+    /// The stack, innermost first (empty for the no-stack site, `stack` 0).
+    pub frames: Vec<FrameRow>,
+}
+
+/// One frame of a site's stack, symbolized: a recorded return address gives one row per
+/// function inlined there (`inlined`, innermost first) and one for the function it is in.
+#[derive(Debug, Serialize)]
+pub struct FrameRow {
+    /// The module's path; `None` for an address outside any file (its `offset` is then the
+    /// address).
+    pub module: Option<String>,
+    /// The recorded offset in the module's file (the return address's).
+    pub offset: u64,
+    /// The function (demangled); `None` when the address could not be named.
+    pub function: Option<String>,
+    /// The source file of `line`.
+    pub file: Option<String>,
+    /// The line: of the call, for a return address.
+    pub line: Option<u32>,
+    /// This function was inlined into the next row's (no call happened).
+    pub inlined: bool,
+    /// The frame as printed: `function (file:line)`, ` [inlined]` after an inlined one, or
+    /// `module_basename+0xoffset` when it could not be named.
+    pub location: String,
+}
+
+/// `--by`'s names.
+pub fn order_name(order: SiteOrder) -> &'static str {
+    match order {
+        SiteOrder::Allocations => "allocations",
+        SiteOrder::Peak => "peak",
+        SiteOrder::Leaked => "leaked",
+        _ => "bytes",
+    }
+}
+
+/// The top `n` sites by `order`, with their stacks from `reader`'s tables.
+fn top_sites(
+    reader: &Reader,
+    a: &SiteAnalyzer,
+    n: usize,
+    order: SiteOrder,
+) -> memtrack::Result<TopSites> {
+    let sites = a.sites();
+    let mut top = TopSites {
+        by: order_name(order),
+        sites: sites.sites.len(),
+        stacks: sites.has_stacks(),
+        note: None,
+        peak_live_bytes: sites.peak_live_bytes,
+        rows: Vec::new(),
+        unsymbolized: Vec::new(),
+    };
+    if !top.stacks {
+        top.note = Some(no_stacks_note(reader));
+        return Ok(top);
+    }
+    let table = reader.stacks()?;
+    let ranked = sites.top(order, n);
+    let none = Stack::default();
+    let stacks: Vec<&Stack> = ranked
+        .iter()
+        .map(|site| match site.stack.is_none() {
+            true => Ok(&none),
+            false => reader.stack(site.stack),
+        })
+        .collect::<Result<_, _>>()?;
+    // One symbolizer for all the rows: each module is read once, each distinct frame looked
+    // up once.
+    let mut sym = Symbolizer::new();
+    let named = sym.symbolize_stacks(&stacks, |id| table.module(id));
+    for ((site, stack), frames) in ranked.iter().zip(&stacks).zip(named) {
+        let frames = stack
+            .frames
+            .iter()
+            .zip(frames)
+            .flat_map(|(recorded, syms)| {
+                let path = table.module(recorded.module).map(|m| m.path.clone());
+                syms.into_iter().map(move |f| frame_row(path.clone(), &f))
+            })
+            .collect();
+        top.rows.push(SiteRow {
+            site: **site,
+            truncated: stack.truncated,
+            frames,
+        });
+    }
+    let mut shown: Vec<_> = stacks
+        .iter()
+        .flat_map(|st| st.frames.iter().map(|f| f.module))
+        .collect();
+    shown.sort();
+    shown.dedup();
+    for m in shown.into_iter().filter_map(|id| table.module(id)) {
+        let status = sym.status(m);
+        if *status != ModuleStatus::Usable {
+            top.unsymbolized.push(Unsymbolized {
+                module: m.path.clone(),
+                reason: status.to_string(),
+            });
+        }
+    }
+    Ok(top)
+}
+
+fn frame_row(module: Option<String>, f: &SymFrame) -> FrameRow {
+    FrameRow {
+        module,
+        offset: f.offset,
+        function: f.function.clone(),
+        file: f.file.clone(),
+        line: f.line,
+        inlined: f.inlined,
+        location: f.to_string(),
+    }
+}
+
+/// What `--top` says of a recording without stacks: why, and how to get them.
+fn no_stacks_note(reader: &Reader) -> String {
+    let why = match reader.metadata().backend {
+        Backend::Alloc => "the allocator recorder (memtrack::Allocator) records none".to_string(),
+        Backend::Synth => "it was made by `memtrack synth` without --stacks".to_string(),
+        _ if reader.version() < (1, 5) => format!(
+            "it is a format {}.{} file, written before memtrack recorded stacks",
+            reader.version().0,
+            reader.version().1
+        ),
+        _ => "its recorder defined none".to_string(),
+    };
+    format!(
+        "no call stacks in this recording: {why}. Call stacks are recorded by the eBPF recorder \
+         (`memtrack record -- CMD`, or a session with the eBPF backend), into format 1.5; \
+         build the code with frame pointers (RUSTFLAGS=\"-C force-frame-pointers=yes\") so \
+         that they are whole"
+    )
 }
 
 /// The figures of a recording that counted its iterations, divided by them.
@@ -126,29 +308,40 @@ pub struct ThreadRow {
 impl ShowReport {
     /// Decodes every frame of `reader` (read from `path`; `complete` says whether it was
     /// finished) with a progress bar on a terminal, and gathers the report; `threads` adds the
-    /// per-thread rows.
+    /// per-thread rows, `top` the top N call sites by an order.
     pub fn read(
         reader: &Reader,
         path: &Path,
         complete: bool,
         threads: bool,
+        top: Option<(usize, SiteOrder)>,
     ) -> memtrack::Result<Self> {
-        // Sizes are counted beside the totals, in the same pass: `Analyzer` stays lean for
-        // others.
+        // Sizes (and sites, when asked for) are counted beside the totals, in the same pass:
+        // `Analyzer` stays lean for others.
         let (mut a, mut sizes) = (Analyzer::new(), SizeHistogram::new());
+        let mut sites = top.map(|_| SiteAnalyzer::new());
         let bar = progress::events_bar(reader, "reading");
         reader.for_each_frame(|_, evs| {
-            a.update_all(evs);
+            // The site analyzer feeds an `Analyzer` of its own: one analysis, not two.
+            match &mut sites {
+                Some(s) => s.update_all(evs),
+                None => a.update_all(evs),
+            }
             sizes.update_all(evs);
             bar.inc(evs.len() as u64);
             Ok(())
         })?;
         bar.finish_and_clear();
+        let a = sites.as_ref().map_or(&a, SiteAnalyzer::analyzer);
         let t = a.totals();
         let iterations = reader.final_metadata().and_then(|f| f.iterations);
         let (major, minor) = reader.version();
         let fin = reader.final_metadata();
         let per_process = a.per_process();
+        let top_sites = match (top, &sites) {
+            (Some((n, order)), Some(s)) => Some(top_sites(reader, s, n, order)?),
+            _ => None,
+        };
         Ok(ShowReport {
             file: path.to_path_buf(),
             format_version: format!("{major}.{minor}"),
@@ -190,6 +383,7 @@ impl ShowReport {
                 processes::table(&f.processes, f.unfollowed_processes, &per_process)
             }),
             followed: fin.map_or(0, |f| f.processes.len()),
+            top_sites,
         })
     }
 }
@@ -355,5 +549,71 @@ pub fn text(r: &ShowReport) -> String {
         );
         o.push_str(&r.process_table);
     }
+    if let Some(top) = &r.top_sites {
+        sites_text(&mut o, top, r);
+    }
     o
+}
+
+/// The top sites, DHAT-style: a row of numbers per site, its stack below it.
+fn sites_text(o: &mut String, top: &TopSites, r: &ShowReport) {
+    if let Some(note) = &top.note {
+        let _ = writeln!(o, "  call sites    {note}");
+        return;
+    }
+    let by = match top.by {
+        "allocations" => "allocations",
+        "peak" => "bytes live at the peak",
+        "leaked" => "bytes live at the end",
+        _ => "bytes allocated",
+    };
+    let _ = writeln!(
+        o,
+        "  top {} of {} by {by} (at peak: live when the heap peaked at {})",
+        top.rows.len(),
+        human::plural(top.sites as u64, "call site", "call sites"),
+        human::bytes(top.peak_live_bytes)
+    );
+    let mut rows = vec![[
+        "#".to_string(),
+        "allocations".into(),
+        "bytes".into(),
+        "share".into(),
+        "at peak".into(),
+        "bytes".into(),
+        "at end".into(),
+        "bytes".into(),
+    ]];
+    for (i, row) in top.rows.iter().enumerate() {
+        let s = &row.site;
+        rows.push([
+            format!("{}", i + 1),
+            human::count(s.blocks),
+            human::bytes(s.bytes),
+            tables::percent(s.bytes, r.bytes_allocated),
+            human::count(s.blocks_at_peak),
+            human::bytes(s.bytes_at_peak),
+            human::count(s.blocks_at_end),
+            human::bytes(s.bytes_at_end),
+        ]);
+    }
+    let table = human::table(&rows, &[true; 8]);
+    let mut lines = table.lines();
+    let _ = writeln!(o, "    {}", lines.next().unwrap_or_default());
+    for (row, line) in top.rows.iter().zip(lines) {
+        let _ = writeln!(o, "    {line}");
+        if row.site.stack.is_none() {
+            let _ = writeln!(o, "        (no stack recorded)");
+            continue;
+        }
+        for f in &row.frames {
+            let _ = writeln!(o, "        {}", f.location);
+        }
+        if row.truncated {
+            let _ = writeln!(o, "        … (cut at the recorder's depth cap)");
+        }
+    }
+    for u in &top.unsymbolized {
+        let _ = writeln!(o, "  not named     {}: {}", u.module, u.reason);
+    }
 }

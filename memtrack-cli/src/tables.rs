@@ -5,7 +5,7 @@ use memtrack::{SizeClass, human};
 use crate::show::{ShowReport, ThreadRow};
 
 /// `(n / of)` as a percentage with one decimal.
-fn percent(n: u64, of: u64) -> String {
+pub fn percent(n: u64, of: u64) -> String {
     if of == 0 {
         "-".into()
     } else {

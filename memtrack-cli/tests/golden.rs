@@ -13,7 +13,10 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{alloc_free_pairs, memtrack, s, text};
-use memtrack::{Backend, Encoder, EncoderOptions, Event, EventKind, Metadata, human};
+use memtrack::{
+    Backend, Encoder, EncoderOptions, Event, EventKind, Frame, Metadata, Module, ModuleId, Stack,
+    StackId, human,
+};
 
 /// Writes `events` to `dir/file` as a finished artifact with fixed metadata (start times,
 /// pid, name, command), so that the output of `show` depends on the events alone.
@@ -327,4 +330,175 @@ fn show_of_a_synth_trace_prints_exactly_what_it_did() {
         .replace(s(dir.path()), "$DIR")
         .replace(env!("CARGO_BIN_EXE_memtrack"), "$MEMTRACK");
     check("show-synth.threads.json", &(t + "\n"));
+}
+
+/// A hand-made recording with call stacks: three sites (one stack cut at the depth cap, one
+/// with a frame outside any module), allocations without a stack, a leak, the peak in the
+/// middle, fixed metadata: `show --top` prints exactly these bytes.
+fn with_stacks(dir: &Path) -> PathBuf {
+    let mut meta = Metadata::now(4242, Backend::Ebpf).with_name("stacks");
+    meta.start_unix_ns = 1_700_000_000_000_000_000;
+    meta.start_monotonic_ns = 1_000;
+    let path = dir.join("stacks.memtrack");
+    let f = std::fs::File::create(&path).unwrap();
+    let mut enc = Encoder::new(f, &meta, EncoderOptions::new().workers(1)).unwrap();
+    let module = |path: &str| Module {
+        path: path.into(),
+        build_id: Some(vec![0x5a; 20]),
+    };
+    enc.define_module(ModuleId(1), module("/opt/memtrack-golden/bin/server"))
+        .unwrap();
+    enc.define_module(ModuleId(2), module("/opt/memtrack-golden/lib/libc.so.6"))
+        .unwrap();
+    let frame = |module, offset| Frame {
+        module: ModuleId(module),
+        offset,
+    };
+    let main = [frame(1, 0x4a10), frame(2, 0x29d90)];
+    let stacks = [
+        vec![frame(1, 0x12f3), frame(1, 0x2200)],
+        vec![
+            frame(1, 0x1450),
+            frame(0, 0x7f12_3456_7000),
+            frame(1, 0x2240),
+        ],
+        vec![frame(1, 0x1999)],
+    ];
+    for (i, inner) in stacks.iter().enumerate() {
+        let mut frames = inner.clone();
+        frames.extend(main);
+        enc.define_stack(
+            StackId(i as u32 + 1),
+            Stack {
+                frames,
+                truncated: i == 2,
+            },
+        )
+        .unwrap();
+    }
+    let mut ts = 10_000;
+    let mut push = |kind: EventKind, stack: u32| {
+        ts += 100;
+        enc.push(Event::new(ts, 4242, 4242, kind).with_stack(StackId(stack)))
+            .unwrap();
+    };
+    // Site 1: 100 blocks of 64 B, all freed after the peak. Site 2: 10 blocks of 4 KiB, 3 kept
+    // to the end. Site 3: one block of 16 KiB, freed before the peak. No stack: 5 of 24 B.
+    push(
+        EventKind::Malloc {
+            addr: 0x900_0000,
+            size: 16 << 10,
+        },
+        3,
+    );
+    push(EventKind::Free { addr: 0x900_0000 }, 0);
+    for i in 0..100 {
+        push(
+            EventKind::Malloc {
+                addr: 0x1000 + i * 64,
+                size: 64,
+            },
+            1,
+        );
+    }
+    for i in 0..10 {
+        push(
+            EventKind::Calloc {
+                addr: 0x10_0000 + i * 4096,
+                size: 4096,
+            },
+            2,
+        );
+    }
+    for i in 0..5 {
+        push(
+            EventKind::Malloc {
+                addr: 0x20_0000 + i * 32,
+                size: 24,
+            },
+            0,
+        );
+    }
+    for i in 0..100 {
+        push(
+            EventKind::Free {
+                addr: 0x1000 + i * 64,
+            },
+            0,
+        );
+    }
+    for i in 0..7 {
+        push(
+            EventKind::Free {
+                addr: 0x10_0000 + i * 4096,
+            },
+            0,
+        );
+    }
+    enc.finish(0).unwrap();
+    path
+}
+
+/// `show --top`: the table with each site's stack (text), the exact numbers (JSON), every
+/// order; and a recording without stacks says so and how to get them.
+#[test]
+fn show_top_prints_exactly_what_it_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let path = with_stacks(d);
+    for (by, suffix) in [
+        ("bytes", "bytes"),
+        ("allocations", "allocations"),
+        ("peak", "peak"),
+        ("leaked", "leaked"),
+    ] {
+        let out = memtrack(&["show", s(&path), "--top", "3", "--by", by]);
+        assert!(out.status.success(), "{}", text(&out));
+        check(
+            &format!("show-top.{suffix}.txt"),
+            &normalized(&out, d, &[&path]),
+        );
+    }
+    let out = memtrack(&["show", s(&path), "--top", "10", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    check("show-top.json", &normalized(&out, d, &[&path]));
+    // Without stacks: a note instead of a table.
+    let plain = artifact(d, "plain.memtrack", "plain", &mixed(), 0, None);
+    let out = memtrack(&["show", s(&plain), "--top", "5"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let t = normalized(&out, d, &[&plain]);
+    check("show-top.no-stacks.txt", &t);
+    assert!(t.contains("no call stacks in this recording"), "{t}");
+}
+
+/// `show --top` of a `memtrack synth --stacks` trace (300 sites, 10–40 frames): the text of the
+/// top 5 and the JSON of the top 3 by bytes live at the peak.
+#[test]
+fn show_top_of_a_synth_trace_with_stacks_prints_exactly_what_it_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("st.memtrack");
+    let out = memtrack(&[
+        "synth",
+        "--events",
+        "20000",
+        "--seed",
+        "3",
+        "--threads",
+        "3",
+        "--stacks",
+        "-o",
+        s(&path),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = memtrack(&["show", s(&path), "--top", "5"]);
+    assert!(out.status.success(), "{}", text(&out));
+    check(
+        "show-synth-stacks.top.txt",
+        &normalized(&out, dir.path(), &[&path]),
+    );
+    let out = memtrack(&["show", s(&path), "--top", "3", "--by", "peak", "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t = serde_json::to_string_pretty(&v["top_sites"]).unwrap();
+    check("show-synth-stacks.top.json", &(t + "\n"));
 }

@@ -24,6 +24,8 @@ use libtest_mimic::{Arguments, Completion};
 pub use libtest_mimic::{Failed, Trial};
 use memtrack::{Backend, Encoder, EncoderOptions, Event, EventKind, Metadata};
 
+pub mod fixtures;
+
 /// The environment variable that turns a missing need into a failure (CI sets it).
 pub const REQUIRE: &str = "MEMTRACK_REQUIRE_PRIVILEGED";
 
@@ -168,6 +170,21 @@ pub fn missing(needs: &[Need]) -> Option<String> {
         }
     }
     (!why.is_empty()).then(|| why.join("; "))
+}
+
+/// Runs `cmd` to completion and returns its output; panics, with its stderr, unless it
+/// succeeded.
+pub fn run_ok(cmd: &mut std::process::Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// Whether missing needs fail instead of being ignored ([`REQUIRE`] set to anything but `0`).

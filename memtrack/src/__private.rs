@@ -202,7 +202,7 @@ pub mod hotpath {
 
         /// Encodes `events` into one frame record in `out` (cleared first).
         pub fn encode(&mut self, events: &[Event], out: &mut Vec<u8>) -> Result<(), FormatError> {
-            encode_frame(events, &mut self.0, out)
+            encode_frame(events, None, &mut self.0, out)
         }
     }
 

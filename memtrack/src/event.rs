@@ -3,10 +3,12 @@
 //! The numeric tags of [`EventKind`] are shared by the BPF program (`memtrack-bpf`'s
 //! `memtrack.h`), the artifact format (FORMAT.md) and the CLI's JSON keys ([`EventKind::name`]).
 
+use crate::stack::StackId;
+
 /// One recorded event: when, who, and what happened.
 ///
-/// `#[non_exhaustive]` leaves room for later fields (a stack id) without a breaking change;
-/// build one with [`Event::new`].
+/// `#[non_exhaustive]` leaves room for later fields without a breaking change; build one with
+/// [`Event::new`] (and [`Event::with_stack`] for an allocation whose call stack was recorded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Event {
@@ -18,12 +20,27 @@ pub struct Event {
     pub tid: u32,
     /// What happened.
     pub kind: EventKind,
+    /// The call stack that made an allocation ([`StackId::NONE`] when none was recorded, and
+    /// always for frees, mappings and `exec`): an id into the recording's stack table.
+    pub stack: StackId,
 }
 
 impl Event {
     /// An event at `ts` nanoseconds (CLOCK_MONOTONIC) in thread `tid` of process `pid`.
+    /// It carries no stack ([`StackId::NONE`]).
     pub const fn new(ts: u64, pid: u32, tid: u32, kind: EventKind) -> Self {
-        Self { ts, pid, tid, kind }
+        Self {
+            ts,
+            pid,
+            tid,
+            kind,
+            stack: StackId::NONE,
+        }
+    }
+
+    /// This event with the call stack `stack` (an id into the recording's stack table).
+    pub const fn with_stack(self, stack: StackId) -> Self {
+        Self { stack, ..self }
     }
 }
 
@@ -279,6 +296,22 @@ impl KindTag {
     /// Index into per-kind arrays (`0..ALL.len()`).
     pub const fn index(self) -> usize {
         self as usize - 1
+    }
+
+    /// Whether an event of this kind may carry a call stack ([`Event::stack`]): the calls
+    /// that make a block or a mapping. Frees, unmappings, `brk` and `exec` never do (DHAT's
+    /// accounting attributes a block's whole life to the stack that allocated it). The
+    /// artifact stores a stack id for these kinds only.
+    pub const fn carries_stack(self) -> bool {
+        matches!(
+            self,
+            KindTag::Malloc
+                | KindTag::Calloc
+                | KindTag::Realloc
+                | KindTag::AlignedAlloc
+                | KindTag::Mmap
+                | KindTag::Mremap
+        )
     }
 }
 

@@ -40,18 +40,21 @@
 //! runtime        criterion, __private (the macro's expansion)
 //!                session             SessionBuilder, Session, turns         ─┐
 //!                error               the crate-wide Error: composes these  │ Error
+//!                symbolize           Symbolizer: reads the recorded files, │ (never fails:
+//!                                    frames to names (feature `symbolize`) │  falls back)
 //!                report              Report, its summary line              │
 //!                tracker, recorder,  eBPF tracker, allocator recorder,     │ TrackerError,
 //!                limits              Limits checked against plain numbers   │ RecorderError
 //!                encode, scope,      the rayon frame pipeline, Scope,      │ EncodeError
 //!                synth               the model trace (feature `synth`)     ─┘
 //!      ▲
-//! analysis       Analyzer, SizeHistogram, Timeline, Comparison: numbers only  InvalidTimeline
+//! analysis       Analyzer, SizeHistogram, Timeline, Comparison, Sites:       InvalidTimeline
+//!                numbers only
 //!      ▲
 //! artifact       the format: codec, Reader, frame writer, Output           FormatError,
 //!      ▲                                                                   OutputError
-//! event model    Event, EventKind, KindTag; Totals (what a trailer stores); human (numbers
-//!                as text)
+//! event model    Event, EventKind, KindTag; Stack, StackId, Module, Frame (call stacks);
+//!                Totals (what a trailer stores); human (numbers as text)
 //! ```
 
 // The recorders read the TSC (`rdtsc`), attach uprobes by x86-64 register conventions and
@@ -77,6 +80,9 @@ mod recorder;
 mod report;
 mod scope;
 mod session;
+mod stack;
+#[cfg(feature = "symbolize")]
+mod symbolize;
 #[cfg(feature = "synth")]
 mod synth;
 mod totals;
@@ -85,7 +91,9 @@ mod tracker;
 pub use analysis::{Analyzer, KindCounts, ProcessTotals, Stats, ThreadTotals, Totals};
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use analysis::{Column, Extremes, InvalidTimeline, SizeClass, SizeHistogram, Timeline};
+pub use analysis::{Site, SiteAnalyzer, SiteOrder, Sites};
 pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, ProcessInfo, Reader};
+pub use artifact::{Definitions, StackTable};
 pub use artifact::{FormatError, Output, OutputError};
 pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
 pub use encode::default_workers;
@@ -99,6 +107,9 @@ pub use recorder::{Allocator, RecorderError, allocator_installed, in_session};
 pub use report::Report;
 pub use scope::Scope;
 pub use session::{BackendChoice, Session, SessionBuilder, start};
+pub use stack::{Frame, Module, ModuleId, Stack, StackId};
+#[cfg(feature = "symbolize")]
+pub use symbolize::{ModuleStatus, SymFrame, Symbolizer};
 #[cfg(feature = "synth")]
 pub use synth::{Synth, SynthOptions};
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};

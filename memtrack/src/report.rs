@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::analysis::{SizeClass, Timeline, Totals};
-use crate::artifact::Backend;
+use crate::analysis::{Sites, SizeClass, Timeline, Totals};
+use crate::artifact::{Backend, FormatError, Reader};
 use crate::human;
 use crate::limits::{Violation, describe};
 use crate::scope::Scope;
@@ -63,6 +63,16 @@ impl Report {
     /// Maximum of live heap bytes.
     pub fn peak_live_bytes(&self) -> u64 {
         self.totals.peak_live_bytes
+    }
+
+    /// The call sites of the session's allocations (DHAT's per-stack numbers: see [`Sites`]),
+    /// read from its artifact in a pass of their own (the writer keeps no per-site state, so
+    /// that a session pays nothing for them unless asked). `None` for an in-memory session,
+    /// which has no artifact to read. Allocations without a call stack (a recorder that
+    /// captures none) are counted in [`Sites::no_stack`].
+    pub fn sites(&self) -> Option<Result<Sites, FormatError>> {
+        let path = self.path.as_ref()?;
+        Some(Reader::open(path).and_then(|r| Sites::read(&r)))
     }
 
     /// The artifact's path for messages, or `not written (in-memory session)`.

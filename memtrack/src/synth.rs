@@ -15,6 +15,21 @@
 //! crate that only records should not compile. The `memtrack` command, the benches and the
 //! format tests turn it on.
 //!
+//! Made with [`Synth::with_stacks`], allocations (`Malloc`, `Calloc`, `AlignedAlloc`,
+//! `Realloc`) carry call stacks with the shape real programs show ([`Synth::stacks`] are their
+//! definitions):
+//! - [`SITES`] call sites, each one stack of 10–40 frames, innermost first, in three modules (the
+//!   program, libc for the outermost frames, libstdc++ for the `operator new` frame of a fifth of
+//!   the sites); sites share prefixes: a site's outer frames (`main`, a subsystem, a loop) are
+//!   those of an earlier site for a random depth, as the callers of sibling functions are;
+//! - allocation counts per site are Zipf-like (site of rank `r`, 1-based, weighs `1 / r`), and
+//!   allocations come in loops: a thread's allocation is at its previous allocation's site with
+//!   probability 1/2, else at a site drawn by weight. Stack ids are the ranks (a recorder numbers
+//!   stacks as it first sees them, which puts the frequent ones first too).
+//!
+//! The stacks come from a random stream of their own: the events of a seed are the same with
+//! and without stacks but for [`Event::stack`].
+//!
 //! The same seed gives the same events on every platform (xoshiro256++).
 
 use std::collections::VecDeque;
@@ -24,6 +39,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use rustc_hash::FxHashMap;
 
 use crate::event::{Event, EventKind};
+use crate::stack::{Frame, Module, ModuleId, Stack, StackId};
 
 const MMAP_THRESHOLD: u64 = 128 * 1024;
 const BRK_STEP: u64 = 132 * 1024;
@@ -43,6 +59,115 @@ impl Default for SynthOptions {
             seed: 1,
             threads: 4,
         }
+    }
+}
+
+/// Call sites of the model's stacks.
+pub const SITES: usize = 300;
+
+/// The model's call sites: their stacks and modules, and how an allocation picks one.
+struct Sites {
+    rng: Xoshiro256PlusPlus,
+    modules: Vec<(ModuleId, Module)>,
+    stacks: Vec<(StackId, Stack)>,
+    /// Cumulative weights of the sites (Zipf, exponent 1).
+    cumulative: Vec<f64>,
+    /// Each thread's previous site.
+    last: Vec<StackId>,
+}
+
+impl Sites {
+    fn new(seed: u64, threads: usize) -> Self {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x5717_c4a5_0000_0001);
+        let module = |path: &str, build_id: u8| Module {
+            path: path.to_string(),
+            build_id: Some(
+                (0..20)
+                    .map(|i| build_id.wrapping_mul(31).wrapping_add(i))
+                    .collect(),
+            ),
+        };
+        let (app, libc, cxx) = (ModuleId(1), ModuleId(2), ModuleId(3));
+        // Paths no machine has: a symbolizer falls back to `module+0xOFFSET` everywhere alike
+        // (a real libc would be found, with another build id, and named so in the output).
+        let modules = vec![
+            (app, module("/synth/bin/synth-app", 1)),
+            (libc, module("/synth/lib/libc.so.6", 2)),
+            (cxx, module("/synth/lib/libstdc++.so.6", 3)),
+        ];
+        // Return addresses inside functions of the program (a 4 MiB text).
+        let ret = |rng: &mut Xoshiro256PlusPlus| Frame {
+            module: app,
+            offset: 0x1_0000 + (rng.random_range(0..0x40_0000u64) & !0xf),
+        };
+        let start = Frame {
+            module: libc,
+            offset: 0x2_9d90,
+        };
+        let main = ret(&mut rng);
+        let subsystems: Vec<Frame> = (0..8).map(|_| ret(&mut rng)).collect();
+        let operator_new = Frame {
+            module: cxx,
+            offset: 0xa_e2bc,
+        };
+        let mut stacks: Vec<(StackId, Stack)> = Vec::with_capacity(SITES);
+        for i in 0..SITES {
+            let depth = rng.random_range(10..=40usize);
+            // Outermost first while building; reversed at the end.
+            let mut outer = if i > 0 && rng.random_bool(0.8) {
+                let (_, parent) = &stacks[rng.random_range(0..i)];
+                let mut shared: Vec<Frame> = parent.frames.iter().rev().copied().collect();
+                // The parent's own call site (innermost) and operator new are not shared.
+                shared.retain(|f| f.module != cxx);
+                shared.truncate(rng.random_range(3..shared.len().max(4)).min(depth - 1));
+                shared
+            } else {
+                vec![
+                    start,
+                    main,
+                    subsystems[rng.random_range(0..subsystems.len())],
+                ]
+            };
+            while outer.len() < depth {
+                outer.push(ret(&mut rng));
+            }
+            if rng.random_bool(0.2) {
+                *outer.last_mut().expect("10 frames or more") = operator_new;
+            }
+            outer.reverse();
+            stacks.push((
+                StackId(i as u32 + 1),
+                Stack {
+                    frames: outer,
+                    truncated: depth == 40,
+                },
+            ));
+        }
+        let mut total = 0.0;
+        let cumulative = (1..=SITES)
+            .map(|r| {
+                total += 1.0 / r as f64;
+                total
+            })
+            .collect();
+        Sites {
+            rng,
+            modules,
+            stacks,
+            cumulative,
+            last: vec![StackId::NONE; threads],
+        }
+    }
+
+    /// The site of thread `t`'s next allocation.
+    fn pick(&mut self, t: usize) -> StackId {
+        if self.last[t].is_none() || !self.rng.random_bool(0.5) {
+            let total = *self.cumulative.last().expect("sites");
+            let u = self.rng.random::<f64>() * total;
+            let rank = self.cumulative.partition_point(|&c| c < u).min(SITES - 1);
+            self.last[t] = StackId(rank as u32 + 1);
+        }
+        self.last[t]
     }
 }
 
@@ -84,9 +209,18 @@ pub struct Synth {
     brk: u64,
     maps: Vec<(u64, u64)>,
     pending: VecDeque<EventKind>,
+    sites: Option<Sites>,
 }
 
 impl Synth {
+    /// A model with `opts`, whose allocations carry call stacks (see the module docs for
+    /// their distribution); the events are those of [`Synth::new`] but for [`Event::stack`].
+    pub fn with_stacks(opts: SynthOptions) -> Self {
+        let mut model = Self::new(opts);
+        model.sites = Some(Sites::new(opts.seed, opts.threads.max(1) as usize));
+        model
+    }
+
     /// A model with `opts`; `opts.threads` of 0 is taken as 1.
     pub fn new(opts: SynthOptions) -> Self {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(opts.seed);
@@ -119,12 +253,25 @@ impl Synth {
             brk: 0x5555_5556_0000,
             maps: Vec::new(),
             pending: VecDeque::new(),
+            sites: None,
         }
     }
 
     /// The process id the model's events carry.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The modules of the stacks (empty but [`Synth::with_stacks`]): define them in the
+    /// encoder ([`Encoder::define_module`](crate::Encoder::define_module)) before the stacks.
+    pub fn modules(&self) -> &[(ModuleId, Module)] {
+        self.sites.as_ref().map_or(&[], |s| &s.modules)
+    }
+
+    /// Every stack the events may name, by id (empty but [`Synth::with_stacks`]): define
+    /// them ([`Encoder::define_stack`](crate::Encoder::define_stack)) before the events.
+    pub fn stacks(&self) -> &[(StackId, Stack)] {
+        self.sites.as_ref().map_or(&[], |s| &s.stacks)
     }
 
     fn size(&mut self) -> u64 {
@@ -314,12 +461,18 @@ impl Iterator for Synth {
             40 + (-250.0 * self.rng.random::<f64>().ln()) as u64
         };
         self.ts += gap;
-        Some(Event::new(
-            self.ts,
-            self.pid,
-            self.threads[self.current].tid,
+        let ev = Event::new(self.ts, self.pid, self.threads[self.current].tid, kind);
+        let allocation = matches!(
             kind,
-        ))
+            EventKind::Malloc { .. }
+                | EventKind::Calloc { .. }
+                | EventKind::AlignedAlloc { .. }
+                | EventKind::Realloc { .. }
+        );
+        match &mut self.sites {
+            Some(sites) if allocation => Some(ev.with_stack(sites.pick(self.current))),
+            _ => Some(ev),
+        }
     }
 }
 

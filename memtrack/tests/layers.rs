@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// The layers, lowest first, and the top-level modules of `memtrack/src` in each.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("event model", &["event", "totals", "human"]),
+    ("event model", &["event", "stack", "totals", "human"]),
     ("artifact format", &["artifact"]),
     ("analysis", &["analysis"]),
     ("runtime: encoder pipeline", &["encode", "scope", "synth"]),
@@ -20,6 +20,8 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["tracker", "recorder", "limits"],
     ),
     ("runtime: report", &["report"]),
+    // Reads the recorded files (ELF, DWARF): runtime, never analysis.
+    ("runtime: symbolization", &["symbolize"]),
     ("runtime: crate-wide error", &["error"]),
     ("runtime: session", &["session"]),
     ("runtime: integrations", &["criterion", "__private"]),
@@ -200,7 +202,7 @@ fn no_module_names_a_layer_above_its_own() {
 fn a_planted_upward_import_is_caught() {
     let lib = "mod analysis;\nmod session;\nmod artifact;\nmod event;\nmod totals;\nmod human;\n\
                mod encode;\nmod scope;\nmod synth;\nmod tracker;\nmod recorder;\nmod limits;\n\
-               mod report;\nmod error;\n#[cfg(feature = \"criterion\")]\npub mod criterion;\n\
+               mod report;\nmod error;\nmod stack;\n#[cfg(feature = \"symbolize\")]\nmod symbolize;\n#[cfg(feature = \"criterion\")]\npub mod criterion;\n\
                #[doc(hidden)]\npub mod __private;\n\
                pub use report::Report;\npub use analysis::{Analyzer, Totals};\n";
     let file = |m: &str, text: &str| {

@@ -31,10 +31,12 @@
 
 mod compare;
 mod histogram;
+mod sites;
 mod timeline;
 
 pub use compare::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use histogram::{SizeClass, SizeHistogram};
+pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites};
 pub use timeline::{Column, Extremes, InvalidTimeline, Timeline};
 
 pub use crate::totals::{KindCounts, ThreadTotals, Totals};

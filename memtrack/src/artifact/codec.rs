@@ -6,6 +6,7 @@
 //! zstd. Column order and encodings are part of the format: change them only with a version bump.
 
 use crate::event::{Event, EventKind, KindTag};
+use crate::stack::{Frame, Module, ModuleId, Stack, StackId};
 
 /// Number of length-prefixed columns after the kind column.
 const VAR_COLUMNS: usize = 7;
@@ -117,6 +118,8 @@ impl Runs {
 pub(crate) struct Columns {
     kinds: Vec<u8>,
     cols: [OutCol; VAR_COLUMNS],
+    /// The stack-id column of a frame whose events carry stacks (FORMAT.md, since 1.5).
+    stack: OutCol,
 }
 
 #[inline(always)]
@@ -136,7 +139,9 @@ fn put_varint(out: &mut Vec<u8>, v: u64) {
 
 /// The columns of one payload being written, one method per column in the format's order
 /// (FORMAT.md, "Frame payload"); [`ColumnReader`] mirrors it method for method.
-struct ColumnWriter<'c> {
+/// `STACKS`: the frame has a stack-id column (a separate instantiation, so that a frame without
+/// stacks is encoded by the same loop as before format 1.5).
+struct ColumnWriter<'c, const STACKS: bool> {
     kinds: &'c mut Vec<u8>,
     tid: &'c mut OutCol,
     pid: &'c mut OutCol,
@@ -145,13 +150,16 @@ struct ColumnWriter<'c> {
     addr2: &'c mut OutCol,
     size: &'c mut OutCol,
     align: &'c mut OutCol,
+    stack: &'c mut OutCol,
+    /// The OR of the stack ids of events whose kind carries none (must stay 0).
+    stray_stacks: u32,
     tid_runs: Runs,
     pid_runs: Runs,
     prev_ts: u64,
     prev_addr: u64,
 }
 
-impl<'c> ColumnWriter<'c> {
+impl<'c, const STACKS: bool> ColumnWriter<'c, STACKS> {
     /// Empties `cols` and makes room for `events` events.
     fn new(cols: &'c mut Columns, events: usize) -> Self {
         cols.kinds.clear();
@@ -159,6 +167,10 @@ impl<'c> ColumnWriter<'c> {
         for c in &mut cols.cols {
             c.len = 0;
             c.reserve(events);
+        }
+        cols.stack.len = 0;
+        if STACKS {
+            cols.stack.reserve(events);
         }
         let [tid, pid, ts, addr, addr2, size, align] = &mut cols.cols;
         ColumnWriter {
@@ -170,6 +182,8 @@ impl<'c> ColumnWriter<'c> {
             addr2,
             size,
             align,
+            stack: &mut cols.stack,
+            stray_stacks: 0,
             tid_runs: Runs::default(),
             pid_runs: Runs::default(),
             prev_ts: 0,
@@ -214,6 +228,20 @@ impl<'c> ColumnWriter<'c> {
             }
             EventKind::Free { addr } | EventKind::Brk { addr } => self.addr(addr),
             EventKind::Exec => self.addr(0),
+        }
+        if STACKS {
+            self.stack(ev);
+        }
+    }
+
+    /// The stack id of an event whose kind carries one ([`KindTag::carries_stack`]); any
+    /// other kind's must be [`StackId::NONE`] (checked by [`ColumnWriter::finish`]).
+    #[inline(always)]
+    fn stack(&mut self, ev: &Event) {
+        if ev.kind.tag().carries_stack() {
+            self.stack.put(ev.stack.0 as u64);
+        } else {
+            self.stray_stacks |= ev.stack.0;
         }
     }
 
@@ -266,30 +294,78 @@ impl<'c> ColumnWriter<'c> {
         self.align.put(align);
     }
 
-    /// Ends the open tid and pid runs.
-    fn finish(mut self) {
+    /// Ends the open tid and pid runs; `false` if an event whose kind carries no stack had one.
+    fn finish(mut self) -> bool {
         self.tid_runs.flush(self.tid);
         self.pid_runs.flush(self.pid);
+        self.stray_stacks == 0
     }
 }
 
-/// Serialises `events` into `raw` (cleared first): the uncompressed frame payload.
-pub(crate) fn encode_events(events: &[Event], cols: &mut Columns, raw: &mut Vec<u8>) {
-    let mut w = ColumnWriter::new(cols, events.len());
-    for ev in events {
-        w.event(ev);
+/// An event the format cannot store: a stack on an event whose kind carries none.
+pub(crate) type EncodeProblem = String;
+
+/// Serialises `events` into `raw` (cleared first): the uncompressed frame payload. Returns
+/// whether it has a stack-id column (some event carries a stack: the frame then needs
+/// [`FLAG_STACKS`]). A frame without stacks is written as before format 1.5.
+pub(crate) fn encode_events(
+    events: &[Event],
+    cols: &mut Columns,
+    raw: &mut Vec<u8>,
+) -> Result<bool, EncodeProblem> {
+    // One pass over the ids (no per-event branch in the column loop of a frame without stacks).
+    let stacks = events.iter().any(|e| !e.stack.is_none());
+    let clean = if stacks {
+        encode_columns::<true>(events, cols)
+    } else {
+        encode_columns::<false>(events, cols)
+    };
+    if !clean {
+        let ev = events
+            .iter()
+            .find(|e| !e.stack.is_none() && !e.kind.tag().carries_stack())
+            .expect("a stray stack was seen");
+        return Err(format!(
+            "a {} event carries stack {}: only allocations and mappings carry a call stack \
+             (a free is attributed to the stack that allocated its block)",
+            ev.kind.name(),
+            ev.stack.0
+        ));
     }
-    w.finish();
     raw.clear();
     put_varint(raw, events.len() as u64);
     for c in &cols.cols {
         put_varint(raw, c.len as u64);
     }
+    if stacks {
+        put_varint(raw, cols.stack.len as u64);
+    }
     raw.extend_from_slice(&cols.kinds);
     for c in &cols.cols {
         raw.extend_from_slice(c.bytes());
     }
+    if stacks {
+        raw.extend_from_slice(cols.stack.bytes());
+    }
+    Ok(stacks)
 }
+
+fn encode_columns<const STACKS: bool>(events: &[Event], cols: &mut Columns) -> bool {
+    let mut w = ColumnWriter::<STACKS>::new(cols, events.len());
+    for ev in events {
+        w.event(ev);
+    }
+    w.finish()
+}
+
+/// Frame flag (FORMAT.md, since 1.5): the payload's column table has an eighth length, and a
+/// stack-id column follows the `align` column.
+pub(crate) const FLAG_STACKS: u32 = 1;
+/// Frame flag (FORMAT.md, since 1.5): the payload starts with a definitions block (modules and
+/// stacks defined in this frame) before the columns' zstd frame.
+pub(crate) const FLAG_DEFINITIONS: u32 = 2;
+/// Every frame flag this build reads.
+pub(crate) const KNOWN_FLAGS: u32 = FLAG_STACKS | FLAG_DEFINITIONS;
 
 /// What is wrong with a frame payload; the reader adds the frame index and offset.
 pub(crate) type DecodeError = String;
@@ -344,8 +420,8 @@ impl Col<'_> {
 const NAMES: [&str; VAR_COLUMNS] = ["tid", "pid", "ts", "addr", "addr2", "size", "align"];
 
 /// The columns of one payload being read, one method per column in the format's order: the
-/// mirror of [`ColumnWriter`].
-struct ColumnReader<'a> {
+/// mirror of [`ColumnWriter`]. `STACKS`: the payload has a stack-id column.
+struct ColumnReader<'a, const STACKS: bool> {
     kinds: &'a [u8],
     tid: Col<'a>,
     pid: Col<'a>,
@@ -354,6 +430,7 @@ struct ColumnReader<'a> {
     addr2: Col<'a>,
     size: Col<'a>,
     align: Col<'a>,
+    stack: Col<'a>,
     tid_run: Run,
     pid_run: Run,
     prev_ts: u64,
@@ -384,7 +461,7 @@ impl Run {
     }
 }
 
-impl<'a> ColumnReader<'a> {
+impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
     /// Reads the column table (event count, then each column's length) and splits the payload
     /// into its columns. `expected` is the event count the frame header announces. Inlined:
     /// 1 instruction per event less in the decode loop (callgrind: 222.0 → 221.0).
@@ -406,8 +483,9 @@ impl<'a> ColumnReader<'a> {
                 "payload holds {n} events but the frame header says {expected}"
             ));
         }
-        let mut lens = [0usize; VAR_COLUMNS];
-        for l in &mut lens {
+        let mut lens = [0usize; VAR_COLUMNS + 1];
+        let columns = if STACKS { VAR_COLUMNS + 1 } else { VAR_COLUMNS };
+        for l in &mut lens[..columns] {
             *l = usize::try_from(head.varint()?)
                 .map_err(|_| "column length overflows".to_string())?;
         }
@@ -437,6 +515,7 @@ impl<'a> ColumnReader<'a> {
             addr2: take(lens[4], addr2)?,
             size: take(lens[5], size)?,
             align: take(lens[6], align)?,
+            stack: take(lens[7], "stack")?,
             tid_run: Run::default(),
             pid_run: Run::default(),
             prev_ts: 0,
@@ -491,7 +570,20 @@ impl<'a> ColumnReader<'a> {
             KindTag::Brk => EventKind::Brk { addr },
             KindTag::Exec => EventKind::Exec,
         };
-        Ok(Event::new(ts, pid, tid, kind))
+        let ev = Event::new(ts, pid, tid, kind);
+        if STACKS && kind.tag().carries_stack() {
+            return Ok(ev.with_stack(self.stack()?));
+        }
+        Ok(ev)
+    }
+
+    /// A stack id: an index into the recording's stack table, 0 for none.
+    #[inline(always)]
+    fn stack(&mut self) -> Result<StackId, DecodeError> {
+        let id = self.stack.varint()?;
+        u32::try_from(id)
+            .map(StackId)
+            .map_err(|_| format!("stack column holds id {id}, above 2^32 - 1"))
     }
 
     #[inline(always)]
@@ -563,6 +655,7 @@ impl<'a> ColumnReader<'a> {
             &self.addr2,
             &self.size,
             &self.align,
+            &self.stack,
         ] {
             c.finish()?;
         }
@@ -585,6 +678,7 @@ fn empty_run(column: &str) -> DecodeError {
 /// Decodes a payload written by [`encode_events`], appending to `out`. `expected` is the event
 /// count the frame header announces; any disagreement, left-over byte or unknown kind is an error.
 /// `padded` is the payload followed by at least [`PAD`] bytes (of any value).
+/// `stacks`: the frame has [`FLAG_STACKS`].
 ///
 /// Never inlined: called once per frame, so inlining gains nothing, and whether LLVM inlined it
 /// into its caller (a thread-local's closure) depended on how unrelated code of the crate fell
@@ -594,15 +688,163 @@ fn empty_run(column: &str) -> DecodeError {
 pub(crate) fn decode_events(
     padded: &[u8],
     expected: u32,
+    stacks: bool,
     out: &mut Vec<Event>,
 ) -> Result<(), DecodeError> {
-    let mut r = ColumnReader::new(padded, expected)?;
+    if stacks {
+        decode_columns::<true>(padded, expected, out)
+    } else {
+        decode_columns::<false>(padded, expected, out)
+    }
+}
+
+fn decode_columns<const STACKS: bool>(
+    padded: &[u8],
+    expected: u32,
+    out: &mut Vec<Event>,
+) -> Result<(), DecodeError> {
+    let mut r = ColumnReader::<STACKS>::new(padded, expected)?;
     // `kinds` holds `expected` bytes of this payload: a count bounded by real input, not a claim.
     out.reserve(r.kinds.len());
     for &k in r.kinds {
         out.push(r.event(k)?);
     }
     r.finish()
+}
+
+/// The modules and stacks one frame defines (FORMAT.md, "Definitions", since 1.5): what the
+/// encoder was given by `define_module` and `define_stack` while the frame's events were pushed,
+/// in the order given ([`Reader::frame_definitions`](super::Reader::frame_definitions)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Definitions {
+    /// Modules, by id.
+    pub modules: Vec<(ModuleId, Module)>,
+    /// Stacks, by id.
+    pub stacks: Vec<(StackId, Stack)>,
+}
+
+impl Definitions {
+    /// Whether it defines nothing.
+    pub fn is_empty(&self) -> bool {
+        self.modules.is_empty() && self.stacks.is_empty()
+    }
+}
+
+/// Serialises `defs` into `raw` (cleared first): the uncompressed definitions block. Frames are
+/// stored as absolute (module, offset) varints, not deltas, so that the frames stacks share
+/// (their outer part: `main`, the thread's loop) are repeated byte strings zstd finds.
+pub(crate) fn encode_definitions(defs: &Definitions, raw: &mut Vec<u8>) {
+    raw.clear();
+    put_varint(raw, defs.modules.len() as u64);
+    for (id, m) in &defs.modules {
+        put_varint(raw, id.0 as u64);
+        put_varint(raw, m.path.len() as u64);
+        raw.extend_from_slice(m.path.as_bytes());
+        match &m.build_id {
+            None => put_varint(raw, 0),
+            Some(b) => {
+                put_varint(raw, b.len() as u64 + 1);
+                raw.extend_from_slice(b);
+            }
+        }
+    }
+    put_varint(raw, defs.stacks.len() as u64);
+    for (id, st) in &defs.stacks {
+        put_varint(raw, id.0 as u64);
+        put_varint(raw, (st.frames.len() as u64) << 1 | st.truncated as u64);
+        for f in &st.frames {
+            put_varint(raw, f.module.0 as u64);
+            put_varint(raw, f.offset);
+        }
+    }
+}
+
+/// Decodes a definitions block written by [`encode_definitions`]: `padded` is the block followed
+/// by at least [`PAD`] bytes. Counts and lengths are checked against the bytes left before
+/// anything is allocated for them; ids must be ≥ 1 and fit in 32 bits.
+pub(crate) fn decode_definitions(padded: &[u8]) -> Result<Definitions, DecodeError> {
+    let len = padded
+        .len()
+        .checked_sub(PAD)
+        .ok_or("definitions buffer is not padded")?;
+    let mut c = Col {
+        data: padded,
+        pos: 0,
+        end: len,
+        name: "definitions",
+    };
+    let id32 = |v: u64, what: &str| -> Result<u32, DecodeError> {
+        match u32::try_from(v) {
+            Ok(0) => Err(format!("{what} id 0 is reserved (no {what})")),
+            Ok(v) => Ok(v),
+            Err(_) => Err(format!("{what} id {v} is above 2^32 - 1")),
+        }
+    };
+    // Every module takes at least 3 bytes and every stack at least 2: a count above what is left
+    // is damage, not a reason to reserve memory.
+    let count = |c: &Col<'_>, n: u64, min: usize, what: &str| -> Result<usize, DecodeError> {
+        let left = (c.end - c.pos) / min;
+        if n > left as u64 {
+            return Err(format!(
+                "{n} {what} announced, but only {} bytes are left",
+                c.end - c.pos
+            ));
+        }
+        Ok(n as usize)
+    };
+    let bytes = |c: &mut Col<'_>, n: u64, what: &str| -> Result<Vec<u8>, DecodeError> {
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        if n > c.end - c.pos {
+            return Err(format!("{what} runs past the end of the definitions"));
+        }
+        let b = c.data[c.pos..c.pos + n].to_vec();
+        c.pos += n;
+        Ok(b)
+    };
+    let mut defs = Definitions::default();
+    let n = c.varint()?;
+    let n = count(&c, n, 3, "modules")?;
+    defs.modules.reserve(n);
+    for _ in 0..n {
+        let id = ModuleId(id32(c.varint()?, "module")?);
+        let path_len = c.varint()?;
+        let path = String::from_utf8(bytes(&mut c, path_len, "a module path")?)
+            .map_err(|_| format!("the path of module {} is not UTF-8", id.0))?;
+        let build_id = match c.varint()? {
+            0 => None,
+            n => Some(bytes(&mut c, n - 1, "a build id")?),
+        };
+        defs.modules.push((id, Module { path, build_id }));
+    }
+    let n = c.varint()?;
+    let n = count(&c, n, 2, "stacks")?;
+    defs.stacks.reserve(n);
+    for _ in 0..n {
+        let id = StackId(id32(c.varint()?, "stack")?);
+        let head = c.varint()?;
+        let depth = count(&c, head >> 1, 2, "frames")?;
+        let mut frames = Vec::with_capacity(depth);
+        for _ in 0..depth {
+            let module =
+                ModuleId(u32::try_from(c.varint()?).map_err(|_| {
+                    format!("a frame of stack {} names a module above 2^32 - 1", id.0)
+                })?);
+            frames.push(Frame {
+                module,
+                offset: c.varint()?,
+            });
+        }
+        defs.stacks.push((
+            id,
+            Stack {
+                frames,
+                truncated: head & 1 == 1,
+            },
+        ));
+    }
+    c.finish()?;
+    Ok(defs)
 }
 
 #[cfg(test)]
@@ -702,7 +944,7 @@ mod tests {
         let mut padded = raw.to_vec();
         padded.resize(raw.len() + PAD, 0);
         let mut out = Vec::new();
-        decode_events(&padded, n, &mut out).map(|()| out)
+        decode_events(&padded, n, false, &mut out).map(|()| out)
     }
 
     #[test]
@@ -750,8 +992,19 @@ mod tests {
             .map(|(i, &k)| Event::new(1_000 + 10 * i as u64, 7, 7 + (i as u32 % 2), k))
             .collect();
         let (mut cols, mut raw) = (Columns::default(), Vec::new());
-        encode_events(&events, &mut cols, &mut raw);
+        encode_events(&events, &mut cols, &mut raw).unwrap();
         assert_eq!(decode(&raw, events.len() as u32).unwrap(), events);
+        // With stacks on the kinds that carry one.
+        let with: Vec<Event> = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| match e.kind.tag().carries_stack() {
+                true => e.with_stack(StackId(i as u32 * 1000)),
+                false => *e,
+            })
+            .collect();
+        assert_eq!(encode_events(&with, &mut cols, &mut raw), Ok(true));
+        assert_eq!(decode_stacks(&raw, with.len() as u32).unwrap(), with);
     }
 
     #[test]
@@ -760,7 +1013,7 @@ mod tests {
         // (delta, run) pair and the pid column's, every value one byte.
         let ev = Event::new(100, 7, 5, EventKind::Malloc { addr: 64, size: 8 });
         let (mut cols, mut raw) = (Columns::default(), Vec::new());
-        encode_events(&[ev], &mut cols, &mut raw);
+        encode_events(&[ev], &mut cols, &mut raw).unwrap();
         assert_eq!(decode(&raw, 1).unwrap(), [ev]);
         for (offset, column) in [(10, "tid"), (12, "pid")] {
             let mut bad = raw.clone();
@@ -771,5 +1024,110 @@ mod tests {
                 format!("{column} column holds a run of length 0")
             );
         }
+    }
+
+    fn defs_decode(raw: &[u8]) -> Result<Definitions, DecodeError> {
+        let mut padded = raw.to_vec();
+        padded.resize(raw.len() + PAD, 0);
+        decode_definitions(&padded)
+    }
+
+    #[test]
+    fn definitions_round_trip_and_damage_is_named() {
+        let defs = Definitions {
+            modules: vec![
+                (
+                    ModuleId(1),
+                    Module {
+                        path: "/usr/bin/app".into(),
+                        build_id: Some(vec![1, 2, 3]),
+                    },
+                ),
+                (
+                    ModuleId(7),
+                    Module {
+                        path: String::new(),
+                        build_id: None,
+                    },
+                ),
+            ],
+            stacks: vec![
+                (
+                    StackId(3),
+                    Stack {
+                        frames: vec![
+                            Frame {
+                                module: ModuleId(1),
+                                offset: 0x1234,
+                            },
+                            Frame {
+                                module: ModuleId::UNKNOWN,
+                                offset: u64::MAX,
+                            },
+                        ],
+                        truncated: true,
+                    },
+                ),
+                (StackId(u32::MAX), Stack::default()),
+            ],
+        };
+        let mut raw = Vec::new();
+        encode_definitions(&defs, &mut raw);
+        assert_eq!(defs_decode(&raw).unwrap(), defs);
+        // Cut anywhere: an error, never a panic or a partial table.
+        for cut in 0..raw.len() {
+            assert!(defs_decode(&raw[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut extra = raw.clone();
+        extra.push(0);
+        assert!(defs_decode(&extra).unwrap_err().contains("left over"));
+        // A count far above what the bytes can hold is refused before allocating.
+        let mut huge = Vec::new();
+        put_varint(&mut huge, 1 << 40);
+        assert!(
+            defs_decode(&huge)
+                .unwrap_err()
+                .contains("modules announced, but only")
+        );
+        // Id 0 is reserved.
+        let mut zero = Vec::new();
+        put_varint(&mut zero, 0);
+        put_varint(&mut zero, 1);
+        put_varint(&mut zero, 0);
+        put_varint(&mut zero, 0);
+        assert!(
+            defs_decode(&zero)
+                .unwrap_err()
+                .contains("stack id 0 is reserved")
+        );
+    }
+
+    /// A stack on an event whose kind carries none is refused, not dropped.
+    #[test]
+    fn a_stack_on_a_free_is_refused() {
+        let (mut cols, mut raw) = (Columns::default(), Vec::new());
+        let alloc = Event::new(1, 2, 3, EventKind::Malloc { addr: 8, size: 8 });
+        assert_eq!(encode_events(&[alloc], &mut cols, &mut raw), Ok(false));
+        assert_eq!(
+            encode_events(&[alloc.with_stack(StackId(4))], &mut cols, &mut raw),
+            Ok(true)
+        );
+        assert_eq!(
+            decode_stacks(&raw, 1).unwrap(),
+            [alloc.with_stack(StackId(4))]
+        );
+        let free = Event::new(1, 2, 3, EventKind::Free { addr: 8 }).with_stack(StackId(4));
+        assert!(
+            encode_events(&[alloc, free], &mut cols, &mut raw)
+                .unwrap_err()
+                .contains("a free event carries stack 4")
+        );
+    }
+
+    fn decode_stacks(raw: &[u8], n: u32) -> Result<Vec<Event>, DecodeError> {
+        let mut padded = raw.to_vec();
+        padded.resize(raw.len() + PAD, 0);
+        let mut out = Vec::new();
+        decode_events(&padded, n, true, &mut out).map(|()| out)
     }
 }

@@ -65,6 +65,24 @@ pub enum FormatError {
         /// What is wrong.
         problem: String,
     },
+    /// Events given to the writer that the format cannot store (a stack on a free): a bug of
+    /// the recorder that made them.
+    #[error("cannot write the artifact: {problem}")]
+    Unwritable {
+        /// What cannot be stored.
+        problem: String,
+    },
+    /// Events name a call stack that no frame of the file defines.
+    #[error(
+        "{path}: events name call stack {stack}, which no frame of the file defines (a damaged \
+         recording, or a bug of the recorder that wrote it)"
+    )]
+    UndefinedStack {
+        /// The file, or `<memory>`.
+        path: PathBuf,
+        /// The stack id.
+        stack: u32,
+    },
     /// The trailer (frame index and final metadata) is damaged.
     #[error("{path}: corrupt trailer at byte offset {offset}: {problem}")]
     CorruptTrailer {

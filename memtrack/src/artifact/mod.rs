@@ -17,9 +17,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::totals::Totals;
 
+pub use codec::Definitions;
 pub use error::FormatError;
 pub use output::{Output, OutputError};
-pub use read::{Completeness, FrameInfo, Reader};
+pub use read::{Completeness, FrameInfo, Reader, StackTable};
 pub(crate) use write::{FrameScratch, FrameWriter, encode_frame};
 
 /// First 8 bytes of every artifact.
@@ -34,8 +35,9 @@ pub const TRAILER_MAGIC: [u8; 4] = *b"MTIX";
 pub const VERSION_MAJOR: u16 = 1;
 /// The format's minor version: additions readers of the same major version may ignore.
 /// 1 added the optional `iterations` key of the final metadata; 4 the `processes` and
-/// `unfollowed_processes` keys.
-pub const VERSION_MINOR: u16 = 4;
+/// `unfollowed_processes` keys; 5 call stacks (frame flags for a stack-id column and a
+/// definitions block).
+pub const VERSION_MINOR: u16 = 5;
 /// Size of the fixed part of the header before the metadata JSON.
 pub(crate) const HEADER_FIXED: usize = 20;
 /// Size of a frame header.
@@ -48,6 +50,8 @@ pub(crate) const INDEX_ENTRY: usize = 32;
 pub const MAX_FRAME_EVENTS: u32 = 1 << 22;
 /// Largest uncompressed frame payload (bounds the reader's allocations on bad input).
 pub(crate) const MAX_RAW_LEN: u32 = MAX_FRAME_EVENTS * 64;
+/// Largest uncompressed definitions block of one frame (bounds the reader's allocations).
+pub(crate) const MAX_DEFINITIONS_LEN: u64 = 64 << 20;
 
 /// Which recorder produced an artifact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,20 +5,26 @@
 //! a few frames however large the artifact is.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
 use super::FormatError as Error;
-use super::codec::{PAD, decode_events};
+use super::codec::{
+    Definitions, FLAG_DEFINITIONS, FLAG_STACKS, KNOWN_FLAGS, PAD, decode_definitions, decode_events,
+};
 use super::write::{frame_crc, trailer_crc};
 use super::{
     END_MAGIC, FRAME_HEADER, FRAME_MAGIC, Final, HEADER_FIXED, INDEX_ENTRY, MAGIC,
-    MAX_FRAME_EVENTS, MAX_RAW_LEN, Metadata, TAIL, TRAILER_MAGIC, VERSION_MAJOR,
+    MAX_DEFINITIONS_LEN, MAX_FRAME_EVENTS, MAX_RAW_LEN, Metadata, TAIL, TRAILER_MAGIC,
+    VERSION_MAJOR,
 };
 use crate::event::Event;
+use crate::stack::{Module, ModuleId, Stack, StackId};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -76,7 +82,91 @@ pub enum Completeness {
     },
 }
 
+/// The call stacks of a recording and the modules their frames are in (format 1.5), gathered
+/// from the definitions of every frame: what [`Reader::stacks`] returns. Empty for a recording
+/// without stacks (every file before 1.5, and recorders that capture none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StackTable {
+    modules: BTreeMap<ModuleId, Module>,
+    stacks: BTreeMap<StackId, Stack>,
+}
+
+impl StackTable {
+    /// The stack `id`; `None` for [`StackId::NONE`] and for an id no frame defines.
+    pub fn stack(&self, id: StackId) -> Option<&Stack> {
+        self.stacks.get(&id)
+    }
+
+    /// The module `id`; `None` for [`ModuleId::UNKNOWN`] and for an id no frame defines.
+    pub fn module(&self, id: ModuleId) -> Option<&Module> {
+        self.modules.get(&id)
+    }
+
+    /// Every stack, by increasing id.
+    pub fn stacks(&self) -> impl ExactSizeIterator<Item = (StackId, &Stack)> {
+        self.stacks.iter().map(|(id, s)| (*id, s))
+    }
+
+    /// Every module, by increasing id.
+    pub fn modules(&self) -> impl ExactSizeIterator<Item = (ModuleId, &Module)> {
+        self.modules.iter().map(|(id, m)| (*id, m))
+    }
+
+    /// Whether the recording has no stacks.
+    pub fn is_empty(&self) -> bool {
+        self.stacks.is_empty()
+    }
+
+    /// Adds the definitions of one frame. A second definition of an id must be the same; a
+    /// stack's modules must be defined (in this frame or before) or be [`ModuleId::UNKNOWN`].
+    fn add(&mut self, defs: Definitions) -> Result<(), String> {
+        for (id, m) in defs.modules {
+            match self.modules.get(&id) {
+                Some(old) if *old != m => {
+                    return Err(format!(
+                        "module {} is defined twice, as {} and as {}",
+                        id.0, old.path, m.path
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    self.modules.insert(id, m);
+                }
+            }
+        }
+        for (id, st) in defs.stacks {
+            if let Some(f) = st
+                .frames
+                .iter()
+                .find(|f| f.module != ModuleId::UNKNOWN && !self.modules.contains_key(&f.module))
+            {
+                return Err(format!(
+                    "stack {} has a frame in module {}, which no frame defines before it",
+                    id.0, f.module.0
+                ));
+            }
+            match self.stacks.get(&id) {
+                Some(old) if *old != st => {
+                    return Err(format!("stack {} is defined twice, differently", id.0));
+                }
+                Some(_) => {}
+                None => {
+                    self.stacks.insert(id, st);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// An open artifact. See the module docs.
+///
+/// Call stacks (format 1.5) are in two places: each event's [`Event::stack`] id, decoded with
+/// the events, and the definitions of the stacks and modules, which a frame carries for the
+/// stacks its events are the first to use (so a prefix of whole frames has every stack its
+/// events name). [`Reader::stacks`] gathers the definitions of every frame into one
+/// [`StackTable`] (reading only the frames that have definitions, once);
+/// [`Reader::frame_definitions`] gives one frame's.
 pub struct Reader {
     src: Source,
     path: PathBuf,
@@ -86,6 +176,8 @@ pub struct Reader {
     frames: Vec<FrameInfo>,
     fin: Option<Final>,
     completeness: Completeness,
+    /// [`Reader::stacks`], read on first use.
+    table: OnceLock<StackTable>,
 }
 
 fn le32(b: &[u8], at: usize) -> u32 {
@@ -126,6 +218,7 @@ impl Reader {
             frames: Vec::new(),
             fin: None,
             completeness: Completeness::Complete,
+            table: OnceLock::new(),
         };
         let data_start = r.read_header()?;
         if !r.read_trailer(data_start)? {
@@ -344,7 +437,7 @@ impl Reader {
             return Err(self.frame_err(frame, offset, "no frame magic"));
         }
         let flags = le32(hdr, 4);
-        if flags != 0 {
+        if flags & !KNOWN_FLAGS != 0 {
             return Err(self.frame_err(
                 frame,
                 offset,
@@ -404,6 +497,102 @@ impl Reader {
         &self.path
     }
 
+    /// Reads frame `index` whole and checks its header against the index and its CRC: the
+    /// record (header and payload) is in `rec`, which must be `FRAME_HEADER + payload_len` long.
+    fn read_frame(&self, index: usize, rec: &mut [u8]) -> Result<()> {
+        let info = self.frames[index];
+        let (frame, offset) = (index as u64, info.offset);
+        self.src
+            .read_at(offset, rec)
+            .map_err(|e| self.frame_err(frame, offset, format!("cannot read: {e}")))?;
+        let (hdr, payload) = rec.split_at(FRAME_HEADER);
+        let got = self.check_frame_header(frame, offset, hdr)?;
+        if got != info {
+            return Err(self.frame_err(frame, offset, "frame header disagrees with the index"));
+        }
+        if frame_crc(hdr, payload) != le32(hdr, 20) {
+            return Err(self.frame_err(frame, offset, "checksum mismatch: the frame is damaged"));
+        }
+        Ok(())
+    }
+
+    /// Splits a payload of a frame with flags `flags` into its definitions' zstd frame (empty
+    /// without [`FLAG_DEFINITIONS`]) and its events' zstd frame.
+    fn split_payload<'p>(
+        &self,
+        index: usize,
+        flags: u32,
+        payload: &'p [u8],
+    ) -> Result<(&'p [u8], &'p [u8])> {
+        if flags & FLAG_DEFINITIONS == 0 {
+            return Ok((&[], payload));
+        }
+        let info = self.frames[index];
+        let len = payload
+            .get(..4)
+            .map(|b| le32(b, 0) as usize)
+            .filter(|&n| n <= payload.len() - 4)
+            .ok_or_else(|| {
+                self.frame_err(
+                    index as u64,
+                    info.offset,
+                    "the definitions block runs past the end of the payload",
+                )
+            })?;
+        Ok((&payload[4..4 + len], &payload[4 + len..]))
+    }
+
+    /// Decompresses the zstd frame `z` of frame `index` into `raw` (followed by [`PAD`] zero
+    /// bytes), after checking that it declares `expected` bytes (at most `max`).
+    fn decompress(
+        &self,
+        index: usize,
+        what: &str,
+        z: &[u8],
+        expected: Option<usize>,
+        max: u64,
+        raw: &mut Vec<u8>,
+    ) -> Result<()> {
+        let (frame, offset) = (index as u64, self.frames[index].offset);
+        let n = match zstd::zstd_safe::get_frame_content_size(z) {
+            Ok(Some(n)) if expected.is_none_or(|e| e as u64 == n) && n <= max => n as usize,
+            Ok(Some(n)) => {
+                return Err(self.frame_err(
+                    frame,
+                    offset,
+                    match expected {
+                        Some(e) => format!("zstd frame holds {n} bytes, header says {e}"),
+                        None => format!("{what} of {n} bytes, more than the {max} allowed"),
+                    },
+                ));
+            }
+            _ => {
+                return Err(self.frame_err(
+                    frame,
+                    offset,
+                    format!("{what} is not a zstd frame with a content size"),
+                ));
+            }
+        };
+        DECOMPRESS.with(|d| {
+            let dec = &mut *d.borrow_mut();
+            raw.clear();
+            raw.reserve(n + PAD);
+            let got = dec
+                .decompress_to_buffer(z, raw)
+                .map_err(|e| self.frame_err(frame, offset, format!("zstd: {e}")))?;
+            raw.resize(got + PAD, 0);
+            if got != n {
+                return Err(self.frame_err(
+                    frame,
+                    offset,
+                    format!("{what} decompressed to {got} bytes, its zstd frame says {n}"),
+                ));
+            }
+            Ok(())
+        })
+    }
+
     /// Decodes frame `index`, appending its events to `out`. Checks the frame header against the
     /// index, the CRC, the decompressed length and every column.
     pub fn decode_frame(&self, index: usize, out: &mut Vec<Event>) -> Result<()> {
@@ -411,25 +600,16 @@ impl Reader {
         let (frame, offset) = (index as u64, info.offset);
         let mut rec = vec_from_tls(FRAME_HEADER + info.payload_len as usize);
         let res = (|| {
-            self.src
-                .read_at(offset, &mut rec)
-                .map_err(|e| self.frame_err(frame, offset, format!("cannot read: {e}")))?;
+            self.read_frame(index, &mut rec)?;
             let (hdr, payload) = rec.split_at(FRAME_HEADER);
-            let got = self.check_frame_header(frame, offset, hdr)?;
-            if got != info {
-                return Err(self.frame_err(frame, offset, "frame header disagrees with the index"));
-            }
-            if frame_crc(hdr, payload) != le32(hdr, 20) {
-                return Err(self.frame_err(
-                    frame,
-                    offset,
-                    "checksum mismatch: the frame is damaged",
-                ));
-            }
+            let flags = le32(hdr, 4);
+            let stacks = flags & FLAG_STACKS != 0;
             let raw_len = le32(hdr, 12) as usize;
             // Check sizes before allocating for them: damaged input must not make us reserve
-            // hundreds of MiB (a frame's payload is at most ~72 bytes per event, see FORMAT.md).
-            if raw_len > 80 + 72 * info.events as usize {
+            // hundreds of MiB (a frame's payload is at most ~72 bytes per event, 81 with
+            // stacks, see FORMAT.md).
+            let per_event = if stacks { 81 } else { 72 };
+            if raw_len > 90 + per_event * info.events as usize {
                 return Err(self.frame_err(
                     frame,
                     offset,
@@ -439,44 +619,72 @@ impl Reader {
                     ),
                 ));
             }
-            match zstd::zstd_safe::get_frame_content_size(payload) {
-                Ok(Some(n)) if n == raw_len as u64 => {}
-                Ok(Some(n)) => {
-                    return Err(self.frame_err(
-                        frame,
-                        offset,
-                        format!("zstd frame holds {n} bytes, header says {raw_len}"),
-                    ));
-                }
-                _ => {
-                    return Err(self.frame_err(
-                        frame,
-                        offset,
-                        "payload is not a zstd frame with a content size",
-                    ));
-                }
-            }
-            DECOMPRESS.with(|d| {
-                let mut d = d.borrow_mut();
-                let (dec, raw) = &mut *d;
-                raw.clear();
-                raw.reserve(raw_len + PAD);
-                let n = dec
-                    .decompress_to_buffer(payload, raw)
-                    .map_err(|e| self.frame_err(frame, offset, format!("zstd: {e}")))?;
-                raw.resize(n + PAD, 0);
-                if n != raw_len {
-                    return Err(self.frame_err(
-                        frame,
-                        offset,
-                        format!("decompressed to {n} bytes, header says {raw_len}"),
-                    ));
-                }
-                decode_events(raw, info.events, out).map_err(|p| self.frame_err(frame, offset, p))
+            let (_, z) = self.split_payload(index, flags, payload)?;
+            RAW.with(|raw| {
+                let raw = &mut *raw.borrow_mut();
+                self.decompress(index, "payload", z, Some(raw_len), u64::MAX, raw)?;
+                decode_events(raw, info.events, stacks, out)
+                    .map_err(|p| self.frame_err(frame, offset, p))
             })
         })();
         vec_to_tls(rec);
         res
+    }
+
+    /// The modules and stacks frame `index` defines (format 1.5; empty for a frame without
+    /// definitions and every frame of an older file). Checks the frame's CRC.
+    pub fn frame_definitions(&self, index: usize) -> Result<Definitions> {
+        let info = self.frames[index];
+        let (frame, offset) = (index as u64, info.offset);
+        let hdr = self.read(offset, FRAME_HEADER, "a frame header")?;
+        let flags = self
+            .check_frame_header(frame, offset, &hdr)
+            .map(|_| le32(&hdr, 4))?;
+        if flags & FLAG_DEFINITIONS == 0 {
+            return Ok(Definitions::default());
+        }
+        let mut rec = vec![0u8; FRAME_HEADER + info.payload_len as usize];
+        self.read_frame(index, &mut rec)?;
+        let (defs, _) = self.split_payload(index, flags, &rec[FRAME_HEADER..])?;
+        let mut raw = Vec::new();
+        self.decompress(
+            index,
+            "the definitions block",
+            defs,
+            None,
+            MAX_DEFINITIONS_LEN,
+            &mut raw,
+        )?;
+        decode_definitions(&raw).map_err(|p| self.frame_err(frame, offset, p))
+    }
+
+    /// Stack `id` of the recording's table ([`Reader::stacks`]); [`Error::UndefinedStack`]
+    /// if no frame defines it (an event naming it is then damaged).
+    pub fn stack(&self, id: StackId) -> Result<&Stack> {
+        self.stacks()?
+            .stack(id)
+            .ok_or_else(|| Error::UndefinedStack {
+                path: self.path.clone(),
+                stack: id.0,
+            })
+    }
+
+    /// The call stacks of the recording and their modules (format 1.5): the definitions of
+    /// every frame, read on the first call (only frames with definitions are read whole) and
+    /// kept. Empty for a file without stacks. An error names the frame whose definitions are
+    /// damaged or contradict an earlier frame's.
+    pub fn stacks(&self) -> Result<&StackTable> {
+        if let Some(t) = self.table.get() {
+            return Ok(t);
+        }
+        let mut table = StackTable::default();
+        for index in 0..self.frames.len() {
+            let defs = self.frame_definitions(index)?;
+            table
+                .add(defs)
+                .map_err(|p| self.frame_err(index as u64, self.frames[index].offset, p))?;
+        }
+        Ok(self.table.get_or_init(|| table))
     }
 
     /// A streaming iterator over every event, in order, decoding one frame at a time. After an
@@ -540,10 +748,11 @@ impl Reader {
 }
 
 thread_local! {
-    static DECOMPRESS: RefCell<(zstd::bulk::Decompressor<'static>, Vec<u8>)> = RefCell::new((
+    static DECOMPRESS: RefCell<zstd::bulk::Decompressor<'static>> = RefCell::new(
         zstd::bulk::Decompressor::new().expect("zstd decompression context"),
-        Vec::new(),
-    ));
+    );
+    /// The decompressed events' payload of the frame being decoded.
+    static RAW: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     static RECORD: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 

@@ -4,7 +4,9 @@
 use std::io::Write;
 
 use super::FormatError as Error;
-use super::codec::{Columns, encode_events};
+use super::codec::{
+    Columns, Definitions, FLAG_DEFINITIONS, FLAG_STACKS, encode_definitions, encode_events,
+};
 use super::{
     END_MAGIC, FRAME_HEADER, FRAME_MAGIC, Final, INDEX_ENTRY, MAGIC, Metadata, TRAILER_MAGIC,
     VERSION_MAJOR, VERSION_MINOR,
@@ -17,7 +19,10 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 pub(crate) struct FrameScratch {
     cols: Columns,
     raw: Vec<u8>,
+    defs_raw: Vec<u8>,
     payload: Vec<u8>,
+    /// A zstd frame of a payload that has a definitions block.
+    block: Vec<u8>,
     zstd: zstd::bulk::Compressor<'static>,
 }
 
@@ -32,31 +37,63 @@ impl FrameScratch {
         Ok(FrameScratch {
             cols: Columns::default(),
             raw: Vec::new(),
+            defs_raw: Vec::new(),
             payload: Vec::new(),
+            block: Vec::new(),
             zstd,
         })
     }
 }
 
-/// Encodes `events` into one complete frame record (header + compressed payload) in `out`.
+/// Encodes `events` into one complete frame record (header + compressed payload) in `out`, with
+/// the definitions `defs` (modules and stacks first referenced in this frame or later) when
+/// there are any. A frame without definitions nor stacks is written as in format 1.4.
 pub(crate) fn encode_frame(
     events: &[Event],
+    defs: Option<&Definitions>,
     scratch: &mut FrameScratch,
     out: &mut Vec<u8>,
 ) -> Result<()> {
-    encode_events(events, &mut scratch.cols, &mut scratch.raw);
+    let stacks = encode_events(events, &mut scratch.cols, &mut scratch.raw)
+        .map_err(|problem| Error::Unwritable { problem })?;
+    let mut flags = if stacks { FLAG_STACKS } else { 0 };
     let payload = &mut scratch.payload;
     payload.clear();
-    payload.reserve(zstd::zstd_safe::compress_bound(scratch.raw.len()));
-    scratch
-        .zstd
-        .compress_to_buffer(&scratch.raw, payload)
-        .map_err(|e| Error::io("compressing a frame", e))?;
+    match defs.filter(|d| !d.is_empty()) {
+        None => {
+            payload.reserve(zstd::zstd_safe::compress_bound(scratch.raw.len()));
+            scratch
+                .zstd
+                .compress_to_buffer(&scratch.raw, payload)
+                .map_err(|e| Error::io("compressing a frame", e))?;
+        }
+        Some(defs) => {
+            // u32 length of the definitions' zstd frame, that frame, then the events' one.
+            flags |= FLAG_DEFINITIONS;
+            encode_definitions(defs, &mut scratch.defs_raw);
+            let block = &mut scratch.block;
+            block.clear();
+            block.reserve(zstd::zstd_safe::compress_bound(scratch.defs_raw.len()));
+            scratch
+                .zstd
+                .compress_to_buffer(&scratch.defs_raw, block)
+                .map_err(|e| Error::io("compressing a frame's definitions", e))?;
+            payload.extend_from_slice(&(block.len() as u32).to_le_bytes());
+            payload.extend_from_slice(block);
+            block.clear();
+            block.reserve(zstd::zstd_safe::compress_bound(scratch.raw.len()));
+            scratch
+                .zstd
+                .compress_to_buffer(&scratch.raw, block)
+                .map_err(|e| Error::io("compressing a frame", e))?;
+            payload.extend_from_slice(block);
+        }
+    }
     let first_ts = events.first().map_or(0, |e| e.ts);
     let last_ts = events.last().map_or(0, |e| e.ts);
     let mut hdr = [0u8; FRAME_HEADER];
     hdr[0..4].copy_from_slice(&FRAME_MAGIC);
-    hdr[4..8].copy_from_slice(&0u32.to_le_bytes());
+    hdr[4..8].copy_from_slice(&flags.to_le_bytes());
     hdr[8..12].copy_from_slice(&(events.len() as u32).to_le_bytes());
     hdr[12..16].copy_from_slice(&(scratch.raw.len() as u32).to_le_bytes());
     hdr[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());

@@ -1,0 +1,423 @@
+//! Offline symbolization (feature `symbolize`): recorded frames to function, file:line and
+//! inlined frames, from the files alone. The guide is [`Symbolizer`]'s documentation.
+
+use std::fmt;
+use std::path::Path;
+
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized};
+use rustc_hash::FxHashMap;
+
+use crate::stack::{Module, ModuleId, Stack};
+
+/// One frame of a symbolized address: a function (maybe inlined into the next frame) at a file
+/// and line, or, when the address cannot be named, the module and offset it was recorded as.
+///
+/// Its [`Display`](fmt::Display) is `function (file:line)`, with ` [inlined]` after a frame
+/// inlined into the next one, or the fallback `module+0xOFFSET` (module is the file's base
+/// name; an address outside any file prints as the bare `0xADDRESS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SymFrame {
+    /// The function, demangled (Rust paths without their hash, C++ with its parameter types);
+    /// `None` when the address could not be named: the frame is a fallback.
+    pub function: Option<String>,
+    /// The source file of the line, as the debug information names it (usually absolute).
+    pub file: Option<String>,
+    /// The line in `file` (from 1): of the address itself in the innermost frame, of the call
+    /// to the next inner frame in the others.
+    pub line: Option<u32>,
+    /// This function was inlined into the next frame of the same address (no call happened).
+    pub inlined: bool,
+    /// The base name of the module's file; empty for an address outside any file
+    /// ([`ModuleId::UNKNOWN`]).
+    pub module: String,
+    /// The offset in the module's file as recorded (for a frame of a [`Stack`], the return
+    /// address's); the absolute address when `module` is empty.
+    pub offset: u64,
+}
+
+impl SymFrame {
+    /// The fallback frame `module+0xOFFSET` of `offset` in `module`.
+    pub fn fallback(module: &Module, offset: u64) -> SymFrame {
+        SymFrame {
+            function: None,
+            file: None,
+            line: None,
+            inlined: false,
+            module: basename(&module.path).to_string(),
+            offset,
+        }
+    }
+
+    /// The fallback frame of an address outside any file-backed mapping (a frame of
+    /// [`ModuleId::UNKNOWN`]): printed as `0xADDRESS`.
+    pub fn unknown(address: u64) -> SymFrame {
+        SymFrame {
+            function: None,
+            file: None,
+            line: None,
+            inlined: false,
+            module: String::new(),
+            offset: address,
+        }
+    }
+
+    /// Whether the frame names a function (else it is a fallback).
+    pub fn is_resolved(&self) -> bool {
+        self.function.is_some()
+    }
+}
+
+impl fmt::Display for SymFrame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.function {
+            Some(function) => {
+                f.write_str(function)?;
+                match (&self.file, self.line) {
+                    (Some(file), Some(line)) => write!(f, " ({file}:{line})")?,
+                    (Some(file), None) => write!(f, " ({file})")?,
+                    _ => {}
+                }
+                if self.inlined {
+                    f.write_str(" [inlined]")?;
+                }
+                Ok(())
+            }
+            None if self.module.is_empty() => write!(f, "{:#x}", self.offset),
+            None => write!(f, "{}+{:#x}", self.module, self.offset),
+        }
+    }
+}
+
+/// Whether a module's frames can be symbolized, and if not why: checked once per module, when
+/// its first frame is symbolized.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModuleStatus {
+    /// The file at the module's path is the one recorded: its frames are named where symbols
+    /// cover them.
+    Usable,
+    /// The file cannot be read (deleted or moved since the recording, or not readable by this
+    /// user): the I/O error.
+    Unreadable(String),
+    /// The file is not an ELF file blazesym can read: its error.
+    NotElf(String),
+    /// The file's build id is not the recorded one: it was rebuilt or replaced since the
+    /// recording (`None`: no build id).
+    BuildIdMismatch {
+        /// The build id recorded with the module.
+        recorded: Option<Vec<u8>>,
+        /// The build id of the file found at its path.
+        found: Option<Vec<u8>>,
+    },
+    /// The file changed while it was being read: it is not known which version was read.
+    Changed,
+}
+
+impl fmt::Display for ModuleStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn hex(id: &Option<Vec<u8>>) -> String {
+            match id {
+                Some(id) => id.iter().map(|b| format!("{b:02x}")).collect(),
+                None => "none".to_string(),
+            }
+        }
+        match self {
+            ModuleStatus::Usable => f.write_str("symbolized"),
+            ModuleStatus::Unreadable(e) => write!(
+                f,
+                "cannot read the file ({e}): run where the recorded files are at their paths"
+            ),
+            ModuleStatus::NotElf(e) => write!(f, "not a readable ELF file ({e})"),
+            ModuleStatus::BuildIdMismatch { recorded, found } => write!(
+                f,
+                "build id {} is not the recorded {}: the file was rebuilt or replaced since the \
+                 recording; symbolize with the recorded build",
+                hex(found),
+                hex(recorded)
+            ),
+            ModuleStatus::Changed => f.write_str("the file changed while it was being read"),
+        }
+    }
+}
+
+/// What a [`Symbolizer`] keeps of one module.
+struct ModuleCache {
+    status: ModuleStatus,
+    basename: String,
+    /// Offset looked up → its frames (with `offset` the looked-up one).
+    frames: FxHashMap<u64, Vec<SymFrame>>,
+}
+
+/// Symbolizes recorded frames (a module and a file offset) from the files they were recorded
+/// in: the function, file and line of each, with the functions inlined there (feature
+/// `symbolize`).
+///
+/// Symbolization happens when a recording is shown, never while recording, and needs nothing
+/// but the files: the process may be long gone. It is [blazesym](https://docs.rs/blazesym)'s
+/// (the libbpf project's symbolizer: ELF symbols and DWARF, inlined functions, Rust legacy
+/// `_ZN…` and v0 `_R…` names side by side, C++ names, split debug information found through
+/// debug links and `/usr/lib/debug/.build-id`).
+///
+/// **Never a wrong name.** A frame whose module cannot be read (deleted, moved), whose file has
+/// another build id than the one recorded (rebuilt since), or whose address no symbol covers
+/// (a stripped file) is the fallback `module+0xOFFSET` ([`SymFrame::is_resolved`] is false),
+/// never an error and never the name of whatever code is now at that offset. A symbol without
+/// a size (assembly, some stripped files) names only its own first byte: an address past it may
+/// be in the next, unnamed function. [`status`](Self::status) tells why a module's frames are
+/// not named. A module recorded without a build id is trusted if its file has none either.
+///
+/// **Cached per module.** Each file is parsed once (its ELF and DWARF tables stay mapped while
+/// the symbolizer lives) and every offset resolved is remembered, so that the many stacks
+/// sharing frames cost one lookup per distinct frame.
+///
+/// ```no_run
+/// use memtrack::{Module, Symbolizer};
+///
+/// let mut sym = Symbolizer::new();
+/// let libc = Module { path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(), build_id: None };
+/// for frame in &sym.symbolize(&libc, &[0x2a1ca])[0] {
+///     println!("{frame}"); // e.g. `__libc_start_call_main (…/libc_start_call_main.h:58)`
+/// }
+/// ```
+pub struct Symbolizer {
+    blaze: blazesym::symbolize::Symbolizer,
+    modules: FxHashMap<Module, ModuleCache>,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for Symbolizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Symbolizer")
+            .field("modules", &self.modules.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Symbolizer {
+    /// A symbolizer with an empty cache: DWARF and ELF symbols, file and line, inlined
+    /// functions, demangled names.
+    pub fn new() -> Symbolizer {
+        let blaze = blazesym::symbolize::Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            // The file a module's build id was checked against is the one kept: blazesym
+            // opens it right after the check (`verify`) and must not re-open a newer file.
+            .enable_auto_reload(false)
+            .build();
+        Symbolizer {
+            blaze,
+            modules: FxHashMap::default(),
+        }
+    }
+
+    /// Symbolizes `offsets` (file offsets of instructions) in `module`: one `Vec` per offset,
+    /// its inlined frames first (innermost), the function the address is in last; a single
+    /// fallback frame where the address cannot be named (see [`Symbolizer`]). Never fails.
+    ///
+    /// A return address (every frame of a recorded [`Stack`]) belongs to the instruction
+    /// before it: symbolize `offset − 1`, or use [`symbolize_stacks`](Self::symbolize_stacks).
+    pub fn symbolize(&mut self, module: &Module, offsets: &[u64]) -> Vec<Vec<SymFrame>> {
+        let cache = self.resolve(module, offsets);
+        offsets
+            .iter()
+            .map(|off| {
+                cache
+                    .frames
+                    .get(off)
+                    .cloned()
+                    .unwrap_or_else(|| vec![SymFrame::fallback(module, *off)])
+            })
+            .collect()
+    }
+
+    /// Symbolizes recorded stacks, whose modules `module` looks up: per stack, per frame (the
+    /// innermost first), its frames as [`symbolize`](Self::symbolize) gives them. The frames are
+    /// return addresses: each is looked up at `offset − 1` (the call instruction, not the one
+    /// after it, which may be another line or function) but keeps its recorded offset. A frame
+    /// of [`ModuleId::UNKNOWN`] or of a module `module` does not know is a fallback.
+    ///
+    /// Every distinct (module, offset) of all the stacks is looked up once, in one batch per
+    /// module: call it with every stack to show rather than stack by stack.
+    pub fn symbolize_stacks<'m>(
+        &mut self,
+        stacks: &[&Stack],
+        module: impl Fn(ModuleId) -> Option<&'m Module>,
+    ) -> Vec<Vec<Vec<SymFrame>>> {
+        let mut wanted: FxHashMap<ModuleId, Vec<u64>> = FxHashMap::default();
+        for stack in stacks {
+            for fr in &stack.frames {
+                if fr.module != ModuleId::UNKNOWN {
+                    wanted
+                        .entry(fr.module)
+                        .or_default()
+                        .push(fr.offset.saturating_sub(1));
+                }
+            }
+        }
+        for (id, offsets) in wanted {
+            if let Some(m) = module(id) {
+                self.resolve(m, &offsets);
+            }
+        }
+        // Every frame is resolved now (or its module is not usable): read-only from here.
+        type Entry<'a> = Option<(&'a Module, Option<&'a ModuleCache>)>;
+        let mut caches: FxHashMap<ModuleId, Entry<'_>> = FxHashMap::default();
+        stacks
+            .iter()
+            .map(|stack| {
+                stack
+                    .frames
+                    .iter()
+                    .map(|fr| {
+                        if fr.module == ModuleId::UNKNOWN {
+                            return vec![SymFrame::unknown(fr.offset)];
+                        }
+                        let cache = *caches
+                            .entry(fr.module)
+                            .or_insert_with(|| module(fr.module).map(|m| (m, self.modules.get(m))));
+                        let Some((m, cache)) = cache else {
+                            return vec![SymFrame {
+                                module: format!("[module {}]", fr.module.0),
+                                ..SymFrame::unknown(fr.offset)
+                            }];
+                        };
+                        match cache.and_then(|c| c.frames.get(&fr.offset.saturating_sub(1))) {
+                            Some(frames) => frames
+                                .iter()
+                                .map(|f| SymFrame {
+                                    offset: fr.offset,
+                                    ..f.clone()
+                                })
+                                .collect(),
+                            None => vec![SymFrame::fallback(m, fr.offset)],
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Whether `module`'s frames can be named, and if not why (checked and cached here if no
+    /// frame of it was symbolized yet).
+    pub fn status(&mut self, module: &Module) -> &ModuleStatus {
+        &self.resolve(module, &[]).status
+    }
+
+    /// The cache of `module` with every offset of `offsets` resolved into it.
+    fn resolve(&mut self, module: &Module, offsets: &[u64]) -> &ModuleCache {
+        if !self.modules.contains_key(module) {
+            let status = verify(module);
+            self.modules.insert(
+                module.clone(),
+                ModuleCache {
+                    status,
+                    basename: basename(&module.path).to_string(),
+                    frames: FxHashMap::default(),
+                },
+            );
+        }
+        let cache = self.modules.get_mut(module).expect("inserted above");
+        if cache.status != ModuleStatus::Usable {
+            return cache;
+        }
+        let mut missing: Vec<u64> = offsets
+            .iter()
+            .copied()
+            .filter(|o| !cache.frames.contains_key(o))
+            .collect();
+        if missing.is_empty() {
+            return cache;
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        let before = stat(&module.path);
+        let src = Source::Elf(Elf::new(&module.path));
+        // An error of the whole batch (the file vanished since `verify`) leaves every offset a
+        // fallback; per-address errors come back as `Symbolized::Unknown`.
+        let results = self
+            .blaze
+            .symbolize(&src, Input::FileOffset(&missing))
+            .unwrap_or_default();
+        if cache.frames.is_empty() && before != stat(&module.path) {
+            // The first read of the file (blazesym keeps what it read now) may not be of the
+            // file whose build id `verify` checked.
+            cache.status = ModuleStatus::Changed;
+            return cache;
+        }
+        for (i, off) in missing.iter().enumerate() {
+            let frames = match results.get(i) {
+                Some(Symbolized::Sym(sym)) => frames(sym, &cache.basename, *off),
+                _ => None,
+            };
+            let frames = frames.unwrap_or_else(|| vec![SymFrame::fallback(module, *off)]);
+            cache.frames.insert(*off, frames);
+        }
+        cache
+    }
+}
+
+/// The frames of a resolved symbol, innermost first; `None` when the name cannot be trusted.
+fn frames(sym: &Sym<'_>, module: &str, offset: u64) -> Option<Vec<SymFrame>> {
+    if sym.size.is_none() && sym.offset != 0 {
+        // A sizeless ELF symbol that blazesym extends up to the next symbol: the address may be
+        // in an unnamed function after it (stripped code, hand-written assembly).
+        return None;
+    }
+    let frame = |name: &str, code: Option<&CodeInfo<'_>>, inlined: bool| SymFrame {
+        function: Some(name.to_string()),
+        file: code.map(|c| c.to_path().to_string_lossy().into_owned()),
+        line: code.and_then(|c| c.line),
+        inlined,
+        module: module.to_string(),
+        offset,
+    };
+    // blazesym lists the inlined functions outermost first, each with the line *in it* of the
+    // next one's call; `sym.code_info` is the line in the outer function.
+    let mut out: Vec<SymFrame> = sym
+        .inlined
+        .iter()
+        .rev()
+        .map(|f| frame(&f.name, f.code_info.as_ref(), true))
+        .collect();
+    out.push(frame(&sym.name, sym.code_info.as_deref(), false));
+    Some(out)
+}
+
+/// Whether the file at `module.path` is the one recorded, by its build id.
+fn verify(module: &Module) -> ModuleStatus {
+    if let Err(e) = std::fs::File::open(&module.path) {
+        return ModuleStatus::Unreadable(e.to_string());
+    }
+    match blazesym::helper::read_elf_build_id(Path::new(&module.path)) {
+        Err(e) => ModuleStatus::NotElf(e.to_string()),
+        Ok(found) => {
+            let found = found.map(|id| id.into_owned());
+            if found == module.build_id {
+                ModuleStatus::Usable
+            } else {
+                ModuleStatus::BuildIdMismatch {
+                    recorded: module.build_id.clone(),
+                    found,
+                }
+            }
+        }
+    }
+}
+
+/// The identity of the file at `path` (device, inode, size, modification time), to notice a
+/// file replaced or rewritten between two reads.
+fn stat(path: &str) -> Option<(u64, u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
