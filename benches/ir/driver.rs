@@ -247,7 +247,7 @@ fn raw(e: &Event) -> RawEvent {
         pid: e.pid,
         tid: e.tid,
         kind: k,
-        reserved: 0,
+        stack: 0,
         addr,
         old_addr,
         size,
@@ -262,7 +262,7 @@ fn bpf_convert(reps: u64, m: &mut Measure) -> u64 {
         // Native-endian fields in declaration order: `struct memtrack_event` as the ring
         // buffer holds it (RawEvent::from_bytes reads the same layout).
         records.extend_from_slice(&r.ts.to_ne_bytes());
-        for v in [r.pid, r.tid, r.kind, r.reserved] {
+        for v in [r.pid, r.tid, r.kind, r.stack] {
             records.extend_from_slice(&v.to_ne_bytes());
         }
         for v in [r.addr, r.old_addr, r.size, r.align] {

@@ -8,7 +8,12 @@
 //! - `floor`: a BPF program that returns at once (`mt_nop`), at the same sites (entry and
 //!   return probes, placed by `place_probe`, attached as uprobe_multi links like memtrack's): the kernel's uprobe cost, which no tracker avoids;
 //! - `floor@0`: the same at each function's first instruction (no placement);
-//! - `bpf`: memtrack's real programs, recording on, a thread draining the ring buffer;
+//! - `bpf`: memtrack's real programs (stacks of up to 64 frames, the default), recording on,
+//!   a thread draining the ring buffer;
+//! - the same three with each pair made 20 frames deep (`harness::chain`: a frame-pointer
+//!   chain, so each allocation's stack is 20 frames and more): `floor, 20 deep`, `bpf, no
+//!   stacks` (stack depth 0) and `bpf, 20-frame stacks` (depth 20: the walk reads 21 frames,
+//!   the last to tell a cut stack);
 //! - `other process`: an untracked child process running the same loop while `bpf` probes
 //!   are attached for this process only (pid-scoped).
 
@@ -30,6 +35,17 @@ fn pairs_ns(pairs: u64) -> f64 {
             black_box(p);
             libc::free(p);
         }
+    }
+    t.elapsed().as_nanos() as f64 / pairs as f64
+}
+
+/// [`pairs_ns`] with each malloc made 20 frames down a frame-pointer chain (the malloc call
+/// and 19 recursive calls), so that its stack is 20 frames before the caller's.
+fn deep_pairs_ns(pairs: u64) -> f64 {
+    let t = Instant::now();
+    for _ in 0..pairs {
+        // SAFETY: malloc through the chain, freed at once.
+        unsafe { libc::free(black_box(harness::chain::mt_chain(19, 16))) }
     }
     t.elapsed().as_nanos() as f64 / pairs as f64
 }
@@ -113,9 +129,19 @@ fn main() {
     let runs: usize = args.get(2).map_or(5, |a| a.parse().unwrap());
     println!("{pairs} malloc(16)+free pairs, median of {runs} interleaved runs, ns per pair");
     let obj = harness::load(None);
+    let no_stacks = harness::load_with(None, 0);
+    let stacks20 = harness::load_with(None, 20);
     // The VM's timing drifts: the configurations alternate run by run.
     let (mut untracked, mut floor, mut floor0, mut bpf) = (vec![], vec![], vec![], vec![]);
+    let (mut deep_untracked, mut deep_floor, mut deep_off, mut deep_on) =
+        (vec![], vec![], vec![], vec![]);
     for _ in 0..runs {
+        deep_untracked.push(deep_pairs_ns(pairs));
+        let links = attach(&obj, true, true);
+        deep_floor.push(deep_pairs_ns(pairs));
+        drop(links);
+        deep_off.push(with_bpf(&no_stacks, || deep_pairs_ns(pairs)));
+        deep_on.push(with_bpf(&stacks20, || deep_pairs_ns(pairs)));
         untracked.push(pairs_ns(pairs));
         let links = attach(&obj, true, true);
         floor.push(pairs_ns(pairs));
@@ -140,5 +166,24 @@ fn main() {
     );
     println!(
         "other process           {other:>9.1}   (untracked child; {other_untracked:.1} with no probes)"
+    );
+    let (deep_floor, deep_off, deep_on) = (
+        harness::median(deep_floor),
+        harness::median(deep_off),
+        harness::median(deep_on),
+    );
+    println!(
+        "20 deep, untracked      {:>9.1}",
+        harness::median(deep_untracked)
+    );
+    println!("20 deep, floor          {deep_floor:>9.1}");
+    println!(
+        "bpf, no stacks          {deep_off:>9.1}   = {:.2}x the floor",
+        deep_off / deep_floor
+    );
+    println!(
+        "bpf, 20-frame stacks    {deep_on:>9.1}   = {:.2}x no stacks, {:.2}x the floor",
+        deep_on / deep_off,
+        deep_on / deep_floor
     );
 }

@@ -267,8 +267,9 @@ pub struct RawEvent {
     pub tid: u32,
     /// One of [`kind`].
     pub kind: u32,
-    /// 0.
-    pub reserved: u32,
+    /// The id of its call stack (a [`RawStack`] sent before it), 0 for none: allocations and
+    /// new mappings carry one when [`RawConfig::stack_depth`] is not 0; frees never do.
+    pub stack: u32,
     /// Block or mapping address (the new one for Realloc/Mremap).
     pub addr: u64,
     /// Previous address (Realloc/Mremap), else 0.
@@ -284,7 +285,7 @@ impl RawEvent {
     pub const SIZE: usize = size_of::<Self>();
 
     /// Reads a record from the ring buffer's bytes; `None` if `bytes` is not exactly
-    /// [`RawEvent::SIZE`] long.
+    /// [`RawEvent::SIZE`] long (a [`RawStack`] is never that long: see [`RawStack::is_stack`]).
     pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
         let b: &[u8; Self::SIZE] = bytes.try_into().ok()?;
         let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().expect("8 bytes"));
@@ -294,7 +295,7 @@ impl RawEvent {
             pid: u32_at(8),
             tid: u32_at(12),
             kind: u32_at(16),
-            reserved: u32_at(20),
+            stack: u32_at(20),
             addr: u64_at(24),
             old_addr: u64_at(32),
             size: u64_at(40),
@@ -321,6 +322,19 @@ pub struct RawStats {
     /// Processes the target started while recording and not followed
     /// ([`RawConfig::follow`] = [`FOLLOW_COUNT`]).
     pub unfollowed: u64,
+    /// [`RawStack`] records sent.
+    pub stacks: u64,
+    /// Of them, stacks cut at [`RawConfig::stack_depth`] frames.
+    pub stacks_truncated: u64,
+    /// Stacks whose first hash matched a remembered stack's and whose second did not: sent
+    /// again under a new id (nothing aliased).
+    pub stack_collisions: u64,
+    /// New stacks not remembered because the [`MAP_STACK_IDS`] map was full: each is sent
+    /// again whenever it is seen (nothing lost, more ring-buffer traffic).
+    pub stack_map_full: u64,
+    /// Stacks not sent because the ring buffer was full (also counted in `drops`): their event
+    /// carries no stack.
+    pub stacks_lost: u64,
 }
 
 impl RawStats {
@@ -338,6 +352,11 @@ impl RawStats {
             drops: at(3),
             out_of_scope: at(4),
             unfollowed: at(5),
+            stacks: at(6),
+            stacks_truncated: at(7),
+            stack_collisions: at(8),
+            stack_map_full: at(9),
+            stacks_lost: at(10),
         })
     }
 }
@@ -354,6 +373,11 @@ impl std::ops::Add for RawStats {
             drops: self.drops.wrapping_add(o.drops),
             out_of_scope: self.out_of_scope.wrapping_add(o.out_of_scope),
             unfollowed: self.unfollowed.wrapping_add(o.unfollowed),
+            stacks: self.stacks.wrapping_add(o.stacks),
+            stacks_truncated: self.stacks_truncated.wrapping_add(o.stacks_truncated),
+            stack_collisions: self.stack_collisions.wrapping_add(o.stack_collisions),
+            stack_map_full: self.stack_map_full.wrapping_add(o.stack_map_full),
+            stacks_lost: self.stacks_lost.wrapping_add(o.stacks_lost),
         }
     }
 }
@@ -403,20 +427,27 @@ pub struct RawConfig {
     pub wakeup_bytes: u64,
     /// Alignment reported for `valloc`/`pvalloc`, in bytes.
     pub page_size: u64,
+    /// Frames per call stack, at most [`STACK_MAX`]; 0: events carry no stacks.
+    pub stack_depth: u32,
+    /// 0.
+    pub reserved: u32,
 }
 
 impl RawConfig {
     /// Size of `.rodata` in bytes.
     pub const SIZE: usize = size_of::<Self>();
 
-    /// Settings for `tgid` with the default 64 KiB wakeup watermark and a 4096-byte page size
-    /// (the loader sets `page_size` to the running machine's).
+    /// Settings for `tgid` with the default 64 KiB wakeup watermark, a 4096-byte page size
+    /// (the loader sets `page_size` to the running machine's) and stacks of up to
+    /// [`DEFAULT_STACK_DEPTH`] frames.
     pub fn new(tgid: u32) -> Self {
         Self {
             target_tgid: tgid,
             follow: 0,
             wakeup_bytes: 64 * 1024,
             page_size: 4096,
+            stack_depth: DEFAULT_STACK_DEPTH,
+            reserved: 0,
         }
     }
 
@@ -427,18 +458,98 @@ impl RawConfig {
         b[4..8].copy_from_slice(&self.follow.to_ne_bytes());
         b[8..16].copy_from_slice(&self.wakeup_bytes.to_ne_bytes());
         b[16..24].copy_from_slice(&self.page_size.to_ne_bytes());
+        b[24..28].copy_from_slice(&self.stack_depth.to_ne_bytes());
+        b[28..32].copy_from_slice(&self.reserved.to_ne_bytes());
         b
     }
 }
 
+/// `MT_RECORD_STACK`: the `u32` at offset 16 of a [`RawStack`] record, where a [`RawEvent`] has
+/// its `kind` (no kind takes this number).
+pub const RECORD_STACK: u32 = 0x100;
+/// `MT_STACK_MAX`: the deepest [`RawConfig::stack_depth`] (the kernel's
+/// `kernel.perf_event_max_stack` default, 127).
+pub const STACK_MAX: u32 = 127;
+/// The default [`RawConfig::stack_depth`]: 64 frames.
+pub const DEFAULT_STACK_DEPTH: u32 = 64;
+/// [`RawStack::flags`] bit (`MT_STACK_TRUNCATED`): the walk went on past
+/// [`RawConfig::stack_depth`] frames and was cut there.
+pub const STACK_TRUNCATED: u32 = 1;
+/// The hash map of stacks already sent (key the first 64-bit hash, value the second and the
+/// id); its size (entries) may be set before load.
+pub const MAP_STACK_IDS: &str = "stack_ids";
+
+/// The header of a stack record (`struct memtrack_stack`), followed in the ring buffer by
+/// `nframes` `u64` absolute addresses of process `pid`, innermost first (the first is the
+/// return address into the allocator's caller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct RawStack {
+    /// `bpf_ktime_get_ns()` when it was sent.
+    pub ts: u64,
+    /// Process id (tgid) whose addresses these are.
+    pub pid: u32,
+    /// Its id (≥ 1), which later [`RawEvent::stack`]s name; unique for the loaded program.
+    pub id: u32,
+    /// [`RECORD_STACK`].
+    pub record: u32,
+    /// Frames following the header.
+    pub nframes: u32,
+    /// [`STACK_TRUNCATED`] or 0.
+    pub flags: u32,
+    /// 0.
+    pub reserved: u32,
+}
+
+impl RawStack {
+    /// Size of the header in bytes.
+    pub const SIZE: usize = size_of::<Self>();
+
+    /// Whether a ring-buffer record is a stack record (its `u32` at offset 16 is
+    /// [`RECORD_STACK`]) rather than a [`RawEvent`].
+    pub fn is_stack(bytes: &[u8]) -> bool {
+        bytes.len() >= Self::SIZE
+            && u32::from_ne_bytes(bytes[16..20].try_into().expect("4 bytes")) == RECORD_STACK
+    }
+
+    /// Reads a stack record: its header and its frames (an iterator over the addresses);
+    /// `None` if it is not a stack record or its length disagrees with `nframes`.
+    pub fn from_bytes(bytes: &[u8]) -> Option<(Self, impl ExactSizeIterator<Item = u64> + '_)> {
+        if !Self::is_stack(bytes) {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_ne_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
+        let u32_at = |o: usize| u32::from_ne_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
+        let h = Self {
+            ts: u64_at(0),
+            pid: u32_at(8),
+            id: u32_at(12),
+            record: u32_at(16),
+            nframes: u32_at(20),
+            flags: u32_at(24),
+            reserved: u32_at(28),
+        };
+        if bytes.len() != Self::SIZE + h.nframes as usize * 8 {
+            return None;
+        }
+        let frames = bytes[Self::SIZE..]
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")));
+        Some((h, frames))
+    }
+}
+
 // The C side's layout (memtrack.h): change both together.
+const _: () = assert!(size_of::<RawStack>() == 32);
+const _: () =
+    assert!(core::mem::offset_of!(RawStack, record) == core::mem::offset_of!(RawEvent, kind));
 const _: () = assert!(size_of::<RawEvent>() == 56);
 const _: () = assert!(align_of::<RawEvent>() == 8);
 const _: () = assert!(core::mem::offset_of!(RawEvent, kind) == 16);
 const _: () = assert!(core::mem::offset_of!(RawEvent, addr) == 24);
 const _: () = assert!(core::mem::offset_of!(RawEvent, align) == 48);
-const _: () = assert!(size_of::<RawStats>() == 48);
+const _: () = assert!(size_of::<RawStats>() == 88);
 const _: () = assert!(size_of::<RawSwitch>() == 16);
 const _: () = assert!(align_of::<RawStats>() == 8);
-const _: () = assert!(size_of::<RawConfig>() == 24);
+const _: () = assert!(size_of::<RawConfig>() == 32);
 const _: () = assert!(core::mem::offset_of!(RawConfig, wakeup_bytes) == 8);

@@ -7,7 +7,9 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
 use object::LittleEndian;
-use object::elf::{FileHeader64, PT_LOAD, SHT_DYNSYM, SHT_SYMTAB, STT_FUNC};
+use object::elf::{
+    FileHeader64, NT_GNU_BUILD_ID, PT_LOAD, PT_NOTE, SHT_DYNSYM, SHT_SYMTAB, STT_FUNC,
+};
 use object::read::elf::{FileHeader, ProgramHeader, SectionTable, Sym, SymbolTable};
 
 use crate::{Error, Result};
@@ -174,6 +176,28 @@ impl Elf {
         })
     }
 
+    /// The GNU build id (the `NT_GNU_BUILD_ID` note of a `PT_NOTE` segment: what the loader
+    /// maps, so a stripped file has it too), if the file has one.
+    pub fn build_id(&self) -> Option<&[u8]> {
+        let bytes: &[u8] = &self.data;
+        let header = Header::parse(bytes).ok()?;
+        let endian = header.endian().ok()?;
+        for ph in header.program_headers(endian, bytes).ok()? {
+            if ph.p_type(endian) != PT_NOTE {
+                continue;
+            }
+            let Ok(Some(mut notes)) = ph.notes(endian, bytes) else {
+                continue;
+            };
+            while let Ok(Some(note)) = notes.next() {
+                if note.name() == b"GNU" && note.n_type(endian) == NT_GNU_BUILD_ID {
+                    return Some(note.desc());
+                }
+            }
+        }
+        None
+    }
+
     /// Up to `len` bytes of the file from `offset` (fewer at the end of the file).
     pub fn bytes(&self, offset: u64, len: usize) -> &[u8] {
         let start = usize::try_from(offset)
@@ -231,5 +255,24 @@ mod tests {
         let whole = Elf::parse(&exe, std::fs::read(&exe).unwrap()).unwrap();
         assert!(elf.functions().eq(whole.functions()));
         assert_eq!(elf.bytes(off, 64), whole.bytes(off, 64));
+    }
+
+    #[test]
+    fn reads_the_gnu_build_id_note() {
+        // rustc links test binaries with --build-id (20 bytes, SHA-1); `file` and `readelf -n`
+        // read the same note.
+        let exe = std::env::current_exe().unwrap();
+        let elf = Elf::open(&exe).unwrap();
+        let id = elf.build_id().expect("a build id");
+        assert_eq!(id.len(), 20);
+        let out = std::process::Command::new("readelf")
+            .args(["-n"])
+            .arg(&exe)
+            .output();
+        if let Ok(out) = out {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+            assert!(text.contains(&hex), "readelf -n: {text}");
+        }
     }
 }

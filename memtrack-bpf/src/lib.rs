@@ -2,7 +2,7 @@
 //!
 //! - [`OBJECT`]: the BPF object built from `src/bpf/memtrack.bpf.c`, checked in so that no
 //!   downstream build needs clang (regenerate: `cargo run -p memtrack-bpf --bin memtrack-bpf-gen`).
-//! - [`RawEvent`], [`RawStats`], [`RawConfig`]: `#[repr(C)]` mirrors of `src/bpf/memtrack.h`, the
+//! - [`RawEvent`], [`RawStack`], [`RawStats`], [`RawConfig`]: `#[repr(C)]` mirrors of `src/bpf/memtrack.h`, the
 //!   one definition of the ABI; sizes and alignments are asserted at compile time.
 //! - [`probe_sites`]: reads an ELF file (an executable or a shared library), finds the allocator
 //!   entry points it defines ([`PROBES`]) and chooses each probe's offset ([`place_probe`]).
@@ -28,6 +28,7 @@ pub use abi::Entry;
 pub use abi::MAP_CALLS;
 pub use abi::MAP_EVENTS;
 pub use abi::MAP_FOLLOWED;
+pub use abi::MAP_STACK_IDS;
 pub use abi::MAP_STATS;
 pub use abi::OBJECT;
 pub use abi::PROG_DL_STATE;
@@ -39,9 +40,11 @@ pub use abi::PROG_RET;
 pub use abi::PROG_SYS_EXIT;
 pub use abi::RawConfig;
 pub use abi::RawEvent;
+pub use abi::RawStack;
 pub use abi::RawStats;
 pub use abi::RawSwitch;
 pub use abi::kind;
+pub use abi::{DEFAULT_STACK_DEPTH, RECORD_STACK, STACK_MAX, STACK_TRUNCATED};
 pub use abi::{FOLLOW_COUNT, FOLLOW_NONE, FOLLOW_TREE};
 pub use abi::{SCOPE_PROCESS, SCOPE_THREADS, SWITCH_COUNT, SWITCH_STREAM};
 pub use elf::Elf;

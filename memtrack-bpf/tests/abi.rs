@@ -5,7 +5,7 @@ use std::mem::offset_of;
 
 use libbpf_rs::btf::types::{Func, MemberAttr, Struct};
 use libbpf_rs::btf::{Btf, HasSize};
-use memtrack_bpf::{OBJECT, RawConfig, RawEvent, RawStats, RawSwitch};
+use memtrack_bpf::{OBJECT, RawConfig, RawEvent, RawStack, RawStats, RawSwitch};
 
 fn layout(btf: &Btf<'_>, name: &str) -> (usize, Vec<(String, usize)>) {
     let s: Struct<'_> = btf
@@ -42,7 +42,7 @@ fn c_structs_match_the_rust_mirrors() {
                 ("pid", offset_of!(RawEvent, pid)),
                 ("tid", offset_of!(RawEvent, tid)),
                 ("kind", offset_of!(RawEvent, kind)),
-                ("reserved", offset_of!(RawEvent, reserved)),
+                ("stack", offset_of!(RawEvent, stack)),
                 ("addr", offset_of!(RawEvent, addr)),
                 ("old_addr", offset_of!(RawEvent, old_addr)),
                 ("size", offset_of!(RawEvent, size)),
@@ -61,6 +61,11 @@ fn c_structs_match_the_rust_mirrors() {
                 ("drops", offset_of!(RawStats, drops)),
                 ("out_of_scope", offset_of!(RawStats, out_of_scope)),
                 ("unfollowed", offset_of!(RawStats, unfollowed)),
+                ("stacks", offset_of!(RawStats, stacks)),
+                ("stacks_truncated", offset_of!(RawStats, stacks_truncated)),
+                ("stack_collisions", offset_of!(RawStats, stack_collisions)),
+                ("stack_map_full", offset_of!(RawStats, stack_map_full)),
+                ("stacks_lost", offset_of!(RawStats, stacks_lost)),
             ])
         )
     );
@@ -89,6 +94,23 @@ fn c_structs_match_the_rust_mirrors() {
                 ("follow", offset_of!(RawConfig, follow)),
                 ("wakeup_bytes", offset_of!(RawConfig, wakeup_bytes)),
                 ("page_size", offset_of!(RawConfig, page_size)),
+                ("stack_depth", offset_of!(RawConfig, stack_depth)),
+                ("reserved", offset_of!(RawConfig, reserved)),
+            ])
+        )
+    );
+    assert_eq!(
+        layout(&btf, "memtrack_stack"),
+        (
+            RawStack::SIZE,
+            owned(&[
+                ("ts", offset_of!(RawStack, ts)),
+                ("pid", offset_of!(RawStack, pid)),
+                ("id", offset_of!(RawStack, id)),
+                ("record", offset_of!(RawStack, record)),
+                ("nframes", offset_of!(RawStack, nframes)),
+                ("flags", offset_of!(RawStack, flags)),
+                ("reserved", offset_of!(RawStack, reserved)),
             ])
         )
     );
@@ -151,4 +173,31 @@ fn header_kinds_equal_the_kind_table() {
         "memtrack.h's MT_KIND_* and for_each_kind! differ"
     );
     assert_eq!(memtrack_bpf::kind::REALLOC, 3);
+}
+
+/// The stack record's constants of memtrack.h equal the Rust ones, and its marker is no kind's
+/// number (the poller tells the two records apart by it).
+#[test]
+fn header_stack_constants_equal_the_rust_ones() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/bpf/memtrack.h");
+    let text = std::fs::read_to_string(&path).expect("memtrack.h");
+    let define = |name: &str| -> u32 {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name) && l.starts_with("#define"))
+            .unwrap_or_else(|| panic!("no #define {name} in memtrack.h"));
+        let v = line.split_whitespace().nth(2).expect("a value");
+        match v.strip_prefix("0x") {
+            Some(hex) => u32::from_str_radix(hex, 16).expect("hex"),
+            None => v.parse().expect("a number"),
+        }
+    };
+    assert_eq!(define("MT_RECORD_STACK"), memtrack_bpf::RECORD_STACK);
+    assert_eq!(define("MT_STACK_MAX"), memtrack_bpf::STACK_MAX);
+    assert_eq!(define("MT_STACK_TRUNCATED"), memtrack_bpf::STACK_TRUNCATED);
+    assert!(
+        memtrack_bpf::kind::ALL
+            .iter()
+            .all(|&(_, v)| v != memtrack_bpf::RECORD_STACK)
+    );
 }

@@ -13,7 +13,7 @@ use std::ffi::{CStr, CString, c_int, c_void};
 use std::path::{Path, PathBuf};
 
 use libbpf_rs::{MapCore, RingBufferBuilder, UprobeMultiOpts};
-use memtrack_bpf::{MAP_EVENTS, PROG_ENTRY, PROG_RET, RawEvent, kind, probe_sites};
+use memtrack_bpf::{MAP_EVENTS, PROG_ENTRY, PROG_RET, RawEvent, RawStack, kind, probe_sites};
 use memtrack_test_support::{Need, TRACKER, requires, run};
 
 const LIB: &str = "/usr/lib/x86_64-linux-gnu";
@@ -108,6 +108,9 @@ fn record(
     let me = tid();
     let mut b = RingBufferBuilder::new();
     b.add(&events, |bytes| {
+        if RawStack::is_stack(bytes) {
+            return 0;
+        }
         let e = RawEvent::from_bytes(bytes).expect("a RawEvent");
         if e.tid == me {
             got.borrow_mut()

@@ -10,8 +10,12 @@ use memtrack::{
     SynthOptions, Totals, human,
 };
 
+mod callsites;
 mod compare;
+mod export;
+mod flamegraph;
 mod plot;
+mod pprof;
 mod processes;
 mod progress;
 mod show;
@@ -115,6 +119,37 @@ enum Cmd {
         #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(150..=16384))]
         height: u32,
     },
+    /// Draw the call sites as an interactive flame graph (SVG: search, zoom, tooltips), each
+    /// frame as wide as its share of the metric, coloured by whose code it is (the program,
+    /// Rust std, libc and ld.so, other libraries). Needs a recording with call stacks.
+    Flamegraph {
+        /// The artifact.
+        file: PathBuf,
+        /// Output SVG file.
+        #[arg(short, long, default_value = "flame.svg")]
+        output: PathBuf,
+        /// What a site weighs: bytes allocated, allocations, bytes live at the peak, or
+        /// bytes still live at the end.
+        #[arg(long, value_enum, default_value_t = callsites::Metric::Bytes)]
+        metric: callsites::Metric,
+    },
+    /// Write the call sites in another tool's format: Valgrind DHAT's JSON (dh_view.html),
+    /// pprof's gzipped profile.proto (Go heap profile sample types), folded stacks
+    /// (flamegraph.pl, inferno, speedscope) or the Firefox Profiler's processed format
+    /// (allocations over time). Needs a recording with call stacks.
+    Export {
+        /// The artifact.
+        file: PathBuf,
+        /// The format.
+        #[arg(long, value_enum)]
+        format: export::Format,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// What a site weighs in the folded stacks (the other formats carry every number).
+        #[arg(long, value_enum, default_value_t = callsites::Metric::Bytes)]
+        metric: callsites::Metric,
+    },
     /// Write an artifact from a seeded model of a multi-threaded program (no privileges needed).
     Synth {
         /// Number of events.
@@ -171,6 +206,12 @@ enum Cmd {
         /// followed (the recording is then not whole if it started any).
         #[arg(long)]
         no_follow: bool,
+        /// Frames kept of each allocation's call stack (0 to 127; 0 records no stacks). Stacks
+        /// are walked by frame pointers: build the code with them (Rust:
+        /// RUSTFLAGS="-C force-frame-pointers=yes"; C/C++: -fno-omit-frame-pointer) or its
+        /// stacks stop early (the summary says how many).
+        #[arg(long, value_name = "N", default_value_t = memtrack::DEFAULT_STACK_DEPTH, value_parser = stack_depth)]
+        stack_depth: u32,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
@@ -215,6 +256,17 @@ fn main() -> ExitCode {
             width,
             height,
         } => plot::run(&file, &output, plot::Size { width, height }),
+        Cmd::Flamegraph {
+            file,
+            output,
+            metric,
+        } => flamegraph::run(&file, &output, metric),
+        Cmd::Export {
+            file,
+            format,
+            output,
+            metric,
+        } => export::run(&file, format, &output, metric),
         Cmd::Synth {
             events,
             seed,
@@ -230,6 +282,7 @@ fn main() -> ExitCode {
             no_syscalls,
             raw_syscalls,
             no_follow,
+            stack_depth,
             command,
         } => record(
             &output,
@@ -237,6 +290,7 @@ fn main() -> ExitCode {
             ringbuf_mib,
             (!no_syscalls, raw_syscalls),
             !no_follow,
+            stack_depth,
             &command,
         ),
     };
@@ -282,6 +336,16 @@ fn ringbuf_mib(s: &str) -> Result<u64, String> {
         Ok(n) if n.is_power_of_two() && n <= 1024 => Ok(n),
         _ => Err(format!(
             "expected a power of two from 1 to 1024 (MiB), got {s:?}"
+        )),
+    }
+}
+
+/// `--stack-depth`: 0 to 127 frames (the kernel's `perf_event_max_stack`).
+fn stack_depth(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n <= 127 => Ok(n),
+        _ => Err(format!(
+            "expected a number of frames from 0 (no stacks) to 127, got {s:?}"
         )),
     }
 }
@@ -566,6 +630,7 @@ fn record(
     ringbuf_mib: u64,
     (syscalls, raw_syscalls): (bool, bool),
     follow: bool,
+    stack_depth: u32,
     command: &[std::ffi::OsString],
 ) -> memtrack::Result<ExitCode> {
     if is_the_program(output, command) {
@@ -577,7 +642,8 @@ fn record(
     let opts = memtrack::TrackerOptions::new()
         .ringbuf_bytes(ringbuf_mib.saturating_mul(1 << 20))
         .syscalls(syscalls)
-        .raw_syscalls(raw_syscalls);
+        .raw_syscalls(raw_syscalls)
+        .stack_depth(stack_depth);
     // SAFETY: geteuid has no preconditions.
     let runs_as_root = unsafe { libc::geteuid() } == 0 && user.is_none();
     if let Some(p) = find_program(command)
@@ -607,17 +673,26 @@ fn record(
         .map_err(|e| writing(e, file.path()))?;
     let written = file.commit()?;
     let t = &out.recorded.written.totals;
+    let short = out.recorded.short_stacks;
     eprintln!(
         "memtrack: {}, {} allocated in total; peak live heap {}; still live at the end: {} \
-         ({}); {} lost -> {}",
+         ({}); {} lost{} -> {}",
         human::plural(t.allocations, "allocation", "allocations"),
         human::bytes(t.bytes_allocated),
         human::bytes(t.peak_live_bytes),
         human::plural(t.live_blocks_at_end, "block", "blocks"),
         human::bytes(t.live_bytes_at_end),
         human::plural(out.recorded.lost_events, "event", "events"),
+        if short > 0 {
+            format!("; {} with short call stacks", human::count(short))
+        } else {
+            String::new()
+        },
         written.display()
     );
+    if short > 0 {
+        eprintln!("memtrack: {}", human::short_stacks_note(short));
+    }
     if t.blocks_discarded_at_exec > 0 {
         eprintln!(
             "memtrack: {} ({}) were still live when the program replaced its image (exec): \

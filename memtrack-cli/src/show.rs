@@ -35,6 +35,10 @@ pub struct ShowReport {
     pub file_bytes: u64,
     /// Events the recorder lost; `None` when the file has no trailer to say.
     pub lost_events: Option<u64>,
+    /// Heap allocations whose call stack stops early (see `Final::short_stacks`); absent when
+    /// there are none or the file has no trailer to say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub short_stacks: Option<u64>,
     /// Events decoded.
     pub events: u64,
     /// Events by kind.
@@ -260,7 +264,7 @@ fn frame_row(module: Option<String>, f: &SymFrame) -> FrameRow {
 }
 
 /// What `--top` says of a recording without stacks: why, and how to get them.
-fn no_stacks_note(reader: &Reader) -> String {
+pub(crate) fn no_stacks_note(reader: &Reader) -> String {
     let why = match reader.metadata().backend {
         Backend::Alloc => "the allocator recorder (memtrack::Allocator) records none".to_string(),
         Backend::Synth => "it was made by `memtrack synth` without --stacks".to_string(),
@@ -350,6 +354,7 @@ impl ShowReport {
             frames: reader.frames().len(),
             file_bytes: reader.file_bytes(),
             lost_events: reader.final_metadata().map(|f| f.lost_events),
+            short_stacks: fin.map(|f| f.short_stacks).filter(|&n| n > 0),
             events: t.events,
             kinds: t.kinds,
             allocations: t.allocations,
@@ -459,6 +464,9 @@ pub fn text(r: &ShowReport) -> String {
                 format!("{} lost", human::plural(n, "event", "events"))
             })
     );
+    if let Some(n) = r.short_stacks {
+        let _ = writeln!(o, "  call stacks   {}", human::short_stacks_note(n));
+    }
     if let (Some(n), Some(p)) = (r.iterations, &r.per_iteration) {
         let _ = writeln!(
             o,

@@ -75,6 +75,9 @@ pub enum Need {
     /// ([`std::env::temp_dir`]) that this process starts: the directory is not on a `nosuid`
     /// mount, and this process does not run with `no_new_privs`.
     Setuid,
+    /// A Python module `python3` can import (an independent reader of an export), and the
+    /// command that installs it.
+    Python(&'static str, &'static str),
 }
 
 /// What the eBPF tracker needs: `CAP_BPF` and `CAP_PERFMON` (root has both).
@@ -124,6 +127,15 @@ fn no_new_privs() -> bool {
     })
 }
 
+fn python_has(module: &str) -> bool {
+    std::process::Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Why a test with `needs` cannot run here (every missing need, and how to get it), or `None`.
 pub fn missing(needs: &[Need]) -> Option<String> {
     let caps = effective_caps();
@@ -166,6 +178,9 @@ pub fn missing(needs: &[Need]) -> Option<String> {
                  the sandbox that sets it"
                     .to_string(),
             ),
+            Need::Python(module, fix) if !python_has(module) => {
+                why.push(format!("needs the Python module {module}: {fix}"))
+            }
             _ => {}
         }
     }

@@ -200,6 +200,7 @@ struct Trailer {
     iterations: Option<u64>,
     processes: Vec<ProcessInfo>,
     unfollowed_processes: u64,
+    short_stacks: u64,
 }
 
 struct WriterResult<W> {
@@ -269,6 +270,7 @@ pub struct Encoder<W: Write + Send + 'static> {
     iterations: Option<u64>,
     processes: Vec<ProcessInfo>,
     unfollowed_processes: u64,
+    short_stacks: u64,
     frame_events: usize,
     tx: Option<SyncSender<Msg>>,
     recycle: Receiver<Vec<Event>>,
@@ -325,6 +327,7 @@ impl<W: Write + Send + 'static> Encoder<W> {
             iterations: None,
             processes: Vec::new(),
             unfollowed_processes: 0,
+            short_stacks: 0,
             frame_events: opts.frame_events,
             tx: Some(tx),
             recycle,
@@ -446,6 +449,12 @@ impl<W: Write + Send + 'static> Encoder<W> {
         self.unfollowed_processes = unfollowed;
     }
 
+    /// Stores in the trailer how many events have a call stack that stops early (see
+    /// [`Final::short_stacks`]).
+    pub fn set_short_stacks(&mut self, n: u64) {
+        self.short_stacks = n;
+    }
+
     /// Writes the last partial frame and the trailer (with `lost_events`, the number of events
     /// the recorder dropped), waits for the writer and returns what was written.
     pub fn finish(self, lost_events: u64) -> Result<Written> {
@@ -467,6 +476,7 @@ impl<W: Write + Send + 'static> Encoder<W> {
                 iterations: self.iterations,
                 processes: std::mem::take(&mut self.processes),
                 unfollowed_processes: self.unfollowed_processes,
+                short_stacks: self.short_stacks,
             }))
             .map_err(|_| Error::Stopped)
         });
@@ -574,10 +584,11 @@ fn writer_loop<W: Write + Send>(
                 s.spawn(move |_| *r = compress(f, d.as_deref(), level, out));
             }
             // Sizes and timeline beside the totals: 23.7 instead of 20.0 ns/event on this thread
-            // (1 M synth events, best of 15), which overlaps the compression on the pool.
+            // (1 M synth events, best of 15), which overlaps the compression on the pool. The
+            // sizes are counted in the analyzer's pass (one match of the kind, not two).
             for e in batch.iter().flatten() {
-                timeline.update(&mut analyzer, e);
-                sizes.update(e);
+                analyzer.update_sized(e, &mut sizes);
+                timeline.push(e.ts, analyzer.live_bytes(), analyzer.mapped_bytes());
             }
         });
         let compressed: Result<()> = results.into_iter().collect();
@@ -609,6 +620,7 @@ fn writer_loop<W: Write + Send>(
         iterations: trailer.iterations,
         processes: trailer.processes,
         unfollowed_processes: trailer.unfollowed_processes,
+        short_stacks: trailer.short_stacks,
     };
     let (frame_count, events) = (frames.frames(), frames.events());
     let (out, bytes) = frames.finish(&fin)?;

@@ -74,6 +74,21 @@ pub fn table<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String 
     out
 }
 
+/// What `record`'s summary and `show` say of `n` heap allocations whose call stack stops early
+/// (the artifact trailer's `short_stacks`): what it means and how to fix it.
+pub fn short_stacks_note(n: u64) -> String {
+    format!(
+        "{} call stacks that stop early (no caller beyond the allocation site, or a frame \
+         outside the mapped code): the code on the way was built without frame pointers (an \
+         allocation inside a C library built without them, such as glibc's stdio, stays \
+         short). Rust: \
+         build with RUSTFLAGS=\"-C force-frame-pointers=yes\", or put \
+         `[build] rustflags = [\"-C\", \"force-frame-pointers=yes\"]` in .cargo/config.toml; \
+         C and C++: compile with -fno-omit-frame-pointer",
+        plural(n, "allocation has", "allocations have")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

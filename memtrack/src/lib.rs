@@ -76,6 +76,7 @@ mod error;
 mod event;
 pub mod human;
 mod limits;
+mod modules;
 mod recorder;
 mod report;
 mod scope;
@@ -99,10 +100,11 @@ pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
 pub use encode::default_workers;
 pub use encode::{EncodeError, Encoder, EncoderOptions, TIMELINE_COLUMNS, ThreadHook, Written};
 pub use error::{Error, Result};
-pub use event::{Event, EventKind, KindTag};
+pub use event::{Event, EventKind, Heap, KindTag};
 pub use limits::{InvalidLimits, Limits, Violation};
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;
+pub use modules::{ModuleMap, StackInterner};
 pub use recorder::{Allocator, RecorderError, allocator_installed, in_session};
 pub use report::Report;
 pub use scope::Scope;
@@ -112,6 +114,7 @@ pub use stack::{Frame, Module, ModuleId, Stack, StackId};
 pub use symbolize::{ModuleStatus, SymFrame, Symbolizer};
 #[cfg(feature = "synth")]
 pub use synth::{Synth, SynthOptions};
+pub use tracker::DEFAULT_STACK_DEPTH;
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
 pub use tracker::{Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};
 pub use tracker::{TrackerError, TrackerOptions};

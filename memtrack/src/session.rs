@@ -455,6 +455,12 @@ impl Active {
                     lost_events,
                     out_of_scope: crate::recorder::OUT_OF_SCOPE.load(Ordering::Relaxed),
                     unfollowed_processes: 0,
+                    // The allocator recorder records no stacks yet.
+                    stacks: 0,
+                    short_stacks: 0,
+                    truncated_stacks: 0,
+                    stack_collisions: 0,
+                    stacks_not_remembered: 0,
                 })
             }
         }
@@ -549,6 +555,12 @@ impl Session {
                 out_of_scope,
                 // Sessions record this process: it follows no other.
                 unfollowed_processes: _,
+                // In the artifact's trailer (`memtrack show` reports them).
+                stacks: _,
+                short_stacks: _,
+                truncated_stacks: _,
+                stack_collisions: _,
+                stacks_not_remembered: _,
             } = recorded;
             if let Some(output) = output {
                 output.commit()?;

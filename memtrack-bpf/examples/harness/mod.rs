@@ -8,6 +8,8 @@
 
 #![allow(dead_code)] // each user needs a different subset
 
+pub mod chain;
+
 use std::ffi::{CString, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -16,15 +18,21 @@ use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, RingBufferBuilder};
 use memtrack_bpf::{MAP_EVENTS, RawConfig, RawSwitch, SCOPE_PROCESS, SWITCH_STREAM};
 
 /// The BPF object loaded to record this process; `events_bytes` sizes the ring buffer (else
-/// the object's default).
+/// the object's default); stacks of up to the default depth.
 pub fn load(events_bytes: Option<u32>) -> Object {
+    load_with(events_bytes, memtrack_bpf::DEFAULT_STACK_DEPTH)
+}
+
+/// [`load`] with stacks of up to `stack_depth` frames (0: none).
+pub fn load_with(events_bytes: Option<u32>, stack_depth: u32) -> Object {
     let mut open = ObjectBuilder::default()
         .open_memory(memtrack_bpf::OBJECT)
         .unwrap();
     for mut m in open.maps_mut() {
         let name = m.name().to_string_lossy().into_owned();
         if name.ends_with(".rodata") {
-            let cfg = RawConfig::new(std::process::id());
+            let mut cfg = RawConfig::new(std::process::id());
+            cfg.stack_depth = stack_depth;
             m.initial_value_mut()
                 .unwrap()
                 .copy_from_slice(&cfg.to_bytes());
@@ -58,11 +66,26 @@ pub fn switch(obj: &Object, on: bool, generation: u32) {
 /// callback allocates nothing, so it needs no exclusion); recording is off again when it
 /// returns.
 pub fn recording<T>(obj: &Object, generation: u32, f: impl FnOnce() -> T) -> T {
+    recording_with(obj, generation, |_| {}, f)
+}
+
+/// [`recording`], handing every ring-buffer record to `each` on the draining thread (whose own
+/// allocations are recorded too: tell them apart by tid).
+pub fn recording_with<T>(
+    obj: &Object,
+    generation: u32,
+    mut each: impl FnMut(&[u8]) + Send,
+    f: impl FnOnce() -> T,
+) -> T {
     let events = obj.maps().find(|m| m.name() == MAP_EVENTS).unwrap();
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let mut b = RingBufferBuilder::new();
-        b.add(&events, |_| 0).unwrap();
+        b.add(&events, move |r: &[u8]| {
+            each(r);
+            0
+        })
+        .unwrap();
         let rb = b.build().unwrap();
         let stop = &stop;
         let poller = s.spawn(move || {

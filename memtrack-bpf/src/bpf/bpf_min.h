@@ -22,6 +22,8 @@ struct pt_regs {
 	unsigned long dx;
 	unsigned long si;
 	unsigned long di;
+	unsigned long bp;
+	unsigned long ip;
 	unsigned long sp;
 } __attribute__((preserve_access_index));
 
@@ -41,6 +43,8 @@ enum {
 #define BPF_RB_NO_WAKEUP 1
 #define BPF_RB_FORCE_WAKEUP 2
 #define BPF_RB_AVAIL_DATA 0
+#define BPF_F_USER_STACK (1ULL << 8)
+#define E2BIG 7
 
 /* libbpf's BTF-defined map and section conventions. */
 #define SEC(name) __attribute__((section(name), used))
@@ -61,9 +65,21 @@ static void *(*const bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags
 static void (*const bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
 static __u64 (*const bpf_ringbuf_query)(void *ringbuf, __u64 flags) = (void *)134;
 static __u64 (*const bpf_get_attach_cookie)(void *ctx) = (void *)174;
-/* Only the field read here (CO-RE). */
+static long (*const bpf_get_stack)(void *ctx, void *buf, __u32 size, __u64 flags) = (void *)67;
+static long (*const bpf_loop)(__u32 nr_loops, void *callback_fn, void *callback_ctx,
+			      __u64 flags) = (void *)181;
+static long (*const bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size,
+					__u64 flags) = (void *)130;
+/* Only the fields read here (CO-RE). x86's mm_context_t: `ctx_id` numbers address spaces,
+ * never reused (arch/x86/include/asm/mmu.h). */
+struct mm_struct {
+	struct {
+		__u64 ctx_id;
+	} context;
+} __attribute__((preserve_access_index));
 struct task_struct {
 	int tgid;
+	struct mm_struct *mm;
 } __attribute__((preserve_access_index));
 static void *(*const bpf_task_storage_get)(void *map, struct task_struct *task, void *value,
 					   __u64 flags) = (void *)156;

@@ -85,7 +85,38 @@ struct memtrack_switch {
 #define MT_REG_ONE 8 /* not a register: the constant 1 (a factor already multiplied in) */
 
 /*
- * One ring-buffer record: 56 bytes, 8-aligned (64 with the ring buffer's 8-byte header).
+ * The ring buffer carries two records, told apart by the u32 at offset 16: an event
+ * (`struct memtrack_event`, its `kind` an MT_KIND_*) and a stack (`struct memtrack_stack`, its
+ * `record` MT_RECORD_STACK, a number no MT_KIND_* takes).
+ */
+#define MT_RECORD_STACK 0x100
+
+/* The deepest stack a program can be asked for (`config.stack_depth`): the kernel caps a walk
+ * at `kernel.perf_event_max_stack`, 127 by default. */
+#define MT_STACK_MAX 127
+
+/*
+ * A distinct call stack of one process, sent once, before the first event that names it by its
+ * `id`: this 32-byte header, then `nframes` absolute user addresses of process `pid` (u64
+ * each), innermost first: the first is the return address into the code that called the
+ * allocator. `ts`, `pid` and `record` sit where an event has `ts`, `pid` and `kind`.
+ */
+struct memtrack_stack {
+	unsigned long long ts;   /* bpf_ktime_get_ns() when sent: which image of `pid` it is in */
+	unsigned int pid;        /* tgid: the addresses are this process's */
+	unsigned int id;         /* >= 1, unique in the loaded program's life */
+	unsigned int record;     /* MT_RECORD_STACK */
+	unsigned int nframes;    /* 0..MT_STACK_MAX */
+	unsigned int flags;      /* MT_STACK_* */
+	unsigned int reserved;   /* 0 */
+};
+#define MT_STACK_TRUNCATED 1 /* the walk went on past `config.stack_depth` frames: cut there */
+
+/*
+ * One ring-buffer event: 56 bytes, 8-aligned (64 with the ring buffer's 8-byte header).
+ *
+ * Allocations (Malloc, Calloc, Realloc, AlignedAlloc) and mappings (Mmap, Mremap) carry a
+ * stack when stacks are on; frees and the rest never do.
  *
  * Field use per kind (unused fields are 0):
  *   Malloc, Calloc, Mmap, Munmap: addr, size
@@ -99,7 +130,7 @@ struct memtrack_event {
 	unsigned int pid;            /* tgid */
 	unsigned int tid;            /* kernel pid of the thread */
 	unsigned int kind;           /* MT_KIND_* */
-	unsigned int reserved;       /* 0; room for flags */
+	unsigned int stack;          /* the `memtrack_stack` id of its call stack; 0: none */
 	unsigned long long addr;
 	unsigned long long old_addr;
 	unsigned long long size;     /* bytes */
@@ -116,6 +147,14 @@ struct memtrack_stats {
 					    scope (MT_SCOPE_THREADS), not recorded */
 	unsigned long long unfollowed;  /* processes the target started, not followed
 					   (MT_FOLLOW_COUNT) */
+	unsigned long long stacks;      /* stack records sent */
+	unsigned long long stacks_truncated; /* of them, cut at config.stack_depth */
+	unsigned long long stack_collisions; /* first hash matched, second did not: sent again
+						 under a new id */
+	unsigned long long stack_map_full;   /* new stacks sent without being remembered (the
+						 `stack_ids` map was full): sent again when seen again */
+	unsigned long long stacks_lost;      /* stacks not sent (ring buffer full): their event
+						 carries none; counted in `drops` too */
 };
 
 /*
@@ -127,6 +166,8 @@ struct memtrack_config {
 	unsigned int follow;                  /* MT_FOLLOW_*: what the target's children are */
 	unsigned long long wakeup_bytes;      /* force a wakeup once this much data is unconsumed */
 	unsigned long long page_size;         /* alignment reported for valloc/pvalloc, bytes */
+	unsigned int stack_depth;             /* frames per stack, 0..MT_STACK_MAX; 0: no stacks */
+	unsigned int reserved;                /* 0 */
 };
 
 /* `config.follow`. Mirrored by `memtrack_bpf::FOLLOW_*`. */

@@ -78,9 +78,14 @@ impl SizeHistogram {
     /// Feeds one event; only allocations (by the rules of [`Totals`](super::Totals)) count.
     #[inline]
     pub fn update(&mut self, e: &Event) {
-        let Some((_, size)) = e.kind.heap().allocated else {
-            return;
-        };
+        if let Some((_, size)) = e.kind.heap().allocated {
+            self.add(size);
+        }
+    }
+
+    /// Counts one allocation of `size` bytes.
+    #[inline(always)]
+    pub(crate) fn add(&mut self, size: u64) {
         let k = class_of(size);
         self.allocations[k] += 1;
         self.bytes[k] = self.bytes[k].saturating_add(size);

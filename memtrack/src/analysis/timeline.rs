@@ -252,7 +252,11 @@ impl Timeline {
             Some(c) => {
                 c.events += 1;
                 c.heap.add(heap);
-                c.mapped.add(mapped);
+                // Mapped bytes rarely change (never with the allocator backend): the column's
+                // `last` value again changes nothing (min <= last <= max).
+                if mapped != c.mapped.last {
+                    c.mapped.add(mapped);
+                }
             }
             slot @ None => {
                 *slot = Some(Column {
@@ -284,6 +288,27 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_column_visited_again_keeps_its_mapped_extremes() {
+        // Back to column 0 with the mapped bytes of column 5: unchanged since the previous
+        // sample, yet new to column 0.
+        let mut t = Timeline::new(1_000, 1_999, 10).unwrap();
+        t.push(1_000, 1, 4096);
+        t.push(1_500, 1, 0);
+        t.push(1_001, 1, 0);
+        let first = t.columns().next().copied().unwrap();
+        assert_eq!((first.index, first.events), (0, 2));
+        assert_eq!(
+            first.mapped,
+            Extremes {
+                enter: 0,
+                min: 0,
+                max: 4096,
+                last: 0
+            }
+        );
+    }
 
     #[test]
     fn keeps_extremes_and_steps() {

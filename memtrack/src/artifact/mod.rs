@@ -149,6 +149,11 @@ pub struct Final {
     /// --no-follow`): none of their events are in the file. Since format 1.4.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unfollowed_processes: u64,
+    /// Events whose call stack stops early: no frame beyond the allocator's caller, or a frame
+    /// outside every executable mapping (code built without frame pointers breaks the chain).
+    /// Their sites are known, their callers are not. Since format 1.5.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub short_stacks: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -1,6 +1,5 @@
 //! The collector: drains the per-thread rings into an [`Encoder`], in timestamp order.
 
-use std::collections::VecDeque;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -8,11 +7,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::RecorderError as Error;
+use super::merge::Pending;
 use super::{OVERFLOW, RECORDER, REGISTRY, Raw, exclude_current_thread, tsc};
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, monotonic_ns};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
-use crate::event::{Event, EventKind, RawRecord};
+use crate::event::RawRecord;
 use crate::scope::Scope;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -349,13 +349,6 @@ fn drain_all(epoch: u8, mut f: impl FnMut(u32, &Raw)) {
     }
 }
 
-/// The event `r` stands for; `None` for a kind number this build does not know (slot memory
-/// not written by `record`: a bug), which the caller counts as lost.
-fn event(c: &Clock, pid: u32, tid: u32, r: &Raw) -> Option<Event> {
-    let kind = EventKind::from_raw(r.kind as u32, r)?;
-    Some(Event::new(to_ns(c, r.tsc), pid, tid, kind))
-}
-
 /// A slot as the kind table reads it: a realloc's old block is `addr2`.
 impl RawRecord for Raw {
     #[inline(always)]
@@ -387,9 +380,8 @@ fn collect<W: Write + Send + 'static>(
     // A snapshot asked for at this TSC: answered once every event before it is encoded.
     let mut snapshot_at: Option<u64> = None;
     let pid = std::process::id();
-    // Events drained but younger than the lag, in timestamp order. A deque: the emitted front
-    // is popped without moving the rest (which holds up to LAG_NS of events).
-    let mut pending: VecDeque<(u32, Raw)> = VecDeque::new();
+    // Events drained but younger than the lag, in timestamp order.
+    let mut pending = Pending::default();
     loop {
         let last = stop.load(Ordering::Acquire);
         if last {
@@ -401,34 +393,27 @@ fn collect<W: Write + Send + 'static>(
             snapshot_at = Some(now);
         }
         let before = pending.len();
-        drain_all(epoch, |tid, r| pending.push_back((tid, *r)));
-        // Each ring's events arrive sorted; with one thread allocating, so does the whole
-        // batch, and checking the new events is all the work. Otherwise a stable sort merges
-        // the runs.
-        let sorted = pending
-            .range(before.saturating_sub(1)..)
-            .is_sorted_by_key(|(_, r)| r.tsc);
-        if !sorted {
-            pending.make_contiguous().sort_by_key(|(_, r)| r.tsc);
+        let mut unknown = 0;
+        drain_all(epoch, |tid, r| {
+            if !pending.push(pid, tid, r) {
+                unknown += 1;
+            }
+        });
+        // Never silently another kind: the session reports it lost, so its numbers say they
+        // are incomplete and cannot serve as a baseline.
+        if unknown > 0 {
+            super::LOST.fetch_add(unknown, Ordering::Relaxed);
         }
+        pending.sort_from(before);
         clock.refine();
         let c = &*clock;
         let horizon = now.saturating_sub((LAG_NS as f64 / c.scale) as u64);
         let ready = if last {
             pending.len()
         } else {
-            pending.partition_point(|(_, r)| r.tsc < horizon)
+            pending.ready(horizon)
         };
-        for (tid, r) in pending.drain(..ready) {
-            match event(c, pid, tid, &r) {
-                Some(ev) => enc.push(ev)?,
-                // Never silently another kind: the session reports it lost, so its numbers
-                // say they are incomplete and cannot serve as a baseline.
-                None => {
-                    super::LOST.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
+        pending.emit(ready, |t| to_ns(c, t), &mut enc)?;
         if let Some(at) = snapshot_at
             && horizon >= at
         {
@@ -470,54 +455,4 @@ pub(crate) fn counters() -> (u64, u64, u64) {
         super::COUNT_BYTES.load(Ordering::Relaxed),
         super::COUNT_FREES.load(Ordering::Relaxed),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::event::KindTag;
-
-    /// A slot of an unknown kind is no event (the collector counts it lost); it used to become
-    /// a `Malloc`.
-    #[test]
-    fn unknown_kinds_are_not_events() {
-        let c = Clock::for_test(0);
-        let raw = Raw {
-            tsc: 5,
-            addr: 0x2000,
-            addr2: 0x1000,
-            size: 96,
-            align: 64,
-            kind: 0,
-            epoch: 0,
-        };
-        for kind in [0, KindTag::ALL.len() as u8 + 1, u8::MAX] {
-            assert_eq!(event(&c, 1, 2, &Raw { kind, ..raw }), None, "kind {kind}");
-        }
-        let realloc = Raw {
-            kind: KindTag::Realloc as u8,
-            ..raw
-        };
-        assert_eq!(
-            event(&c, 1, 2, &realloc),
-            Some(Event::new(
-                1_005,
-                1,
-                2,
-                EventKind::Realloc {
-                    old_addr: 0x1000,
-                    new_addr: 0x2000,
-                    size: 96
-                }
-            ))
-        );
-        let free = Raw {
-            kind: KindTag::Free as u8,
-            ..raw
-        };
-        assert_eq!(
-            event(&c, 1, 2, &free).map(|e| e.kind),
-            Some(EventKind::Free { addr: 0x2000 })
-        );
-    }
 }

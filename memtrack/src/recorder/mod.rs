@@ -28,6 +28,7 @@
 mod collector;
 mod error;
 mod lifecycle;
+mod merge;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::{Cell, UnsafeCell};
@@ -191,8 +192,10 @@ impl Ring {
     /// Producer side: appends `raw`, waiting for the collector while the ring is full. Looks
     /// at the collector's `tail` only every so often (at most every RING/8 pushes), and wakes
     /// the collector at most that often, once the ring is a quarter full.
-    #[inline]
-    fn push(&self, raw: Raw) {
+    /// `make` is called once there is room, and its slot is built in place: a `Raw` built
+    /// first and copied cost the recording call 5 instructions per event (78 → 73, callgrind).
+    #[inline(always)]
+    fn push(&self, make: impl FnOnce() -> Raw) {
         let head = self.head.0.load(Ordering::Relaxed);
         if head >= self.next_check.0.load(Ordering::Relaxed) && !self.check(head) {
             LOST.fetch_add(1, Ordering::Relaxed);
@@ -200,7 +203,7 @@ impl Ring {
         }
         // SAFETY: see `unsafe impl Sync`: this slot is free (`check` keeps head - tail < RING)
         // and only this thread writes slots.
-        unsafe { *self.slots[head % RING].get() = raw };
+        unsafe { self.slots[head % RING].get().write(make()) };
         self.head.0.store(head + 1, Ordering::Release);
     }
 
@@ -394,7 +397,9 @@ fn record(kind: KindTag, addr: u64, addr2: u64, size: u64, align: u64) {
         }
     }
     if sw & STREAM != 0 {
-        let raw = Raw {
+        // Stamped once the slot is known to have room (still after the inner allocator
+        // returned a block, and before a block is freed: see the module docs on order).
+        push(|| Raw {
             tsc: tsc(),
             addr,
             addr2,
@@ -402,21 +407,20 @@ fn record(kind: KindTag, addr: u64, addr2: u64, size: u64, align: u64) {
             align: align as u32,
             kind: kind as u8,
             epoch: (session >> 32) as u8,
-        };
-        push(raw);
+        });
     }
     INSIDE.with(|i| i.set(false));
 }
 
 #[inline(always)]
-fn push(raw: Raw) {
+fn push(make: impl FnOnce() -> Raw) {
     let ring = RING_PTR.with(|p| p.get());
     if ring.is_null() {
-        push_slow(raw);
+        push_slow(make());
     } else {
         // SAFETY: a non-null RING_PTR points into the Arc that this thread's RING_HANDLE holds
         // (set with it, cleared before it drops), so the ring is alive.
-        unsafe { &*ring }.push(raw);
+        unsafe { &*ring }.push(make);
     }
 }
 
@@ -437,7 +441,7 @@ fn push_slow(raw: Raw) {
             ring
         });
         RING_PTR.with(|p| p.set(Arc::as_ptr(ring)));
-        ring.push(raw);
+        ring.push(|| raw);
     });
     if pushed.is_err() {
         // The ring handle is gone (thread-local teardown): the shared, locked path.

@@ -162,6 +162,7 @@ impl Bpf {
         ringbuf_bytes: u64,
         syscalls: Syscalls,
         follow: u32,
+        stack_depth: u32,
     ) -> Result<Self> {
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(TrackerError::NoBtf);
@@ -171,6 +172,7 @@ impl Bpf {
             .map_err(|e| TrackerError::bpf("opening memtrack's BPF object", e))?;
         let mut config = RawConfig::new(target);
         config.follow = follow;
+        config.stack_depth = stack_depth;
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         config.page_size = u64::try_from(page).unwrap_or(4096);
@@ -248,6 +250,11 @@ impl Bpf {
             follow,
             counts_children: config.follow == memtrack_bpf::FOLLOW_COUNT,
         })
+    }
+
+    /// Whether this tracker follows a process tree (a tracer sees its execs and dlopens).
+    pub(crate) fn follows(&self) -> bool {
+        self.follow.is_some()
     }
 
     fn following(&self) -> Result<&Following> {

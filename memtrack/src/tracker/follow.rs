@@ -285,8 +285,10 @@ impl<'a> Tracer<'a> {
         self.probe_mapped(tid);
     }
 
-    /// Probes every ELF object process `pid` has mapped now that it has no probes on yet.
+    /// Probes every ELF object process `pid` has mapped now that it has no probes on yet, and
+    /// records its code mappings for its stacks (it is stopped: none of its code runs before).
     fn probe_mapped(&mut self, pid: u32) {
+        self.tracker.scan_modules(pid);
         match mapped_objects(pid) {
             Ok(files) => self.attach(pid, &files),
             Err(e) => self.uncovered(pid, format!("its mapped objects could not be read: {e}")),
@@ -363,6 +365,8 @@ impl<'a> Tracer<'a> {
             self.not_followed(pid, why);
             return None;
         }
+        // Its stacks from now on are the new image's (those of the old one were taken before).
+        self.tracker.exec_modules(pid);
         let mut files = image.map_or_else(Vec::new, |m| self.image_files(pid, &exe, &m));
         if let Ok(mapped) = mapped_objects(pid) {
             files.extend(mapped);

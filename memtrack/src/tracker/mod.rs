@@ -33,6 +33,7 @@ mod error;
 mod follow;
 mod poll;
 mod record;
+mod stacks;
 
 use std::io::Write;
 use std::marker::PhantomData;
@@ -49,11 +50,13 @@ pub use record::{CommandOptions, RecordOutcome, record_command, record_command_w
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, ProcessInfo};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
+use crate::modules::ModuleMap;
 use crate::scope::Scope;
 use bpf::{Bpf, Syscalls, exclude_tid, gettid, mapped_objects};
 use memtrack_bpf::RawSwitch;
 pub(crate) use poll::record_to_event;
 use poll::{Poller, PollerRecording};
+use stacks::StackTable;
 
 /// Default ring buffer: 8 MiB (128 Ki events of 64 bytes in flight). Sized from the measured
 /// ceiling of the probes here, ~730,000 events/s (~46 MB/s) with two threads allocating on a
@@ -69,7 +72,11 @@ pub struct TrackerOptions {
     ringbuf_bytes: u64,
     syscalls: bool,
     raw_syscalls: bool,
+    stack_depth: u32,
 }
+
+/// The default [`TrackerOptions::stack_depth`]: 64 frames.
+pub const DEFAULT_STACK_DEPTH: u32 = memtrack_bpf::DEFAULT_STACK_DEPTH;
 
 impl Default for TrackerOptions {
     fn default() -> Self {
@@ -77,6 +84,7 @@ impl Default for TrackerOptions {
             ringbuf_bytes: DEFAULT_RINGBUF_BYTES,
             syscalls: true,
             raw_syscalls: false,
+            stack_depth: DEFAULT_STACK_DEPTH,
         }
     }
 }
@@ -113,6 +121,17 @@ impl TrackerOptions {
         self
     }
 
+    /// Frames kept of each allocation's call stack (default [`DEFAULT_STACK_DEPTH`], at most
+    /// 127, the kernel's `perf_event_max_stack`); 0 records no stacks. A deeper stack is cut
+    /// and marked [`Stack::truncated`](crate::Stack::truncated). Stacks are walked by frame
+    /// pointers: code built without them (Rust's default for your crates: build with
+    /// `RUSTFLAGS="-C force-frame-pointers=yes"`) gives stacks that stop early, counted in
+    /// [`Recorded::short_stacks`].
+    pub fn stack_depth(mut self, frames: u32) -> Self {
+        self.stack_depth = frames;
+        self
+    }
+
     fn syscall_mode(&self) -> Syscalls {
         match (self.syscalls, self.raw_syscalls) {
             (false, _) => Syscalls::Off,
@@ -126,6 +145,13 @@ impl TrackerOptions {
         if !b.is_power_of_two() || !(4096..=1 << 30).contains(&b) {
             return Err(TrackerError::InvalidOption(format!(
                 "the ring buffer size must be a power of two between 4 KiB and 1 GiB (got {b} bytes)"
+            )));
+        }
+        if self.stack_depth > memtrack_bpf::STACK_MAX {
+            return Err(TrackerError::InvalidOption(format!(
+                "the stack depth is at most {} frames (the kernel's perf_event_max_stack), got {}",
+                memtrack_bpf::STACK_MAX,
+                self.stack_depth
             )));
         }
         if self.raw_syscalls && !self.syscalls {
@@ -163,6 +189,9 @@ pub struct Tracker {
     switch: Mutex<SwitchState>,
     /// Started by the first recording; kept (ring buffer mapped) for the tracker's lifetime.
     poller: OnceCell<Poller>,
+    /// The code mappings of the recorded processes, for their stacks: read by the poller,
+    /// updated by the tracer of a following tracker at each exec and dlopen.
+    modules: Arc<Mutex<ModuleMap>>,
 }
 
 /// The tracker's one lifecycle, behind one lock: the probes are attached exactly while a
@@ -330,7 +359,13 @@ impl Tracker {
         } else {
             memtrack_bpf::FOLLOW_COUNT
         };
-        let bpf = Bpf::load(pid, opts.ringbuf_bytes, opts.syscall_mode(), follow)?;
+        let bpf = Bpf::load(
+            pid,
+            opts.ringbuf_bytes,
+            opts.syscall_mode(),
+            follow,
+            opts.stack_depth,
+        )?;
         for f in files {
             // A file that vanished or is not ELF (a font, a locale archive) is not an error.
             match bpf.add_file(f) {
@@ -349,6 +384,7 @@ impl Tracker {
             in_process: pid == std::process::id(),
             switch: Mutex::new(SwitchState::new()),
             poller: OnceCell::new(),
+            modules: Arc::default(),
         })
     }
 
@@ -363,13 +399,32 @@ impl Tracker {
             opts.ringbuf_bytes,
             opts.syscall_mode(),
             memtrack_bpf::FOLLOW_TREE,
+            opts.stack_depth,
         )?;
         Ok(Self {
             bpf,
             in_process: false,
             switch: Mutex::new(SwitchState::new()),
             poller: OnceCell::new(),
+            modules: Arc::default(),
         })
+    }
+
+    /// Reads process `pid`'s code mappings for its stacks (a tracer, with `pid` stopped after
+    /// a fork or a dlopen: its new mappings hold the code it runs from now on). A process
+    /// that is gone has nothing to read.
+    pub(crate) fn scan_modules(&self, pid: u32) {
+        let mut m = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = m.scan(pid, crate::artifact::monotonic_ns());
+    }
+
+    /// Process `pid` executed a program (a tracer at its exec stop): its stacks from now on
+    /// are resolved against the new image's mappings, read now.
+    pub(crate) fn exec_modules(&self, pid: u32) {
+        let mut m = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let now = crate::artifact::monotonic_ns();
+        m.exec(pid, now);
+        let _ = m.scan(pid, now);
     }
 
     /// Records process `pid` from now on (a following tracker).
@@ -520,9 +575,12 @@ impl Tracker {
             }
         }
         let at_start = self.bpf.stats()?;
-        let poller = self
-            .poller
-            .get_or_try_init(|| Poller::spawn(Arc::clone(&self.bpf.events), exclude))?;
+        let poller = self.poller.get_or_try_init(|| {
+            // A tracer updates the module map at each exec of a followed process; without
+            // one (in-process, `--no-follow`), the stream's exec events do.
+            let table = StackTable::new(Arc::clone(&self.modules), !self.bpf.follows());
+            Poller::spawn(Arc::clone(&self.bpf.events), exclude, table)
+        })?;
         let mut st = self.state();
         let attached = self.attach_for_recording(&st, scope);
         let snapshot = Arc::new(Snapshot::default());
@@ -572,6 +630,7 @@ impl Tracker {
             drops_at_start: at_start.drops,
             out_of_scope_at_start: at_start.out_of_scope,
             unfollowed_at_start: at_start.unfollowed,
+            stats_at_start: at_start,
             iterations: None,
             processes: Vec::new(),
             _out: PhantomData,
@@ -659,6 +718,7 @@ pub struct Recording<'t, W: Write + Send + 'static> {
     drops_at_start: u64,
     out_of_scope_at_start: u64,
     unfollowed_at_start: u64,
+    stats_at_start: memtrack_bpf::RawStats,
     iterations: Option<u64>,
     processes: Vec<ProcessInfo>,
     _out: PhantomData<fn() -> W>,
@@ -678,6 +738,20 @@ pub struct Recorded {
     /// Processes the recorded process started and that were not followed (`record
     /// --no-follow`; also in the artifact's trailer).
     pub unfollowed_processes: u64,
+    /// Distinct call stacks the program sent during the recording.
+    pub stacks: u64,
+    /// Heap allocations whose call stack stops early: no frame beyond the allocator's caller,
+    /// or a frame outside the mapped code (built without frame pointers; also in the
+    /// artifact's trailer, [`Final::short_stacks`](crate::Final::short_stacks)).
+    pub short_stacks: u64,
+    /// Stacks cut at [`TrackerOptions::stack_depth`] frames.
+    pub truncated_stacks: u64,
+    /// Stacks whose first hash matched another stack's: sent again under an id of their own
+    /// (never confused with the other; only more ring-buffer traffic).
+    pub stack_collisions: u64,
+    /// New stacks the program could not remember (its map of sent stacks was full): sent
+    /// again each time they recur (nothing lost; more ring-buffer traffic).
+    pub stacks_not_remembered: u64,
 }
 
 impl<W: Write + Send + 'static> Recording<'_, W> {
@@ -744,6 +818,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             // Records the poller could not decode (a mismatched object) are lost too.
             + drained.malformed;
         let push_error = drained.push_error.take();
+        let short_stacks = drained.short_stacks;
         let encoder = drained.encoder::<W>().ok_or(TrackerError::Internal(
             "the poller returned another recording's encoder",
         ))?;
@@ -753,6 +828,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         }
         let unfollowed = stats.unfollowed.wrapping_sub(self.unfollowed_at_start);
         encoder.set_processes(std::mem::take(&mut self.processes), unfollowed);
+        encoder.set_short_stacks(short_stacks);
         let written = encoder.finish(lost_events)?;
         if let Some(e) = push_error {
             return Err(e.into());
@@ -762,6 +838,17 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             lost_events,
             out_of_scope,
             unfollowed_processes: unfollowed,
+            stacks: stats.stacks.wrapping_sub(self.stats_at_start.stacks),
+            short_stacks,
+            truncated_stacks: stats
+                .stacks_truncated
+                .wrapping_sub(self.stats_at_start.stacks_truncated),
+            stack_collisions: stats
+                .stack_collisions
+                .wrapping_sub(self.stats_at_start.stack_collisions),
+            stacks_not_remembered: stats
+                .stack_map_full
+                .wrapping_sub(self.stats_at_start.stack_map_full),
         })
     }
 }

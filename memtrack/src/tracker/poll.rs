@@ -10,12 +10,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use libbpf_rs::{MapHandle, RingBufferBuilder};
-use memtrack_bpf::RawEvent;
+use memtrack_bpf::{RawEvent, RawStack};
 
 use super::TrackerError;
 use super::bpf::{exclude_tid, gettid};
+use super::stacks::{Defined, StackTable};
 use crate::encode::{EncodeError, Encoder, Snapshot};
 use crate::event::{Event, EventKind, RawRecord};
+use crate::stack::{Module, ModuleId, Stack, StackId};
 
 /// How often the poller drains when no wakeup comes: events are submitted without wakeups
 /// (a wakeup per event costs ~1.3 µs here), so `poll()` alone would wait for the 64 KiB
@@ -60,6 +62,8 @@ pub(crate) fn record_to_event(data: &[u8]) -> Option<Event> {
 /// Where a recording's events go: the session's encoder, whatever it writes to.
 pub(crate) trait Sink: Send {
     fn push(&mut self, ev: Event) -> Result<(), EncodeError>;
+    fn define_module(&mut self, id: ModuleId, module: Module) -> Result<(), EncodeError>;
+    fn define_stack(&mut self, id: StackId, stack: Stack) -> Result<(), EncodeError>;
     fn snapshot(&mut self, s: &Arc<Snapshot>) -> Result<(), EncodeError>;
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
@@ -67,6 +71,14 @@ pub(crate) trait Sink: Send {
 impl<W: Write + Send + 'static> Sink for Encoder<W> {
     fn push(&mut self, ev: Event) -> Result<(), EncodeError> {
         Encoder::push(self, ev)
+    }
+
+    fn define_module(&mut self, id: ModuleId, module: Module) -> Result<(), EncodeError> {
+        Encoder::define_module(self, id, module)
+    }
+
+    fn define_stack(&mut self, id: StackId, stack: Stack) -> Result<(), EncodeError> {
+        Encoder::define_stack(self, id, stack)
     }
 
     fn snapshot(&mut self, s: &Arc<Snapshot>) -> Result<(), EncodeError> {
@@ -83,8 +95,11 @@ pub(crate) struct Drained {
     pub(crate) sink: Box<dyn Sink>,
     /// The first error of `Encoder::push`, if any (later events were dropped).
     pub(crate) push_error: Option<EncodeError>,
-    /// Records of an unknown kind or size (a mismatched object).
+    /// Records of an unknown kind or size, and events naming a stack no record defined (a
+    /// mismatched object).
     pub(crate) malformed: u64,
+    /// Heap allocation events whose call stack stops early.
+    pub(crate) short_stacks: u64,
 }
 
 impl Drained {
@@ -125,10 +140,12 @@ pub(crate) struct PollerRecording {
 
 impl Poller {
     /// Starts the thread. With `exclude` it first adds its own tid to the excluded set
-    /// (in-process recording); returns once the ring buffer is mapped.
+    /// (in-process recording); returns once the ring buffer is mapped. Stack records are
+    /// resolved with `stacks`' module map.
     pub(crate) fn spawn(
         events: Arc<MapHandle>,
         exclude: Option<Arc<MapHandle>>,
+        stacks: StackTable,
     ) -> Result<Self, TrackerError> {
         let (ready_tx, ready_rx) = sync_channel(1);
         let (cmd_tx, cmd_rx) = sync_channel(1);
@@ -141,7 +158,7 @@ impl Poller {
                     let _ = ready_tx.send(Err(e));
                     return;
                 }
-                run(&events, &cmd_rx, &ready_tx);
+                run(&events, stacks, &cmd_rx, &ready_tx);
             })
             .map_err(|source| TrackerError::Io {
                 what: "spawning the poller".into(),
@@ -217,24 +234,55 @@ struct Active {
     sink: Box<dyn Sink>,
     push_error: Option<EncodeError>,
     malformed: u64,
+    defined: Defined,
 }
 
-fn run(events: &MapHandle, cmds: &Receiver<Cmd>, ready: &SyncSender<Result<(), TrackerError>>) {
+/// One ring-buffer record: a stack goes into the table (also between recordings: the program
+/// remembers every stack it sent, and a late one must not be missing from the next recording);
+/// an event goes to the recording, if one runs, with its stack in the recording's numbering.
+fn on_record(data: &[u8], table: &mut StackTable, active: Option<&mut Active>) {
+    if RawStack::is_stack(data) {
+        let ok = RawStack::from_bytes(data).is_some_and(|(h, frames)| table.add(&h, frames));
+        if let (false, Some(a)) = (ok, active) {
+            a.malformed += 1;
+        }
+        return;
+    }
+    let raw = RawEvent::from_bytes(data);
+    if let Some(r) = &raw
+        && r.kind == memtrack_bpf::kind::EXEC
+    {
+        table.exec(r.pid, r.ts);
+    }
+    // Between recordings the switch is off: no event arrives, and none is kept.
+    let Some(a) = active else { return };
+    match raw.as_ref().and_then(to_event) {
+        Some(ev) if a.push_error.is_none() => {
+            let stack = raw.map_or(0, |r| r.stack);
+            let pushed = a
+                .defined
+                .attach(table, ev, stack, a.sink.as_mut())
+                .and_then(|ev| a.sink.push(ev));
+            if let Err(e) = pushed {
+                a.push_error = Some(e);
+            }
+        }
+        Some(_) => {}
+        None => a.malformed += 1,
+    }
+}
+
+fn run(
+    events: &MapHandle,
+    table: StackTable,
+    cmds: &Receiver<Cmd>,
+    ready: &SyncSender<Result<(), TrackerError>>,
+) {
     let state: RefCell<Option<Active>> = RefCell::new(None);
+    let table = RefCell::new(table);
     let mut builder = RingBufferBuilder::new();
     let added = builder.add(events, |data: &[u8]| {
-        let mut st = state.borrow_mut();
-        // Between recordings the switch is off: nothing arrives, and nothing is kept.
-        let Some(a) = st.as_mut() else { return 0 };
-        match record_to_event(data) {
-            Some(ev) if a.push_error.is_none() => {
-                if let Err(e) = a.sink.push(ev) {
-                    a.push_error = Some(e);
-                }
-            }
-            Some(_) => {}
-            None => a.malformed += 1,
-        }
+        on_record(data, &mut table.borrow_mut(), state.borrow_mut().as_mut());
         0
     });
     if let Err(e) = added {
@@ -260,6 +308,7 @@ fn run(events: &MapHandle, cmds: &Receiver<Cmd>, ready: &SyncSender<Result<(), T
             sink,
             push_error: None,
             malformed: 0,
+            defined: Defined::default(),
         });
         let drained = (|| -> Result<(), TrackerError> {
             let drain = || {
@@ -297,7 +346,8 @@ fn run(events: &MapHandle, cmds: &Receiver<Cmd>, ready: &SyncSender<Result<(), T
         let _ = done.send(drained.map(|()| Drained {
             sink: a.sink,
             push_error: a.push_error,
-            malformed: a.malformed,
+            malformed: a.malformed + a.defined.unknown,
+            short_stacks: a.defined.short_stacks,
         }));
     }
 }
@@ -315,7 +365,7 @@ mod tests {
             pid: 7,
             tid: 8,
             kind: kind::REALLOC,
-            reserved: 0,
+            stack: 0,
             addr: 0x2000,
             old_addr: 0x1000,
             size: 96,

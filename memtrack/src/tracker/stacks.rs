@@ -1,0 +1,221 @@
+//! The poller's side of call stacks: stack records of the ring buffer turned into frames
+//! (module + file offset) once, and the definitions each recording's encoder needs.
+//!
+//! ```text
+//! stack record (BPF id, pid, ts, addresses) ──ModuleMap::frames──▶ Stack ──intern──▶ global id
+//! event (BPF id) ──▶ global id ──first use in this recording──▶ define_module…, define_stack
+//!                                └──────────────────────────────▶ Event.stack (recording's id)
+//! ```
+//!
+//! The BPF program remembers the stacks it sent for its whole life (across recordings), so the
+//! table here lives as long as the poller; each recording numbers its own stacks and modules
+//! from 1, in the order its events first use them.
+
+use std::sync::{Arc, Mutex};
+
+use memtrack_bpf::{RawStack, STACK_TRUNCATED};
+
+use crate::encode::EncodeError;
+use crate::event::{Event, KindTag};
+use crate::modules::{ModuleMap, StackInterner};
+use crate::stack::{Frame, ModuleId, Stack, StackId};
+
+use super::poll::Sink;
+
+/// Every stack the program sent, by its BPF id.
+pub(crate) struct StackTable {
+    modules: Arc<Mutex<ModuleMap>>,
+    interner: StackInterner,
+    /// BPF id → global id (`StackId::NONE`: not sent, or not understood).
+    by_bpf: Vec<StackId>,
+    /// Per global id (index id − 1): whether the stack stops early ([`stops_early`]).
+    short: Vec<bool>,
+    /// Whether an `Exec` event starts a new image in the module map (no tracer does it at its
+    /// exec stop: an in-process or `--no-follow` recording).
+    images_from_events: bool,
+}
+
+/// Whether a stack stops early: no frame beyond the allocator's caller, or a frame outside
+/// every executable mapping (a chain broken by code without frame pointers).
+pub(crate) fn stops_early(frames: &[Frame]) -> bool {
+    frames.len() <= 1 || frames.iter().any(|f| f.module == ModuleId::UNKNOWN)
+}
+
+/// A heap allocation (the malloc family): the events whose short stacks are counted. A mapping
+/// made inside the allocator (malloc calling mmap) has the allocator's broken chain above it
+/// whatever the program was built with, so mappings are not counted.
+fn is_heap_allocation(ev: &Event) -> bool {
+    matches!(
+        ev.kind.tag(),
+        KindTag::Malloc | KindTag::Calloc | KindTag::Realloc | KindTag::AlignedAlloc
+    )
+}
+
+impl StackTable {
+    pub(crate) fn new(modules: Arc<Mutex<ModuleMap>>, images_from_events: bool) -> Self {
+        Self {
+            modules,
+            interner: StackInterner::new(),
+            by_bpf: Vec::new(),
+            short: Vec::new(),
+            images_from_events,
+        }
+    }
+
+    /// A stack record: its frames resolved against the mappings of its process when it was
+    /// taken. Returns `false` for a record whose id is 0 (malformed).
+    pub(crate) fn add(&mut self, h: &RawStack, addrs: impl Iterator<Item = u64>) -> bool {
+        if h.id == 0 {
+            return false;
+        }
+        let addrs: Vec<u64> = addrs.collect();
+        let frames = self
+            .modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .frames(h.pid, h.ts, &addrs, true);
+        let short = stops_early(&frames);
+        let (id, new) = self.interner.intern(Stack {
+            frames,
+            truncated: h.flags & STACK_TRUNCATED != 0,
+        });
+        if new {
+            self.short.push(short);
+        }
+        let i = h.id as usize;
+        if self.by_bpf.len() <= i {
+            self.by_bpf.resize(i + 1, StackId::NONE);
+        }
+        self.by_bpf[i] = id;
+        true
+    }
+
+    /// Process `pid` executed a program at `ts` (an `Exec` event).
+    pub(crate) fn exec(&mut self, pid: u32, ts: u64) {
+        if self.images_from_events {
+            self.modules
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .exec(pid, ts);
+        }
+    }
+
+    fn global(&self, bpf_id: u32) -> StackId {
+        self.by_bpf
+            .get(bpf_id as usize)
+            .copied()
+            .unwrap_or(StackId::NONE)
+    }
+}
+
+/// What one recording's encoder has been given, and its count of short stacks.
+#[derive(Default)]
+pub(crate) struct Defined {
+    /// Global stack id − 1 → this recording's id (`NONE`: not defined yet).
+    stacks: Vec<StackId>,
+    /// Global module id − 1 → this recording's id.
+    modules: Vec<ModuleId>,
+    next_stack: u32,
+    next_module: u32,
+    /// Allocation events whose stack stops early.
+    pub(crate) short_stacks: u64,
+    /// Events naming a stack id no record defined (a mismatched object): counted as malformed.
+    pub(crate) unknown: u64,
+}
+
+impl Defined {
+    /// `ev` with its stack (BPF id `bpf_id`, 0 for none) in this recording's numbering, the
+    /// definitions it needs given to `sink` first.
+    pub(crate) fn attach(
+        &mut self,
+        table: &StackTable,
+        ev: Event,
+        bpf_id: u32,
+        sink: &mut dyn Sink,
+    ) -> Result<Event, EncodeError> {
+        if bpf_id == 0 {
+            return Ok(ev);
+        }
+        let global = table.global(bpf_id);
+        if global.is_none() {
+            self.unknown += 1;
+            return Ok(ev);
+        }
+        let g = global.0 as usize - 1;
+        if is_heap_allocation(&ev) && table.short[g] {
+            self.short_stacks += 1;
+        }
+        if self.stacks.len() <= g {
+            self.stacks.resize(g + 1, StackId::NONE);
+        }
+        if self.stacks[g].is_none() {
+            self.stacks[g] = self.define(table, global, sink)?;
+        }
+        Ok(ev.with_stack(self.stacks[g]))
+    }
+
+    fn define(
+        &mut self,
+        table: &StackTable,
+        global: StackId,
+        sink: &mut dyn Sink,
+    ) -> Result<StackId, EncodeError> {
+        let stack = table.interner.stack(global).expect("an interned id");
+        let mut frames = Vec::with_capacity(stack.frames.len());
+        for f in &stack.frames {
+            let module = if f.module == ModuleId::UNKNOWN {
+                ModuleId::UNKNOWN
+            } else {
+                let m = f.module.0 as usize - 1;
+                if self.modules.len() <= m {
+                    self.modules.resize(m + 1, ModuleId::UNKNOWN);
+                }
+                if self.modules[m] == ModuleId::UNKNOWN {
+                    self.next_module += 1;
+                    let local = ModuleId(self.next_module);
+                    let module = table
+                        .modules
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .module(f.module)
+                        .cloned()
+                        .expect("a module of the map");
+                    sink.define_module(local, module)?;
+                    self.modules[m] = local;
+                }
+                self.modules[m]
+            };
+            frames.push(Frame {
+                module,
+                offset: f.offset,
+            });
+        }
+        self.next_stack += 1;
+        let local = StackId(self.next_stack);
+        sink.define_stack(
+            local,
+            Stack {
+                frames,
+                truncated: stack.truncated,
+            },
+        )?;
+        Ok(local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stack_stops_early_without_callers_or_outside_the_mapped_text() {
+        let f = |m: u32| Frame {
+            module: ModuleId(m),
+            offset: 0x10,
+        };
+        assert!(stops_early(&[]));
+        assert!(stops_early(&[f(1)]));
+        assert!(!stops_early(&[f(1), f(2)]));
+        assert!(stops_early(&[f(1), f(0), f(2)]));
+    }
+}
