@@ -96,7 +96,7 @@ fn empty_svg(title: &str, metric: Metric, svg: &mut Vec<u8>) -> std::io::Result<
     )
 }
 
-/// Reads `base` and `head` and writes the differential flame graph of how
+/// Reads `base` and `head` (their events on two threads) and writes the differential flame graph of how
 /// `head` differs from `base` to `output`. Refuses, before writing anything, an input that
 /// cannot stand for its program: incomplete, with lost events or processes not covered, or
 /// without call stacks.
@@ -107,8 +107,17 @@ pub fn run_diff(
     metric: Metric,
 ) -> memtrack::Result<ExitCode> {
     // Both refused or read before the output is created: a refusal leaves nothing behind.
-    let b = read_whole(base, "reading BASE's call sites")?;
-    let h = read_whole(head, "reading HEAD's call sites")?;
+    let (rb, rh) = (open_whole(base)?, open_whole(head)?);
+    let (sb, sh) = std::thread::scope(|s| {
+        let sb = s.spawn(|| CallSites::analyse(&rb, base, "reading BASE's call sites"));
+        let sh = CallSites::analyse(&rh, head, "reading HEAD's call sites");
+        (
+            sb.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            sh,
+        )
+    });
+    let b = CallSites::symbolized(&rb, base, sb?)?;
+    let h = CallSites::symbolized(&rh, head, sh?)?;
     let out = Output::create(output)?;
     let mut svg = Vec::new();
     let changed = render_diff(&b, &h, metric, &mut svg).map_err(|e| memtrack::Error::Io {
@@ -132,10 +141,10 @@ pub fn run_diff(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `file`'s call sites, if the recording is whole: the same refusals as `memtrack compare`'s
-/// (a partial picture would show missing allocations as shrinking), and a recording without
-/// stacks refused by [`CallSites::read`].
-fn read_whole(file: &Path, what: &str) -> memtrack::Result<CallSites> {
+/// `file` opened, if the recording is whole: the same refusals as `memtrack compare`'s (a
+/// partial picture would show missing allocations as shrinking). A recording without stacks
+/// is refused by [`CallSites::analyse`].
+fn open_whole(file: &Path) -> memtrack::Result<Reader> {
     let refuse = |why: String| {
         memtrack::Error::InvalidOption(format!("{}: {why}, so it cannot be diffed", file.display()))
     };
@@ -158,7 +167,7 @@ fn read_whole(file: &Path, what: &str) -> memtrack::Result<CallSites> {
             "{why}; record it again following every process (without --no-follow)"
         )));
     }
-    CallSites::read(&reader, file, what)
+    Ok(reader)
 }
 
 /// The frames' names of `cs`'s sites in a differential flame graph, root first: a named frame
