@@ -320,9 +320,6 @@ fn session(name: &str) -> memtrack::Session {
         .backend(BackendChoice::Alloc)
         .output_dir(std::env::temp_dir().join(format!("memtrack-hotpaths-{}", std::process::id())))
         .workers(1)
-        // The gate measures the recording call without stacks (its cost with them is
-        // benches/alloc_overhead.rs's figure).
-        .stack_depth(0)
         .quiet(true)
         .start()
         .expect("an allocator backend session")

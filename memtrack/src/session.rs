@@ -581,7 +581,7 @@ impl Session {
                 unfollowed_processes: _,
                 // In the artifact's trailer (`memtrack show` reports them).
                 stacks: _,
-                short_stacks: _,
+                short_stacks,
                 truncated_stacks: _,
                 stack_collisions: _,
                 stacks_not_remembered: _,
@@ -603,6 +603,7 @@ impl Session {
                 scope: self.scope,
                 out_of_scope,
                 iterations: self.iterations,
+                short_stacks,
             })
         });
         if let Some(turn) = self.turn.take() {
@@ -612,6 +613,12 @@ impl Session {
             && !self.quiet
         {
             eprintln!("{}", report.summary_line());
+            if report.short_stacks > 0 {
+                eprintln!(
+                    "memtrack: {}",
+                    crate::human::short_stacks_note(report.short_stacks)
+                );
+            }
         }
         result.and_then(|report| enforce(&self.limits, report))
     }
@@ -764,6 +771,7 @@ mod tests {
             scope: Scope::Threads,
             out_of_scope: 0,
             iterations: None,
+            short_stacks: 0,
         };
         assert!(enforce(&Limits::new().max_allocations(2), r.clone()).is_ok());
         match enforce(&Limits::new().max_allocations(1), r) {
