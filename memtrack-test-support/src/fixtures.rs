@@ -302,7 +302,7 @@ pub fn rust_alloc_stacks(dir: &Path, out: &str) -> PathBuf {
                 .then(|| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))?
         })
         .collect();
-    rlibs.sort_by(|a, b| b.0.cmp(&a.0));
+    rlibs.sort_by_key(|r| std::cmp::Reverse(r.0));
     let exe = dir.join(out);
     let mut errors = String::new();
     for (_, rlib) in &rlibs {
