@@ -203,6 +203,12 @@ mod tests {
         &b.0[i] as *const u64 as u64
     }
 
+    /// [`walk`] over bounds that lie inside a test's own buffer or this thread's stack.
+    fn walk_in(fp: u64, low: u64, high: u64, out: &mut [u64]) -> (usize, bool) {
+        // SAFETY: every caller's `[low, high)` is inside its live `Buf` or its thread's stack.
+        unsafe { walk(fp, low, high, out) }
+    }
+
     fn bounds(b: &Buf) -> (u64, u64) {
         (addr(b, 0), addr(b, 0) + 64 * 8)
     }
@@ -221,12 +227,12 @@ mod tests {
         chain(&mut b, &[2, 8, 20, 40]);
         let (lo, hi) = bounds(&b);
         let mut out = [0u64; 8];
-        let got = unsafe { walk(addr(&b, 2), lo, hi, &mut out) };
+        let got = walk_in(addr(&b, 2), lo, hi, &mut out);
         assert_eq!(got, (4, false));
         assert_eq!(out[..4], [0x1000, 0x1001, 0x1002, 0x1003]);
-        let got = unsafe { walk(addr(&b, 2), lo, hi, &mut out[..2]) };
+        let got = walk_in(addr(&b, 2), lo, hi, &mut out[..2]);
         assert_eq!(got, (2, true), "cut at the cap, the chain going on");
-        let got = unsafe { walk(addr(&b, 2), lo, hi, &mut out[..4]) };
+        let got = walk_in(addr(&b, 2), lo, hi, &mut out[..4]);
         assert_eq!(got, (4, false), "the 4th frame ends the chain: not cut");
     }
 
@@ -240,7 +246,7 @@ mod tests {
             b.0[8] = wild;
             let (lo, hi) = bounds(&b);
             assert_eq!(
-                unsafe { walk(addr(&b, 2), lo, hi, &mut out) },
+                walk_in(addr(&b, 2), lo, hi, &mut out),
                 (2, false),
                 "{wild:#x}"
             );
@@ -250,23 +256,23 @@ mod tests {
         chain(&mut b, &[2, 8]);
         b.0[8] = addr(&b, 13);
         let (lo, hi) = bounds(&b);
-        assert_eq!(unsafe { walk(addr(&b, 2), lo, hi, &mut out) }, (2, false));
+        assert_eq!(walk_in(addr(&b, 2), lo, hi, &mut out), (2, false));
         // Not growing: a loop back to an earlier frame, and to itself.
         let mut b = Buf([0; 64]);
         chain(&mut b, &[2, 8, 20]);
         b.0[20] = addr(&b, 8);
         let (lo, hi) = bounds(&b);
-        assert_eq!(unsafe { walk(addr(&b, 2), lo, hi, &mut out) }, (3, false));
+        assert_eq!(walk_in(addr(&b, 2), lo, hi, &mut out), (3, false));
         b.0[20] = addr(&b, 20);
-        assert_eq!(unsafe { walk(addr(&b, 2), lo, hi, &mut out) }, (3, false));
+        assert_eq!(walk_in(addr(&b, 2), lo, hi, &mut out), (3, false));
         // The last frame's two words must fit in the bounds.
         let mut b = Buf([0; 64]);
         chain(&mut b, &[2, 62]);
         let (lo, _) = bounds(&b);
         let hi = addr(&b, 63);
-        assert_eq!(unsafe { walk(addr(&b, 2), lo, hi, &mut out) }, (1, false));
+        assert_eq!(walk_in(addr(&b, 2), lo, hi, &mut out), (1, false));
         // A start outside the stack walks nothing.
-        assert_eq!(unsafe { walk(0, lo, hi, &mut out) }, (0, false));
+        assert_eq!(walk_in(0, lo, hi, &mut out), (0, false));
     }
 
     /// 1 M allocations from 3 sites: 3 stack records, each sent once.
@@ -313,6 +319,6 @@ mod tests {
         let here = &lo as *const u64 as u64;
         assert!(lo < here && here < hi, "{lo:#x} {here:#x} {hi:#x}");
         let mut out = [0u64; 64];
-        let _ = unsafe { walk(Here::now().fp, lo, hi, &mut out) };
+        let _ = walk_in(Here::now().fp, lo, hi, &mut out);
     }
 }
