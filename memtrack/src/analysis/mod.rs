@@ -29,12 +29,14 @@
 //!   forked child freeing a block its parent allocated before the fork) is an unmatched free, as
 //!   in a recording of that process alone ([`ProcessTotals`], [`Analyzer::per_process`]).
 
+mod attribution;
 mod blocks;
 mod compare;
 mod histogram;
 mod sites;
 mod timeline;
 
+pub use attribution::{Attribution, SiteDelta, attribute};
 pub use compare::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use histogram::{SizeClass, SizeHistogram};
 pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites};
