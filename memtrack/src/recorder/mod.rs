@@ -21,8 +21,8 @@
 //!   collector has drained it. Allocations made after the thread's ring was torn down (other
 //!   thread-local destructors) go to a shared, locked overflow ring.
 //! - **Call stacks**: an allocation's stack is its wrapper's instruction pointer, then a
-//!   bounded frame-pointer walk (`recorder/walk.rs`; [`SessionBuilder::stack_depth`](crate::SessionBuilder::stack_depth), default
-//!   64 frames, 0 for none), each distinct stack sent once per thread to the collector, which
+//!   bounded frame-pointer walk (`recorder/walk.rs`; the session's `stack_depth`, default 64
+//!   frames, 0 for none), each distinct stack sent once per thread to the collector, which
 //!   resolves it with the [`ModuleMap`](crate::ModuleMap) of this process and defines it in
 //!   the artifact as the eBPF recorder does. Frees carry none. Needs frame pointers in the
 //!   program (`-C force-frame-pointers=yes`; Rust's std has them).
