@@ -115,6 +115,8 @@ pub use symbolize::{ModuleStatus, SymFrame, Symbolizer};
 #[cfg(feature = "synth")]
 pub use synth::{Synth, SynthOptions};
 pub use tracker::DEFAULT_STACK_DEPTH;
+pub use tracker::{
+    Capture, Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker,
+};
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
-pub use tracker::{Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};
 pub use tracker::{TrackerError, TrackerOptions};

@@ -703,6 +703,8 @@ mod tests {
             },
             EventKind::Brk { addr: 0x9000 },
             EventKind::Exec,
+            EventKind::SwitchOut { preempted: false },
+            EventKind::SwitchIn,
             EventKind::Malloc {
                 addr: 0x10,
                 size: 17,

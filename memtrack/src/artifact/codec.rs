@@ -239,7 +239,11 @@ impl<'c, const STACKS: bool> ColumnWriter<'c, STACKS> {
                 self.align(align);
             }
             EventKind::Free { addr } | EventKind::Brk { addr } => self.addr(addr),
-            EventKind::Exec => self.addr(0),
+            EventKind::Exec | EventKind::SwitchIn => self.addr(0),
+            EventKind::SwitchOut { preempted } => {
+                self.addr(0);
+                self.size(preempted as u64);
+            }
         }
         if STACKS {
             self.stack(ev);
@@ -581,6 +585,14 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
             KindTag::Free => EventKind::Free { addr },
             KindTag::Brk => EventKind::Brk { addr },
             KindTag::Exec => EventKind::Exec,
+            KindTag::SwitchIn => EventKind::SwitchIn,
+            KindTag::SwitchOut => EventKind::SwitchOut {
+                preempted: match self.size()? {
+                    0 => false,
+                    1 => true,
+                    v => return Err(format!("a switch_out's preempted flag is {v}, not 0 or 1")),
+                },
+            },
         };
         let ev = Event::new(ts, pid, tid, kind);
         if STACKS && kind.tag().carries_stack() {
@@ -996,6 +1008,8 @@ mod tests {
             },
             EventKind::Brk { addr: 0x55_0000 },
             EventKind::Exec,
+            EventKind::SwitchOut { preempted: false },
+            EventKind::SwitchIn,
         ];
         assert_eq!(kinds.len(), KindTag::ALL.len());
         let events: Vec<Event> = kinds
