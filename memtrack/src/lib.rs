@@ -92,6 +92,7 @@ mod tracker;
 pub use analysis::{Analyzer, KindCounts, ProcessTotals, Stats, ThreadTotals, Totals};
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use analysis::{Column, Extremes, InvalidTimeline, SizeClass, SizeHistogram, Timeline};
+pub use analysis::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
 pub use analysis::{Site, SiteAnalyzer, SiteOrder, Sites};
 pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, ProcessInfo, Reader};
 pub use artifact::{Definitions, StackTable};

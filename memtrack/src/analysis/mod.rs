@@ -32,11 +32,13 @@
 mod blocks;
 mod compare;
 mod histogram;
+mod offcpu;
 mod sites;
 mod timeline;
 
 pub use compare::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use histogram::{SizeClass, SizeHistogram};
+pub use offcpu::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
 pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites};
 pub use timeline::{Column, Extremes, InvalidTimeline, Timeline};
 
