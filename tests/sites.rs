@@ -17,38 +17,46 @@ struct Count {
     bytes: u64,
     live_blocks: u64,
     live_bytes: u64,
+    /// The most live at once.
+    max_blocks: u64,
+    max_bytes: u64,
+    /// The lifetimes of its blocks so far (ns), the live ones to the last event.
+    lifetimes: u128,
 }
 
 /// The test's own count, from the accounting rules as the analysis documents them.
 fn count(events: &[Event]) -> (BTreeMap<StackId, Count>, BTreeMap<StackId, Count>, u64) {
     let mut sites: BTreeMap<StackId, Count> = BTreeMap::new();
-    let mut blocks: HashMap<(u32, u64), (u64, StackId)> = HashMap::new();
+    let mut blocks: HashMap<(u32, u64), (u64, StackId, u64)> = HashMap::new();
     let (mut live, mut peak) = (0u64, 0u64);
     let mut at_peak = BTreeMap::new();
     for e in events {
-        let free = |blocks: &mut HashMap<(u32, u64), (u64, StackId)>,
+        let free = |blocks: &mut HashMap<(u32, u64), (u64, StackId, u64)>,
                     sites: &mut BTreeMap<StackId, Count>,
                     live: &mut u64,
                     addr: u64| {
-            if let Some((size, st)) = blocks.remove(&(e.pid, addr)) {
+            if let Some((size, st, born)) = blocks.remove(&(e.pid, addr)) {
                 let c = sites.get_mut(&st).unwrap();
+                c.lifetimes += u128::from(e.ts - born);
                 c.live_blocks -= 1;
                 c.live_bytes -= size;
                 *live -= size;
             }
         };
-        let alloc = |blocks: &mut HashMap<(u32, u64), (u64, StackId)>,
+        let alloc = |blocks: &mut HashMap<(u32, u64), (u64, StackId, u64)>,
                      sites: &mut BTreeMap<StackId, Count>,
                      live: &mut u64,
                      addr: u64,
                      size: u64| {
             free(blocks, sites, live, addr); // a block already live there is replaced
-            blocks.insert((e.pid, addr), (size, e.stack));
+            blocks.insert((e.pid, addr), (size, e.stack, e.ts));
             let c = sites.entry(e.stack).or_default();
             c.blocks += 1;
             c.bytes += size;
             c.live_blocks += 1;
             c.live_bytes += size;
+            c.max_blocks = c.max_blocks.max(c.live_blocks);
+            c.max_bytes = c.max_bytes.max(c.live_bytes);
             *live += size;
         };
         match e.kind {
@@ -87,6 +95,10 @@ fn count(events: &[Event]) -> (BTreeMap<StackId, Count>, BTreeMap<StackId, Count
             at_peak = sites.clone();
         }
     }
+    let end = events.last().map_or(0, |e| e.ts);
+    for (_, st, born) in blocks.into_values() {
+        sites.get_mut(&st).unwrap().lifetimes += u128::from(end - born);
+    }
     (sites, at_peak, peak)
 }
 
@@ -110,6 +122,11 @@ fn check(events: &[Event], sites: &Sites) {
             (s.blocks_at_peak, s.bytes_at_peak),
             (p.live_blocks, p.live_bytes),
             "site {id:?} at the peak"
+        );
+        assert_eq!(
+            (s.max_blocks, s.max_bytes, s.lifetimes_ns),
+            (c.max_blocks, c.max_bytes, c.lifetimes),
+            "site {id:?}: most live at once, lifetimes"
         );
     }
     let at_peak_sum: u64 = sites.sites.iter().map(|s| s.bytes_at_peak).sum();

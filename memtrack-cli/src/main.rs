@@ -10,8 +10,12 @@ use memtrack::{
     SynthOptions, Totals, human,
 };
 
+mod callsites;
 mod compare;
+mod export;
+mod flamegraph;
 mod plot;
+mod pprof;
 mod processes;
 mod progress;
 mod show;
@@ -114,6 +118,37 @@ enum Cmd {
         /// Image height in pixels.
         #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(150..=16384))]
         height: u32,
+    },
+    /// Draw the call sites as an interactive flame graph (SVG: search, zoom, tooltips), each
+    /// frame as wide as its share of the metric, coloured by whose code it is (the program,
+    /// Rust std, libc and ld.so, other libraries). Needs a recording with call stacks.
+    Flamegraph {
+        /// The artifact.
+        file: PathBuf,
+        /// Output SVG file.
+        #[arg(short, long, default_value = "flame.svg")]
+        output: PathBuf,
+        /// What a site weighs: bytes allocated, allocations, bytes live at the peak, or
+        /// bytes still live at the end.
+        #[arg(long, value_enum, default_value_t = callsites::Metric::Bytes)]
+        metric: callsites::Metric,
+    },
+    /// Write the call sites in another tool's format: Valgrind DHAT's JSON (dh_view.html),
+    /// pprof's gzipped profile.proto (Go heap profile sample types), folded stacks
+    /// (flamegraph.pl, inferno, speedscope) or the Firefox Profiler's processed format
+    /// (allocations over time). Needs a recording with call stacks.
+    Export {
+        /// The artifact.
+        file: PathBuf,
+        /// The format.
+        #[arg(long, value_enum)]
+        format: export::Format,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// What a site weighs in the folded stacks (the other formats carry every number).
+        #[arg(long, value_enum, default_value_t = callsites::Metric::Bytes)]
+        metric: callsites::Metric,
     },
     /// Write an artifact from a seeded model of a multi-threaded program (no privileges needed).
     Synth {
@@ -221,6 +256,17 @@ fn main() -> ExitCode {
             width,
             height,
         } => plot::run(&file, &output, plot::Size { width, height }),
+        Cmd::Flamegraph {
+            file,
+            output,
+            metric,
+        } => flamegraph::run(&file, &output, metric),
+        Cmd::Export {
+            file,
+            format,
+            output,
+            metric,
+        } => export::run(&file, format, &output, metric),
         Cmd::Synth {
             events,
             seed,

@@ -264,7 +264,7 @@ fn frame_row(module: Option<String>, f: &SymFrame) -> FrameRow {
 }
 
 /// What `--top` says of a recording without stacks: why, and how to get them.
-fn no_stacks_note(reader: &Reader) -> String {
+pub(crate) fn no_stacks_note(reader: &Reader) -> String {
     let why = match reader.metadata().backend {
         Backend::Alloc => "the allocator recorder (memtrack::Allocator) records none".to_string(),
         Backend::Synth => "it was made by `memtrack synth` without --stacks".to_string(),

@@ -71,6 +71,9 @@ pub enum Need {
     Tool(&'static str),
     /// A file (a header a fixture compiles against), and the command that installs it.
     File(&'static str, &'static str),
+    /// A Python module `python3` can import (an independent reader of an export), and the
+    /// command that installs it.
+    Python(&'static str, &'static str),
 }
 
 /// What the eBPF tracker needs: `CAP_BPF` and `CAP_PERFMON` (root has both).
@@ -95,6 +98,15 @@ fn on_path(tool: &str) -> bool {
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
     })
+}
+
+fn python_has(module: &str) -> bool {
+    std::process::Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Why a test with `needs` cannot run here (every missing need, and how to get it), or `None`.
@@ -126,6 +138,9 @@ pub fn missing(needs: &[Need]) -> Option<String> {
             Need::Tool(tool) if !on_path(tool) => why.push(format!("needs `{tool}` on PATH")),
             Need::File(path, fix) if !Path::new(path).exists() => {
                 why.push(format!("needs {path}: {fix}"))
+            }
+            Need::Python(module, fix) if !python_has(module) => {
+                why.push(format!("needs the Python module {module}: {fix}"))
             }
             _ => {}
         }

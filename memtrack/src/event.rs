@@ -277,7 +277,7 @@ pub(crate) trait HeapOps {
 
 /// What an event does to the heap (the malloc family's blocks), as plain values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Heap {
+pub struct Heap {
     /// The address of the block it frees.
     pub freed: Option<u64>,
     /// The address and size of the block it allocates.
@@ -347,9 +347,11 @@ impl EventKind {
         self.tag().name()
     }
 
-    /// What this event does to the heap ([`EventKind::apply_heap`] as values).
+    /// What this event does to the heap by the analysis's accounting rules: the block it
+    /// frees, the block it allocates (a `realloc` both). An `exec`, which discards its
+    /// process's blocks, is not of the heap here: nothing.
     #[inline(always)]
-    pub(crate) fn heap(&self) -> Heap {
+    pub fn heap(&self) -> Heap {
         let mut heap = Heap::default();
         self.apply_heap(&mut heap);
         heap

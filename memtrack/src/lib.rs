@@ -101,7 +101,7 @@ pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
 pub use encode::default_workers;
 pub use encode::{EncodeError, Encoder, EncoderOptions, TIMELINE_COLUMNS, ThreadHook, Written};
 pub use error::{Error, Result};
-pub use event::{Event, EventKind, KindTag};
+pub use event::{Event, EventKind, Heap, KindTag};
 pub use limits::{InvalidLimits, Limits, Violation};
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;

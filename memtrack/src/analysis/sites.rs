@@ -37,6 +37,19 @@ pub struct Site {
     pub blocks_at_end: u64,
     /// Their bytes.
     pub bytes_at_end: u64,
+    /// The most blocks of this site live at once (DHAT's `mbk`; not in `show --json`).
+    #[serde(skip)]
+    pub max_blocks: u64,
+    /// The most bytes of this site live at once, at any instant, not only at the global peak
+    /// (DHAT's `mb`; not in `show --json`).
+    #[serde(skip)]
+    pub max_bytes: u64,
+    /// The lifetimes of its blocks summed, ns: from the allocation to the free (or the exec
+    /// that discarded the block, or the replacing allocation at its address), and to the last
+    /// event of the recording for the blocks live at the end (DHAT's `tl`; not in
+    /// `show --json`).
+    #[serde(skip)]
+    pub lifetimes_ns: u128,
 }
 
 /// What to rank sites by (`memtrack show --top N --by …`), largest first.
@@ -122,6 +135,10 @@ struct SiteState {
     live_bytes: u64,
     /// The event (1-based) that last changed its live blocks; 0 if none did.
     changed: u64,
+    /// The timestamps of its allocations and of the ends of its blocks, summed (ns): the
+    /// lifetimes are their difference, the live blocks ending at the last event.
+    alloc_ts: u128,
+    end_ts: u128,
 }
 
 /// Computes [`Sites`] from events fed in order (the accounting rules of
@@ -141,6 +158,8 @@ pub struct SiteAnalyzer {
     events: u64,
     /// The event (1-based) after which the live heap was at its peak; 0 before any.
     peak_event: u64,
+    /// The timestamp of the event being fed (ns), the last one's after.
+    ts: u64,
 }
 
 /// The heap rule of one event, applied to the sites.
@@ -163,9 +182,11 @@ impl HeapOps for SiteOps<'_> {
         if let Some((old_size, old_slot)) = old {
             self.a.change(old_slot, -1, old_size);
         }
-        let s = &mut self.a.sites[slot].site;
-        s.blocks += 1;
-        s.bytes = s.bytes.saturating_add(size);
+        let ts = self.a.ts;
+        let st = &mut self.a.sites[slot];
+        st.alloc_ts += u128::from(ts);
+        st.site.blocks += 1;
+        st.site.bytes = st.site.bytes.saturating_add(size);
         self.a.change(slot, 1, size);
     }
 
@@ -197,6 +218,7 @@ impl SiteAnalyzer {
     /// Feeds one event.
     pub fn update(&mut self, e: &Event) {
         self.events += 1;
+        self.ts = e.ts;
         let mut ops = SiteOps {
             a: self,
             pid: e.pid,
@@ -246,7 +268,10 @@ impl SiteAnalyzer {
         if dir > 0 {
             s.live_blocks += 1;
             s.live_bytes = s.live_bytes.saturating_add(size);
+            s.site.max_blocks = s.site.max_blocks.max(s.live_blocks);
+            s.site.max_bytes = s.site.max_bytes.max(s.live_bytes);
         } else {
+            s.end_ts += u128::from(self.ts);
             s.live_blocks -= 1;
             s.live_bytes = s.live_bytes.saturating_sub(size);
         }
@@ -271,6 +296,8 @@ impl SiteAnalyzer {
                 }
                 site.blocks_at_end = s.live_blocks;
                 site.bytes_at_end = s.live_bytes;
+                let ended = s.end_ts + u128::from(s.live_blocks) * u128::from(self.ts);
+                site.lifetimes_ns = ended.saturating_sub(s.alloc_ts);
                 site
             })
             .collect();

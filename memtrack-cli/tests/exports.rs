@@ -1,0 +1,638 @@
+//! `memtrack flamegraph` and `memtrack export`, each output read by an independent reader and
+//! checked against `memtrack show --json`'s totals:
+//! - DHAT JSON: its documented fields, the program points' sums, and loaded by Valgrind's own
+//!   viewer (dh_view.js run by node, `readers/dh_view_load.js`);
+//! - pprof: decoded by Python's protobuf package from pprof's field numbers
+//!   (`readers/pprof_decode.py`), not by memtrack's encoder;
+//! - folded: lines summing to the metric;
+//! - Firefox: the processed format's required fields and tables, the allocation samples'
+//!   sizes summing to the bytes allocated (positive) and to the live bytes at the end (all);
+//! - SVG: well-formed XML (roxmltree), titled, frames coloured by module.
+//!
+//! Inputs: `memtrack synth --stacks`, and the C fixture with a known call chain (`chain.c`),
+//! built and run for real, whose printed return addresses make the stacks of a recording of
+//! its 6 blocks of 4,321 bytes: its exports must name main → chain_outer → chain_middle with
+//! their lines. (The tracker does not record stacks yet: a recording of it has none, and is
+//! refused with the reason, as the synth without --stacks is here.)
+//!
+//! `harness = false` (memtrack-test-support's runner): a test whose reader (node, python3's
+//! protobuf, valgrind's viewer, a C compiler) is missing is reported as ignored with what to
+//! install.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{memtrack, s, text};
+use memtrack::{
+    Backend, Encoder, EncoderOptions, Event, EventKind, Frame, Metadata, Module, ModuleId, Stack,
+    StackId,
+};
+use memtrack_test_support::fixtures::{self, line_of};
+use memtrack_test_support::{Need, Trial, requires, test};
+use serde_json::Value;
+
+const DH_VIEW: &str = "/usr/libexec/valgrind/dh_view.js";
+const NODE: &[Need] = &[
+    Need::Tool("node"),
+    Need::File(DH_VIEW, "apt-get install valgrind"),
+];
+const PROTOBUF: &[Need] = &[
+    Need::Tool("python3"),
+    Need::Python("google.protobuf", "python3 -m pip install protobuf"),
+];
+
+fn reader(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/readers")
+        .join(name)
+}
+
+/// A synth recording with stacks (several frames of the file: 32,768 events each), and
+/// `show --json` of it.
+fn synth_stacks(dir: &Path) -> (PathBuf, Value) {
+    let path = dir.join("synth.memtrack");
+    let out = memtrack(&[
+        "synth",
+        "--events",
+        "80000",
+        "--seed",
+        "7",
+        "--stacks",
+        "-o",
+        s(&path),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    (path.clone(), show_json(&path))
+}
+
+fn show_json(path: &Path) -> Value {
+    let out = memtrack(&["show", s(path), "--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Runs `memtrack export` and returns the output's path.
+fn export(input: &Path, format: &str, extra: &[&str]) -> PathBuf {
+    let output = input.with_extension(format);
+    let mut args = vec!["export", s(input), "--format", format, "-o", s(&output)];
+    args.extend_from_slice(extra);
+    let out = memtrack(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    output
+}
+
+fn json_file(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v[k].as_u64()
+        .unwrap_or_else(|| panic!("{k} is not a number in {v}"))
+}
+
+/// The fields dh_view.js checks (`buildTree`, `checkPP`) and those valgrind's dh_main.c
+/// writes in heap mode with block lifetimes.
+fn check_dhat_fields(d: &Value) {
+    for f in [
+        "dhatFileVersion",
+        "mode",
+        "verb",
+        "bklt",
+        "bkacc",
+        "tu",
+        "Mtu",
+        "tuth",
+        "cmd",
+        "pid",
+        "te",
+        "tg",
+        "pps",
+        "ftbl",
+    ] {
+        assert!(d.get(f).is_some(), "no {f} in the DHAT file");
+    }
+    assert_eq!(d["dhatFileVersion"], 2);
+    assert_eq!(d["mode"], "heap");
+    assert_eq!(d["bklt"], true);
+    assert_eq!(d["ftbl"][0], "[root]");
+    let frames = d["ftbl"].as_array().unwrap().len() as u64;
+    assert!(u(d, "tg") <= u(d, "te"));
+    for pp in d["pps"].as_array().unwrap() {
+        for f in ["tb", "tbk", "tl", "mb", "mbk", "gb", "gbk", "eb", "ebk"] {
+            u(pp, f);
+        }
+        // Live at once: never more than allocated, at least what was live at any instant.
+        assert!(
+            u(pp, "mbk") <= u(pp, "tbk") && u(pp, "mb") <= u(pp, "tb"),
+            "{pp}"
+        );
+        assert!(
+            u(pp, "gb") <= u(pp, "mb") && u(pp, "eb") <= u(pp, "mb"),
+            "{pp}"
+        );
+        let fs = pp["fs"].as_array().unwrap();
+        assert!(!fs.is_empty());
+        assert!(
+            fs.iter()
+                .all(|i| (1..frames).contains(&i.as_u64().unwrap())),
+            "{pp}"
+        );
+    }
+}
+
+/// Sums `field` over the program points.
+fn pp_sum(d: &Value, field: &str) -> u64 {
+    d["pps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| u(p, field))
+        .sum()
+}
+
+fn dhat_synth() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, show) = synth_stacks(dir.path());
+    let d = json_file(&export(&input, "dhat", &[]));
+    check_dhat_fields(&d);
+    assert_eq!(pp_sum(&d, "tb"), u(&show, "bytes_allocated"));
+    assert_eq!(pp_sum(&d, "tbk"), u(&show, "allocations"));
+    assert_eq!(pp_sum(&d, "gb"), u(&show, "peak_live_bytes"));
+    assert_eq!(pp_sum(&d, "eb"), u(&show, "live_bytes_at_end"));
+    assert_eq!(pp_sum(&d, "ebk"), u(&show, "live_blocks_at_end"));
+}
+
+/// Valgrind's own viewer builds its tree from the export, and its totals are show's.
+fn dhat_loads_in_dh_view() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, show) = synth_stacks(dir.path());
+    let path = export(&input, "dhat", &[]);
+    let out = Command::new("node")
+        .arg(reader("dh_view_load.js"))
+        .arg(DH_VIEW)
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let root: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(u(&root, "tb"), u(&show, "bytes_allocated"), "{root}");
+    assert_eq!(u(&root, "tbk"), u(&show, "allocations"), "{root}");
+    assert_eq!(u(&root, "gb"), u(&show, "peak_live_bytes"), "{root}");
+    assert_eq!(u(&root, "eb"), u(&show, "live_bytes_at_end"), "{root}");
+    assert_eq!(u(&root, "ebk"), u(&show, "live_blocks_at_end"), "{root}");
+}
+
+fn pprof_decoded(path: &Path) -> Value {
+    let out = Command::new("python3")
+        .arg(reader("pprof_decode.py"))
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn pprof_synth() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, show) = synth_stacks(dir.path());
+    let p = pprof_decoded(&export(&input, "pprof", &[]));
+    assert_eq!(
+        p["sample_types"],
+        serde_json::json!([
+            ["alloc_objects", "count"],
+            ["alloc_space", "bytes"],
+            ["inuse_objects", "count"],
+            ["inuse_space", "bytes"]
+        ])
+    );
+    assert_eq!(p["default_sample_type"], "inuse_space");
+    assert_eq!(p["period_type"], serde_json::json!(["space", "bytes"]));
+    let sums: Vec<u64> = p["sums"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        sums,
+        [
+            u(&show, "allocations"),
+            u(&show, "bytes_allocated"),
+            u(&show, "live_blocks_at_end"),
+            u(&show, "live_bytes_at_end")
+        ]
+    );
+}
+
+/// The folded lines: `frames weight`, distinct stacks, the weights summing to each metric.
+fn folded_synth() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, show) = synth_stacks(dir.path());
+    for (metric, total) in [
+        ("bytes", "bytes_allocated"),
+        ("allocations", "allocations"),
+        ("peak", "peak_live_bytes"),
+        ("leaked", "live_bytes_at_end"),
+    ] {
+        let path = export(&input, "folded", &["--metric", metric]);
+        let body = std::fs::read_to_string(&path).unwrap();
+        let mut stacks = std::collections::HashSet::new();
+        let mut sum = 0;
+        for line in body.lines() {
+            let (frames, w) = line.rsplit_once(' ').unwrap();
+            let w: u64 = w.parse().unwrap();
+            assert!(w > 0, "{line}");
+            assert!(frames.split(';').all(|f| !f.is_empty()), "{line}");
+            assert!(stacks.insert(frames.to_string()), "repeated stack: {line}");
+            sum += w;
+        }
+        assert_eq!(sum, u(&show, total), "--metric {metric}");
+    }
+}
+
+/// The processed format's fields (the Firefox Profiler's `processed-profile` schema: meta,
+/// libs, threads with their tables) and the allocation samples.
+fn firefox_synth() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, show) = synth_stacks(dir.path());
+    assert!(u(&show, "frames") > 1);
+    let p = json_file(&export(&input, "firefox", &[]));
+    for f in ["meta", "libs", "threads", "pages", "counters"] {
+        assert!(p.get(f).is_some(), "no {f}");
+    }
+    for f in [
+        "version",
+        "preprocessedProfileVersion",
+        "interval",
+        "startTime",
+        "product",
+        "categories",
+    ] {
+        assert!(p["meta"].get(f).is_some(), "no meta.{f}");
+    }
+    let (mut plus, mut all, mut samples) = (0i64, 0i64, 0);
+    for t in p["threads"].as_array().unwrap() {
+        for f in [
+            "samples",
+            "stackTable",
+            "frameTable",
+            "funcTable",
+            "stringArray",
+            "name",
+            "pid",
+            "tid",
+        ] {
+            assert!(t.get(f).is_some(), "no thread.{f}");
+        }
+        let stacks = u(&t["stackTable"], "length");
+        let frames = u(&t["frameTable"], "length");
+        let funcs = u(&t["funcTable"], "length");
+        let strings = t["stringArray"].as_array().unwrap().len() as u64;
+        for (i, prefix) in t["stackTable"]["prefix"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            if let Some(p) = prefix.as_u64() {
+                assert!(p < i as u64, "a stack's prefix after it");
+            }
+        }
+        assert!(
+            t["stackTable"]["frame"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|f| f.as_u64().unwrap() < frames)
+        );
+        assert!(
+            t["frameTable"]["func"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|f| f.as_u64().unwrap() < funcs)
+        );
+        assert!(
+            t["funcTable"]["name"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|n| n.as_u64().unwrap() < strings)
+        );
+        let Some(na) = t.get("nativeAllocations") else {
+            continue;
+        };
+        let n = u(na, "length") as usize;
+        assert_eq!(na["weightType"], "bytes");
+        for col in ["time", "weight", "stack", "memoryAddress", "threadId"] {
+            assert_eq!(
+                na[col].as_array().unwrap().len(),
+                n,
+                "nativeAllocations.{col}"
+            );
+        }
+        assert!(
+            na["stack"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s.as_u64().is_none_or(|s| s < stacks))
+        );
+        for w in na["weight"].as_array().unwrap() {
+            let w = w.as_i64().unwrap();
+            plus += w.max(0);
+            all += w;
+        }
+        samples += n;
+    }
+    // One sample per allocation, one per free of a block seen allocated (synth has no exec
+    // nor replaced block).
+    assert_eq!(
+        samples as u64,
+        u(&show, "allocations") + u(&show, "frees") - u(&show, "unmatched_frees")
+    );
+    assert_eq!(plus as u64, u(&show, "bytes_allocated"));
+    assert_eq!(all as u64, u(&show, "live_bytes_at_end"));
+}
+
+/// The flame graph: well-formed XML, titled with the benchmark's name and the metric, one box
+/// per frame with its tooltip.
+fn flamegraph_synth() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, show) = synth_stacks(dir.path());
+    for (metric, label) in [
+        ("bytes", "bytes allocated"),
+        ("leaked", "bytes live at the end"),
+    ] {
+        let svg = dir.path().join(format!("{metric}.svg"));
+        let out = memtrack(&["flamegraph", s(&input), "-o", s(&svg), "--metric", metric]);
+        assert!(out.status.success(), "{}", text(&out));
+        let body = std::fs::read_to_string(&svg).unwrap();
+        let doc = svg_doc(&body);
+        let name = show["metadata"]["name"].as_str().unwrap().to_string();
+        let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
+        assert!(
+            texts.iter().any(|t| t.contains(&name) && t.contains(label)),
+            "no title with {name:?} and {label:?}"
+        );
+        // The root box holds the whole metric.
+        let total = u(
+            &show,
+            if metric == "bytes" {
+                "bytes_allocated"
+            } else {
+                "live_bytes_at_end"
+            },
+        );
+        let all = format!("all ({} bytes, 100%)", group(total));
+        assert!(texts.iter().any(|t| *t == all), "no {all:?}");
+    }
+}
+
+/// The SVG parsed as XML (inferno's has flamegraph.pl's DOCTYPE).
+fn svg_doc(body: &str) -> roxmltree::Document<'_> {
+    let opt = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..roxmltree::ParsingOptions::default()
+    };
+    roxmltree::Document::parse_with_options(body, opt).expect("well-formed SVG")
+}
+
+/// `n` with inferno's thousands separators.
+fn group(n: u64) -> String {
+    let d = n.to_string();
+    let mut out = String::new();
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A recording without stacks is refused with the reason and the way to get them; no output
+/// is left behind.
+fn refused_without_stacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = common::synth(&dir.path().join("plain.memtrack"), 5000, 1);
+    let svg = dir.path().join("f.svg");
+    for args in [
+        vec!["flamegraph", s(&input), "-o", s(&svg)],
+        vec!["export", s(&input), "--format", "pprof", "-o", s(&svg)],
+    ] {
+        let out = memtrack(&args);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let t = text(&out);
+        assert!(t.contains("no call stacks in this recording"), "{t}");
+        assert!(t.contains("without --stacks"), "{t}");
+        assert!(!svg.exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}
+
+/// A recording of the C fixture's real call chain: its 6 blocks of 4,321 bytes allocated
+/// through chain_middle (called from chain_outer, from main), the stack made of the return
+/// addresses the program printed.
+fn chain_recording(dir: &Path) -> PathBuf {
+    let exe = fixtures::c_chain(dir, "chain", true, &["-Wl,--build-id=none"]);
+    let printed = fixtures::run_printed(&exe, &["--print".as_ref()]);
+    let frames: Vec<Frame> = ["ret_chain_middle", "ret_chain_outer", "ret_main"]
+        .iter()
+        .map(|name| {
+            let (path, offset) = printed.file_offset(printed.addr(name));
+            assert_eq!(path, exe);
+            Frame {
+                module: ModuleId(1),
+                offset,
+            }
+        })
+        .collect();
+    let artifact = dir.join("chain.memtrack");
+    let meta = Metadata::now(1, Backend::Ebpf);
+    let f = std::fs::File::create(&artifact).unwrap();
+    let mut enc = Encoder::new(f, &meta, EncoderOptions::new().workers(1)).unwrap();
+    enc.define_module(
+        ModuleId(1),
+        Module {
+            path: s(&exe).to_string(),
+            build_id: None,
+        },
+    )
+    .unwrap();
+    enc.define_stack(
+        StackId(1),
+        Stack {
+            frames,
+            truncated: false,
+        },
+    )
+    .unwrap();
+    for i in 0..6u64 {
+        let addr = 0x1000 + i * 0x2000;
+        enc.push(
+            Event::new(10_000 * i, 1, 1, EventKind::Malloc { addr, size: 4321 })
+                .with_stack(StackId(1)),
+        )
+        .unwrap();
+        // Each block lives 5 µs, but the last one, never freed.
+        if i < 5 {
+            enc.push(Event::new(
+                10_000 * i + 5_000,
+                1,
+                1,
+                EventKind::Free { addr },
+            ))
+            .unwrap();
+        }
+    }
+    enc.finish(0).unwrap();
+    artifact
+}
+
+const CHAIN: [&str; 3] = ["main", "chain_outer", "chain_middle"];
+
+/// The fixture's exports name its functions, root first in folded stacks and the flame graph
+/// (coloured as the program's code), leaf first with file and line in pprof and DHAT.
+fn chain_folded_and_flamegraph() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = chain_recording(dir.path());
+    let folded = std::fs::read_to_string(export(&input, "folded", &[])).unwrap();
+    assert_eq!(folded, format!("{} {}\n", CHAIN.join(";"), 6 * 4321));
+    let leaked =
+        std::fs::read_to_string(export(&input, "folded", &["--metric", "leaked"])).unwrap();
+    assert_eq!(leaked, format!("{} 4321\n", CHAIN.join(";")));
+
+    let svg = dir.path().join("chain.svg");
+    let out = memtrack(&[
+        "flamegraph",
+        s(&input),
+        "-o",
+        s(&svg),
+        "--metric",
+        "allocations",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let body = std::fs::read_to_string(&svg).unwrap();
+    let doc = svg_doc(&body);
+    for name in CHAIN {
+        let tooltip = format!("{name} (6 allocations, 100.00%)");
+        let g = doc
+            .descendants()
+            .find(|n| n.has_tag_name("title") && n.text() == Some(tooltip.as_str()))
+            .unwrap_or_else(|| {
+                let titles: Vec<_> = doc
+                    .descendants()
+                    .filter(|n| n.has_tag_name("title"))
+                    .filter_map(|n| n.text())
+                    .collect();
+                panic!("no frame {tooltip:?} in {titles:?}")
+            })
+            .parent()
+            .unwrap();
+        let rect = g.children().find(|n| n.has_tag_name("rect")).unwrap();
+        assert_eq!(rect.attribute("fill"), Some("rgb(235,110,60)"), "{name}");
+    }
+}
+
+fn chain_dhat() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = chain_recording(dir.path());
+    let d = json_file(&export(&input, "dhat", &[]));
+    check_dhat_fields(&d);
+    let pp = &d["pps"][0];
+    assert_eq!(d["pps"].as_array().unwrap().len(), 1);
+    assert_eq!((u(pp, "tb"), u(pp, "tbk")), (6 * 4321, 6));
+    assert_eq!((u(pp, "mb"), u(pp, "mbk")), (4321, 1));
+    assert_eq!((u(pp, "eb"), u(pp, "ebk")), (4321, 1));
+    // 5 blocks of 5 µs; the last one lives from 50 µs to the end, the same instant.
+    assert_eq!(u(pp, "tl"), 25);
+    assert_eq!((u(&d, "te"), u(&d, "tg")), (50, 0));
+    let names: Vec<&str> = pp["fs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| d["ftbl"][i.as_u64().unwrap() as usize].as_str().unwrap())
+        .collect();
+    for (got, want) in names.iter().zip(CHAIN.iter().rev()) {
+        let line = format!("{want} (");
+        let end = format!("chain.c:{})", line_of("chain.c", want));
+        assert!(
+            got.contains(&line) && got.ends_with(&end),
+            "{got} vs {want}"
+        );
+    }
+    assert_eq!(names.len(), 3);
+}
+
+fn chain_pprof() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = chain_recording(dir.path());
+    let p = pprof_decoded(&export(&input, "pprof", &[]));
+    let samples = p["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 1);
+    assert_eq!(
+        samples[0]["value"],
+        serde_json::json!([6, 6 * 4321, 1, 4321])
+    );
+    let got: Vec<(String, String, u64)> = samples[0]["stack"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|loc| {
+            let lines = loc.as_array().unwrap();
+            assert_eq!(lines.len(), 1, "{loc}");
+            let l = &lines[0];
+            (
+                l[0].as_str().unwrap().to_string(),
+                l[1].as_str()
+                    .unwrap()
+                    .rsplit('/')
+                    .next()
+                    .unwrap()
+                    .to_string(),
+                l[2].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String, u64)> = CHAIN
+        .iter()
+        .rev()
+        .map(|n| {
+            (
+                n.to_string(),
+                "chain.c".to_string(),
+                line_of("chain.c", n) as u64,
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+}
+
+fn main() {
+    let cc: &'static [Need] = &[Need::Tool("cc")];
+    let cc_python: &'static [Need] = &[
+        Need::Tool("cc"),
+        Need::Tool("python3"),
+        Need::Python("google.protobuf", "python3 -m pip install protobuf"),
+    ];
+    let trials: Vec<Trial> = vec![
+        test("dhat_synth", dhat_synth),
+        requires("dhat_loads_in_dh_view", NODE, dhat_loads_in_dh_view),
+        requires("pprof_synth", PROTOBUF, pprof_synth),
+        test("folded_synth", folded_synth),
+        test("firefox_synth", firefox_synth),
+        test("flamegraph_synth", flamegraph_synth),
+        test("refused_without_stacks", refused_without_stacks),
+        requires(
+            "chain_folded_and_flamegraph",
+            cc,
+            chain_folded_and_flamegraph,
+        ),
+        requires("chain_dhat", cc, chain_dhat),
+        requires("chain_pprof", cc_python, chain_pprof),
+    ];
+    memtrack_test_support::run(trials);
+}
