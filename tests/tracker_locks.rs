@@ -154,6 +154,33 @@ fn sleeps_and_mutex_waits_are_exact_intervals_with_stacks() {
         in_lock.abs_diff(measured) <= tolerance && measured >= 50_000_000,
         "waiter off the CPU in lock_contended {in_lock} ns, it measured {measured} ns in lock()"
     );
+
+    // The classified result agrees: the waiter's mutex wait, the sleeper's sleep.
+    let waits = memtrack::lock_waits(&reader, &mut sym).unwrap();
+    let of = |tid| waits.threads.iter().find(|t| t.tid == tid).unwrap();
+    let w = of(waiter);
+    assert!(
+        w.mutex_wait_ns.abs_diff(measured) <= tolerance,
+        "mutex_wait_ns {} vs {measured} measured",
+        w.mutex_wait_ns
+    );
+    let s = of(sleeper);
+    assert!(
+        s.sleep_ns >= 200_000_000 && s.sleep_ns <= slept.as_nanos() as u64,
+        "sleep_ns {} vs 20 × 10 ms in {slept:?}",
+        s.sleep_ns
+    );
+    assert_eq!(s.mutex_wait_ns, 0);
+    // The one contended site, above std's lock wrappers (this test is built without frame
+    // pointers, so its own frames may be missing from the chain: not asserted).
+    let site = &waits.sites[0];
+    assert_eq!(site.class, memtrack::WaitClass::Mutex);
+    assert!(site.wait_ns.abs_diff(measured) <= tolerance, "{site:?}");
+    assert!(
+        site.frames.iter().all(|f| !f.contains("std::sync")),
+        "the code that wanted the lock: {:?}",
+        site.frames
+    );
 }
 
 /// A recording that does not ask for lock waits records no switch at all (the program is

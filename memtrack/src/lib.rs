@@ -76,6 +76,7 @@ mod error;
 mod event;
 pub mod human;
 mod limits;
+mod locks;
 mod modules;
 mod recorder;
 mod report;
@@ -103,6 +104,12 @@ pub use encode::{EncodeError, Encoder, EncoderOptions, TIMELINE_COLUMNS, ThreadH
 pub use error::{Error, Result};
 pub use event::{Event, EventKind, Heap, KindTag};
 pub use limits::{InvalidLimits, Limits, Violation};
+pub use locks::classify;
+#[cfg(feature = "symbolize")]
+pub use locks::lock_waits;
+pub use locks::{
+    LockWaits, LockWaitsError, Pattern, RULES, Rule, ThreadWaits, WaitClass, WaitSite,
+};
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;
 pub use modules::{ModuleMap, StackInterner};

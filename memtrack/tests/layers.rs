@@ -22,6 +22,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("runtime: report", &["report"]),
     // Reads the recorded files (ELF, DWARF): runtime, never analysis.
     ("runtime: symbolization", &["symbolize"]),
+    // Classifies off-CPU intervals by their symbolized stacks.
+    ("runtime: lock waits", &["locks"]),
     ("runtime: crate-wide error", &["error"]),
     ("runtime: session", &["session"]),
     ("runtime: integrations", &["criterion", "__private"]),
