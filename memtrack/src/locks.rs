@@ -232,6 +232,7 @@ pub struct ThreadWaits {
 }
 
 impl ThreadWaits {
+    #[cfg(feature = "symbolize")]
     fn add(&mut self, class: WaitClass, ns: u64) {
         let slot = match class {
             WaitClass::Mutex => &mut self.mutex_wait_ns,

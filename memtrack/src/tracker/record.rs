@@ -60,6 +60,7 @@ pub struct RecordOutcome {
 pub struct CommandOptions {
     user: Option<String>,
     follow: bool,
+    lock_waits: bool,
 }
 
 impl Default for CommandOptions {
@@ -67,6 +68,7 @@ impl Default for CommandOptions {
         Self {
             user: None,
             follow: true,
+            lock_waits: false,
         }
     }
 }
@@ -84,6 +86,14 @@ impl CommandOptions {
     /// without ptrace, and the processes it starts are counted as not followed.
     pub fn follow(mut self, follow: bool) -> Self {
         self.follow = follow;
+        self
+    }
+
+    /// Whether to record lock waits too (default: no): every context switch of the recorded
+    /// processes' threads, with the stack each thread left the CPU in
+    /// ([`Capture::lock_waits`](super::Capture::lock_waits)).
+    pub fn lock_waits(mut self, on: bool) -> Self {
+        self.lock_waits = on;
         self
     }
 
@@ -701,7 +711,14 @@ pub fn record_command_with(
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
     );
-    let mut recording = match tracker.start(out, &meta, EncoderOptions::new(), default_workers()) {
+    let capture = super::Capture::new(crate::scope::Scope::Process).lock_waits(child.lock_waits);
+    let mut recording = match tracker.start_with(
+        out,
+        &meta,
+        EncoderOptions::new(),
+        default_workers(),
+        capture,
+    ) {
         Ok(r) => r,
         Err(e) => {
             kill_child();
