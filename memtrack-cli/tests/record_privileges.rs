@@ -103,19 +103,6 @@ fn verified(memtrack: &Path, artifact: &Path) {
     assert!(v.status.success(), "{}", text(&v));
 }
 
-/// Where setuid bits have no effect (the temporary directory is on a nosuid mount), the part
-/// of a test that needs them cannot run: said on stderr, and a failure under
-/// `MEMTRACK_REQUIRE_PRIVILEGED` (CI), where every part must run.
-fn nosuid_part_skipped() {
-    let why = "setuid bits have no effect here (is the temporary directory on a nosuid mount?)";
-    assert!(
-        !memtrack_test_support::required(),
-        "{} is set and {why}: set TMPDIR to a directory on a mount without nosuid",
-        memtrack_test_support::REQUIRE
-    );
-    eprintln!("SKIPPED (part): {why}");
-}
-
 /// The capabilities a root process has here (the bounding set may lack some).
 fn own_effective() -> u64 {
     let st = status(&fs::read_to_string("/proc/self/status").unwrap());
@@ -176,24 +163,67 @@ fn as_root_the_command_runs_as_root_unless_user_says_otherwise() {
     assert!(!dir.path().join("x.memtrack").exists());
 }
 
-fn capabilities_held_by_memtrack_never_reach_the_command() {
-    let dir = shared_dir();
-    let nobody = [
-        "setpriv",
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-    ];
+/// `setpriv` options that run a program as nobody.
+const NOBODY: [&str; 4] = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+];
 
-    // File capabilities on the binary (`setcap cap_bpf,cap_perfmon+ep`), run by nobody.
-    let filecaps = copy_memtrack(dir.path(), "memtrack-filecaps");
+/// A copy of memtrack with file capabilities (`setcap cap_bpf,cap_perfmon+ep`) in `dir`.
+fn filecaps_memtrack(dir: &Path) -> PathBuf {
+    let filecaps = copy_memtrack(dir, "memtrack-filecaps");
     let st = Command::new("setcap")
         .args(["cap_bpf,cap_perfmon+ep", s(&filecaps)])
         .status()
         .unwrap();
     assert!(st.success(), "setcap");
-    // Ambient capabilities handed to a plain copy (`setpriv --ambient-caps`), which memtrack
-    // passed on to the command as they were before.
+    filecaps
+}
+
+/// Records the command's status lines with `bin` run through `prefix` (as nobody, holding
+/// CAP_BPF + CAP_PERFMON one way or another), and checks the command got none of them.
+fn record_holding_caps(dir: &Path, what: &str, prefix: &[&str], bin: &Path) {
+    let art = dir.join(format!("{}.memtrack", what.replace(' ', "-")));
+    let (o, st) = record_status(prefix, bin, &art, &[]);
+    // The recording itself worked: memtrack did hold CAP_BPF + CAP_PERFMON.
+    assert!(o.status.success(), "{what}: {}", text(&o));
+    verified(bin, &art);
+    assert!(st["Uid"].split_whitespace().all(|u| u == "65534"), "{st:?}");
+    for k in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+        assert_eq!(caps(&st, k) & BPF_CAPS, 0, "{what}: {k}: {st:?}");
+        assert_eq!(caps(&st, k), 0, "{what}: {k}: {st:?}");
+    }
+    assert_eq!(st["NoNewPrivs"], "1", "{what}: {st:?}");
+}
+
+/// File capabilities on the binary (`setcap cap_bpf,cap_perfmon+ep`), run by nobody; and
+/// `--user` without root is refused with the fix.
+fn file_capabilities_of_memtrack_never_reach_the_command() {
+    let dir = shared_dir();
+    let filecaps = filecaps_memtrack(dir.path());
+    record_holding_caps(dir.path(), "file capabilities", &NOBODY, &filecaps);
+
+    let o = Command::new(NOBODY[0])
+        .args(&NOBODY[1..])
+        .arg(&filecaps)
+        .args(["record", "--user", "root", "-o"])
+        .arg(dir.path().join("u.memtrack"))
+        .args(["--", "/bin/true"])
+        .run_exec();
+    assert_eq!(o.status.code(), Some(125));
+    assert!(
+        text(&o).contains("switching users needs root"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// Ambient capabilities handed to a plain copy (`setpriv --ambient-caps`), which memtrack
+/// passed on to the command as they were before.
+fn ambient_capabilities_of_memtrack_never_reach_the_command() {
+    let dir = shared_dir();
     let plain = copy_memtrack(dir.path(), "memtrack-plain");
     let ambient = [
         "setpriv",
@@ -203,40 +233,31 @@ fn capabilities_held_by_memtrack_never_reach_the_command() {
         "--inh-caps=+bpf,+perfmon",
         "--ambient-caps=+bpf,+perfmon",
     ];
-    for (what, prefix, bin) in [
-        ("file capabilities", &nobody[..], &filecaps),
-        ("ambient capabilities", &ambient[..], &plain),
-    ] {
-        let art = dir
-            .path()
-            .join(format!("{}.memtrack", what.replace(' ', "-")));
-        let (o, st) = record_status(prefix, bin, &art, &[]);
-        // The recording itself worked: memtrack did hold CAP_BPF + CAP_PERFMON.
-        assert!(o.status.success(), "{what}: {}", text(&o));
-        verified(bin, &art);
-        assert!(st["Uid"].split_whitespace().all(|u| u == "65534"), "{st:?}");
-        for k in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
-            assert_eq!(caps(&st, k) & BPF_CAPS, 0, "{what}: {k}: {st:?}");
-            assert_eq!(caps(&st, k), 0, "{what}: {k}: {st:?}");
-        }
-        assert_eq!(st["NoNewPrivs"], "1", "{what}: {st:?}");
-    }
+    record_holding_caps(dir.path(), "ambient capabilities", &ambient, &plain);
+}
 
-    // A setuid-root program started by the command gains nothing (no_new_privs): memtrack,
-    // holding capabilities but not root, never observes a root program.
+/// A setuid-root program started by the command gains nothing (no_new_privs): memtrack,
+/// holding capabilities but not root, never observes a root program.
+fn a_setuid_program_the_command_starts_gains_nothing() {
+    let dir = shared_dir();
+    let filecaps = filecaps_memtrack(dir.path());
     let id = dir.path().join("id-setuid");
     fs::copy("/usr/bin/id", &id).unwrap();
     fs::set_permissions(&id, fs::Permissions::from_mode(0o4755)).unwrap();
-    let direct = Command::new(nobody[0])
-        .args(&nobody[1..])
+    // Setuid works here (`Need::Setuid` checked the mount and no_new_privs): run directly by
+    // nobody, the copy runs as root.
+    let direct = Command::new(NOBODY[0])
+        .args(&NOBODY[1..])
         .args([s(&id), "-u"])
         .run_exec();
-    if String::from_utf8_lossy(&direct.stdout).trim() != "0" {
-        nosuid_part_skipped();
-        return;
-    }
-    let o = Command::new(nobody[0])
-        .args(&nobody[1..])
+    assert_eq!(
+        String::from_utf8_lossy(&direct.stdout).trim(),
+        "0",
+        "a setuid-root copy of id run by nobody: {}",
+        text(&direct)
+    );
+    let o = Command::new(NOBODY[0])
+        .args(&NOBODY[1..])
         .arg(&filecaps)
         .args(["record", "-o"])
         .arg(dir.path().join("id.memtrack"))
@@ -250,21 +271,6 @@ fn capabilities_held_by_memtrack_never_reach_the_command() {
         text(&o)
     );
     assert!(text(&o).contains("is setuid or setgid"), "{}", text(&o));
-
-    // `--user` without root is refused with the fix.
-    let o = Command::new(nobody[0])
-        .args(&nobody[1..])
-        .arg(&filecaps)
-        .args(["record", "--user", "root", "-o"])
-        .arg(dir.path().join("u.memtrack"))
-        .args(["--", "/bin/true"])
-        .run_exec();
-    assert_eq!(o.status.code(), Some(125));
-    assert!(
-        text(&o).contains("switching users needs root"),
-        "{}",
-        text(&o)
-    );
 }
 
 fn a_setuid_install_of_memtrack_is_refused() {
@@ -284,10 +290,6 @@ fn a_setuid_install_of_memtrack_is_refused() {
         .run_exec();
     assert!(!Path::new("/etc/memtrack-must-not-exist").exists());
     let t = text(&o);
-    if t.contains("Permission denied") {
-        nosuid_part_skipped();
-        return;
-    }
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(
         t.contains("runs setuid or setgid") && t.contains("chmod u-s"),
@@ -349,6 +351,17 @@ fn planted_symlinks_never_redirect_the_recording() {
 /// Running a command as nobody (`setpriv --reuid --regid --clear-groups`).
 const SWITCH_USER: Need = Need::Caps(&[Cap::Setuid, Cap::Setgid]);
 
+/// Giving a copy of memtrack file capabilities and running it as nobody: file capabilities
+/// (like setuid bits) have no effect on a nosuid mount.
+const FILE_CAPS: &[Need] = &[
+    TRACKER,
+    SWITCH_USER,
+    Need::Caps(&[Cap::Setfcap]),
+    Need::Tool("setcap"),
+    Need::Tool("setpriv"),
+    Need::Setuid,
+];
+
 fn main() {
     memtrack_test_support::run(vec![
         // Checks what the command gets when root runs memtrack (and `--user`, root's alone).
@@ -357,21 +370,28 @@ fn main() {
             &[Need::Root, TRACKER],
             as_root_the_command_runs_as_root_unless_user_says_otherwise,
         ),
-        // Gives a copy file capabilities, hands ambient ones to nobody.
+        // Gives a copy file capabilities (which a nosuid mount ignores) and runs it as nobody.
         requires(
-            "capabilities_held_by_memtrack_never_reach_the_command",
-            &[
-                TRACKER,
-                SWITCH_USER,
-                Need::Caps(&[Cap::Setfcap]),
-                Need::Tool("setcap"),
-                Need::Tool("setpriv"),
-            ],
-            capabilities_held_by_memtrack_never_reach_the_command,
+            "file_capabilities_of_memtrack_never_reach_the_command",
+            FILE_CAPS,
+            file_capabilities_of_memtrack_never_reach_the_command,
         ),
+        // Hands ambient capabilities to nobody.
+        requires(
+            "ambient_capabilities_of_memtrack_never_reach_the_command",
+            &[TRACKER, SWITCH_USER, Need::Tool("setpriv")],
+            ambient_capabilities_of_memtrack_never_reach_the_command,
+        ),
+        // The file-capabilities copy runs a setuid-root copy of `id`.
+        requires(
+            "a_setuid_program_the_command_starts_gains_nothing",
+            FILE_CAPS,
+            a_setuid_program_the_command_starts_gains_nothing,
+        ),
+        // Installs a setuid copy of memtrack and runs it as nobody.
         requires(
             "a_setuid_install_of_memtrack_is_refused",
-            &[SWITCH_USER, Need::Tool("setpriv")],
+            &[SWITCH_USER, Need::Tool("setpriv"), Need::Setuid],
             a_setuid_install_of_memtrack_is_refused,
         ),
         // Plants a link owned by nobody.

@@ -71,6 +71,10 @@ pub enum Need {
     Tool(&'static str),
     /// A file (a header a fixture compiles against), and the command that installs it.
     File(&'static str, &'static str),
+    /// Setuid bits and file capabilities take effect for programs in the temporary directory
+    /// ([`std::env::temp_dir`]) that this process starts: the directory is not on a `nosuid`
+    /// mount, and this process does not run with `no_new_privs`.
+    Setuid,
     /// A Python module `python3` can import (an independent reader of an export), and the
     /// command that installs it.
     Python(&'static str, &'static str),
@@ -97,6 +101,29 @@ fn on_path(tool: &str) -> bool {
             std::fs::metadata(d.join(tool))
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
+    })
+}
+
+/// Whether `dir` is on a mount where setuid bits and file capabilities have no effect
+/// (`statvfs`'s `ST_NOSUID`; a directory that cannot be examined counts as nosuid).
+fn nosuid(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return true;
+    };
+    // SAFETY: an all-zero statvfs is a valid value for statvfs to overwrite.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid statvfs to fill.
+    let r = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    r != 0 || st.f_flag & libc::ST_NOSUID != 0
+}
+
+/// Whether this process runs with `no_new_privs` (then nothing it executes gains privileges).
+fn no_new_privs() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("NoNewPrivs:"))
+            .is_some_and(|v| v.trim() == "1")
     })
 }
 
@@ -139,6 +166,18 @@ pub fn missing(needs: &[Need]) -> Option<String> {
             Need::File(path, fix) if !Path::new(path).exists() => {
                 why.push(format!("needs {path}: {fix}"))
             }
+            Need::Setuid if nosuid(&std::env::temp_dir()) => why.push(format!(
+                "needs setuid bits and file capabilities to take effect in the temporary \
+                 directory, and {} is on a nosuid mount: set TMPDIR to a directory on a mount \
+                 without nosuid",
+                std::env::temp_dir().display()
+            )),
+            Need::Setuid if no_new_privs() => why.push(
+                "needs setuid bits and file capabilities to take effect, and this process runs \
+                 with no_new_privs (NoNewPrivs: 1 in /proc/self/status): run the tests outside \
+                 the sandbox that sets it"
+                    .to_string(),
+            ),
             Need::Python(module, fix) if !python_has(module) => {
                 why.push(format!("needs the Python module {module}: {fix}"))
             }

@@ -141,8 +141,7 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
         claim.generation,
         &mut clock,
     ) {
-        Ok(thread) => {
-            let (recording, collector) = thread;
+        Ok((recording, collector)) => {
             // Starting → Recording: the switch goes on, the last thing done.
             match RECORDER.switch_on(collector) {
                 Ok(()) => Ok(recording),

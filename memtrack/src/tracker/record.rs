@@ -24,6 +24,7 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -485,7 +486,8 @@ fn cstring(s: &OsStr) -> Result<CString, TrackerError> {
     })
 }
 
-fn pipe() -> Result<[libc::c_int; 2], TrackerError> {
+/// A pipe: (read end, write end), both close-on-exec.
+fn pipe() -> Result<(OwnedFd, OwnedFd), TrackerError> {
     let mut fds = [0; 2];
     // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -494,12 +496,248 @@ fn pipe() -> Result<[libc::c_int; 2], TrackerError> {
             source: std::io::Error::last_os_error(),
         });
     }
-    Ok(fds)
+    // SAFETY: pipe2 returned two new descriptors that nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-fn close(fd: libc::c_int) {
-    // SAFETY: closing a descriptor this module created and owns.
-    unsafe { libc::close(fd) };
+/// What `execve` gets, prepared before the fork: after it, the child may not allocate.
+struct Exec {
+    path: CString,
+    /// Owns the strings `argv` points to.
+    _args: Vec<CString>,
+    /// Owns the strings `envp` points to.
+    _env: Vec<CString>,
+    /// NULL-terminated.
+    argv: Vec<*const libc::c_char>,
+    /// NULL-terminated.
+    envp: Vec<*const libc::c_char>,
+}
+
+impl Exec {
+    /// `exe` run with `command` as its arguments and memtrack's environment, with `HOME`,
+    /// `USER` and `LOGNAME` of `user` if the command runs as another user.
+    fn new(exe: &Path, command: &[OsString], user: Option<&Passwd>) -> Result<Self, TrackerError> {
+        let path = cstring(exe.as_os_str())?;
+        let args = command
+            .iter()
+            .map(|a| cstring(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+        if let Some(pw) = user {
+            // As `su` does: the user's own identity and home, the rest of the environment kept.
+            env.retain(|(k, _)| !matches!(k.as_bytes(), b"HOME" | b"USER" | b"LOGNAME"));
+            env.push(("HOME".into(), pw.home.clone()));
+            env.push(("USER".into(), pw.name.clone().into()));
+            env.push(("LOGNAME".into(), pw.name.clone().into()));
+        }
+        let env = env
+            .into_iter()
+            .map(|(k, v)| {
+                let mut kv = k;
+                kv.push("=");
+                kv.push(v);
+                cstring(&kv)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // The pointers stay valid when the vectors move: they point into each CString's own
+        // heap buffer.
+        let mut argv: Vec<*const libc::c_char> = args.iter().map(|c| c.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<*const libc::c_char> = env.iter().map(|c| c.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        Ok(Exec {
+            path,
+            _args: args,
+            _env: env,
+            argv,
+            envp,
+        })
+    }
+}
+
+/// How a poll of the command ([`Child::try_wait`]) found it.
+enum Poll {
+    /// Still running.
+    Running,
+    /// Exited (and reaped), with this wait status.
+    Exited(libc::c_int),
+    /// No longer this process's child to wait for (reaped elsewhere).
+    Gone,
+}
+
+/// The forked command, from `fork` until it is reaped. It waits before `execve` until
+/// [`Child::release`] lets it go. Dropped before it was reaped (any error after the fork, or a
+/// panic), it is killed with SIGKILL and reaped: no error path leaves a command running
+/// untracked, or a zombie.
+struct Child {
+    pid: u32,
+    /// Our end of the pipe the child reads before it execs (closed unwritten: it exits 127).
+    go: Option<OwnedFd>,
+    /// Our end of the pipe on which the child reports a failed step before or at its exec.
+    err: Option<OwnedFd>,
+    /// Reaped (or found reaped): its pid may belong to another process now, never signal it.
+    reaped: bool,
+}
+
+impl Child {
+    /// Forks the child that, once released, sets up `creds` and executes `exec`.
+    fn spawn(exec: &Exec, creds: &Credentials, program: &OsStr) -> Result<Self, TrackerError> {
+        let (go_rx, go_tx) = pipe()?;
+        let (err_rx, err_tx) = pipe()?;
+        let (go, err) = (go_rx.as_raw_fd(), err_tx.as_raw_fd());
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: the child only calls async-signal-safe functions on memory prepared before.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(TrackerError::Spawn {
+                command: program.to_string_lossy().into_owned(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        if pid == 0 {
+            // SAFETY: the forked child; it never returns.
+            unsafe { child_side(parent, go, err, exec, creds) }
+        }
+        // The child's ends, closed here: a read of `err` then ends when the child execs (its
+        // copy is close-on-exec) or exits.
+        drop((go_rx, err_tx));
+        Ok(Child {
+            pid: pid as u32,
+            go: Some(go_tx),
+            err: Some(err_rx),
+            reaped: false,
+        })
+    }
+
+    /// Lets the child exec (one byte on the go pipe) and learns whether it did: the step
+    /// and errno it reports if setting up its credentials or `execve` failed, else `None`.
+    fn release(&mut self) -> Option<Failed> {
+        if let Some(go) = self.go.take() {
+            // SAFETY: writing one byte from a valid buffer to our pipe (closed when dropped).
+            unsafe { libc::write(go.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        }
+        let err = self.err.take()?;
+        let mut failed: [libc::c_int; 2] = [0; 2];
+        // SAFETY: reading at most size_of_val(&failed) bytes into `failed`.
+        let n = unsafe {
+            libc::read(
+                err.as_raw_fd(),
+                failed.as_mut_ptr().cast(),
+                size_of_val(&failed),
+            )
+        };
+        (n == size_of_val(&failed) as isize).then_some((failed[0], failed[1]))
+    }
+
+    /// Waits for the child to exit and reaps it: its wait status, or `None` if it was not
+    /// this process's child to wait for any more (its tracer reaped it).
+    fn wait(&mut self) -> Option<libc::c_int> {
+        let mut status = 0;
+        // SAFETY: waiting for our own child into a valid int.
+        let r = unsafe { libc::waitpid(self.pid as libc::pid_t, &mut status, 0) };
+        if r == self.pid as libc::pid_t {
+            self.reaped = true;
+            return Some(status);
+        }
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+            self.reaped = true;
+        }
+        None
+    }
+
+    /// Whether the child has exited (reaping it if so), without waiting.
+    fn try_wait(&mut self) -> Poll {
+        let mut status = 0;
+        // SAFETY: polling our own child into a valid int.
+        let r = unsafe { libc::waitpid(self.pid as libc::pid_t, &mut status, libc::WNOHANG) };
+        if r == self.pid as libc::pid_t {
+            self.reaped = true;
+            return Poll::Exited(status);
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            _ if r >= 0 => Poll::Running,
+            Some(libc::EINTR) => Poll::Running,
+            _ => {
+                self.reaped = true;
+                Poll::Gone
+            }
+        }
+    }
+
+    /// Kills the child (SIGKILL) and reaps it, unless it was reaped; closes the pipes.
+    fn kill(&mut self) {
+        self.go = None;
+        self.err = None;
+        if self.reaped {
+            return;
+        }
+        // SAFETY: `pid` is our child, not reaped yet (so not another process).
+        unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGKILL) };
+        loop {
+            // SAFETY: waiting for our own child; the status is not wanted.
+            let r = unsafe { libc::waitpid(self.pid as libc::pid_t, std::ptr::null_mut(), 0) };
+            if r >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                break;
+            }
+        }
+        self.reaped = true;
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The forked child: waits for the parent's go, sets up `creds` and executes `exec`; reports
+/// a failed step on `err` and exits 127.
+///
+/// # Safety
+/// Runs in a forked child of a multi-threaded process: only async-signal-safe calls, on memory
+/// prepared before the fork. `exec`'s `argv`/`envp` are NULL-terminated arrays of valid C
+/// strings.
+unsafe fn child_side(
+    parent: libc::pid_t,
+    go: libc::c_int,
+    err: libc::c_int,
+    exec: &Exec,
+    creds: &Credentials,
+) -> ! {
+    // SAFETY: see the function's contract.
+    unsafe {
+        // Never outlive memtrack unobserved: SIGKILL when it dies (even by SIGKILL). If it
+        // died before this line, the parent is already someone else.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        if libc::getppid() != parent {
+            libc::_exit(127);
+        }
+        let mut b = 0u8;
+        loop {
+            let n = libc::read(go, (&raw mut b).cast(), 1);
+            if n == 1 {
+                break;
+            }
+            if n == 0 || *libc::__errno_location() != libc::EINTR {
+                libc::_exit(127);
+            }
+        }
+        // Rust ignores SIGPIPE and exec keeps ignored signals: give the command the
+        // default, as std::process::Command does.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        let failed = match creds.apply() {
+            Ok(()) => {
+                // Changing credentials cleared the parent-death signal: set it again.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+                libc::execve(exec.path.as_ptr(), exec.argv.as_ptr(), exec.envp.as_ptr());
+                [STEP_EXEC, *libc::__errno_location()]
+            }
+            Err((step, e)) => [step, e],
+        };
+        libc::write(err, failed.as_ptr().cast(), size_of_val(&failed));
+        libc::_exit(127);
+    }
 }
 
 /// The recorded command's pid while [`Forward`] is installed, else 0.
@@ -581,247 +819,219 @@ pub fn record_command_with(
     opts: &TrackerOptions,
     child: &CommandOptions,
 ) -> Result<RecordOutcome, TrackerError> {
-    opts.validate()?;
-    let program = command
-        .first()
-        .ok_or_else(|| TrackerError::InvalidOption("no command to record".into()))?;
-    let spawn_err = |source| TrackerError::Spawn {
-        command: program.to_string_lossy().into_owned(),
-        source,
-    };
-    let exe = resolve(program)?;
-    let (creds, user) = Credentials::new(child)?;
-    // A script runs its interpreter: probe that (and its libraries), exec the script.
-    let image = program_run_by(&exe)?;
-    // Following, the tracer resolves each image at its exec stop, with its own environment.
-    let files = if child.follow {
-        Vec::new()
-    } else {
-        objects_of(&image, &creds, None)
-    };
-
-    // Everything the child needs is prepared before fork: after it, only async-signal-safe
-    // calls (read, execve, write, _exit) are allowed.
-    let path_c = cstring(exe.as_os_str())?;
-    let args_c = command
-        .iter()
-        .map(|a| cstring(a))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut env: Vec<(OsString, OsString)> = std::env::vars_os().collect();
-    if let Some(pw) = &user {
-        // As `su` does: the user's own identity and home, the rest of the environment kept.
-        env.retain(|(k, _)| !matches!(k.as_bytes(), b"HOME" | b"USER" | b"LOGNAME"));
-        env.push(("HOME".into(), pw.home.clone()));
-        env.push(("USER".into(), pw.name.clone().into()));
-        env.push(("LOGNAME".into(), pw.name.clone().into()));
-    }
-    let env_c = env
-        .into_iter()
-        .map(|(k, v)| {
-            let mut kv = k;
-            kv.push("=");
-            kv.push(v);
-            cstring(&kv)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut argv: Vec<*const libc::c_char> = args_c.iter().map(|c| c.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = env_c.iter().map(|c| c.as_ptr()).collect();
-    envp.push(std::ptr::null());
-    let go = pipe()?;
-    let err = pipe()?;
-
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: the child only calls async-signal-safe functions on memory prepared above.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(spawn_err(std::io::Error::last_os_error()));
-    }
-    if pid == 0 {
-        // SAFETY: child side; see above. `argv`/`envp` are NULL-terminated arrays of valid
-        // C strings that outlive the call.
-        unsafe {
-            // Never outlive memtrack unobserved: SIGKILL when it dies (even by SIGKILL). If it
-            // died before this line, the parent is already someone else.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-            if libc::getppid() != parent {
-                libc::_exit(127);
-            }
-            let mut b = 0u8;
-            loop {
-                let n = libc::read(go[0], (&raw mut b).cast(), 1);
-                if n == 1 {
-                    break;
-                }
-                if n == 0 || *libc::__errno_location() != libc::EINTR {
-                    libc::_exit(127);
-                }
-            }
-            // Rust ignores SIGPIPE and exec keeps ignored signals: give the command the
-            // default, as std::process::Command does.
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            let failed = match creds.apply() {
-                Ok(()) => {
-                    // Changing credentials cleared the parent-death signal: set it again.
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-                    libc::execve(path_c.as_ptr(), argv.as_ptr(), envp.as_ptr());
-                    [STEP_EXEC, *libc::__errno_location()]
-                }
-                Err((step, e)) => [step, e],
-            };
-            libc::write(err[1], failed.as_ptr().cast(), size_of_val(&failed));
-            libc::_exit(127);
-        }
-    }
-    let pid = pid as u32;
-    close(go[0]);
-    close(err[1]);
-    let kill_child = || {
-        // SAFETY: `pid` is our child; reaping it avoids a zombie.
-        unsafe {
-            libc::kill(pid as libc::pid_t, libc::SIGKILL);
-            libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
-        }
-        close(go[1]);
-        close(err[0]);
-    };
-
-    let tracker = if child.follow {
-        Tracker::following(pid, opts).and_then(|t| t.follow_process(pid).map(|()| t))
-    } else {
-        Tracker::attach_files(pid, &files, opts)
-    };
-    let tracker = match tracker.map_err(|e| match e {
-        TrackerError::NoAllocatorSymbols { files, .. } => TrackerError::NoAllocatorSymbols {
-            program: Some(image.clone()),
-            files,
-        },
-        e => e,
-    }) {
-        Ok(t) => t,
-        Err(e) => {
-            kill_child();
-            return Err(e);
-        }
-    };
-    let meta = Metadata::now(pid, Backend::Ebpf).with_command(
-        command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-    );
+    let plan = Plan::new(command, opts, child)?;
+    // From here, every return (or panic) before the command is reaped kills and reaps it.
+    let mut cmd = Child::spawn(&plan.exec, &plan.creds, plan.program)?;
+    let tracker = plan.attach(cmd.pid, opts)?;
     let capture = super::Capture::new(crate::scope::Scope::Process).lock_waits(child.lock_waits);
-    let mut recording = match tracker.start_with(
+    let recording = tracker.start_with(
         out,
-        &meta,
+        &plan.metadata(cmd.pid),
         EncoderOptions::new(),
         default_workers(),
         capture,
-    ) {
-        Ok(r) => r,
-        Err(e) => {
-            kill_child();
-            return Err(e);
-        }
-    };
-
+    )?;
     // INT, TERM and HUP go to the command, and memtrack finishes the artifact once it exits;
     // the handler stays until the artifact is finished (`timeout` signals memtrack and then
     // its whole process group: the second signal may come after the command has ended).
     // Installed before the child may exec: a signal sent as soon as the command runs (a short
     // `timeout`) must find the handler, not kill memtrack. The child was forked before this,
     // so it keeps the default dispositions.
-    let _forward = Forward::install(pid);
-    let mut processes = Vec::new();
-    let (n, failed, status) = if child.follow {
-        let command_s: Vec<String> = command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
-        let resolve = |exe: &Path, env: &[(OsString, OsString)]| objects_of(exe, &creds, Some(env));
-        let run = std::thread::scope(|s| {
-            let (seized_tx, seized_rx) = std::sync::mpsc::channel();
-            let tracker = &tracker;
-            let resolve = &resolve;
-            let image = image.to_string_lossy().into_owned();
-            // ptrace answers only the thread that attached: this one seizes and traces.
-            let tracer = std::thread::Builder::new()
-                .name("memtrack-tracer".into())
-                .spawn_scoped(s, move || {
-                    let seized = seize(pid);
-                    let ok = seized.is_ok();
-                    let _ = seized_tx.send(seized);
-                    ok.then(|| Tracer::new(tracker, resolve, pid, image, command_s).run())
-                })
-                .map_err(|source| TrackerError::Io {
-                    what: "starting memtrack's tracer thread".into(),
-                    source,
-                })?;
-            match seized_rx.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    return Err(TrackerError::Io {
-                        what: "starting memtrack's tracer thread".into(),
-                        source: std::io::Error::other("it ended before attaching"),
-                    });
-                }
-            }
-            let (n, failed) = go_and_wait(go[1], err[0]);
-            let traced = tracer
-                .join()
-                .unwrap_or_else(|p| std::panic::resume_unwind(p));
-            Ok((n, failed, traced))
-        });
-        match run {
-            Ok((n, failed, Some(traced))) => {
-                processes = traced.processes;
-                // The command is this thread's child: its tracer got its exit status, and it
-                // is reaped here (or waited for, if it was detached at a setuid exec).
-                let mut status = 0;
-                // SAFETY: waiting for our own child into a valid int.
-                let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
-                let status = match traced.status {
-                    Some(s) => s,
-                    None if r == pid as libc::pid_t => status,
-                    None => 1 << 8,
-                };
-                (n, failed, status)
-            }
-            Ok((_, _, None)) => unreachable!("the tracer runs once seized"),
+    let _forward = Forward::install(cmd.pid);
+    let ran = if plan.follow {
+        match run_followed(&mut cmd, &tracker, &plan) {
+            Ok(ran) => ran,
             Err(e) => {
-                kill_child();
+                // The command first: it must not run on while the recording stops.
+                cmd.kill();
                 drop(recording.stop());
                 return Err(e);
             }
         }
     } else {
-        let (n, failed) = go_and_wait(go[1], err[0]);
-        // Wait for the child; meanwhile probe libraries it maps later (a dlopen()ed
-        // allocator): uprobes attached before exec cover only the files known then.
-        let mut status = 0;
-        loop {
-            // SAFETY: polling our own child into a valid int.
-            let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
-            if r == pid as libc::pid_t
-                || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR))
-            {
-                break;
-            }
-            // /proc/PID/maps vanishes as the child exits: errors here are not the user's
-            // problem.
-            let _ = tracker.attach_new_objects();
-            std::thread::sleep(RESCAN_PERIOD);
-        }
-        (n, failed, status)
+        run_unfollowed(&mut cmd, &tracker)
     };
-    recording.set_processes(processes.clone());
-    let recorded = recording.stop()?;
-    drop(tracker);
-    if n == size_of_val(&failed) as isize {
-        return Err(creds.error(program, user.as_ref(), (failed[0], failed[1])));
+    finish(recording, ran, &plan, cmd.pid)
+}
+
+/// Everything `record` decides before it forks: the checked command, what runs (a script's
+/// interpreter), with which credentials, the files to probe (not following), and the
+/// `execve` arguments.
+struct Plan<'c> {
+    command: &'c [OsString],
+    program: &'c OsString,
+    /// What is probed: the program that runs (a script's interpreter).
+    image: PathBuf,
+    creds: Credentials,
+    user: Option<Passwd>,
+    follow: bool,
+    /// Not following: the executable and the libraries the loader maps for it.
+    files: Vec<PathBuf>,
+    exec: Exec,
+}
+
+impl<'c> Plan<'c> {
+    fn new(
+        command: &'c [OsString],
+        opts: &TrackerOptions,
+        child: &CommandOptions,
+    ) -> Result<Self, TrackerError> {
+        opts.validate()?;
+        let program = command
+            .first()
+            .ok_or_else(|| TrackerError::InvalidOption("no command to record".into()))?;
+        let exe = resolve(program)?;
+        let (creds, user) = Credentials::new(child)?;
+        // A script runs its interpreter: probe that (and its libraries), exec the script.
+        let image = program_run_by(&exe)?;
+        // Following, the tracer resolves each image at its exec stop, with its own environment.
+        let files = if child.follow {
+            Vec::new()
+        } else {
+            objects_of(&image, &creds, None)
+        };
+        let exec = Exec::new(&exe, command, user.as_ref())?;
+        Ok(Plan {
+            command,
+            program,
+            image,
+            creds,
+            user,
+            follow: child.follow,
+            files,
+            exec,
+        })
     }
+
+    /// Loads the tracker for the command `pid` (forked, not exec'd yet): following it, or
+    /// with its files' probes attached.
+    fn attach(&self, pid: u32, opts: &TrackerOptions) -> Result<Tracker, TrackerError> {
+        let tracker = if self.follow {
+            Tracker::following(pid, opts).and_then(|t| t.follow_process(pid).map(|()| t))
+        } else {
+            Tracker::attach_files(pid, &self.files, opts)
+        };
+        tracker.map_err(|e| match e {
+            TrackerError::NoAllocatorSymbols { files, .. } => TrackerError::NoAllocatorSymbols {
+                program: Some(self.image.clone()),
+                files,
+            },
+            e => e,
+        })
+    }
+
+    fn command_strings(&self) -> Vec<String> {
+        self.command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    fn metadata(&self, pid: u32) -> Metadata {
+        Metadata::now(pid, Backend::Ebpf).with_command(self.command_strings())
+    }
+}
+
+/// How the command ran.
+struct Ran {
+    /// The step that failed before or at its exec (then the command never ran), and errno.
+    failed: Option<Failed>,
+    /// Its wait status.
+    status: libc::c_int,
+    /// Every process recorded (following), the command's first.
+    processes: Vec<ProcessInfo>,
+}
+
+/// Following: a tracer thread seizes the command, lets it exec and follows its process tree
+/// until it exits; then the command is reaped.
+fn run_followed(cmd: &mut Child, tracker: &Tracker, plan: &Plan) -> Result<Ran, TrackerError> {
+    let pid = cmd.pid;
+    let command_s = plan.command_strings();
+    let creds = &plan.creds;
+    let resolve = |exe: &Path, env: &[(OsString, OsString)]| objects_of(exe, creds, Some(env));
+    let run = std::thread::scope(|s| {
+        let (seized_tx, seized_rx) = std::sync::mpsc::channel();
+        let resolve = &resolve;
+        let image = plan.image.to_string_lossy().into_owned();
+        // ptrace answers only the thread that attached: this one seizes and traces.
+        let tracer = std::thread::Builder::new()
+            .name("memtrack-tracer".into())
+            .spawn_scoped(s, move || {
+                let seized = seize(pid);
+                let ok = seized.is_ok();
+                let _ = seized_tx.send(seized);
+                ok.then(|| Tracer::new(tracker, resolve, pid, image, command_s).run())
+            })
+            .map_err(|source| TrackerError::Io {
+                what: "starting memtrack's tracer thread".into(),
+                source,
+            })?;
+        match seized_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(TrackerError::Io {
+                    what: "starting memtrack's tracer thread".into(),
+                    source: std::io::Error::other("it ended before attaching"),
+                });
+            }
+        }
+        let failed = cmd.release();
+        let traced = tracer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        Ok((failed, traced))
+    });
+    let (failed, traced) = run?;
+    let Some(traced) = traced else {
+        unreachable!("the tracer runs once seized")
+    };
+    // The command is this thread's child: its tracer got its exit status, and it is reaped
+    // here (or waited for, if it was detached at a setuid exec).
+    let reaped = cmd.wait();
+    Ok(Ran {
+        failed,
+        status: traced.status.or(reaped).unwrap_or(1 << 8),
+        processes: traced.processes,
+    })
+}
+
+/// Not following: lets the command exec and polls for its exit, meanwhile probing libraries
+/// it maps later (a dlopen()ed allocator): uprobes attached before exec cover only the files
+/// known then.
+fn run_unfollowed(cmd: &mut Child, tracker: &Tracker) -> Ran {
+    let failed = cmd.release();
+    let status = loop {
+        match cmd.try_wait() {
+            Poll::Exited(status) => break status,
+            Poll::Gone => break 0,
+            Poll::Running => {}
+        }
+        // /proc/PID/maps vanishes as the child exits: errors here are not the user's problem.
+        let _ = tracker.attach_new_objects();
+        std::thread::sleep(RESCAN_PERIOD);
+    };
+    Ran {
+        failed,
+        status,
+        processes: Vec::new(),
+    }
+}
+
+/// Finishes the artifact, then reports how the command ended: its exit code, or the failed
+/// step that kept it from running.
+fn finish<W: Write + Send + 'static>(
+    mut recording: super::Recording<'_, W>,
+    ran: Ran,
+    plan: &Plan,
+    pid: u32,
+) -> Result<RecordOutcome, TrackerError> {
+    recording.set_processes(ran.processes.clone());
+    let recorded = recording.stop()?;
+    if let Some(failed) = ran.failed {
+        return Err(plan.creds.error(plan.program, plan.user.as_ref(), failed));
+    }
+    let status = ran.status;
     let exit_code = if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else if libc::WIFSIGNALED(status) {
@@ -833,20 +1043,7 @@ pub fn record_command_with(
         pid,
         exit_code,
         unfollowed_processes: recorded.unfollowed_processes,
-        processes,
+        processes: ran.processes,
         recorded,
     })
-}
-
-/// Lets the forked child exec (one byte on `go`), and learns whether execve failed: returns
-/// the bytes read from `err` and what they say (a step and an errno; 0 bytes: it exec'd).
-fn go_and_wait(go: libc::c_int, err: libc::c_int) -> (isize, [libc::c_int; 2]) {
-    // SAFETY: writing one byte from a valid buffer to our pipe, then closing our end.
-    unsafe { libc::write(go, [1u8].as_ptr().cast(), 1) };
-    close(go);
-    let mut failed: [libc::c_int; 2] = [0; 2];
-    // SAFETY: reading at most size_of_val(&failed) bytes into `failed`.
-    let n = unsafe { libc::read(err, failed.as_mut_ptr().cast(), size_of_val(&failed)) };
-    close(err);
-    (n, failed)
 }
