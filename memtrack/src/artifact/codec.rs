@@ -239,14 +239,22 @@ impl<'c, const STACKS: bool> ColumnWriter<'c, STACKS> {
                 self.align(align);
             }
             EventKind::Free { addr } | EventKind::Brk { addr } => self.addr(addr),
-            EventKind::Exec | EventKind::SwitchIn => self.addr(0),
-            EventKind::SwitchOut { preempted } => {
-                self.addr(0);
-                self.size(preempted as u64);
-            }
+            EventKind::Exec => self.addr(0),
+            // Rare next to the heap's kinds: kept out of this loop's body.
+            EventKind::SwitchOut { .. } | EventKind::SwitchIn => self.switch(ev.kind),
         }
         if STACKS {
             self.stack(ev);
+        }
+    }
+
+    /// A context switch (lock waits): `addr` 0, and a switch-out's `preempted` in `size`.
+    #[cold]
+    #[inline(never)]
+    fn switch(&mut self, kind: EventKind) {
+        self.addr(0);
+        if let EventKind::SwitchOut { preempted } = kind {
+            self.size(preempted as u64);
         }
     }
 
