@@ -166,6 +166,13 @@ impl CallSites {
     /// Refuses a recording without call stacks, saying how to record them, and warns of lost
     /// events (the sites then miss them).
     pub fn read(reader: &Reader, file: &Path, what: &str) -> memtrack::Result<CallSites> {
+        let sites = Self::analyse(reader, file, what)?;
+        Self::symbolized(reader, file, sites)
+    }
+
+    /// [`CallSites::read`]'s first half, which needs no symbolizer (and so can run on another
+    /// thread): the site analysis of `file`'s events, refused without call stacks.
+    pub fn analyse(reader: &Reader, file: &Path, what: &str) -> memtrack::Result<Sites> {
         super::warn_if_recovered(reader);
         if let Some(f) = reader.final_metadata()
             && f.lost_events > 0
@@ -193,6 +200,12 @@ impl CallSites {
                 super::show::no_stacks_note(reader)
             )));
         }
+        Ok(sites)
+    }
+
+    /// [`CallSites::read`]'s second half: `sites` (of `file`, read by `reader`) with their
+    /// stacks symbolized.
+    pub fn symbolized(reader: &Reader, file: &Path, sites: Sites) -> memtrack::Result<CallSites> {
         let table = reader.stacks()?;
         let none = Stack::default();
         let stacks: Vec<&Stack> = sites

@@ -5,9 +5,15 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use memtrack::{Benchmark, Comparison, Completeness, Metric, Reader, Threshold};
+use memtrack::{
+    Attribution, Benchmark, Comparison, Completeness, Metric, Reader, SiteAnalyzer, SiteKey, Sites,
+    Symbolizer, Threshold, Verdict,
+};
 
 mod render;
+
+/// The sites of the loaded recordings that have call stacks, by file.
+type SiteSets = std::collections::HashMap<PathBuf, Sites>;
 
 /// Exit code of a run whose inputs were refused (clap uses 2 for usage errors too).
 const INPUT_ERROR: u8 = 2;
@@ -56,8 +62,9 @@ pub fn run(
     format: Format,
 ) -> memtrack::Result<ExitCode> {
     let mut errors = Vec::new();
-    let base_set = load_side(base, "base", &mut errors);
-    let head_set = load_side(head, "head", &mut errors);
+    let mut sites = SiteSets::new();
+    let base_set = load_side(base, "base", &mut errors, &mut sites);
+    let head_set = load_side(head, "head", &mut errors, &mut sites);
     if !errors.is_empty() {
         for e in &errors {
             eprintln!("memtrack: error: {e}");
@@ -92,11 +99,14 @@ pub fn run(
         );
         return Ok(ExitCode::from(INPUT_ERROR));
     }
+    let attributed = attribute(&cmp, &base_set, &head_set, &sites)?;
     let out = match format {
-        Format::Table => render::table(&cmp),
-        Format::Markdown => render::markdown(&cmp),
+        Format::Table => render::table(&cmp, &attributed),
+        Format::Markdown => render::markdown(&cmp, &attributed),
         Format::Json => {
-            serde_json::to_string_pretty(&render::json(&cmp)).expect("json values serialize") + "\n"
+            serde_json::to_string_pretty(&render::json(&cmp, &attributed))
+                .expect("json values serialize")
+                + "\n"
         }
     };
     super::out(&out)?;
@@ -109,7 +119,12 @@ pub fn run(
 
 /// The benchmarks of one side: a file, or the `*.memtrack` files of a directory. Problems are
 /// appended to `errors` (all of them, so that one run reports every bad input).
-fn load_side(path: &Path, side: &str, errors: &mut Vec<String>) -> Vec<Benchmark> {
+fn load_side(
+    path: &Path,
+    side: &str,
+    errors: &mut Vec<String>,
+    sites: &mut SiteSets,
+) -> Vec<Benchmark> {
     let files = match artifacts(path) {
         Ok(f) => f,
         Err(e) => {
@@ -120,7 +135,10 @@ fn load_side(path: &Path, side: &str, errors: &mut Vec<String>) -> Vec<Benchmark
     let mut set: Vec<Benchmark> = Vec::new();
     for f in files {
         match load(&f) {
-            Ok(b) => {
+            Ok((b, s)) => {
+                if let Some(s) = s {
+                    sites.insert(b.path.clone(), s);
+                }
                 if let Some(other) = set.iter().find(|o| o.name == b.name) {
                     errors.push(format!(
                         "{side}: {} and {} both hold benchmark {:?}: keep one per name",
@@ -160,7 +178,8 @@ fn artifacts(path: &Path) -> Result<Vec<PathBuf>, String> {
 
 /// Reads one artifact whole and checks it is fit to compare: finished, no lost events, every
 /// frame sound and its decoded totals equal to those its writer stored.
-fn load(path: &Path) -> Result<Benchmark, String> {
+/// Its sites too when it has call stacks.
+fn load(path: &Path) -> Result<(Benchmark, Option<Sites>), String> {
     let reader = Reader::open(path).map_err(|e| format!("{e}; it cannot be compared"))?;
     if let Completeness::Recovered { reason } = reader.completeness() {
         return Err(format!(
@@ -186,7 +205,25 @@ fn load(path: &Path) -> Result<Benchmark, String> {
             path.display()
         ));
     }
-    let totals = super::analyse(&reader, "reading").map_err(|e| e.to_string())?;
+    // A recording with call stacks gets its sites in the same pass (the site accounting costs
+    // less than decoding the file a second time when a regression is attributed).
+    let stacked = reader.stacks().is_ok_and(|t| t.stacks().len() > 0);
+    let (totals, sites) = if stacked {
+        let mut a = SiteAnalyzer::new();
+        let bar = super::progress::events_bar(&reader, "reading");
+        reader
+            .for_each_frame(|_, evs| {
+                a.update_all(evs);
+                bar.inc(evs.len() as u64);
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?;
+        bar.finish_and_clear();
+        (a.analyzer().totals(), Some(a.sites()))
+    } else {
+        let totals = super::analyse(&reader, "reading").map_err(|e| e.to_string())?;
+        (totals, None)
+    };
     if !super::stored_totals_agree(&reader, &totals) {
         return Err(format!(
             "{}: the totals stored in the trailer differ from the decoded events: the artifact \
@@ -201,5 +238,94 @@ fn load(path: &Path) -> Result<Benchmark, String> {
             |s| s.to_string_lossy().into(),
         ),
     };
-    Ok(Benchmark::new(name, path, totals).with_iterations(fin.iterations))
+    Ok((
+        Benchmark::new(name, path, totals).with_iterations(fin.iterations),
+        sites,
+    ))
+}
+
+/// The call sites behind one regressed row of a comparison.
+pub struct Attributed {
+    /// The benchmark.
+    pub benchmark: String,
+    /// The sites ranked by their part in the change of the row's metric.
+    pub attribution: Attribution<SiteKey>,
+    /// Sites of the base, then of the head, with a frame that cannot be matched across
+    /// recordings (no symbol and no build id): they show as vanished and new.
+    pub unmatched: [usize; 2],
+    /// Modules whose frames could not be named (path, why), of either side.
+    pub unnamed_modules: Vec<(String, String)>,
+}
+
+/// The sites behind every regressed row whose two recordings have call stacks, matched by
+/// symbolized frames. Benchmarks whose recordings lack stacks get a note on stderr instead
+/// (the standard output stays what it is without attribution).
+fn attribute(
+    cmp: &Comparison,
+    base_set: &[Benchmark],
+    head_set: &[Benchmark],
+    sites: &SiteSets,
+) -> memtrack::Result<Vec<Attributed>> {
+    let mut out = Vec::new();
+    let mut benchmarks: Vec<&str> = cmp
+        .rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::Regressed)
+        .map(|r| r.benchmark.as_str())
+        .collect();
+    benchmarks.dedup();
+    let mut sym = Symbolizer::new();
+    let mut without_stacks = Vec::new();
+    for name in benchmarks {
+        let find = |set: &[Benchmark]| {
+            // A lone file's benchmark was renamed to the head's: it is the only one.
+            set.iter()
+                .find(|b| b.name == name)
+                .or(set.first().filter(|_| set.len() == 1))
+                .map(|b| b.path.clone())
+        };
+        let (Some(bp), Some(hp)) = (find(base_set), find(head_set)) else {
+            continue;
+        };
+        let (Some(bs), Some(hs)) = (sites.get(&bp), sites.get(&hp)) else {
+            without_stacks.push(name.to_string());
+            continue;
+        };
+        if !bs.has_stacks() || !hs.has_stacks() {
+            without_stacks.push(name.to_string());
+            continue;
+        }
+        let (br, hr) = (Reader::open(&bp)?, Reader::open(&hp)?);
+        let bk = memtrack::site_keys(&mut sym, &br, bs, 0)?;
+        let hk = memtrack::site_keys(&mut sym, &hr, hs, 1)?;
+        let mut unnamed = bk.unnamed_modules.clone();
+        for m in &hk.unnamed_modules {
+            if !unnamed.contains(m) {
+                unnamed.push(m.clone());
+            }
+        }
+        for r in cmp
+            .rows
+            .iter()
+            .filter(|r| r.benchmark == name && r.verdict == Verdict::Regressed)
+        {
+            out.push(Attributed {
+                benchmark: name.to_string(),
+                attribution: memtrack::attribute(r.metric, &bk.sites, &hk.sites),
+                unmatched: [bk.unmatched, hk.unmatched],
+                unnamed_modules: unnamed.clone(),
+            });
+        }
+    }
+    if !without_stacks.is_empty() {
+        eprintln!(
+            "memtrack: note: no call sites to attribute the regression of {} to: attribution \
+             needs call stacks in both recordings; record with the eBPF tracker (`memtrack \
+             record`, which keeps --stack-depth {} frames by default) from binaries built with \
+             frame pointers (-fno-omit-frame-pointer, or RUSTFLAGS=\"-C force-frame-pointers=yes\")",
+            without_stacks.join(", "),
+            memtrack::DEFAULT_STACK_DEPTH
+        );
+    }
+    Ok(out)
 }

@@ -1,15 +1,17 @@
 //! `memtrack flamegraph FILE -o flame.svg [--metric …]`: the call sites as an interactive flame
 //! graph (inferno: flamegraph.pl's SVG with its search, zoom and tooltips), one box per frame
-//! weighted by the metric, coloured by whose code it is.
+//! weighted by the metric, coloured by whose code it is. `memtrack flamegraph --diff BASE HEAD`:
+//! inferno's differential flame graph of how HEAD differs from BASE.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
 use inferno::flamegraph::{self, Options, color::Color, color::PaletteMap};
-use memtrack::{Output, Reader, human};
+use memtrack::{Completeness, Output, Reader, human};
 
-use crate::callsites::{CallSites, Class, Metric};
+use crate::callsites::{CallSite, CallSites, Class, Metric, NO_STACK, TRUNCATED, frame_name};
 
 /// The colour of each class's frames: warm for the program's own code (where to look first),
 /// tan for Rust's std, blue for libc and the loader, green for other libraries.
@@ -59,6 +61,10 @@ pub fn render(cs: &CallSites, metric: Metric, svg: &mut Vec<u8>) -> std::io::Res
         }
     }
     let lines = cs.folded(metric);
+    if lines.is_empty() {
+        // inferno refuses an input without stacks: an image that says so.
+        return empty_svg(&format!("{}: {}", cs.name, metric.label()), metric, svg);
+    }
     let mut opt = Options::default();
     opt.title = format!("{}: {}", cs.name, metric.label());
     opt.subtitle = Some(format!(
@@ -68,15 +74,11 @@ pub fn render(cs: &CallSites, metric: Metric, svg: &mut Vec<u8>) -> std::io::Res
     ));
     opt.count_name = metric.unit().to_string();
     opt.palette_map = Some(&mut palette);
-    if lines.is_empty() {
-        // inferno refuses an input without stacks: an image that says so.
-        return empty_svg(cs, metric, svg);
-    }
     flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), svg)
 }
 
-/// An SVG that says no site weighs anything by the metric.
-fn empty_svg(cs: &CallSites, metric: Metric, svg: &mut Vec<u8>) -> std::io::Result<()> {
+/// An SVG titled `title` that says no site weighs anything by the metric.
+fn empty_svg(title: &str, metric: Metric, svg: &mut Vec<u8>) -> std::io::Result<()> {
     let esc = |s: &str| {
         s.replace('&', "&amp;")
             .replace('<', "&lt;")
@@ -87,10 +89,230 @@ fn empty_svg(cs: &CallSites, metric: Metric, svg: &mut Vec<u8>) -> std::io::Resu
         svg,
         "<?xml version=\"1.0\" standalone=\"no\"?>\n<svg version=\"1.1\" width=\"1200\" \
          height=\"60\" xmlns=\"http://www.w3.org/2000/svg\"><text x=\"600\" y=\"24\" \
-         text-anchor=\"middle\">{}: {}</text><text x=\"600\" y=\"48\" \
+         text-anchor=\"middle\">{}</text><text x=\"600\" y=\"48\" \
          text-anchor=\"middle\">no call site has any {}</text></svg>\n",
-        esc(&cs.name),
-        esc(metric.label()),
+        esc(title),
         esc(metric.label())
     )
+}
+
+/// Reads `base` and `head` (their events on two threads) and writes the differential flame graph of how
+/// `head` differs from `base` to `output`. Refuses, before writing anything, an input that
+/// cannot stand for its program: incomplete, with lost events or processes not covered, or
+/// without call stacks.
+pub fn run_diff(
+    base: &Path,
+    head: &Path,
+    output: &Path,
+    metric: Metric,
+) -> memtrack::Result<ExitCode> {
+    // Both refused or read before the output is created: a refusal leaves nothing behind.
+    let (rb, rh) = (open_whole(base)?, open_whole(head)?);
+    let (sb, sh) = std::thread::scope(|s| {
+        let sb = s.spawn(|| CallSites::analyse(&rb, base, "reading BASE's call sites"));
+        let sh = CallSites::analyse(&rh, head, "reading HEAD's call sites");
+        (
+            sb.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            sh,
+        )
+    });
+    let b = CallSites::symbolized(&rb, base, sb?)?;
+    let h = CallSites::symbolized(&rh, head, sh?)?;
+    let out = Output::create(output)?;
+    let mut svg = Vec::new();
+    let changed = render_diff(&b, &h, metric, &mut svg).map_err(|e| memtrack::Error::Io {
+        what: format!("drawing {}", output.display()),
+        source: e,
+    })?;
+    out.writer()?
+        .write_all(&svg)
+        .map_err(|e| memtrack::Error::Io {
+            what: format!("writing {}", out.path().display()),
+            source: e,
+        })?;
+    let written = out.commit()?;
+    eprintln!(
+        "memtrack: wrote {} ({} of {} stacks changed, by {})",
+        written.display(),
+        human::count(changed.0 as u64),
+        human::count(changed.1 as u64),
+        metric.label()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `file` opened, if the recording is whole: the same refusals as `memtrack compare`'s (a
+/// partial picture would show missing allocations as shrinking). A recording without stacks
+/// is refused by [`CallSites::analyse`].
+fn open_whole(file: &Path) -> memtrack::Result<Reader> {
+    let refuse = |why: String| {
+        memtrack::Error::InvalidOption(format!("{}: {why}, so it cannot be diffed", file.display()))
+    };
+    let reader = Reader::open(file)?;
+    if let Completeness::Recovered { reason } = reader.completeness() {
+        return Err(refuse(format!("the artifact is incomplete ({reason})")));
+    }
+    let fin = reader
+        .final_metadata()
+        .ok_or_else(|| refuse("the artifact has no trailer".into()))?;
+    if fin.lost_events > 0 {
+        return Err(refuse(format!(
+            "{} events were lost while recording (the ring buffer overflowed); record it again \
+             with a larger --ringbuf-mib",
+            human::count(fin.lost_events)
+        )));
+    }
+    if let Some(why) = super::processes::not_whole(fin) {
+        return Err(refuse(format!(
+            "{why}; record it again following every process (without --no-follow)"
+        )));
+    }
+    Ok(reader)
+}
+
+/// The frames' names of `cs`'s sites in a differential flame graph, root first: a named frame
+/// is its function and its source file's base name (`chain_inner (chain.c)`), or the function
+/// and the whole path where two files of one base name hold functions of one name; a frame
+/// that could not be named keeps its fallback (`module+0xOFFSET`), which matches only the same
+/// offset. Function and file, never line or address: code that moved between the builds still
+/// matches.
+struct DiffNames {
+    /// (function, file) → its frame's name.
+    names: HashMap<(String, Option<String>), String>,
+}
+
+impl DiffNames {
+    fn new<'a>(sides: impl IntoIterator<Item = &'a CallSites>) -> DiffNames {
+        let mut files: HashMap<(String, Option<String>), Vec<String>> = HashMap::new();
+        for cs in sides {
+            for c in &cs.call_sites {
+                for l in &c.locations {
+                    for f in &l.frames {
+                        if let Some(func) = &f.function {
+                            let base = f.file.as_deref().map(basename);
+                            let paths = files
+                                .entry((func.clone(), base.map(str::to_string)))
+                                .or_default();
+                            if let Some(file) = &f.file
+                                && !paths.contains(file)
+                            {
+                                paths.push(file.clone());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut names = HashMap::new();
+        for ((func, base), paths) in files {
+            match base {
+                None => {
+                    names.insert((func.clone(), None), func);
+                }
+                Some(base) => {
+                    let ambiguous = paths.len() > 1;
+                    for p in paths {
+                        let name = match ambiguous {
+                            true => format!("{func} ({p})"),
+                            false => format!("{func} ({base})"),
+                        };
+                        names.insert((func.clone(), Some(p)), name);
+                    }
+                }
+            }
+        }
+        DiffNames { names }
+    }
+
+    /// `c`'s folded path, root first, `;` separated.
+    fn path(&self, c: &CallSite) -> String {
+        if c.locations.is_empty() {
+            return NO_STACK.to_string();
+        }
+        let mut parts: Vec<String> = Vec::new();
+        if c.truncated {
+            parts.push(TRUNCATED.to_string());
+        }
+        for l in c.locations.iter().rev() {
+            for f in l.frames.iter().rev() {
+                let name = match &f.function {
+                    Some(func) => self
+                        .names
+                        .get(&(func.clone(), f.file.clone()))
+                        .cloned()
+                        .unwrap_or_else(|| func.clone()),
+                    None => frame_name(f),
+                };
+                parts.push(name.replace(';', ",").replace('\n', " "));
+            }
+        }
+        parts.join(";")
+    }
+}
+
+fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The differential flame graph of `head` against `base` by `metric`, as SVG: inferno's
+/// differential mode (flamegraph.pl's `stack base head` lines), frames as wide as HEAD's
+/// weight, the frame where a stack allocates red if it grew, blue if it shrank, white if
+/// unchanged (a stack only BASE has weighs nothing in HEAD: it is counted in the subtitle).
+/// Returns how many stacks changed, of how many.
+pub fn render_diff(
+    base: &CallSites,
+    head: &CallSites,
+    metric: Metric,
+    svg: &mut Vec<u8>,
+) -> std::io::Result<(usize, usize)> {
+    let names = DiffNames::new([base, head]);
+    let mut merged: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (side, cs) in [base, head].into_iter().enumerate() {
+        for c in &cs.call_sites {
+            let w = metric.weight(&c.site);
+            if w == 0 {
+                continue;
+            }
+            let e = merged.entry(names.path(c)).or_default();
+            match side {
+                0 => e.0 += w,
+                _ => e.1 += w,
+            }
+        }
+    }
+    let changed = merged.values().filter(|(b, h)| b != h).count();
+    let vanished = merged.values().filter(|(_, h)| *h == 0).count();
+    let (total_b, total_h) = merged
+        .values()
+        .fold((0u64, 0u64), |(tb, th), (b, h)| (tb + b, th + h));
+    let title = format!(
+        "{} → {}: {} (differential)",
+        base.name,
+        head.name,
+        metric.label()
+    );
+    if total_h == 0 {
+        empty_svg(&title, metric, svg)?;
+        return Ok((changed, merged.len()));
+    }
+    let lines: Vec<String> = merged
+        .iter()
+        .map(|(path, (b, h))| format!("{path} {b} {h}"))
+        .collect();
+    let mut opt = Options::default();
+    opt.title = title;
+    opt.subtitle = Some(format!(
+        "{} {} → {} {}; red: the stack allocates more, blue: less, white: the same; widths \
+         are the head's; {} of {} stacks changed, {} only in the base (not drawn)",
+        human::count(total_b),
+        metric.unit(),
+        human::count(total_h),
+        metric.unit(),
+        human::count(changed as u64),
+        human::count(merged.len() as u64),
+        human::count(vanished as u64)
+    ));
+    opt.count_name = metric.unit().to_string();
+    flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), svg)?;
+    Ok((changed, merged.len()))
 }

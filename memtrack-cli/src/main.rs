@@ -122,10 +122,17 @@ enum Cmd {
     },
     /// Draw the call sites as an interactive flame graph (SVG: search, zoom, tooltips), each
     /// frame as wide as its share of the metric, coloured by whose code it is (the program,
-    /// Rust std, libc and ld.so, other libraries). Needs a recording with call stacks.
+    /// Rust std, libc and ld.so, other libraries). Needs a recording with call stacks. With
+    /// `--diff BASE HEAD`: a differential flame graph of HEAD (growth red, shrink blue, no
+    /// change white), frames matched by function and source file; exit 2 if an input is
+    /// refused (no call stacks, incomplete, lost events, processes not covered).
     Flamegraph {
         /// The artifact.
-        file: PathBuf,
+        #[arg(required_unless_present = "diff", conflicts_with = "diff")]
+        file: Option<PathBuf>,
+        /// Draw how HEAD differs from BASE instead: two artifacts with call stacks.
+        #[arg(long, num_args = 2, value_names = ["BASE", "HEAD"])]
+        diff: Option<Vec<PathBuf>>,
         /// Output SVG file.
         #[arg(short, long, default_value = "flame.svg")]
         output: PathBuf,
@@ -247,7 +254,7 @@ fn main() -> ExitCode {
     // compare's own exit codes: 1 is a regression, so its errors exit 2; record's are the
     // command's, so its own are set apart (see `record_error_code`).
     let kind = match cli.cmd {
-        Cmd::Compare { .. } => Some(2),
+        Cmd::Compare { .. } | Cmd::Flamegraph { diff: Some(_), .. } => Some(2),
         Cmd::Record { .. } => None,
         _ => Some(1),
     };
@@ -278,9 +285,14 @@ fn main() -> ExitCode {
         } => plot::run(&file, &output, plot::Size { width, height }),
         Cmd::Flamegraph {
             file,
+            diff,
             output,
             metric,
-        } => flamegraph::run(&file, &output, metric),
+        } => match (diff.as_deref(), file) {
+            (Some([base, head]), _) => flamegraph::run_diff(base, head, &output, metric),
+            (_, Some(file)) => flamegraph::run(&file, &output, metric),
+            _ => unreachable!("clap requires FILE or --diff BASE HEAD"),
+        },
         Cmd::Export {
             file,
             format,

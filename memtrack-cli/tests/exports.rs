@@ -7,13 +7,15 @@
 //! - folded: lines summing to the metric;
 //! - Firefox: the processed format's required fields and tables, the allocation samples'
 //!   sizes summing to the bytes allocated (positive) and to the live bytes at the end (all);
-//! - SVG: well-formed XML (roxmltree), titled, frames coloured by module.
+//! - SVG: well-formed XML (roxmltree), titled, frames coloured by module; the differential
+//!   flame graph (`flamegraph --diff`) with the grown site's frame red and the others white.
 //!
 //! Inputs: `memtrack synth --stacks`, and the C fixture with a known call chain (`chain.c`),
 //! built and run for real, whose printed return addresses make the stacks of a recording of
 //! its 6 blocks of 4,321 bytes: its exports must name main → chain_outer → chain_middle with
-//! their lines. (The tracker does not record stacks yet: a recording of it has none, and is
-//! refused with the reason, as the synth without --stacks is here.)
+//! their lines; and a `memtrack record` of it by the eBPF tracker (`chain_recorded`), whose
+//! exports must name main → chain_outer → chain_middle → chain_inner with the counts the
+//! fixture declares.
 //!
 //! `harness = false` (memtrack-test-support's runner): a test whose reader (node, python3's
 //! protobuf, valgrind's viewer, a C compiler) is missing is reported as ignored with what to
@@ -438,7 +440,15 @@ fn refused_without_stacks() {
 /// addresses the program printed.
 fn chain_recording(dir: &Path) -> PathBuf {
     let exe = fixtures::c_chain(dir, "chain", true, &["-Wl,--build-id=none"]);
-    let printed = fixtures::run_printed(&exe, &["--print".as_ref()]);
+    chain_artifact(&exe, &dir.join("chain.memtrack"), &[(0, 6, 4321)])
+}
+
+/// An artifact at `artifact` of allocations made with stacks of `exe`'s printed return
+/// addresses: for each `(skip, count, bytes)`, `count` blocks of `bytes` under the stack
+/// main → chain_outer → chain_middle without its `skip` innermost frames (each site its own
+/// stack), each block freed 5 µs later but the very last one.
+fn chain_artifact(exe: &Path, artifact: &Path, sites: &[(usize, u64, u64)]) -> PathBuf {
+    let printed = fixtures::run_printed(exe, &["--print".as_ref()]);
     let frames: Vec<Frame> = ["ret_chain_middle", "ret_chain_outer", "ret_main"]
         .iter()
         .map(|name| {
@@ -450,46 +460,51 @@ fn chain_recording(dir: &Path) -> PathBuf {
             }
         })
         .collect();
-    let artifact = dir.join("chain.memtrack");
     let meta = Metadata::now(1, Backend::Ebpf);
-    let f = std::fs::File::create(&artifact).unwrap();
+    let f = std::fs::File::create(artifact).unwrap();
     let mut enc = Encoder::new(f, &meta, EncoderOptions::new().workers(1)).unwrap();
     enc.define_module(
         ModuleId(1),
         Module {
-            path: s(&exe).to_string(),
+            path: s(exe).to_string(),
             build_id: None,
         },
     )
     .unwrap();
-    enc.define_stack(
-        StackId(1),
-        Stack {
-            frames,
-            truncated: false,
-        },
-    )
-    .unwrap();
-    for i in 0..6u64 {
-        let addr = 0x1000 + i * 0x2000;
-        enc.push(
-            Event::new(10_000 * i, 1, 1, EventKind::Malloc { addr, size: 4321 })
-                .with_stack(StackId(1)),
+    let total: u64 = sites.iter().map(|(_, n, _)| n).sum();
+    let mut i = 0u64;
+    for (k, &(skip, count, bytes)) in sites.iter().enumerate() {
+        let id = StackId(k as u32 + 1);
+        enc.define_stack(
+            id,
+            Stack {
+                frames: frames[skip..].to_vec(),
+                truncated: false,
+            },
         )
         .unwrap();
-        // Each block lives 5 µs, but the last one, never freed.
-        if i < 5 {
-            enc.push(Event::new(
-                10_000 * i + 5_000,
-                1,
-                1,
-                EventKind::Free { addr },
-            ))
+        for _ in 0..count {
+            let addr = 0x1000 + i * 0x2000;
+            enc.push(
+                Event::new(10_000 * i, 1, 1, EventKind::Malloc { addr, size: bytes })
+                    .with_stack(id),
+            )
             .unwrap();
+            // Each block lives 5 µs, but the last one, never freed.
+            if i + 1 < total {
+                enc.push(Event::new(
+                    10_000 * i + 5_000,
+                    1,
+                    1,
+                    EventKind::Free { addr },
+                ))
+                .unwrap();
+            }
+            i += 1;
         }
     }
     enc.finish(0).unwrap();
-    artifact
+    artifact.to_path_buf()
 }
 
 const CHAIN: [&str; 3] = ["main", "chain_outer", "chain_middle"];
@@ -611,8 +626,286 @@ fn chain_pprof() {
     assert_eq!(got, want);
 }
 
+/// The fill of the frame whose tooltip starts with `tooltip`, as (r, g, b); fails listing
+/// the tooltips when there is none or more than one.
+fn fill_of(doc: &roxmltree::Document<'_>, tooltip: &str) -> (u8, u8, u8) {
+    let titles: Vec<roxmltree::Node<'_, '_>> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("title") && n.text().is_some_and(|t| t.starts_with(tooltip)))
+        .collect();
+    assert_eq!(
+        titles.len(),
+        1,
+        "frames {tooltip:?} in {}",
+        tooltips(doc).join(" | ")
+    );
+    let rect = titles[0]
+        .parent()
+        .unwrap()
+        .children()
+        .find(|n| n.has_tag_name("rect"))
+        .unwrap();
+    let fill = rect.attribute("fill").unwrap();
+    let rgb: Vec<u8> = fill
+        .strip_prefix("rgb(")
+        .and_then(|f| f.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("fill {fill}"))
+        .split(',')
+        .map(|c| c.parse().unwrap())
+        .collect();
+    (rgb[0], rgb[1], rgb[2])
+}
+
+fn tooltips<'a>(doc: &'a roxmltree::Document<'_>) -> Vec<&'a str> {
+    doc.descendants()
+        .filter(|n| n.has_tag_name("title"))
+        .filter_map(|n| n.text())
+        .collect()
+}
+
+/// inferno's differential colours: white for no change, red (full red, equal green and blue
+/// below white's) for growth, blue for shrinking.
+const WHITE: (u8, u8, u8) = (250, 250, 250);
+fn is_red((r, g, b): (u8, u8, u8)) -> bool {
+    r == 255 && g == b && g < 250
+}
+fn is_blue((r, g, b): (u8, u8, u8)) -> bool {
+    b == 255 && r == g && r < 250
+}
+
+/// `flamegraph --diff` of two builds of the chain fixture (-O2 and -O1: other return
+/// addresses) with three sites, one per function (chain_middle: 6 blocks of 4,321 bytes,
+/// chain_outer: 3 of 100, main: 2 of 50), where only chain_middle's grows (7 blocks): its
+/// frame is red, every other frame (its callers, the root) white, matched across the builds by
+/// function and file although no address is the same; swapped, its frame is blue.
+fn flamegraph_diff_one_site_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let flags = ["-Wl,--build-id=none"];
+    let base_exe = fixtures::c_chain(d, "chain_base", true, &flags);
+    let head_exe = fixtures::c_chain(d, "chain_head", true, &[flags[0], "-O1"]);
+    let offsets = |exe: &Path| -> Vec<u64> {
+        let p = fixtures::run_printed(exe, &["--print".as_ref()]);
+        ["ret_chain_middle", "ret_chain_outer", "ret_main"]
+            .iter()
+            .map(|n| p.file_offset(p.addr(n)).1)
+            .collect()
+    };
+    let (bo, ho) = (offsets(&base_exe), offsets(&head_exe));
+    assert!(
+        bo.iter().zip(&ho).all(|(b, h)| b != h),
+        "the builds share return addresses: {bo:x?} {ho:x?}"
+    );
+    let base = chain_artifact(
+        &base_exe,
+        &d.join("base.memtrack"),
+        &[(0, 6, 4321), (1, 3, 100), (2, 2, 50)],
+    );
+    let head = chain_artifact(
+        &head_exe,
+        &d.join("head.memtrack"),
+        &[(0, 7, 4321), (1, 3, 100), (2, 2, 50)],
+    );
+    let svg = d.join("diff.svg");
+    for (metric, label, unit, head_total, grown) in [
+        ("allocations", "allocations", "allocations", 12, 7),
+        (
+            "bytes",
+            "bytes allocated",
+            "bytes",
+            7 * 4321 + 400,
+            7 * 4321,
+        ),
+    ] {
+        let out = memtrack(&[
+            "flamegraph",
+            "--diff",
+            s(&base),
+            s(&head),
+            "-o",
+            s(&svg),
+            "--metric",
+            metric,
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        let body = std::fs::read_to_string(&svg).unwrap();
+        let doc = svg_doc(&body);
+        let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
+        let title = format!("base → head: {label} (differential)");
+        assert!(texts.contains(&title.as_str()), "no title {title:?}");
+        assert_eq!(tooltips(&doc).len(), 4, "{:?}", tooltips(&doc));
+        let grown = format!("chain_middle (chain.c) ({} {unit},", group(grown));
+        assert!(
+            is_red(fill_of(&doc, &grown)),
+            "{grown} {:?}",
+            fill_of(&doc, &grown)
+        );
+        for same in [
+            format!("all ({} {unit},", group(head_total)),
+            "main (chain.c) (".to_string(),
+            "chain_outer (chain.c) (".to_string(),
+        ] {
+            assert_eq!(fill_of(&doc, &same), WHITE, "{same}");
+        }
+    }
+    // HEAD → BASE: the site shrinks.
+    let out = memtrack(&["flamegraph", "--diff", s(&head), s(&base), "-o", s(&svg)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let body = std::fs::read_to_string(&svg).unwrap();
+    let doc = svg_doc(&body);
+    let shrunk = format!("chain_middle (chain.c) ({} bytes,", group(6 * 4321));
+    assert!(
+        is_blue(fill_of(&doc, &shrunk)),
+        "{:?}",
+        fill_of(&doc, &shrunk)
+    );
+    assert_eq!(fill_of(&doc, "main (chain.c) ("), WHITE);
+}
+
+/// A small artifact with call stacks (frames in a file that does not exist: named by their
+/// fallback), `lost` events lost and `unfollowed` processes not followed.
+fn stacks_artifact(path: &Path, lost: u64, unfollowed: u64) -> PathBuf {
+    let f = std::fs::File::create(path).unwrap();
+    let meta = Metadata::now(1, Backend::Ebpf);
+    let mut enc = Encoder::new(f, &meta, EncoderOptions::new().workers(1)).unwrap();
+    let module = Module {
+        path: "/nonexistent/libx.so".into(),
+        build_id: None,
+    };
+    enc.define_module(ModuleId(1), module).unwrap();
+    let frames = vec![Frame {
+        module: ModuleId(1),
+        offset: 0x1234,
+    }];
+    let stack = Stack {
+        frames,
+        truncated: false,
+    };
+    enc.define_stack(StackId(1), stack).unwrap();
+    enc.push(
+        Event::new(
+            1_000,
+            1,
+            1,
+            EventKind::Malloc {
+                addr: 0x10,
+                size: 64,
+            },
+        )
+        .with_stack(StackId(1)),
+    )
+    .unwrap();
+    enc.set_processes(Vec::new(), unfollowed);
+    enc.finish(lost).unwrap();
+    path.to_path_buf()
+}
+
+/// `flamegraph --diff` refuses, with exit code 2 (compare's) and the reason, an input without
+/// call stacks, with lost events, or with processes not covered, on either side; nothing is
+/// written. Two sound inputs are drawn.
+fn flamegraph_diff_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let good = stacks_artifact(&d.join("good.memtrack"), 0, 0);
+    let plain = common::synth(&d.join("plain.memtrack"), 5000, 1);
+    let lost = stacks_artifact(&d.join("lost.memtrack"), 3, 0);
+    let unfollowed = stacks_artifact(&d.join("unfollowed.memtrack"), 0, 1);
+    let svg = d.join("diff.svg");
+    for (bad, why) in [
+        (&plain, "no call stacks in this recording"),
+        (&lost, "3 events were lost while recording"),
+        (&unfollowed, "not followed"),
+    ] {
+        for (base, head) in [(bad, &good), (&good, bad)] {
+            let out = memtrack(&["flamegraph", "--diff", s(base), s(head), "-o", s(&svg)]);
+            let t = text(&out);
+            assert_eq!(out.status.code(), Some(2), "{t}");
+            assert!(t.contains(s(bad)) && t.contains(why), "{t}");
+            assert!(!svg.exists());
+        }
+    }
+    assert_eq!(std::fs::read_dir(d).unwrap().count(), 4);
+    let out = memtrack(&["flamegraph", "--diff", s(&good), s(&good), "-o", s(&svg)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let body = std::fs::read_to_string(&svg).unwrap();
+    let doc = svg_doc(&body);
+    assert_eq!(fill_of(&doc, "libx.so+0x1234 ("), WHITE);
+    // FILE and --diff exclude each other, and one of them is needed.
+    let out = memtrack(&["flamegraph", s(&good), "--diff", s(&good), s(&good)]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = memtrack(&["flamegraph"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+/// `memtrack record` of the C fixture (the eBPF tracker, real stacks): its folded export and
+/// flame graph name main → chain_outer → chain_middle → chain_inner with the fixture's
+/// declared count and bytes ([`fixtures::C_CHAIN`]), and its DHAT export's totals equal
+/// `show --json`'s.
+fn chain_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixtures::c_chain(dir.path(), "chain", true, &[]);
+    let input = dir.path().join("chain.memtrack");
+    let out = memtrack(&["record", "-o", s(&input), "--", s(&exe)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let site = fixtures::C_CHAIN;
+    let chain: Vec<&str> = site.chain.iter().rev().copied().collect();
+    let want = chain.join(";");
+    for (metric, weight) in [
+        ("allocations", site.count),
+        ("bytes", site.count * site.bytes),
+    ] {
+        let folded =
+            std::fs::read_to_string(export(&input, "folded", &["--metric", metric])).unwrap();
+        let lines: Vec<&str> = folded.lines().filter(|l| l.contains(&want)).collect();
+        // One stack through the chain (maybe under the C runtime's frames: _start,
+        // __libc_start_main), ending at chain_inner, weighing exactly what the fixture makes.
+        assert_eq!(lines.len(), 1, "{folded}");
+        let (frames, w) = lines[0].rsplit_once(' ').unwrap();
+        assert!(
+            frames.ends_with(&format!(";{want}")) || frames == want,
+            "{frames}"
+        );
+        assert_eq!(w, weight.to_string(), "--metric {metric}: {folded}");
+    }
+    let svg = dir.path().join("chain.svg");
+    let out = memtrack(&[
+        "flamegraph",
+        s(&input),
+        "-o",
+        s(&svg),
+        "--metric",
+        "allocations",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let body = std::fs::read_to_string(&svg).unwrap();
+    let doc = svg_doc(&body);
+    let tips = tooltips(&doc);
+    for name in chain {
+        // chain_outer and below hold only the chain's blocks (main also the markers').
+        let n = if name == "main" {
+            2 + site.count
+        } else {
+            site.count
+        };
+        let tooltip = format!("{name} ({n} allocations,");
+        assert!(
+            tips.iter().any(|t| t.starts_with(&tooltip)),
+            "no frame {tooltip:?} in {tips:?}"
+        );
+    }
+    let show = show_json(&input);
+    let d = json_file(&export(&input, "dhat", &[]));
+    check_dhat_fields(&d);
+    assert_eq!(pp_sum(&d, "tb"), u(&show, "bytes_allocated"));
+    assert_eq!(pp_sum(&d, "tbk"), u(&show, "allocations"));
+    assert_eq!(pp_sum(&d, "gb"), u(&show, "peak_live_bytes"));
+    assert_eq!(pp_sum(&d, "eb"), u(&show, "live_bytes_at_end"));
+    assert_eq!(pp_sum(&d, "ebk"), u(&show, "live_blocks_at_end"));
+}
+
 fn main() {
     let cc: &'static [Need] = &[Need::Tool("cc")];
+    let cc_tracker: &'static [Need] = &[Need::Tool("cc"), memtrack_test_support::TRACKER];
     let cc_python: &'static [Need] = &[
         Need::Tool("cc"),
         Need::Tool("python3"),
@@ -633,6 +926,13 @@ fn main() {
         ),
         requires("chain_dhat", cc, chain_dhat),
         requires("chain_pprof", cc_python, chain_pprof),
+        requires(
+            "flamegraph_diff_one_site_grows",
+            cc,
+            flamegraph_diff_one_site_grows,
+        ),
+        test("flamegraph_diff_refusals", flamegraph_diff_refusals),
+        requires("chain_recorded", cc_tracker, chain_recorded),
     ];
     memtrack_test_support::run(trials);
 }

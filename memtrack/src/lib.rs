@@ -91,6 +91,7 @@ mod totals;
 mod tracker;
 
 pub use analysis::{Analyzer, KindCounts, ProcessTotals, Stats, ThreadTotals, Totals};
+pub use analysis::{Attribution, SiteDelta, attribute};
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use analysis::{Column, Extremes, InvalidTimeline, SizeClass, SizeHistogram, Timeline};
 pub use analysis::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
@@ -119,7 +120,7 @@ pub use scope::Scope;
 pub use session::{BackendChoice, Session, SessionBuilder, start};
 pub use stack::{Frame, Module, ModuleId, Stack, StackId};
 #[cfg(feature = "symbolize")]
-pub use symbolize::{ModuleStatus, SymFrame, Symbolizer};
+pub use symbolize::{KeyFrame, KeyedSites, ModuleStatus, SiteKey, SymFrame, Symbolizer, site_keys};
 #[cfg(feature = "synth")]
 pub use synth::{Synth, SynthOptions};
 pub use tracker::DEFAULT_STACK_DEPTH;

@@ -8,6 +8,8 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized};
 use rustc_hash::FxHashMap;
 
+use crate::analysis::{Site, Sites};
+use crate::artifact::{FormatError, Reader};
 use crate::stack::{Module, ModuleId, Stack};
 
 /// One frame of a symbolized address: a function (maybe inlined into the next frame) at a file
@@ -420,4 +422,181 @@ fn stat(path: &str) -> Option<(u64, u64, u64, i64, i64)> {
 
 fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
+}
+
+/// One frame of a [`SiteKey`]: what identifies it across two builds of a program.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum KeyFrame {
+    /// A named frame: its function and source file, never its line or address (an edit that
+    /// moves code does not change them).
+    Function {
+        /// The demangled function.
+        function: String,
+        /// Its source file, if the debug information names one.
+        file: Option<String>,
+    },
+    /// A frame that could not be named, in a module with a build id: the same offset in the
+    /// same build is the same code.
+    Offset {
+        /// The module's file base name.
+        module: String,
+        /// Its build id, in hex.
+        build_id: String,
+        /// The file offset (the return address).
+        offset: u64,
+    },
+    /// A frame that could not be named and whose code cannot be identified across recordings
+    /// (no build id, or outside any file): it matches nothing in another recording.
+    Unmatched {
+        /// The recording it is of ([`site_keys`]'s `recording`).
+        recording: u32,
+        /// The module's file base name (empty outside any file).
+        module: String,
+        /// The file offset, or the absolute address outside any file.
+        offset: u64,
+    },
+}
+
+impl fmt::Display for KeyFrame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyFrame::Function {
+                function,
+                file: Some(file),
+            } => write!(f, "{function} ({})", basename(file)),
+            KeyFrame::Function {
+                function,
+                file: None,
+            } => f.write_str(function),
+            KeyFrame::Offset { module, offset, .. } => write!(f, "{module}+{offset:#x}"),
+            KeyFrame::Unmatched { module, offset, .. } if module.is_empty() => {
+                write!(f, "{offset:#x} (unmatched)")
+            }
+            KeyFrame::Unmatched { module, offset, .. } => {
+                write!(f, "{module}+{offset:#x} (unmatched)")
+            }
+        }
+    }
+}
+
+/// A call site's identity across recordings of two builds: its frames, innermost first
+/// (inlined functions as frames of their own), as [`KeyFrame`]s. Empty for the allocations
+/// without a stack.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct SiteKey(pub Vec<KeyFrame>);
+
+impl SiteKey {
+    /// Whether some frame matches nothing in another recording.
+    pub fn is_unmatched(&self) -> bool {
+        self.0
+            .iter()
+            .any(|f| matches!(f, KeyFrame::Unmatched { .. }))
+    }
+}
+
+impl fmt::Display for SiteKey {
+    /// The frames, innermost first, joined by ` ← `; `[no stack]` when there are none.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("[no stack]");
+        }
+        for (i, fr) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ← ")?;
+            }
+            write!(f, "{fr}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The sites of one recording keyed for [`attribute`](crate::attribute): [`site_keys`]'s result.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct KeyedSites {
+    /// Every site with its key.
+    pub sites: Vec<(SiteKey, Site)>,
+    /// How many of them have a frame that matches nothing in another recording.
+    pub unmatched: usize,
+    /// The modules whose frames could not be named, with why (the path and the reason).
+    pub unnamed_modules: Vec<(String, String)>,
+}
+
+/// Keys every site of `sites` (the recording `reader` reads) by its symbolized frames, so that
+/// sites of two builds match by function and file (see [`KeyFrame`]). `recording` tells the
+/// recordings apart in the frames that cannot be matched: give each recording compared its
+/// own number. A stack the reader's tables do not define is an error (a corrupt artifact).
+pub fn site_keys(
+    sym: &mut Symbolizer,
+    reader: &Reader,
+    sites: &Sites,
+    recording: u32,
+) -> Result<KeyedSites, FormatError> {
+    let mut out = KeyedSites::default();
+    if !sites.has_stacks() {
+        out.sites = sites
+            .sites
+            .iter()
+            .map(|s| (SiteKey::default(), *s))
+            .collect();
+        return Ok(out);
+    }
+    let table = reader.stacks()?;
+    let none = Stack::default();
+    let stacks: Vec<&Stack> = sites
+        .sites
+        .iter()
+        .map(|s| match s.stack.is_none() {
+            true => Ok(&none),
+            false => reader.stack(s.stack),
+        })
+        .collect::<Result<_, _>>()?;
+    let named = sym.symbolize_stacks(&stacks, |id| table.module(id));
+    let mut modules: Vec<ModuleId> = Vec::new();
+    for ((site, stack), frames) in sites.sites.iter().zip(&stacks).zip(named) {
+        let mut key = Vec::new();
+        for (recorded, syms) in stack.frames.iter().zip(frames) {
+            let module = table.module(recorded.module);
+            for s in syms {
+                key.push(match (&s.function, module) {
+                    (Some(function), _) => KeyFrame::Function {
+                        function: function.clone(),
+                        file: s.file.clone(),
+                    },
+                    (None, Some(m)) if m.build_id.is_some() => KeyFrame::Offset {
+                        module: s.module.clone(),
+                        build_id: hex(m.build_id.as_deref().unwrap_or_default()),
+                        offset: recorded.offset,
+                    },
+                    (None, _) => KeyFrame::Unmatched {
+                        recording,
+                        module: s.module.clone(),
+                        offset: recorded.offset,
+                    },
+                });
+            }
+            modules.push(recorded.module);
+        }
+        let key = SiteKey(key);
+        if key.is_unmatched() {
+            out.unmatched += 1;
+        }
+        out.sites.push((key, *site));
+    }
+    modules.sort();
+    modules.dedup();
+    for m in modules.into_iter().filter_map(|id| table.module(id)) {
+        let status = sym.status(m);
+        if *status != ModuleStatus::Usable {
+            out.unnamed_modules
+                .push((m.path.clone(), status.to_string()));
+        }
+    }
+    Ok(out)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -2,11 +2,35 @@
 //! markdown for a CI job summary, and JSON with exact values. The numbers and verdicts are the
 //! library's [`Comparison`]; only their presentation is here.
 
-use memtrack::{Benchmark, Comparison, Metric, Row, Verdict, human};
+use memtrack::{Benchmark, Comparison, Metric, Row, SiteDelta, SiteKey, Verdict, human};
+
+use super::Attributed;
+
+/// Sites shown per regressed row in the table and markdown (JSON has them all).
+const SHOWN_SITES: usize = 10;
+
+/// Frames shown per site in the table and markdown (JSON has them all).
+const SHOWN_FRAMES: usize = 4;
+
+/// A site's innermost frames, joined by ` ← `, with how many more there are.
+fn site_text(k: &SiteKey) -> String {
+    if k.0.is_empty() {
+        return k.to_string();
+    }
+    let mut s: Vec<String> =
+        k.0.iter()
+            .take(SHOWN_FRAMES)
+            .map(|f| f.to_string())
+            .collect();
+    if k.0.len() > SHOWN_FRAMES {
+        s.push(format!("… {} more", k.0.len() - SHOWN_FRAMES));
+    }
+    s.join(" ← ")
+}
 
 /// An aligned plain-text table for a terminal, with a summary line and the added and removed
 /// benchmarks.
-pub fn table(c: &Comparison) -> String {
+pub fn table(c: &Comparison, attributed: &[Attributed]) -> String {
     let mut cells: Vec<[String; 6]> = vec![[
         "benchmark".into(),
         "metric".into(),
@@ -37,12 +61,148 @@ pub fn table(c: &Comparison) -> String {
     for (b, h) in &c.mismatched {
         out.push_str(&format!("not compared: {}\n", mismatch(b, h)));
     }
+    for a in attributed {
+        out.push('\n');
+        out.push_str(&attribution_table(a));
+    }
     out
+}
+
+/// The head line of a regressed row's attribution.
+fn attribution_title(a: &Attributed) -> String {
+    let at = &a.attribution;
+    format!(
+        "{} {}: {} → {} ({}), {} changed, {} unchanged",
+        a.benchmark,
+        at.metric.name(),
+        metric_human(at.metric, at.base_total),
+        metric_human(at.metric, at.head_total),
+        delta_human(at.metric, at.delta()),
+        human::plural(at.sites.len() as u64, "site", "sites"),
+        at.unchanged
+    )
+}
+
+/// Notes under an attribution: unmatched sites and modules that could not be named.
+fn attribution_notes(a: &Attributed) -> Vec<String> {
+    let mut notes = Vec::new();
+    if a.unmatched != [0, 0] {
+        notes.push(format!(
+            "{} of the base and {} of the head have frames that could not be symbolized nor \
+             matched by build id: they are unmatched (listed as vanished and new)",
+            human::plural(a.unmatched[0] as u64, "site", "sites"),
+            a.unmatched[1]
+        ));
+    }
+    for (path, why) in &a.unnamed_modules {
+        notes.push(format!("frames of {path} not named: {why}"));
+    }
+    if a.attribution.sites.len() > SHOWN_SITES {
+        notes.push(format!(
+            "{} more changed sites not shown (--format json lists them all)",
+            a.attribution.sites.len() - SHOWN_SITES
+        ));
+    }
+    notes
+}
+
+/// What a site did: `new`, `vanished` or nothing.
+fn presence(d: &SiteDelta<SiteKey>) -> &'static str {
+    if d.is_new() {
+        "new"
+    } else if d.vanished() {
+        "vanished"
+    } else {
+        ""
+    }
+}
+
+fn share_text(share: Option<f64>) -> String {
+    share.map_or_else(String::new, |s| format!("{:.1}%", s * 100.0))
+}
+
+/// A signed change for people: `+1,024 B`, `-3`.
+fn delta_human(m: Metric, d: i128) -> String {
+    let mag = u64::try_from(d.unsigned_abs()).unwrap_or(u64::MAX);
+    format!("{}{}", if d < 0 { "-" } else { "+" }, metric_human(m, mag))
+}
+
+/// A regressed row's attribution as a compact ranked table.
+fn attribution_table(a: &Attributed) -> String {
+    let at = &a.attribution;
+    let mut out = format!("call sites behind {}\n", attribution_title(a));
+    let mut cells: Vec<[String; 7]> = vec![[
+        "#".into(),
+        "share".into(),
+        "delta".into(),
+        "base".into(),
+        "head".into(),
+        "".into(),
+        "site (innermost frame first)".into(),
+    ]];
+    for (i, d) in at.sites.iter().take(SHOWN_SITES).enumerate() {
+        cells.push([
+            (i + 1).to_string(),
+            share_text(at.share(d)),
+            delta_human(at.metric, d.delta()),
+            metric_human(at.metric, d.base),
+            metric_human(at.metric, d.head),
+            presence(d).into(),
+            site_text(&d.key),
+        ]);
+    }
+    if !at.sites.is_empty() {
+        out.push_str(&human::table(
+            &cells,
+            &[true, true, true, true, true, false, false],
+        ));
+    }
+    for n in attribution_notes(a) {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out
+}
+
+/// A regressed row's attribution as a collapsible markdown section.
+fn attribution_markdown(a: &Attributed) -> String {
+    let at = &a.attribution;
+    let mut out = format!(
+        "<details><summary>Call sites behind {}</summary>\n\n",
+        html_escape(&attribution_title(a))
+    );
+    if !at.sites.is_empty() {
+        out.push_str("| # | share | delta | base | head | | site (innermost frame first) |\n");
+        out.push_str("|--:|--:|--:|--:|--:|:--|:--|\n");
+        for (i, d) in at.sites.iter().take(SHOWN_SITES).enumerate() {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} |\n",
+                i + 1,
+                share_text(at.share(d)),
+                delta_human(at.metric, d.delta()),
+                metric_human(at.metric, d.base),
+                metric_human(at.metric, d.head),
+                presence(d),
+                md_escape(&site_text(&d.key))
+            ));
+        }
+        out.push('\n');
+    }
+    for n in attribution_notes(a) {
+        out.push_str(&format!("*{}*\n\n", md_escape(&n)));
+    }
+    out.push_str("</details>\n\n");
+    out
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// GitHub-flavoured markdown for a CI job summary: a verdict line, the table, and the added and
 /// removed benchmarks.
-pub fn markdown(c: &Comparison) -> String {
+pub fn markdown(c: &Comparison, attributed: &[Attributed]) -> String {
     let mut out = String::from("### memtrack: memory comparison\n\n");
     let mark = if c.regressions() > 0 { "❌" } else { "✅" };
     out.push_str(&format!("{mark} **{}**\n\n", summary(c)));
@@ -61,6 +221,11 @@ pub fn markdown(c: &Comparison) -> String {
             ));
         }
         out.push('\n');
+    }
+    // A GFM table cannot hold a block: each regressed row's sites follow the table, in the
+    // table's order, each in a section named after its row.
+    for a in attributed {
+        out.push_str(&attribution_markdown(a));
     }
     for (what, list) in [
         ("Added (only in head)", &c.added),
@@ -82,9 +247,9 @@ pub fn markdown(c: &Comparison) -> String {
 
 /// Machine-readable form: exact integer values, `change_percent` as a float (`null` for growth
 /// from 0).
-pub fn json(c: &Comparison) -> serde_json::Value {
+pub fn json(c: &Comparison, attributed: &[Attributed]) -> serde_json::Value {
     let bench = |b: &Benchmark| serde_json::json!({"benchmark": b.name, "file": b.path});
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "threshold": c.threshold.to_string(),
         "threshold_ppm": c.threshold.ppm(),
         "metrics": c.metrics.iter().map(|m| m.name()).collect::<Vec<_>>(),
@@ -107,6 +272,37 @@ pub fn json(c: &Comparison) -> serde_json::Value {
             "benchmark": h.name,
             "base": {"file": b.path, "iterations": b.iterations},
             "head": {"file": h.path, "iterations": h.iterations},
+        })).collect::<Vec<_>>(),
+    });
+    // Only when there is some: a comparison without call stacks prints what it always did.
+    if !attributed.is_empty() {
+        v["attribution"] = attributed.iter().map(attribution_json).collect();
+    }
+    v
+}
+
+/// A regressed row's sites with exact numbers (deltas as integers, shares as fractions).
+fn attribution_json(a: &Attributed) -> serde_json::Value {
+    let at = &a.attribution;
+    let int = |d: i128| {
+        serde_json::json!(i64::try_from(d).unwrap_or(if d < 0 { i64::MIN } else { i64::MAX }))
+    };
+    serde_json::json!({
+        "benchmark": a.benchmark,
+        "metric": at.metric.name(),
+        "base": at.base_total,
+        "head": at.head_total,
+        "delta": int(at.delta()),
+        "unchanged_sites": at.unchanged,
+        "unmatched_sites": {"base": a.unmatched[0], "head": a.unmatched[1]},
+        "unnamed_modules": a.unnamed_modules.iter().map(|(p, w)| serde_json::json!({"module": p, "reason": w})).collect::<Vec<_>>(),
+        "sites": at.sites.iter().map(|d| serde_json::json!({
+            "base": d.base,
+            "head": d.head,
+            "delta": int(d.delta()),
+            "share": at.share(d),
+            "status": match presence(d) { "" => "changed", p => p },
+            "frames": d.key,
         })).collect::<Vec<_>>(),
     })
 }
@@ -265,7 +461,7 @@ mod tests {
             Threshold::default(),
         );
         assert_eq!(
-            table(&c),
+            table(&c, &[]),
             "benchmark  metric               base          head  change  verdict\n\
              b          allocations     1.00/iter     1.00/iter   0.00%  unchanged\n\
              b          bytes        64.00 B/iter  64.00 B/iter   0.00%  unchanged\n\

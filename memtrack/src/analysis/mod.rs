@@ -29,6 +29,7 @@
 //!   forked child freeing a block its parent allocated before the fork) is an unmatched free, as
 //!   in a recording of that process alone ([`ProcessTotals`], [`Analyzer::per_process`]).
 
+mod attribution;
 mod blocks;
 mod compare;
 mod histogram;
@@ -36,6 +37,7 @@ mod offcpu;
 mod sites;
 mod timeline;
 
+pub use attribution::{Attribution, SiteDelta, attribute};
 pub use compare::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use histogram::{SizeClass, SizeHistogram};
 pub use offcpu::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
