@@ -1,8 +1,11 @@
 //! Marginal cost of the allocator backend per event, on an allocation-heavy workload: a
 //! 64-slot ring of blocks of varying sizes (8..1032 bytes), N = 2,000,000 alloc+free pairs.
-//! Three configurations side by side: untracked (`System` directly), `memtrack::Allocator`
-//! with no session, and with a session recording (the allocator backend).
-//! Targets: ≤ 1 ns/event with no session, ≤ 20 ns/event recording, end to end.
+//! Four configurations side by side: untracked (`System` directly), `memtrack::Allocator`
+//! with no session, with a session recording (the allocator backend) without call stacks, and
+//! with a session recording 20-frame call stacks (the workload runs STACK_FRAMES deep).
+//! Targets: ≤ 1 ns/event with no session, ≤ 20 ns/event recording, end to end; stacks ≤ 40
+//! ns/event more. Stacks need frame pointers: run it with
+//! `RUSTFLAGS="-C force-frame-pointers=yes"` (it prints the frames the stacks really had).
 //!
 //! How it avoids flattering itself:
 //! - every configuration runs a warm-up burst first (else the first one timed absorbs the cold
@@ -30,6 +33,21 @@ static GLOBAL: Allocator = Allocator::system();
 
 const N: usize = 2_000_000;
 const ROUNDS: usize = 7;
+/// The depth at which every configuration runs the workload: frames of `nested` under `main`,
+/// so that a recorded stack has 20 frames with the runtime's below `main` and the wrapper's
+/// own frame (checked from the artifact when the bench ends).
+const NEST: u32 = 12;
+
+/// Runs `f` under `depth` more frames of its own (frame pointers make each one a frame).
+#[inline(never)]
+fn nested<R>(depth: u32, f: &mut dyn FnMut() -> R) -> R {
+    if black_box(depth) == 0 {
+        f()
+    } else {
+        let r = nested(depth - 1, f);
+        black_box(r)
+    }
+}
 
 /// `n` alloc+free pairs through `a`: 2n events.
 fn workload(a: &dyn GlobalAlloc, n: usize) {
@@ -76,9 +94,15 @@ fn timed(f: impl FnOnce()) -> (f64, f64) {
 }
 
 fn session(dir: &std::path::Path, name: &str) -> Session {
+    session_with(dir, name, 0)
+}
+
+/// A session recording `stack_depth` frames of stack per allocation (0: none).
+fn session_with(dir: &std::path::Path, name: &str, stack_depth: u32) -> Session {
     SessionBuilder::new(name)
         .backend(BackendChoice::Alloc)
         .output_dir(dir)
+        .stack_depth(stack_depth)
         .quiet(true)
         .start()
         .expect("allocator backend session")
@@ -86,11 +110,11 @@ fn session(dir: &std::path::Path, name: &str) -> Session {
 
 /// A session around `workload(n)`, timed from the first allocation to the end of `finish`;
 /// fails on a lost event or a missed allocation.
-fn recorded(dir: &std::path::Path, wrapper: &Allocator, n: usize) -> (f64, f64) {
-    let s = session(dir, "alloc_overhead");
+fn recorded(dir: &std::path::Path, wrapper: &Allocator, n: usize, stacks: u32) -> (f64, f64) {
+    let s = session_with(dir, "alloc_overhead", stacks);
     let mut report = None;
     let t = timed(|| {
-        workload(wrapper, n);
+        nested(NEST, &mut || workload(wrapper, n));
         report = Some(s.finish().expect("finish"));
     });
     let r = report.expect("finished");
@@ -116,29 +140,31 @@ fn main() {
     // Warm-up: a heap grown to the workload's size, the session machinery loaded once.
     workload(&System, N / 10);
     workload(&wrapper, N / 10);
-    recorded(dir.path(), &wrapper, N / 10);
+    recorded(dir.path(), &wrapper, N / 10, 0);
+    recorded(dir.path(), &wrapper, N / 10, 64);
     // Sized up front: the vectors must not grow while a session records.
-    let mut wall: [Vec<f64>; 4] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
-    let mut cpu: [Vec<f64>; 4] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
+    let mut wall: [Vec<f64>; 5] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
+    let mut cpu: [Vec<f64>; 5] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
     for round in 0..ROUNDS {
-        let mut order = [0, 1, 2, 3];
+        let mut order = [0, 1, 2, 3, 4];
         if round % 2 == 1 {
             order.reverse();
         }
         for config in order {
             let (w, c) = match config {
-                0 => timed(|| workload(&System, N)),
-                1 => timed(|| workload(&wrapper, N)),
-                2 => recorded(dir.path(), &wrapper, N),
+                0 => timed(|| nested(NEST, &mut || workload(&System, N))),
+                1 => timed(|| nested(NEST, &mut || workload(&wrapper, N))),
+                2 => recorded(dir.path(), &wrapper, N, 0),
+                3 => recorded(dir.path(), &wrapper, N, 64),
                 // The fixed cost of a session's `finish` (no events), subtracted from 2's.
-                _ => recorded(dir.path(), &wrapper, 0),
+                _ => recorded(dir.path(), &wrapper, 0, 0),
             };
             wall[config].push(w);
             cpu[config].push(c);
         }
     }
-    let [u, i, r, e] = wall.map(median);
-    let [cu, ci, cr, ce] = cpu.map(median);
+    let [u, i, r, rs, e] = wall.map(median);
+    let [cu, ci, cr, crs, ce] = cpu.map(median);
     let pairs = N as f64;
     let events = 2.0 * pairs;
     println!(
@@ -162,11 +188,45 @@ fn main() {
         (cr - ce - cu) / events
     );
     println!(
+        "  + call stacks, to finish       {:12.2}   {:+17.2}   {:+.2}",
+        (rs - e) / pairs,
+        (rs - e - u) / events,
+        (crs - ce - cu) / events
+    );
+    println!(
+        "  call stacks' marginal cost: {:+.2} ns/event wall, {:+.2} ns/event CPU ({})",
+        (rs - r) / events,
+        (crs - cr) / events,
+        stack_shape(dir.path(), &wrapper)
+    );
+    println!(
         "  (an empty session's finish: {:.2} ms wall, {:.2} ms CPU, subtracted above)",
         e / 1e6,
         ce / 1e6
     );
     burst(dir.path(), &wrapper);
+}
+
+/// The stacks a recording of the workload at the benched depth really has (from its artifact):
+/// without frame pointers they are short, and the figure above is not the 20-frame one.
+fn stack_shape(dir: &std::path::Path, wrapper: &Allocator) -> String {
+    let s = session_with(dir, "alloc_overhead_stacks", 64);
+    nested(NEST, &mut || workload(wrapper, 1000));
+    let r = s.finish().expect("finish");
+    let path = r.path.expect("an artifact");
+    let reader = memtrack::Reader::open(&path).expect("reading the artifact");
+    let table = reader.stacks().expect("its stack table");
+    let frames: Vec<usize> = table.stacks().map(|(_, s)| s.frames.len()).collect();
+    format!(
+        "{} distinct stacks of {:?} frames{}",
+        frames.len(),
+        frames,
+        if frames.contains(&20) {
+            ""
+        } else {
+            ": not 20, build with RUSTFLAGS=\"-C force-frame-pointers=yes\""
+        }
+    )
 }
 
 /// The cost on the measured thread alone: bursts that fit the thread's ring, so the producer

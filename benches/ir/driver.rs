@@ -320,6 +320,9 @@ fn session(name: &str) -> memtrack::Session {
         .backend(BackendChoice::Alloc)
         .output_dir(std::env::temp_dir().join(format!("memtrack-hotpaths-{}", std::process::id())))
         .workers(1)
+        // The gate measures the recording call without call stacks (the default records 64
+        // frames; their cost is benches/alloc_overhead.rs's figure).
+        .stack_depth(0)
         .quiet(true)
         .start()
         .expect("an allocator backend session")

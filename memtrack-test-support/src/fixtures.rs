@@ -282,3 +282,53 @@ pub fn run_printed(exe: &Path, args: &[&std::ffi::OsStr]) -> Printed {
     let out = run_ok(Command::new(exe).args(args));
     Printed::parse(&String::from_utf8(out.stdout).expect("UTF-8 output"))
 }
+
+/// `alloc_stacks.rs` (the allocator recorder's call-stack fixture) built into `dir/out` with
+/// frame pointers, debug info and `-C opt-level=2`, against the memtrack library of the test
+/// that calls this: the newest `libmemtrack-*.rlib` beside the test binary that links (each
+/// is tried, newest first: the directory keeps builds of other feature sets and versions).
+pub fn rust_alloc_stacks(dir: &Path, out: &str) -> PathBuf {
+    let exe_dir = std::env::current_exe()
+        .expect("the test binary's path")
+        .parent()
+        .expect("its directory")
+        .to_path_buf();
+    let mut rlibs: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&exe_dir)
+        .expect("the test binary's directory")
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            let name = p.file_name()?.to_str()?;
+            (name.starts_with("libmemtrack-") && name.ends_with(".rlib"))
+                .then(|| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))?
+        })
+        .collect();
+    rlibs.sort_by_key(|r| std::cmp::Reverse(r.0));
+    let exe = dir.join(out);
+    let mut errors = String::new();
+    for (_, rlib) in &rlibs {
+        let o = Command::new("rustc")
+            .args(["--edition", "2024", "-C", "force-frame-pointers=yes"])
+            .args(["-C", "debuginfo=2", "-C", "opt-level=2"])
+            .arg("--extern")
+            .arg(format!("memtrack={}", rlib.display()))
+            .arg("-L")
+            .arg(format!("dependency={}", exe_dir.display()))
+            .arg(source("alloc_stacks.rs"))
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .expect("running rustc");
+        if o.status.success() {
+            return exe;
+        }
+        errors.push_str(&format!(
+            "{}: {}\n",
+            rlib.display(),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    panic!(
+        "alloc_stacks.rs does not build against any memtrack library in {}:\n{errors}",
+        exe_dir.display()
+    );
+}

@@ -47,6 +47,11 @@ pub struct Report {
     /// Iterations of a measured routine the session covers, if declared
     /// (`Session::set_iterations`): then allocations and bytes are also given per iteration.
     pub iterations: Option<u64>,
+    /// Heap allocations whose call stack stops early: no frame beyond the allocation site, or
+    /// a frame outside the mapped code (code built without frame pointers; also in the
+    /// artifact's trailer, [`Final::short_stacks`](crate::Final::short_stacks)). The summary
+    /// line counts them; [`human::short_stacks_note`] says how to fix it.
+    pub short_stacks: u64,
 }
 
 impl Report {
@@ -122,7 +127,7 @@ impl Report {
         };
         format!(
             "memtrack: {} — {per_iteration}{}, {} allocated in total; peak live heap {}; still \
-             live at the end: {} ({}); {}; {} → {}",
+             live at the end: {} ({}); {}{}; {} → {}",
             self.name,
             human::plural(t.allocations, "allocation", "allocations"),
             human::bytes(t.bytes_allocated),
@@ -130,6 +135,14 @@ impl Report {
             human::plural(t.live_blocks_at_end, "block", "blocks"),
             human::bytes(t.live_bytes_at_end),
             lost,
+            if self.short_stacks > 0 {
+                format!(
+                    "; {} with short call stacks",
+                    human::count(self.short_stacks)
+                )
+            } else {
+                String::new()
+            },
             scope,
             self.where_written()
         ) + if self.backend == Backend::Alloc {
@@ -179,6 +192,7 @@ mod tests {
             scope: Scope::Threads,
             out_of_scope: 0,
             iterations: None,
+            short_stacks: 0,
         }
     }
 
@@ -203,6 +217,14 @@ mod tests {
         assert!(
             r.summary_line()
                 .ends_with("; no events lost; scope: this thread and the threads it spawned → not written (in-memory session)"),
+            "{}",
+            r.summary_line()
+        );
+        // Short call stacks are counted (for both recorders: the number is the trailer's).
+        r.short_stacks = 1234;
+        assert!(
+            r.summary_line()
+                .contains("; no events lost; 1,234 with short call stacks; scope:"),
             "{}",
             r.summary_line()
         );

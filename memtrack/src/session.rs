@@ -59,6 +59,7 @@ pub struct SessionBuilder {
     scope: Scope,
     in_memory: bool,
     lock_waits: bool,
+    stack_depth: u32,
 }
 
 /// Which recorder a session uses. A session uses exactly one, so no allocation is ever
@@ -150,7 +151,16 @@ impl SessionBuilder {
             scope: Scope::default(),
             in_memory: false,
             lock_waits: false,
+            stack_depth: crate::recorder::DEFAULT_STACK_DEPTH,
         }
+    }
+
+    /// Frames of call stack recorded per allocation (default 64; at most 127; 0 records no
+    /// stacks). A deeper stack keeps its innermost frames and is marked truncated. The eBPF
+    /// recorder is loaded once per process: only the first session of a process sets it there.
+    pub fn stack_depth(mut self, frames: u32) -> Self {
+        self.stack_depth = frames;
+        self
     }
 
     /// Also record lock waits (default: no): every context switch of the recorded threads,
@@ -297,6 +307,13 @@ impl SessionBuilder {
                 "workers must be at least 1 (got 0)".into(),
             ));
         }
+        if self.stack_depth > crate::recorder::STACK_MAX {
+            return Err(Error::InvalidOption(format!(
+                "the stack depth is at most {} frames, got {}",
+                crate::recorder::STACK_MAX,
+                self.stack_depth
+            )));
+        }
         self.limits.validate()?;
         let (turn, handed_over) = SESSIONS
             .begin(&self.name, wait, current_thread_recorded)
@@ -344,7 +361,7 @@ impl SessionBuilder {
         }
         let backend = backend?;
         let tracker = if backend == Backend::Ebpf {
-            let mut topts = TrackerOptions::new();
+            let mut topts = TrackerOptions::new().stack_depth(self.stack_depth);
             if let Some(b) = self.ringbuf_bytes {
                 topts = topts.ringbuf_bytes(b);
             }
@@ -397,9 +414,15 @@ impl SessionBuilder {
                 )
                 .map(Active::Ebpf)
                 .map_err(Error::from),
-            None => crate::recorder::start_recording(file, &session.meta, self.workers, scope)
-                .map(Active::Alloc)
-                .map_err(Error::from),
+            None => crate::recorder::start_recording(
+                file,
+                &session.meta,
+                self.workers,
+                scope,
+                self.stack_depth,
+            )
+            .map(Active::Alloc)
+            .map_err(Error::from),
         };
         // On error, dropping the session's `Output` removes the temporary file.
         session.recording = Some(started?);
@@ -476,16 +499,17 @@ impl Active {
             Active::Ebpf(r) => Ok(r.stop()?),
             // The allocator backend waits for room instead of dropping events.
             Active::Alloc(r) => {
-                let (written, lost_events) = r.stop()?;
+                let (written, lost_events, counts) = r.stop()?;
                 Ok(Recorded {
                     written,
                     lost_events,
                     out_of_scope: crate::recorder::OUT_OF_SCOPE.load(Ordering::Relaxed),
                     unfollowed_processes: 0,
-                    // The allocator recorder records no stacks yet.
-                    stacks: 0,
-                    short_stacks: 0,
-                    truncated_stacks: 0,
+                    stacks: counts.stacks,
+                    short_stacks: counts.short_stacks,
+                    truncated_stacks: counts.truncated_stacks,
+                    // Stacks are told apart by their whole addresses, each thread remembering
+                    // every one it sent: no collisions, nothing sent twice.
                     stack_collisions: 0,
                     stacks_not_remembered: 0,
                 })
@@ -584,7 +608,7 @@ impl Session {
                 unfollowed_processes: _,
                 // In the artifact's trailer (`memtrack show` reports them).
                 stacks: _,
-                short_stacks: _,
+                short_stacks,
                 truncated_stacks: _,
                 stack_collisions: _,
                 stacks_not_remembered: _,
@@ -606,6 +630,7 @@ impl Session {
                 scope: self.scope,
                 out_of_scope,
                 iterations: self.iterations,
+                short_stacks,
             })
         });
         if let Some(turn) = self.turn.take() {
@@ -615,6 +640,12 @@ impl Session {
             && !self.quiet
         {
             eprintln!("{}", report.summary_line());
+            if report.short_stacks > 0 {
+                eprintln!(
+                    "memtrack: {}",
+                    crate::human::short_stacks_note(report.short_stacks)
+                );
+            }
         }
         result.and_then(|report| enforce(&self.limits, report))
     }
@@ -767,6 +798,7 @@ mod tests {
             scope: Scope::Threads,
             out_of_scope: 0,
             iterations: None,
+            short_stacks: 0,
         };
         assert!(enforce(&Limits::new().max_allocations(2), r.clone()).is_ok());
         match enforce(&Limits::new().max_allocations(1), r) {

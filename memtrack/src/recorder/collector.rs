@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -13,7 +13,9 @@ use crate::analysis::Stats;
 use crate::artifact::{Metadata, monotonic_ns};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
 use crate::event::RawRecord;
+use crate::modules::ModuleMap;
 use crate::scope::Scope;
+use crate::tracker::{Defined, StackTable};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -105,6 +107,45 @@ fn invariant_tsc() -> bool {
     })
 }
 
+/// Every stack the threads sent (they remember what they sent for their whole life, across
+/// recordings), resolved against this process's module map: kept between recordings, owned
+/// by the collector during one.
+static STACKS: Mutex<Option<StackTable>> = Mutex::new(None);
+
+/// What a recording learnt of call stacks (see [`Recorded`](crate::tracker::Recorded)).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct StackCounts {
+    /// Distinct stacks first sent during the recording.
+    pub stacks: u64,
+    /// Heap allocations whose stack stops early (the trailer's `short_stacks`).
+    pub short_stacks: u64,
+    /// Stacks first sent during the recording that were cut at the depth cap.
+    pub truncated_stacks: u64,
+}
+
+/// Moves the stacks the threads sent since the last call into `table` (frames resolved with
+/// the module map; a miss rescans it: a library dlopen'ed since), counting them in `counts`.
+fn absorb(table: &mut StackTable, pid: u32, counts: &mut StackCounts) {
+    for s in super::walk::take_new_stacks() {
+        let header = memtrack_bpf::RawStack {
+            ts: monotonic_ns(),
+            pid,
+            id: s.id,
+            record: memtrack_bpf::RECORD_STACK,
+            nframes: s.addrs.len() as u32,
+            flags: if s.truncated {
+                memtrack_bpf::STACK_TRUNCATED
+            } else {
+                0
+            },
+            reserved: 0,
+        };
+        table.add(&header, s.addrs.iter().copied());
+        counts.stacks += 1;
+        counts.truncated_stacks += s.truncated as u64;
+    }
+}
+
 /// A recording with the allocator backend; [`AllocRecording::stop`] finishes the artifact.
 pub(crate) struct AllocRecording<W: Write + Send + 'static> {
     stop: Arc<AtomicBool>,
@@ -113,9 +154,9 @@ pub(crate) struct AllocRecording<W: Write + Send + 'static> {
     iterations: Option<u64>,
 }
 
-/// What the collector thread returns: the encoder (or why it failed), and the clock it refined
-/// (for the next recording).
-type Collected<W> = (Result<Encoder<W>>, Clock);
+/// What the collector thread returns: the encoder and what it learnt of stacks (or why it
+/// failed), and the clock it refined (for the next recording).
+type Collected<W> = (Result<(Encoder<W>, StackCounts)>, Clock);
 
 /// Starts recording the Rust allocator into an artifact written to `out`.
 pub(crate) fn start_recording<W: Write + Send + 'static>(
@@ -123,6 +164,7 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
     meta: &Metadata,
     workers: usize,
     scope: Scope,
+    stack_depth: u32,
 ) -> Result<AllocRecording<W>> {
     if !invariant_tsc() {
         return Err(Error::UnsupportedCpu(
@@ -132,6 +174,9 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
     }
     // Idle → Starting: refused while another recording starts, records or stops.
     let claim = RECORDER.claim(scope)?;
+    // Read by the recording call only while the switch is on, which this recording turns on
+    // after this (with SeqCst).
+    super::walk::STACK_DEPTH.store(stack_depth, Ordering::Relaxed);
     let mut clock = claim.clock;
     match start_claimed(
         out,
@@ -267,14 +312,15 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
     }
 
     /// Stops recording, drains every ring and finishes the artifact; also returns the number
-    /// of events lost (only if the collector failed while a thread waited for room).
-    pub(crate) fn stop(mut self) -> Result<(Written, u64)> {
+    /// of events lost (only if the collector failed while a thread waited for room) and what
+    /// the recording learnt of call stacks.
+    pub(crate) fn stop(mut self) -> Result<(Written, u64, StackCounts)> {
         self.stop_inner()
     }
 
     /// Tells the collector to drain what is left and end, and joins it: its encoder (or why
     /// it failed) and its clock (`None` if it panicked). `(Internal, None)` if it was joined.
-    fn join_collector(&mut self) -> (Result<Encoder<W>>, Option<Clock>) {
+    fn join_collector(&mut self) -> (Result<(Encoder<W>, StackCounts)>, Option<Clock>) {
         let Some(thread) = self.thread.take() else {
             return (
                 Err(Error::Internal("the recording was already stopped")),
@@ -295,19 +341,20 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
         }
     }
 
-    fn stop_inner(&mut self) -> Result<(Written, u64)> {
+    fn stop_inner(&mut self) -> Result<(Written, u64, StackCounts)> {
         // Recording → Stopping: the switch is off before the collector drains the last events.
         let stopped = RECORDER.stop();
         let (joined, clock) = self.join_collector();
         // Stopping → Idle, whatever the collector returned.
         let finished = stopped.and_then(|()| RECORDER.finish(clock));
         let lost = super::LOST.load(Ordering::Relaxed);
-        let mut encoder = joined?;
+        let (mut encoder, counts) = joined?;
         finished?;
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
         }
-        Ok((encoder.finish(lost)?, lost))
+        encoder.set_short_stacks(counts.short_stacks);
+        Ok((encoder.finish(lost)?, lost, counts))
     }
 }
 
@@ -365,7 +412,10 @@ impl RawRecord for Raw {
     }
     #[inline(always)]
     fn align(&self) -> u64 {
-        self.align as u64
+        match self.align_log {
+            0 => 0,
+            l => 1 << (l - 1),
+        }
     }
 }
 
@@ -376,10 +426,47 @@ fn collect<W: Write + Send + 'static>(
     snapshot: &Arc<Snapshot>,
     epoch: u8,
     clock: &mut Clock,
-) -> Result<Encoder<W>> {
+) -> Result<(Encoder<W>, StackCounts)> {
     // A snapshot asked for at this TSC: answered once every event before it is encoded.
     let mut snapshot_at: Option<u64> = None;
     let pid = std::process::id();
+    let table = STACKS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .unwrap_or_else(|| StackTable::new(Arc::new(Mutex::new(ModuleMap::new())), false));
+    let mut stacks = (table, Defined::default());
+    let mut counts = StackCounts::default();
+    let r = collect_with(
+        &mut enc,
+        stop,
+        snapshot,
+        epoch,
+        clock,
+        pid,
+        &mut snapshot_at,
+        &mut stacks,
+        &mut counts,
+    );
+    let (table, defined) = stacks;
+    *STACKS.lock().unwrap_or_else(|e| e.into_inner()) = Some(table);
+    counts.short_stacks = defined.short_stacks;
+    r.map(|()| (enc, counts))
+}
+
+/// The collector loop of [`collect`], which owns the stack table meanwhile.
+#[allow(clippy::too_many_arguments)]
+fn collect_with<W: Write + Send + 'static>(
+    enc: &mut Encoder<W>,
+    stop: &AtomicBool,
+    snapshot: &Arc<Snapshot>,
+    epoch: u8,
+    clock: &mut Clock,
+    pid: u32,
+    snapshot_at: &mut Option<u64>,
+    stacks: &mut (StackTable, Defined),
+    counts: &mut StackCounts,
+) -> Result<()> {
     // Events drained but younger than the lag, in timestamp order.
     let mut pending = Pending::default();
     loop {
@@ -390,7 +477,7 @@ fn collect<W: Write + Send + 'static>(
         }
         let now = tsc();
         if snapshot_at.is_none() && snapshot.take_request() {
-            snapshot_at = Some(now);
+            *snapshot_at = Some(now);
         }
         let before = pending.len();
         let mut unknown = 0;
@@ -404,6 +491,8 @@ fn collect<W: Write + Send + 'static>(
         if unknown > 0 {
             super::LOST.fetch_add(unknown, Ordering::Relaxed);
         }
+        // After the rings: every stack an event drained above names was sent before it.
+        absorb(&mut stacks.0, pid, counts);
         pending.sort_from(before);
         clock.refine();
         let c = &*clock;
@@ -413,15 +502,15 @@ fn collect<W: Write + Send + 'static>(
         } else {
             pending.ready(horizon)
         };
-        pending.emit(ready, |t| to_ns(c, t), &mut enc)?;
-        if let Some(at) = snapshot_at
+        pending.emit(ready, |t| to_ns(c, t), enc, stacks)?;
+        if let Some(at) = *snapshot_at
             && horizon >= at
         {
             enc.snapshot(snapshot)?;
-            snapshot_at = None;
+            *snapshot_at = None;
         }
         if last {
-            return Ok(enc);
+            return Ok(());
         }
         std::thread::park_timeout(TICK);
     }

@@ -14,6 +14,8 @@ use std::io::Write;
 use super::Raw;
 use crate::encode::{EncodeError, Encoder};
 use crate::event::{Event, EventKind};
+use crate::stack::StackId;
+use crate::tracker::{Defined, StackTable};
 
 /// Events drained from the rings, in timestamp order once [`Pending::sort_from`] ran. Their
 /// `ts` holds the TSC value until [`Pending::emit`] converts it: nothing outside this buffer
@@ -37,7 +39,9 @@ impl Pending {
     pub(super) fn push(&mut self, pid: u32, tid: u32, r: &Raw) -> bool {
         match EventKind::from_raw(r.kind as u32, r) {
             Some(kind) => {
-                self.events.push_back(Event::new(r.tsc, pid, tid, kind));
+                // The recorder's process-wide stack id, until `emit` gives the recording's.
+                self.events
+                    .push_back(Event::new(r.tsc, pid, tid, kind).with_stack(StackId(r.stack)));
                 true
             }
             None => false,
@@ -63,12 +67,15 @@ impl Pending {
         self.events.partition_point(|e| e.ts < horizon)
     }
 
-    /// Sends the `n` oldest pending events to `enc`, each TSC converted by `to_ns` first.
+    /// Sends the `n` oldest pending events to `enc`, each TSC converted by `to_ns` first, and
+    /// its stack (if any) given this recording's id with `stacks`, which defines it in `enc` at
+    /// its first use.
     pub(super) fn emit<W: Write + Send + 'static>(
         &mut self,
         n: usize,
         to_ns: impl Fn(u64) -> u64,
         enc: &mut Encoder<W>,
+        stacks: &mut (StackTable, Defined),
     ) -> Result<(), EncodeError> {
         let (front, back) = self.events.as_slices();
         let (front, back) = if n <= front.len() {
@@ -81,6 +88,10 @@ impl Pending {
             for e in part {
                 let mut e = *e;
                 e.ts = to_ns(e.ts);
+                if !e.stack.is_none() {
+                    let (table, defined) = &mut *stacks;
+                    e = defined.attach(table, e.with_stack(StackId::NONE), e.stack.0, enc)?;
+                }
                 enc.push(e)?;
             }
         }
@@ -102,7 +113,8 @@ mod tests {
             addr,
             addr2: 0,
             size: 8,
-            align: 0,
+            stack: 0,
+            align_log: 0,
             kind: kind as u8,
             epoch: 0,
         }
@@ -117,7 +129,8 @@ mod tests {
             addr: 0x2000,
             addr2: 0x1000,
             size: 96,
-            align: 64,
+            stack: 0,
+            align_log: Raw::align_log(64),
             kind: 0,
             epoch: 0,
         };
@@ -187,10 +200,14 @@ mod tests {
         let meta = Metadata::now(1, Backend::Alloc);
         let opts = EncoderOptions::new().workers(1).frame_events(3);
         let mut enc = Encoder::new(Vec::new(), &meta, opts).unwrap();
-        p.emit(4, |t| t * 100, &mut enc).unwrap();
+        let mut stacks = (
+            StackTable::new(Default::default(), false),
+            Defined::default(),
+        );
+        p.emit(4, |t| t * 100, &mut enc, &mut stacks).unwrap();
         assert_eq!(p.len(), 2);
         assert_eq!(p.ready(u64::MAX), 2);
-        p.emit(2, |t| t * 100, &mut enc).unwrap();
+        p.emit(2, |t| t * 100, &mut enc, &mut stacks).unwrap();
         assert_eq!(p.len(), 0);
         let (bytes, written) = enc.finish_into(0).unwrap();
         assert_eq!((written.frames, written.events), (2, 6));

@@ -56,7 +56,7 @@ use bpf::{Bpf, Syscalls, exclude_tid, gettid, mapped_objects};
 use memtrack_bpf::RawSwitch;
 pub(crate) use poll::record_to_event;
 use poll::{Poller, PollerRecording};
-use stacks::StackTable;
+pub(crate) use stacks::{Defined, StackTable};
 
 /// Default ring buffer: 8 MiB (128 Ki events of 64 bytes in flight). Sized from the measured
 /// ceiling of the probes here, ~730,000 events/s (~46 MB/s) with two threads allocating on a

@@ -1,0 +1,324 @@
+//! The allocator recorder's call stacks: a bounded frame-pointer walk in the recording call,
+//! deduplicated per thread, each distinct stack handed once to the collector.
+//!
+//! ```text
+//! record(alloc, rip and rbp of the allocator's wrapper): rip is the first frame
+//!   walk: [rbp+8] return address, [rbp] the caller's rbp, while rbp is in the thread's stack,
+//!         16-byte aligned and strictly growing, at most STACK_DEPTH frames
+//!   per-thread map: addresses → id  ── new: NEW_STACKS (id, addresses) ──▶ collector
+//!   Raw.stack = id                                                   ModuleMap → Frames → intern
+//! ```
+//!
+//! The walk reads only words inside the thread's own stack (its bounds taken once per thread),
+//! so a broken chain (code built without frame pointers, which uses `rbp` as a plain register)
+//! stops it: it never faults. Ids are unique in the process (one counter for every thread), so
+//! the collector needs no thread to tell two threads' stacks apart.
+
+use std::cell::{Cell, RefCell};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use rustc_hash::FxHashMap;
+
+/// Frames walked per allocation (0: no stacks). Set by the session before recording starts.
+pub(crate) static STACK_DEPTH: AtomicU32 = AtomicU32::new(DEFAULT_STACK_DEPTH);
+
+/// The default depth: 64 frames, as the eBPF recorder's.
+pub(crate) const DEFAULT_STACK_DEPTH: u32 = 64;
+
+/// The deepest walk allowed: the eBPF recorder's cap (the kernel's `perf_event_max_stack`), so
+/// that one setting means the same for both recorders.
+pub(crate) const STACK_MAX: u32 = memtrack_bpf::STACK_MAX;
+
+/// The next stack id (ids ≥ 1; 0 is "no stack").
+static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+
+/// A distinct stack a thread saw for the first time: its id and return addresses, innermost
+/// first.
+pub(crate) struct NewStack {
+    pub id: u32,
+    pub truncated: bool,
+    pub addrs: Box<[u64]>,
+}
+
+/// Stacks not taken by the collector yet. Pushed before the event naming them is published in
+/// its ring, so a collector that drained the event finds the stack here.
+pub(crate) static NEW_STACKS: Mutex<Vec<NewStack>> = Mutex::new(Vec::new());
+
+/// Takes the stacks sent since the last call.
+pub(crate) fn take_new_stacks() -> Vec<NewStack> {
+    std::mem::take(&mut *NEW_STACKS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+thread_local! {
+    /// The thread's stack, `[low, high)`; (0, 0) until first needed.
+    static BOUNDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    /// The stacks this thread sent: return addresses, then 1 if the walk was cut at the depth
+    /// cap, else 0 (never a return address) → id.
+    static SEEN: RefCell<FxHashMap<Box<[u64]>, u32>> = RefCell::new(FxHashMap::default());
+}
+
+/// The calling thread's stack range `[low, high)` (glibc's `pthread_getattr_np`, which also
+/// knows the main thread's); (0, 0) if it cannot be had (no walk then).
+fn thread_bounds() -> (u64, u64) {
+    BOUNDS.with(|b| {
+        let got = b.get();
+        if got.1 != 0 {
+            return got;
+        }
+        let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+        let mut addr: *mut libc::c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        // SAFETY: `attr` is initialised by pthread_getattr_np before it is read, and destroyed
+        // once; `addr` and `size` are plain out-parameters.
+        let ok = unsafe {
+            if libc::pthread_getattr_np(libc::pthread_self(), attr.as_mut_ptr()) != 0 {
+                false
+            } else {
+                let r = libc::pthread_attr_getstack(attr.as_ptr(), &mut addr, &mut size);
+                libc::pthread_attr_destroy(attr.as_mut_ptr());
+                r == 0
+            }
+        };
+        let bounds = if ok {
+            (addr as u64, addr as u64 + size as u64)
+        } else {
+            (0, 0)
+        };
+        b.set(bounds);
+        bounds
+    })
+}
+
+/// Walks the frame-pointer chain from `fp` into `out` (return addresses, innermost first);
+/// returns how many it wrote and whether it stopped at `out.len()` with the chain going on.
+/// Reads only the words `[fp, fp + 16)` of frames inside `[low, high)`, 16-byte aligned, each
+/// above the last: any other frame pointer (a broken chain, the outermost frame's 0) ends it.
+///
+/// # Safety
+/// `[low, high)` must be readable memory (the calling thread's stack).
+pub(crate) unsafe fn walk(mut fp: u64, low: u64, high: u64, out: &mut [u64]) -> (usize, bool) {
+    let valid =
+        |fp: u64| fp >= low && fp.checked_add(16).is_some_and(|e| e <= high) && fp % 16 == 0;
+    let mut n = 0;
+    while valid(fp) {
+        if n == out.len() {
+            return (n, true);
+        }
+        // SAFETY: `valid(fp)`: both words lie inside `[low, high)`, readable by the contract.
+        let (next, ret) = unsafe { (*(fp as *const u64), *((fp + 8) as *const u64)) };
+        if ret == 0 {
+            break;
+        }
+        out[n] = ret;
+        n += 1;
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    (n, false)
+}
+
+/// The id of the calling thread's stack at `at` (the allocator wrapper's), at most `depth`
+/// frames (≥ 1): `at.ip`, then the return addresses walked from `at.fp`; a stack new to this
+/// thread is sent to the collector first. 0 (no stack) during the thread's teardown (its map is
+/// gone).
+#[inline(never)]
+pub(crate) fn capture(at: Here, depth: u32) -> u32 {
+    let (low, high) = thread_bounds();
+    let mut buf = [0u64; STACK_MAX as usize + 1];
+    let depth = depth.clamp(1, STACK_MAX) as usize;
+    buf[0] = at.ip;
+    // SAFETY: `[low, high)` is this thread's own stack (or empty).
+    let (n, truncated) = unsafe { walk(at.fp, low, high, &mut buf[1..depth]) };
+    let n = n + 1;
+    buf[n] = truncated as u64;
+    let key = &buf[..=n];
+    SEEN.try_with(|seen| intern(&mut seen.borrow_mut(), key))
+        .unwrap_or(0)
+}
+
+/// The id of `key` (addresses, then the truncation flag) in `seen`, sending it if new.
+fn intern(seen: &mut FxHashMap<Box<[u64]>, u32>, key: &[u64]) -> u32 {
+    if let Some(&id) = seen.get(key) {
+        return id;
+    }
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let (addrs, flag) = key.split_at(key.len() - 1);
+    NEW_STACKS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(NewStack {
+            id,
+            truncated: flag[0] != 0,
+            addrs: addrs.into(),
+        });
+    seen.insert(key.into(), id);
+    id
+}
+
+/// Where the allocator wrapper runs: its instruction pointer and frame pointer (`rbp`). Taken
+/// in the wrapper, which is compiled into the program's own code (with the program's
+/// frame-pointer setting), often inlined into the allocating function: the instruction pointer
+/// is the allocation's call site (as the eBPF recorder's first frame, the return address into
+/// the code that called `malloc`), and the walk from `rbp` gives its callers.
+#[derive(Clone, Copy)]
+pub(crate) struct Here {
+    pub ip: u64,
+    pub fp: u64,
+}
+
+impl Here {
+    /// None: a free, which has no stack.
+    pub(crate) const NONE: Here = Here { ip: 0, fp: 0 };
+
+    /// Here, in the calling code (always inlined).
+    #[inline(always)]
+    pub(crate) fn now() -> Here {
+        let (ip, fp): (u64, u64);
+        // SAFETY: reads the instruction pointer and a register; touches no memory.
+        unsafe {
+            std::arch::asm!(
+                "lea {ip}, [rip]",
+                "mov {fp}, rbp",
+                ip = out(reg) ip,
+                fp = out(reg) fp,
+                options(nomem, nostack, preserves_flags)
+            )
+        };
+        Here { ip, fp }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A crafted stack: frames at word indexes, each `[next fp, return address]`.
+    #[repr(align(16))]
+    struct Buf([u64; 64]);
+
+    fn addr(b: &Buf, i: usize) -> u64 {
+        &b.0[i] as *const u64 as u64
+    }
+
+    /// [`walk`] over bounds that lie inside a test's own buffer or this thread's stack.
+    fn walk_in(fp: u64, low: u64, high: u64, out: &mut [u64]) -> (usize, bool) {
+        // SAFETY: every caller's `[low, high)` is inside its live `Buf` or its thread's stack.
+        unsafe { walk(fp, low, high, out) }
+    }
+
+    fn bounds(b: &Buf) -> (u64, u64) {
+        (addr(b, 0), addr(b, 0) + 64 * 8)
+    }
+
+    fn chain(b: &mut Buf, at: &[usize]) {
+        for (k, &i) in at.iter().enumerate() {
+            let next = at.get(k + 1).map_or(0, |&j| addr(b, j));
+            b.0[i] = next;
+            b.0[i + 1] = 0x1000 + k as u64;
+        }
+    }
+
+    #[test]
+    fn a_whole_chain_is_walked_to_its_end_or_the_cap() {
+        let mut b = Buf([0; 64]);
+        chain(&mut b, &[2, 8, 20, 40]);
+        let (lo, hi) = bounds(&b);
+        let mut out = [0u64; 8];
+        let got = walk_in(addr(&b, 2), lo, hi, &mut out);
+        assert_eq!(got, (4, false));
+        assert_eq!(out[..4], [0x1000, 0x1001, 0x1002, 0x1003]);
+        let got = walk_in(addr(&b, 2), lo, hi, &mut out[..2]);
+        assert_eq!(got, (2, true), "cut at the cap, the chain going on");
+        let got = walk_in(addr(&b, 2), lo, hi, &mut out[..4]);
+        assert_eq!(got, (4, false), "the 4th frame ends the chain: not cut");
+    }
+
+    #[test]
+    fn a_corrupted_chain_stops_the_walk_without_faulting() {
+        let mut out = [0u64; 16];
+        // Out of bounds: a wild pointer (unmapped, would fault if read), below and above.
+        for wild in [0x10u64, 0xdead_0000_0000, u64::MAX - 15] {
+            let mut b = Buf([0; 64]);
+            chain(&mut b, &[2, 8]);
+            b.0[8] = wild;
+            let (lo, hi) = bounds(&b);
+            assert_eq!(
+                walk_in(addr(&b, 2), lo, hi, &mut out),
+                (2, false),
+                "{wild:#x}"
+            );
+        }
+        // Misaligned: the next frame pointer is 8 bytes off.
+        let mut b = Buf([0; 64]);
+        chain(&mut b, &[2, 8]);
+        b.0[8] = addr(&b, 13);
+        let (lo, hi) = bounds(&b);
+        assert_eq!(walk_in(addr(&b, 2), lo, hi, &mut out), (2, false));
+        // Not growing: a loop back to an earlier frame, and to itself.
+        let mut b = Buf([0; 64]);
+        chain(&mut b, &[2, 8, 20]);
+        b.0[20] = addr(&b, 8);
+        let (lo, hi) = bounds(&b);
+        assert_eq!(walk_in(addr(&b, 2), lo, hi, &mut out), (3, false));
+        b.0[20] = addr(&b, 20);
+        assert_eq!(walk_in(addr(&b, 2), lo, hi, &mut out), (3, false));
+        // The last frame's two words must fit in the bounds.
+        let mut b = Buf([0; 64]);
+        chain(&mut b, &[2, 62]);
+        let (lo, _) = bounds(&b);
+        let hi = addr(&b, 63);
+        assert_eq!(walk_in(addr(&b, 2), lo, hi, &mut out), (1, false));
+        // A start outside the stack walks nothing.
+        assert_eq!(walk_in(0, lo, hi, &mut out), (0, false));
+    }
+
+    /// 1 M allocations from 3 sites: 3 stack records, each sent once.
+    #[test]
+    fn each_distinct_stack_is_sent_once() {
+        let mut seen = FxHashMap::default();
+        let sites: [&[u64]; 3] = [
+            &[0x401000, 0x402000, 0],
+            &[0x401100, 0x402000, 0],
+            &[0x401000, 0x402000, 1],
+        ];
+        let before = NEXT_ID.load(Ordering::Relaxed);
+        let mut ids = [0u32; 3];
+        for i in 0..1_000_000 {
+            let id = intern(&mut seen, sites[i % 3]);
+            if i < 3 {
+                ids[i] = id;
+            } else {
+                assert_eq!(id, ids[i % 3]);
+            }
+        }
+        assert_eq!(seen.len(), 3);
+        let sent: Vec<_> = take_new_stacks()
+            .into_iter()
+            .filter(|s| ids.contains(&s.id))
+            .map(|s| (s.addrs.to_vec(), s.truncated))
+            .collect();
+        assert_eq!(
+            sent,
+            [
+                (vec![0x401000, 0x402000], false),
+                (vec![0x401100, 0x402000], false),
+                (vec![0x401000, 0x402000], true)
+            ]
+        );
+        assert!(ids.iter().all(|&id| id >= before));
+    }
+
+    /// The calling thread's own chain, walked from here: bounded by its stack, and (with frame
+    /// pointers or not) never faulting.
+    #[test]
+    fn the_threads_own_stack_is_walked_within_its_bounds() {
+        let (lo, hi) = thread_bounds();
+        let here = &lo as *const u64 as u64;
+        assert!(lo < here && here < hi, "{lo:#x} {here:#x} {hi:#x}");
+        let mut out = [0u64; 64];
+        let _ = walk_in(Here::now().fp, lo, hi, &mut out);
+    }
+}
