@@ -64,6 +64,11 @@ pub const PROG_DL_STATE: &str = "mt_dl_state";
 pub const DL_STATE_SYMBOL: &str = "_dl_debug_state";
 /// The `tp_btf/sched_process_fork` program: threads spawned by a thread in scope join it.
 pub const PROG_FORK: &str = "mt_fork";
+/// The `tp_btf/sched_switch` program (lock waits): a [`kind::SWITCH_OUT`] (its `size` 1 when
+/// the thread was preempted, its stack the leaving thread's) and a [`kind::SWITCH_IN`] for
+/// every context switch of a recorded thread. It runs for every context switch on the
+/// machine: attach it only while a recording asks for lock waits.
+pub const PROG_SWITCH: &str = "mt_switch";
 
 /// The event kinds, declared once. Each row is a kind: its name in Rust (memtrack's
 /// `EventKind` and `KindTag` variant), its number (`MT_KIND_*` of `memtrack.h`, the artifact's
@@ -91,6 +96,8 @@ macro_rules! for_each_kind {
             Mremap = 8, MREMAP, "mremap", other { old_addr, new_addr, size };
             Brk = 9, BRK, "brk", other { addr };
             Exec = 10, EXEC, "exec", other {};
+            SwitchOut = 11, SWITCH_OUT, "switch_out", other { preempted };
+            SwitchIn = 12, SWITCH_IN, "switch_in", other {};
         }
     };
 }

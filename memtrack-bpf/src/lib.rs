@@ -37,6 +37,7 @@ pub use abi::PROG_EXEC;
 pub use abi::PROG_FORK;
 pub use abi::PROG_NOP;
 pub use abi::PROG_RET;
+pub use abi::PROG_SWITCH;
 pub use abi::PROG_SYS_EXIT;
 pub use abi::RawConfig;
 pub use abi::RawEvent;

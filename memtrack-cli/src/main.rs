@@ -14,6 +14,7 @@ mod callsites;
 mod compare;
 mod export;
 mod flamegraph;
+mod locks;
 mod plot;
 mod pprof;
 mod processes;
@@ -219,9 +220,28 @@ enum Cmd {
         /// stacks stop early (the summary says how many).
         #[arg(long, value_name = "N", default_value_t = memtrack::DEFAULT_STACK_DEPTH, value_parser = stack_depth)]
         stack_depth: u32,
+        /// Also record lock waits: every context switch of the command's threads, with the
+        /// stack each left the CPU in (read them with `memtrack locks FILE`). Its tracepoint
+        /// runs for every context switch on the machine while recording.
+        #[arg(long)]
+        locks: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
+    },
+    /// Lock waits of a recording made with `record --locks` (or `SessionBuilder::lock_waits`):
+    /// per thread, the time off the CPU by why (mutex, rwlock, condvar, glibc lock, other
+    /// futex, I/O, sleep, other, preempted) and on it, then the call sites that waited longest
+    /// for a lock. A recording that lost events is refused.
+    Locks {
+        /// The artifact.
+        file: PathBuf,
+        /// Machine-readable JSON on stdout instead of the tables.
+        #[arg(long)]
+        json: bool,
+        /// How many contended call sites to show.
+        #[arg(long, value_name = "N", default_value_t = 10)]
+        top: usize,
     },
 }
 
@@ -295,16 +315,18 @@ fn main() -> ExitCode {
             raw_syscalls,
             no_follow,
             stack_depth,
+            locks,
             command,
         } => record(
             &output,
             user,
             ringbuf_mib,
             (!no_syscalls, raw_syscalls),
-            !no_follow,
+            (!no_follow, locks),
             stack_depth,
             &command,
         ),
+        Cmd::Locks { file, json, top } => locks::run(&file, json, top),
     };
     match res {
         Ok(code) => code,
@@ -641,7 +663,7 @@ fn record(
     user: Option<String>,
     ringbuf_mib: u64,
     (syscalls, raw_syscalls): (bool, bool),
-    follow: bool,
+    (follow, lock_waits): (bool, bool),
     stack_depth: u32,
     command: &[std::ffi::OsString],
 ) -> memtrack::Result<ExitCode> {
@@ -672,7 +694,9 @@ fn record(
             p.display()
         );
     }
-    let mut child = memtrack::CommandOptions::new().follow(follow);
+    let mut child = memtrack::CommandOptions::new()
+        .follow(follow)
+        .lock_waits(lock_waits);
     if let Some(u) = user {
         child = child.user(u);
     }

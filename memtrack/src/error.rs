@@ -93,6 +93,9 @@ pub enum Error {
     /// The eBPF tracker failed (privileges, BTF, symbols, libbpf); the message says the fix.
     #[error(transparent)]
     Tracker(#[from] crate::tracker::TrackerError),
+    /// A recording's lock waits cannot be given (not recorded, or not whole).
+    #[error(transparent)]
+    LockWaits(#[from] crate::locks::LockWaitsError),
     /// The allocator recorder failed (no invariant TSC, already recording, its threads).
     #[error(transparent)]
     Recorder(#[from] crate::recorder::RecorderError),

@@ -121,6 +121,18 @@ pub enum EventKind {
     /// is gone. Its blocks still live are neither live afterwards nor freed (the analysis
     /// counts them as discarded at exec). Since format 1.3.
     Exec,
+    /// The thread left its CPU (a context switch; recorded only when lock waits are asked
+    /// for). Its stack ([`Event::stack`]) is the thread's user stack as it left: where it
+    /// waited. The thread is off the CPU until its next [`EventKind::SwitchIn`]. Since format
+    /// 1.6.
+    SwitchOut {
+        /// Whether it was preempted (still runnable: an involuntary switch, not a wait);
+        /// `false` when it blocked (a futex, I/O, a sleep).
+        preempted: bool,
+    },
+    /// The thread got a CPU again (a context switch; recorded only when lock waits are asked
+    /// for). Since format 1.6.
+    SwitchIn,
 }
 
 // Everything per kind below is derived from the one kind table, memtrack-bpf's
@@ -196,8 +208,12 @@ macro_rules! derive_kinds {
     };
 }
 
-/// A raw record's field `$field` (a move's new address is its `addr`).
+/// A raw record's field `$field` (a move's new address is its `addr`; a switch-out's
+/// `preempted` flag is its `size`, 0 or 1).
 macro_rules! raw_field {
+    ($r:ident, preempted) => {
+        $r.size() != 0
+    };
     ($r:ident, new_addr) => {
         $r.addr()
     };
@@ -299,9 +315,10 @@ impl KindTag {
     }
 
     /// Whether an event of this kind may carry a call stack ([`Event::stack`]): the calls
-    /// that make a block or a mapping. Frees, unmappings, `brk` and `exec` never do (DHAT's
-    /// accounting attributes a block's whole life to the stack that allocated it). The
-    /// artifact stores a stack id for these kinds only.
+    /// that make a block or a mapping, and a thread leaving its CPU (where it waited). Frees,
+    /// unmappings, `brk`, `exec` and switch-ins never do (DHAT's accounting attributes a
+    /// block's whole life to the stack that allocated it). The artifact stores a stack id for
+    /// these kinds only.
     pub const fn carries_stack(self) -> bool {
         matches!(
             self,
@@ -311,7 +328,16 @@ impl KindTag {
                 | KindTag::AlignedAlloc
                 | KindTag::Mmap
                 | KindTag::Mremap
+                | KindTag::SwitchOut
         )
+    }
+}
+
+impl KindTag {
+    /// Whether this is a context-switch kind (`SwitchOut`, `SwitchIn`: lock waits), not a
+    /// memory event.
+    pub const fn is_switch(self) -> bool {
+        matches!(self, KindTag::SwitchOut | KindTag::SwitchIn)
     }
 }
 
@@ -382,6 +408,10 @@ mod tests {
                 new_addr: 0x2000,
                 size: 96
             })
+        );
+        assert_eq!(
+            EventKind::from_raw(KindTag::SwitchOut as u32, fields()),
+            Some(EventKind::SwitchOut { preempted: true })
         );
         assert_eq!(
             EventKind::from_raw(KindTag::AlignedAlloc as u32, fields()),
@@ -465,6 +495,8 @@ mod tests {
             ),
             (EventKind::Brk { addr: 8 }, none),
             (EventKind::Exec, none),
+            (EventKind::SwitchOut { preempted: true }, none),
+            (EventKind::SwitchIn, none),
         ];
         for (kind, heap) in cases {
             assert_eq!(kind.heap(), heap, "{kind:?}");

@@ -76,6 +76,7 @@ mod error;
 mod event;
 pub mod human;
 mod limits;
+mod locks;
 mod modules;
 mod recorder;
 mod report;
@@ -93,6 +94,7 @@ pub use analysis::{Analyzer, KindCounts, ProcessTotals, Stats, ThreadTotals, Tot
 pub use analysis::{Attribution, SiteDelta, attribute};
 pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use analysis::{Column, Extremes, InvalidTimeline, SizeClass, SizeHistogram, Timeline};
+pub use analysis::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
 pub use analysis::{Site, SiteAnalyzer, SiteOrder, Sites};
 pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, ProcessInfo, Reader};
 pub use artifact::{Definitions, StackTable};
@@ -103,6 +105,12 @@ pub use encode::{EncodeError, Encoder, EncoderOptions, TIMELINE_COLUMNS, ThreadH
 pub use error::{Error, Result};
 pub use event::{Event, EventKind, Heap, KindTag};
 pub use limits::{InvalidLimits, Limits, Violation};
+pub use locks::classify;
+#[cfg(feature = "symbolize")]
+pub use locks::lock_waits;
+pub use locks::{
+    LockWaits, LockWaitsError, Pattern, RULES, Rule, ThreadWaits, WaitClass, WaitSite,
+};
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;
 pub use modules::{ModuleMap, StackInterner};
@@ -116,6 +124,8 @@ pub use symbolize::{KeyFrame, KeyedSites, ModuleStatus, SiteKey, SymFrame, Symbo
 #[cfg(feature = "synth")]
 pub use synth::{Synth, SynthOptions};
 pub use tracker::DEFAULT_STACK_DEPTH;
+pub use tracker::{
+    Capture, Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker,
+};
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
-pub use tracker::{Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker};
 pub use tracker::{TrackerError, TrackerOptions};

@@ -58,6 +58,7 @@ pub struct SessionBuilder {
     backend: Option<BackendChoice>,
     scope: Scope,
     in_memory: bool,
+    lock_waits: bool,
     stack_depth: u32,
 }
 
@@ -149,6 +150,7 @@ impl SessionBuilder {
             backend: None,
             scope: Scope::default(),
             in_memory: false,
+            lock_waits: false,
             stack_depth: crate::recorder::DEFAULT_STACK_DEPTH,
         }
     }
@@ -158,6 +160,16 @@ impl SessionBuilder {
     /// recorder is loaded once per process: only the first session of a process sets it there.
     pub fn stack_depth(mut self, frames: u32) -> Self {
         self.stack_depth = frames;
+        self
+    }
+
+    /// Also record lock waits (default: no): every context switch of the recorded threads,
+    /// with the stack each thread left the CPU in, for `memtrack::lock_waits` (feature `symbolize`; or
+    /// `memtrack locks FILE`). Needs the eBPF backend: with the allocator backend,
+    /// [`start`](Self::start) fails with [`Error::InvalidOption`]. Its `sched_switch` program
+    /// runs for every context switch on the machine while the session records.
+    pub fn lock_waits(mut self, on: bool) -> Self {
+        self.lock_waits = on;
         self
     }
 
@@ -333,7 +345,21 @@ impl SessionBuilder {
     }
 
     fn start_inner(self) -> Result<Session> {
-        let backend = resolve_backend(self.backend)?;
+        let backend = resolve_backend(self.backend);
+        // Said before "the allocator backend is not installed": lock waits need eBPF anyway.
+        let not_ebpf = matches!(
+            backend,
+            Ok(Backend::Alloc) | Err(Error::AllocatorNotInstalled)
+        );
+        if self.lock_waits && not_ebpf {
+            return Err(Error::InvalidOption(
+                "lock waits need the eBPF backend (they are context switches the kernel \
+                 reports, which the allocator backend cannot see): run with root or \
+                 CAP_BPF + CAP_PERFMON and the eBPF backend, or drop lock_waits(true)"
+                    .into(),
+            ));
+        }
+        let backend = backend?;
         let tracker = if backend == Backend::Ebpf {
             let mut topts = TrackerOptions::new().stack_depth(self.stack_depth);
             if let Some(b) = self.ringbuf_bytes {
@@ -376,14 +402,15 @@ impl SessionBuilder {
         // Recording starts last: nothing here may allocate or free after it (the metadata is
         // kept in the session and freed after recording stops).
         let scope = self.scope;
+        let capture = crate::tracker::Capture::new(scope).lock_waits(self.lock_waits);
         let started = match tracker {
             Some(t) => t
-                .start_scoped(
+                .start_with(
                     file,
                     &session.meta,
                     EncoderOptions::new(),
                     self.workers,
-                    scope,
+                    capture,
                 )
                 .map(Active::Ebpf)
                 .map_err(Error::from),

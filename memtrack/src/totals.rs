@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::KindTag;
 
-/// Per-kind event counts, keyed by [`KindTag::name`] in JSON.
+/// Per-kind event counts, keyed by [`KindTag::name`] in JSON. The context-switch kinds (format
+/// 1.6, recorded only for lock waits) are left out when 0, so that the totals of a recording
+/// without them are those an older memtrack wrote.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KindCounts(pub [u64; KindTag::ALL.len()]);
 
@@ -23,8 +25,9 @@ impl KindCounts {
 impl Serialize for KindCounts {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(KindTag::ALL.len()))?;
-        for k in KindTag::ALL {
+        let shown = |k: &KindTag| !k.is_switch() || self.get(*k) != 0;
+        let mut m = s.serialize_map(Some(KindTag::ALL.iter().filter(|k| shown(k)).count()))?;
+        for k in KindTag::ALL.into_iter().filter(shown) {
             m.serialize_entry(k.name(), &self.get(k))?;
         }
         m.end()

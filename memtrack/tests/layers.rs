@@ -22,6 +22,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("runtime: report", &["report"]),
     // Reads the recorded files (ELF, DWARF): runtime, never analysis.
     ("runtime: symbolization", &["symbolize"]),
+    // Classifies off-CPU intervals by their symbolized stacks.
+    ("runtime: lock waits", &["locks"]),
     ("runtime: crate-wide error", &["error"]),
     ("runtime: session", &["session"]),
     ("runtime: integrations", &["criterion", "__private"]),
@@ -202,7 +204,7 @@ fn no_module_names_a_layer_above_its_own() {
 fn a_planted_upward_import_is_caught() {
     let lib = "mod analysis;\nmod session;\nmod artifact;\nmod event;\nmod totals;\nmod human;\n\
                mod encode;\nmod scope;\nmod synth;\nmod tracker;\nmod recorder;\nmod limits;\n\
-               mod report;\nmod error;\nmod stack;\nmod modules;\n#[cfg(feature = \"symbolize\")]\nmod symbolize;\n#[cfg(feature = \"criterion\")]\npub mod criterion;\n\
+               mod report;\nmod error;\nmod stack;\nmod modules;\nmod locks;\n#[cfg(feature = \"symbolize\")]\nmod symbolize;\n#[cfg(feature = \"criterion\")]\npub mod criterion;\n\
                #[doc(hidden)]\npub mod __private;\n\
                pub use report::Report;\npub use analysis::{Analyzer, Totals};\n";
     let file = |m: &str, text: &str| {

@@ -78,11 +78,13 @@ struct mm_struct {
 	} context;
 } __attribute__((preserve_access_index));
 struct task_struct {
+	int pid;
 	int tgid;
 	struct mm_struct *mm;
 } __attribute__((preserve_access_index));
 static void *(*const bpf_task_storage_get)(void *map, struct task_struct *task, void *value,
 					   __u64 flags) = (void *)156;
 static struct task_struct *(*const bpf_get_current_task_btf)(void) = (void *)158;
+static struct pt_regs *(*const bpf_task_pt_regs)(struct task_struct *task) = (void *)175;
 
 #endif

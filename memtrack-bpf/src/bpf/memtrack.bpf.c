@@ -245,6 +245,7 @@ struct walk {
 	__u32 depth; /* frames to keep */
 	__u32 n;     /* frames found so far */
 	__u32 have;  /* `b->chunk` holds STACK_CHUNK bytes (else only the 16 at `base`) */
+	__u32 first; /* frames before the chain's: 1 (ip), or 2 (ip, the return address at sp) */
 };
 
 /* Step `idx` of the walk: reads frame idx + 1 (bpf_loop callback; 1 stops the loop). */
@@ -252,7 +253,7 @@ static int walk_step(__u32 idx, struct walk *w)
 {
 	struct stack_buf *b = w->b;
 	__u64 fp = w->fp, off, next;
-	__u32 i = idx + 1;
+	__u32 i = idx + w->first;
 
 	if (!b || i > w->depth || i > MT_STACK_MAX || fp == 0 || (fp & 7))
 		return 1;
@@ -282,17 +283,23 @@ static int walk_step(__u32 idx, struct walk *w)
 }
 
 /*
- * Fills `b->frames` with `ip` and the return addresses of the frame-pointer chain from `fp`,
- * at most `depth` of them, and sets `b->hdr.flags` (MT_STACK_TRUNCATED if the chain went on);
+ * Fills `b->frames` with `ip`, then `sp_ret` if it is not 0, then the return addresses of the
+ * frame-pointer chain from `fp`, at most `depth` of them, and sets `b->hdr.flags` (MT_STACK_TRUNCATED if the chain went on);
  * returns how many frames. The steps run under bpf_loop: the verifier checks a step once, where
  * an unrolled loop of 127 made mt_ret exceed its limit of 1M instructions.
  */
-static __always_inline __u32 stack_walk(struct stack_buf *b, __u64 ip, __u64 fp, __u32 depth)
+static __always_inline __u32 stack_walk(struct stack_buf *b, __u64 ip, __u64 sp_ret, __u64 fp,
+					__u32 depth)
 {
-	struct walk w = { .b = b, .fp = fp, .depth = depth, .n = 1 };
+	struct walk w = { .b = b, .fp = fp, .depth = depth, .n = 1, .first = 1 };
 	__u32 n;
 
 	b->frames[0] = ip;
+	if (sp_ret && depth > 1) {
+		b->frames[1] = sp_ret;
+		w.n = 2;
+		w.first = 2;
+	}
 	bpf_loop(MT_STACK_MAX, walk_step, &w, 0);
 	n = w.n;
 	b->hdr.flags = 0;
@@ -356,13 +363,13 @@ __attribute__((noinline)) int stack_hash(struct stack_buf *b, __u32 n)
  * ring buffer; two CPUs meeting the same new stack both send it (user space interns frames).
  */
 static __always_inline __u32 stack_id(struct pt_regs *regs, __u64 pid_tgid,
-				      struct memtrack_stats *st)
+				      struct memtrack_stats *st, int ret_at_sp)
 {
 	__u32 zero = 0, depth = config.stack_depth, n, id;
 	struct stack_buf *b;
 	struct stack_seen *seen, fresh = {};
 	struct task_struct *task;
-	__u64 h1, h2, *next, size;
+	__u64 h1, h2, *next, size, sp_ret = 0;
 
 	if (depth == 0)
 		return 0;
@@ -374,7 +381,12 @@ static __always_inline __u32 stack_id(struct pt_regs *regs, __u64 pid_tgid,
 	task = bpf_get_current_task_btf();
 	b->h1 = pid_tgid >> 32;
 	b->h2 = task->mm->context.ctx_id;
-	n = stack_walk(b, regs->ip, regs->bp, depth);
+	/* A thread blocked in a frameless syscall wrapper (glibc's `syscall()`, which std's
+	 * futex_wait calls) has its caller's return address at the stack pointer, above no saved
+	 * rbp: the chain from rbp starts one frame further out. */
+	if (ret_at_sp && bpf_probe_read_user(&sp_ret, sizeof(sp_ret), (void *)regs->sp))
+		sp_ret = 0;
+	n = stack_walk(b, regs->ip, sp_ret, regs->bp, depth);
 	stack_hash(b, n);
 	h1 = b->h1;
 	h2 = b->h2;
@@ -419,10 +431,11 @@ static __always_inline __u32 stack_id(struct pt_regs *regs, __u64 pid_tgid,
 	return id;
 }
 
-/* Whether events of this kind carry a stack: allocations and new mappings. */
+/* Whether events of this kind carry a stack: allocations, new mappings, switch-outs. */
 static __always_inline int has_stack(__u32 kind)
 {
-	return kind <= MT_KIND_ALIGNED_ALLOC || kind == MT_KIND_MMAP || kind == MT_KIND_MREMAP;
+	return kind <= MT_KIND_ALIGNED_ALLOC || kind == MT_KIND_MMAP || kind == MT_KIND_MREMAP ||
+	       kind == MT_KIND_SWITCH_OUT;
 }
 
 static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kind, __u64 addr,
@@ -443,7 +456,8 @@ static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kin
 	if (!(sw.enabled & MT_SWITCH_STREAM))
 		return;
 	if (regs && has_stack(kind))
-		stack = stack_id(regs, pid_tgid, st);
+		/* A thread that blocked (not preempted) is in a syscall: see stack_id. */
+		stack = stack_id(regs, pid_tgid, st, kind == MT_KIND_SWITCH_OUT && size == 0);
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		if (st)
@@ -945,6 +959,50 @@ int mt_exec(__u64 *ctx)
 	if (!(sw.enabled & MT_SWITCH_STREAM) || !tracked((__u32)(pid_tgid >> 32)))
 		return 0;
 	emit(0, pid_tgid, MT_KIND_EXEC, 0, 0, 0, 0);
+	return 0;
+}
+
+/*
+ * Lock waits: every context switch of a recorded thread, as a SwitchOut (with the leaving
+ * thread's user stack and whether it was preempted) and a SwitchIn; user space pairs them into
+ * exact off-CPU intervals. tp_btf/sched_switch(bool preempt, prev, next, prev_state) runs in
+ * `prev` (current) before the switch. Attached only while a recording asks for lock waits: it
+ * runs for every context switch on the machine, and rejects other processes on their tgids
+ * before anything else.
+ */
+static __always_inline int switch_recorded(struct task_struct *task)
+{
+	struct call_state *cs = bpf_task_storage_get(&calls, task, 0, 0);
+
+	if (cs && cs->excluded)
+		return 0;
+	return sw.scope == MT_SCOPE_PROCESS || (cs && cs->scope_gen == sw.generation);
+}
+
+SEC("tp_btf/sched_switch")
+int mt_switch(__u64 *ctx)
+{
+	struct task_struct *prev = (struct task_struct *)ctx[1];
+	struct task_struct *next = (struct task_struct *)ctx[2];
+	__u32 prev_state = (__u32)ctx[3];
+	__u32 ptgid = prev->tgid, ntgid = next->tgid;
+	int out, in;
+
+	if (config.follow == MT_FOLLOW_TREE) {
+		out = bpf_map_lookup_elem(&followed, &ptgid) != 0;
+		in = bpf_map_lookup_elem(&followed, &ntgid) != 0;
+	} else {
+		out = ptgid == config.target_tgid;
+		in = ntgid == config.target_tgid;
+	}
+	if (!(out | in) || !(sw.enabled & MT_SWITCH_STREAM))
+		return 0;
+	if (out && switch_recorded(prev))
+		/* prev_state 0 (TASK_RUNNING): preempted, still runnable; else it blocked. */
+		emit(bpf_task_pt_regs(prev), ((__u64)ptgid << 32) | (__u32)prev->pid,
+		     MT_KIND_SWITCH_OUT, 0, 0, prev_state == 0, 0);
+	if (in && switch_recorded(next))
+		emit(0, ((__u64)ntgid << 32) | (__u32)next->pid, MT_KIND_SWITCH_IN, 0, 0, 0, 0);
 	return 0;
 }
 

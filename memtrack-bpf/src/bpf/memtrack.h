@@ -19,6 +19,8 @@
 #define MT_KIND_MREMAP 8
 #define MT_KIND_BRK 9
 #define MT_KIND_EXEC 10 /* the process replaced its image (execve): its heap ends here */
+#define MT_KIND_SWITCH_OUT 11 /* the thread left the CPU (lock waits): `size` 1 if preempted */
+#define MT_KIND_SWITCH_IN 12  /* the thread got a CPU again (lock waits) */
 
 /* Bits of the runtime switch (`sw.enabled` in .bss). Mirrored by `memtrack_bpf::SWITCH_*`. */
 #define MT_SWITCH_STREAM 1 /* record events into the ring buffer (and count them) */
@@ -115,8 +117,8 @@ struct memtrack_stack {
 /*
  * One ring-buffer event: 56 bytes, 8-aligned (64 with the ring buffer's 8-byte header).
  *
- * Allocations (Malloc, Calloc, Realloc, AlignedAlloc) and mappings (Mmap, Mremap) carry a
- * stack when stacks are on; frees and the rest never do.
+ * Allocations (Malloc, Calloc, Realloc, AlignedAlloc), mappings (Mmap, Mremap) and switch-outs
+ * (SwitchOut) carry a stack when stacks are on; frees and the rest never do.
  *
  * Field use per kind (unused fields are 0):
  *   Malloc, Calloc, Mmap, Munmap: addr, size
@@ -124,6 +126,8 @@ struct memtrack_stack {
  *   AlignedAlloc:                 addr, size, align
  *   Free:                         addr
  *   Brk:                          addr (the new break)
+ *   SwitchOut:                    size (1: preempted, still runnable; 0: it blocked), stack
+ *   SwitchIn:                     nothing
  */
 struct memtrack_event {
 	unsigned long long ts;       /* bpf_ktime_get_ns(): CLOCK_MONOTONIC nanoseconds */

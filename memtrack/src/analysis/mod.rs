@@ -33,12 +33,14 @@ mod attribution;
 mod blocks;
 mod compare;
 mod histogram;
+mod offcpu;
 mod sites;
 mod timeline;
 
 pub use attribution::{Attribution, SiteDelta, attribute};
 pub use compare::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use histogram::{SizeClass, SizeHistogram};
+pub use offcpu::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
 pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites};
 pub use timeline::{Column, Extremes, InvalidTimeline, Timeline};
 
@@ -705,6 +707,8 @@ mod tests {
             },
             EventKind::Brk { addr: 0x9000 },
             EventKind::Exec,
+            EventKind::SwitchOut { preempted: false },
+            EventKind::SwitchIn,
             EventKind::Malloc {
                 addr: 0x10,
                 size: 17,

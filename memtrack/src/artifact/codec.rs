@@ -240,9 +240,21 @@ impl<'c, const STACKS: bool> ColumnWriter<'c, STACKS> {
             }
             EventKind::Free { addr } | EventKind::Brk { addr } => self.addr(addr),
             EventKind::Exec => self.addr(0),
+            // Rare next to the heap's kinds: kept out of this loop's body.
+            EventKind::SwitchOut { .. } | EventKind::SwitchIn => self.switch(ev.kind),
         }
         if STACKS {
             self.stack(ev);
+        }
+    }
+
+    /// A context switch (lock waits): `addr` 0, and a switch-out's `preempted` in `size`.
+    #[cold]
+    #[inline(never)]
+    fn switch(&mut self, kind: EventKind) {
+        self.addr(0);
+        if let EventKind::SwitchOut { preempted } = kind {
+            self.size(preempted as u64);
         }
     }
 
@@ -581,6 +593,14 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
             KindTag::Free => EventKind::Free { addr },
             KindTag::Brk => EventKind::Brk { addr },
             KindTag::Exec => EventKind::Exec,
+            KindTag::SwitchIn => EventKind::SwitchIn,
+            KindTag::SwitchOut => EventKind::SwitchOut {
+                preempted: match self.size()? {
+                    0 => false,
+                    1 => true,
+                    v => return Err(format!("a switch_out's preempted flag is {v}, not 0 or 1")),
+                },
+            },
         };
         let ev = Event::new(ts, pid, tid, kind);
         if STACKS && kind.tag().carries_stack() {
@@ -996,6 +1016,8 @@ mod tests {
             },
             EventKind::Brk { addr: 0x55_0000 },
             EventKind::Exec,
+            EventKind::SwitchOut { preempted: false },
+            EventKind::SwitchIn,
         ];
         assert_eq!(kinds.len(), KindTag::ALL.len());
         let events: Vec<Event> = kinds

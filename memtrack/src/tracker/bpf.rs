@@ -38,6 +38,9 @@ pub(crate) struct Bpf {
     /// The `sched_process_exec` program's link while a recording runs (an exec ends the
     /// image's heap; it runs for every exec on the machine, which is rare).
     exec_link: Mutex<Option<Link>>,
+    /// The `sched_switch` program's link while a recording of lock waits runs (it runs for
+    /// every context switch on the machine, so never longer).
+    switch_link: Mutex<Option<Link>>,
     /// The thread closing the links of the last recording, if it has not finished.
     reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The uprobe links and what they cover; a mutex so that files can be attached while a
@@ -245,6 +248,7 @@ impl Bpf {
             syscall_link: Mutex::new(None),
             fork_link: Mutex::new(None),
             exec_link: Mutex::new(None),
+            switch_link: Mutex::new(None),
             reaper: Mutex::new(None),
             attached: Mutex::new(Attached::default()),
             follow,
@@ -614,6 +618,16 @@ impl Bpf {
     /// Detaches the exec tracepoint.
     pub(crate) fn detach_exec(&self) {
         drop(lock(&self.exec_link).take());
+    }
+
+    /// Attaches the context-switch tracepoint for a recording of lock waits.
+    pub(crate) fn attach_switch(&self) -> Result<()> {
+        self.attach_tp(&self.switch_link, memtrack_bpf::PROG_SWITCH)
+    }
+
+    /// Detaches the context-switch tracepoint: other processes' switches stop paying for it.
+    pub(crate) fn detach_switch(&self) {
+        drop(lock(&self.switch_link).take());
     }
 
     fn attach_tp(&self, slot: &Mutex<Option<Link>>, name: &str) -> Result<()> {

@@ -517,6 +517,20 @@ impl Tracker {
         workers: usize,
         scope: Scope,
     ) -> Result<Recording<'_, W>, TrackerError> {
+        self.start_with(out, meta, opts, workers, Capture::new(scope))
+    }
+
+    /// [`Tracker::start`] recording what `capture` asks for: its scope, and with
+    /// [`Capture::lock_waits`] every context switch of the recorded threads.
+    pub fn start_with<W: Write + Send + 'static>(
+        &self,
+        out: W,
+        meta: &Metadata,
+        opts: EncoderOptions,
+        workers: usize,
+        capture: Capture,
+    ) -> Result<Recording<'_, W>, TrackerError> {
+        let scope = capture.scope;
         if scope == Scope::Threads && !self.in_process {
             return Err(TrackerError::InvalidOption(
                 "a thread scope needs the tracker of this process (Tracker::global); \
@@ -525,7 +539,7 @@ impl Tracker {
             ));
         }
         self.state().claim()?;
-        let result = self.start_inner(out, meta, opts, workers, scope);
+        let result = self.start_inner(out, meta, opts, workers, capture);
         if result.is_err() {
             self.state().release();
         }
@@ -538,8 +552,9 @@ impl Tracker {
         meta: &Metadata,
         opts: EncoderOptions,
         workers: usize,
-        scope: Scope,
+        capture: Capture,
     ) -> Result<Recording<'_, W>, TrackerError> {
+        let scope = capture.scope;
         let exclude = self.in_process.then(|| Arc::clone(&self.bpf.excluded));
         let registered = Arc::new(AtomicUsize::new(0));
         let opts = match &exclude {
@@ -582,7 +597,7 @@ impl Tracker {
             Poller::spawn(Arc::clone(&self.bpf.events), exclude, table)
         })?;
         let mut st = self.state();
-        let attached = self.attach_for_recording(&st, scope);
+        let attached = self.attach_for_recording(&st, capture);
         let snapshot = Arc::new(Snapshot::default());
         let recorded =
             attached.and_then(|()| poller.record(Box::new(encoder), Arc::clone(&snapshot)));
@@ -638,14 +653,17 @@ impl Tracker {
     }
 
     /// Attaches what a recording needs: the probes, the raw-syscall tracepoint if asked for,
-    /// the fork tracepoint for a thread scope.
-    fn attach_for_recording(&self, st: &SwitchState, scope: Scope) -> Result<(), TrackerError> {
+    /// the fork tracepoint for a thread scope, the context-switch tracepoint for lock waits.
+    fn attach_for_recording(&self, st: &SwitchState, capture: Capture) -> Result<(), TrackerError> {
         let attached = (|| {
             self.bpf.attach_probes()?;
             self.bpf.attach_syscalls()?;
             self.bpf.attach_exec()?;
-            if scope == Scope::Threads || self.bpf.counts_children() {
+            if capture.scope == Scope::Threads || self.bpf.counts_children() {
                 self.bpf.attach_fork()?;
+            }
+            if capture.lock_waits {
+                self.bpf.attach_switch()?;
             }
             Ok::<_, TrackerError>(())
         })();
@@ -660,9 +678,40 @@ impl Tracker {
         self.bpf.detach_syscalls();
         self.bpf.detach_fork();
         self.bpf.detach_exec();
+        self.bpf.detach_switch();
         if !st.needs_probes() {
             self.bpf.detach_probes_in_background();
         }
+    }
+}
+
+/// What a recording captures besides allocations ([`Tracker::start_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capture {
+    /// Which threads are recorded.
+    pub scope: Scope,
+    /// Whether every context switch of the recorded threads is recorded
+    /// ([`EventKind::SwitchOut`](crate::EventKind::SwitchOut) with the leaving thread's stack,
+    /// [`EventKind::SwitchIn`](crate::EventKind::SwitchIn)), for lock waits. Its
+    /// `tp_btf/sched_switch` program runs for every context switch on the machine while
+    /// such a recording runs, and is detached when it stops.
+    pub lock_waits: bool,
+}
+
+impl Capture {
+    /// Allocations of `scope`, no context switches.
+    pub fn new(scope: Scope) -> Self {
+        Self {
+            scope,
+            lock_waits: false,
+        }
+    }
+
+    /// Also record the context switches of the recorded threads (lock waits).
+    pub fn lock_waits(mut self, on: bool) -> Self {
+        self.lock_waits = on;
+        self
     }
 }
 

@@ -399,8 +399,15 @@ mod tests {
             }
         );
         assert!(to_event(&RawEvent { kind: 0, ..raw }).is_none());
-        assert!(to_event(&RawEvent { kind: 11, ..raw }).is_none());
-        for k in 1..=10u32 {
+        let kinds = kind::ALL.len() as u32;
+        assert!(
+            to_event(&RawEvent {
+                kind: kinds + 1,
+                ..raw
+            })
+            .is_none()
+        );
+        for k in 1..=kinds {
             let ev = to_event(&RawEvent { kind: k, ..raw }).unwrap();
             assert_eq!(
                 ev.kind.tag() as u32,

@@ -61,6 +61,7 @@ pub struct RecordOutcome {
 pub struct CommandOptions {
     user: Option<String>,
     follow: bool,
+    lock_waits: bool,
 }
 
 impl Default for CommandOptions {
@@ -68,6 +69,7 @@ impl Default for CommandOptions {
         Self {
             user: None,
             follow: true,
+            lock_waits: false,
         }
     }
 }
@@ -85,6 +87,14 @@ impl CommandOptions {
     /// without ptrace, and the processes it starts are counted as not followed.
     pub fn follow(mut self, follow: bool) -> Self {
         self.follow = follow;
+        self
+    }
+
+    /// Whether to record lock waits too (default: no): every context switch of the recorded
+    /// processes' threads, with the stack each thread left the CPU in
+    /// ([`Capture::lock_waits`](super::Capture::lock_waits)).
+    pub fn lock_waits(mut self, on: bool) -> Self {
+        self.lock_waits = on;
         self
     }
 
@@ -813,11 +823,13 @@ pub fn record_command_with(
     // From here, every return (or panic) before the command is reaped kills and reaps it.
     let mut cmd = Child::spawn(&plan.exec, &plan.creds, plan.program)?;
     let tracker = plan.attach(cmd.pid, opts)?;
-    let recording = tracker.start(
+    let capture = super::Capture::new(crate::scope::Scope::Process).lock_waits(child.lock_waits);
+    let recording = tracker.start_with(
         out,
         &plan.metadata(cmd.pid),
         EncoderOptions::new(),
         default_workers(),
+        capture,
     )?;
     // INT, TERM and HUP go to the command, and memtrack finishes the artifact once it exits;
     // the handler stays until the artifact is finished (`timeout` signals memtrack and then

@@ -1,0 +1,85 @@
+//! `memtrack record --locks` and `memtrack locks` against the real kernel and real programs.
+//!
+//! `harness = false` (memtrack-test-support's runner): every test needs CAP_BPF +
+//! CAP_PERFMON, and without them is reported as ignored with what is missing.
+
+use std::process::Command;
+
+use memtrack_test_support::{TRACKER, requires, run};
+
+fn memtrack() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_memtrack"))
+}
+
+/// `sleep 0.2` recorded with `--locks`: `locks --json` gives its one thread 200 ms of sleep
+/// (at least, and at most the window), no lock wait, and the table names it.
+fn a_sleeping_command_sleeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sleep.memtrack");
+    let st = memtrack()
+        .args(["record", "--locks", "-o"])
+        .arg(&file)
+        .args(["--", "sleep", "0.2"])
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let out = memtrack()
+        .arg("locks")
+        .arg(&file)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let threads = v["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 1, "{v}");
+    let t = &threads[0];
+    let sleep = t["sleep_ns"].as_u64().unwrap();
+    let window = v["window_ns"].as_u64().unwrap();
+    assert!(sleep >= 200_000_000 && sleep <= window, "{v}");
+    assert_eq!(t["mutex_wait_ns"].as_u64(), Some(0));
+    assert_eq!(t["idle"].as_bool(), Some(false));
+    let text = memtrack().arg("locks").arg(&file).output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("no thread waited for a lock"), "{text}");
+}
+
+/// A recording made without `--locks` is refused with how to make one.
+fn a_recording_without_switches_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("true.memtrack");
+    let st = memtrack()
+        .args(["record", "-o"])
+        .arg(&file)
+        .args(["--", "true"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = memtrack().arg("locks").arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("record --locks"), "{err}");
+}
+
+fn main() {
+    run(vec![
+        requires(
+            "a_sleeping_command_sleeps",
+            &[TRACKER],
+            a_sleeping_command_sleeps,
+        ),
+        requires(
+            "a_recording_without_switches_is_refused",
+            &[TRACKER],
+            a_recording_without_switches_is_refused,
+        ),
+    ]);
+}

@@ -1,0 +1,374 @@
+//! Exact off-CPU intervals per thread, from the context-switch events of a recording of lock
+//! waits ([`EventKind::SwitchOut`], [`EventKind::SwitchIn`]): each switch-out paired with the
+//! same thread's next switch-in, not samples. Pure numbers; classifying an interval by its
+//! stack needs the symbolizer and lives above.
+//!
+//! Accounting, per thread, over the recording's window `[start, end]` (one clock: the events'
+//! `CLOCK_MONOTONIC`):
+//! - an **off-CPU interval** runs from a switch-out to the thread's next switch-in; one still
+//!   open at the end closes at `end` ([`Interval::open_at_end`]);
+//! - **CPU time** is the rest of the thread's window: from a switch-in (or the window's start,
+//!   if the thread was seen running first) to the next switch-out (or `end`);
+//! - a thread whose first switch event is a switch-in was off the CPU from the window's start
+//!   (or from its creation, which the events do not show) until then: that time is
+//!   [`ThreadTime::before_first_switch_in_ns`], no interval and no stack;
+//! - a thread known to exist ([`OffCpuBuilder::known_thread`]) with no event at all slept
+//!   through the whole window: it is [`ThreadTime::idle`], off the CPU for all of it.
+//!
+//! Events that contradict the pairing (two switch-outs in a row, a switch-in of a thread on a
+//! CPU, an event of a thread that is off the CPU) mean events were lost: they are counted in
+//! [`OffCpu::inconsistent`], never guessed at.
+
+use std::collections::BTreeMap;
+
+use crate::event::{Event, EventKind};
+use crate::stack::StackId;
+
+/// One off-CPU interval of a thread: from its switch-out to its next switch-in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Interval {
+    /// When the thread left the CPU (ns, CLOCK_MONOTONIC).
+    pub start: u64,
+    /// When it got a CPU again, or the window's end if it had not ([`Interval::open_at_end`]).
+    pub end: u64,
+    /// It was preempted (still runnable: an involuntary switch, not a wait).
+    pub preempted: bool,
+    /// Its user stack as it left the CPU (where it waited); [`StackId::NONE`] if none was
+    /// recorded.
+    pub stack: StackId,
+    /// No switch-in came before the window's end: the interval closes there.
+    pub open_at_end: bool,
+}
+
+impl Interval {
+    /// Its length in nanoseconds.
+    pub fn ns(&self) -> u64 {
+        self.end - self.start
+    }
+}
+
+/// One thread's time over the window.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ThreadTime {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Nanoseconds on a CPU.
+    pub cpu_ns: u64,
+    /// Nanoseconds off the CPU in [`ThreadTime::intervals`] (preempted or not).
+    pub off_cpu_ns: u64,
+    /// Nanoseconds off the CPU before the thread's first switch-in when no switch-out came
+    /// first: a wait begun before the window (or the time before the thread existed); not
+    /// an interval, no stack.
+    pub before_first_switch_in_ns: u64,
+    /// The thread was known to exist and had no event: off the CPU for the whole window.
+    pub idle: bool,
+    /// Its off-CPU intervals, in time order.
+    pub intervals: Vec<Interval>,
+}
+
+/// Every thread's time over a window: what [`OffCpuBuilder::finish`] returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OffCpu {
+    /// The window's start (ns, CLOCK_MONOTONIC).
+    pub start: u64,
+    /// The window's end.
+    pub end: u64,
+    /// Per thread, by (pid, tid).
+    pub threads: Vec<ThreadTime>,
+    /// Switch events that contradict the pairing (a sign of lost events): a result with any
+    /// is not exact.
+    pub inconsistent: u64,
+}
+
+/// Where a thread is, as its events last said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Known, no event yet.
+    Unseen,
+    /// On a CPU since `since`.
+    On { since: u64 },
+    /// Off since its switch-out at `since`.
+    Off {
+        since: u64,
+        preempted: bool,
+        stack: StackId,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Thread {
+    state: State,
+    time: ThreadTime,
+}
+
+/// Pairs switch events into [`OffCpu`]: feed every event of a recording in time order with
+/// [`update`](Self::update), then [`finish`](Self::finish) at the window's end.
+#[derive(Debug, Clone)]
+pub struct OffCpuBuilder {
+    start: u64,
+    threads: BTreeMap<(u32, u32), Thread>,
+    inconsistent: u64,
+}
+
+impl OffCpuBuilder {
+    /// A window starting at `start` (ns, CLOCK_MONOTONIC: the recording's
+    /// `start_monotonic_ns`). Events before it move the start back to them.
+    pub fn new(start: u64) -> Self {
+        Self {
+            start,
+            threads: BTreeMap::new(),
+            inconsistent: 0,
+        }
+    }
+
+    /// Thread `tid` of process `pid` existed during the window: if no event of it comes, it
+    /// slept through the window ([`ThreadTime::idle`]).
+    pub fn known_thread(&mut self, pid: u32, tid: u32) {
+        self.thread(pid, tid);
+    }
+
+    fn thread(&mut self, pid: u32, tid: u32) -> &mut Thread {
+        self.threads.entry((pid, tid)).or_insert_with(|| Thread {
+            state: State::Unseen,
+            time: ThreadTime {
+                pid,
+                tid,
+                ..ThreadTime::default()
+            },
+        })
+    }
+
+    /// Feeds one event (events in time order; any kind: a memory event says its thread was
+    /// on a CPU).
+    pub fn update(&mut self, e: &Event) {
+        if e.ts < self.start {
+            self.start = e.ts;
+        }
+        let start = self.start;
+        let mut bad = false;
+        let th = self.thread(e.pid, e.tid);
+        let t = &mut th.time;
+        th.state = match (th.state, e.kind) {
+            (State::Unseen, EventKind::SwitchOut { preempted }) => {
+                t.cpu_ns += e.ts - start;
+                State::Off {
+                    since: e.ts,
+                    preempted,
+                    stack: e.stack,
+                }
+            }
+            (State::Unseen, EventKind::SwitchIn) => {
+                t.before_first_switch_in_ns += e.ts - start;
+                State::On { since: e.ts }
+            }
+            (State::Unseen, _) => State::On { since: start },
+            (State::On { since }, EventKind::SwitchOut { preempted }) => {
+                t.cpu_ns += e.ts - since;
+                State::Off {
+                    since: e.ts,
+                    preempted,
+                    stack: e.stack,
+                }
+            }
+            (
+                State::Off {
+                    since,
+                    preempted,
+                    stack,
+                },
+                EventKind::SwitchIn,
+            ) => {
+                t.off_cpu_ns += e.ts - since;
+                t.intervals.push(Interval {
+                    start: since,
+                    end: e.ts,
+                    preempted,
+                    stack,
+                    open_at_end: false,
+                });
+                State::On { since: e.ts }
+            }
+            (State::On { since }, _) if !e.kind.tag().is_switch() => State::On { since },
+            // A switch-in of a running thread, a switch-out of one off the CPU, a memory event
+            // of one off the CPU: an event between them was lost. Keep the earlier state.
+            (state, _) => {
+                bad = true;
+                state
+            }
+        };
+        if bad {
+            self.inconsistent += 1;
+        }
+    }
+
+    /// The result, the window closing at `end` (ns, CLOCK_MONOTONIC: the recording's
+    /// `end_monotonic_ns`; a later event moves it).
+    pub fn finish(self, end: u64) -> OffCpu {
+        let start = self.start;
+        let end = self
+            .threads
+            .values()
+            .map(|th| match th.state {
+                State::Unseen => 0,
+                State::On { since } | State::Off { since, .. } => since,
+            })
+            .fold(end.max(start), u64::max);
+        let threads = self
+            .threads
+            .into_values()
+            .map(|th| {
+                let mut t = th.time;
+                match th.state {
+                    State::Unseen => {
+                        t.idle = true;
+                        t.before_first_switch_in_ns = end - start;
+                    }
+                    State::On { since } => t.cpu_ns += end - since,
+                    State::Off {
+                        since,
+                        preempted,
+                        stack,
+                    } => {
+                        t.off_cpu_ns += end - since;
+                        t.intervals.push(Interval {
+                            start: since,
+                            end,
+                            preempted,
+                            stack,
+                            open_at_end: true,
+                        });
+                    }
+                }
+                t
+            })
+            .collect();
+        OffCpu {
+            start,
+            end,
+            threads,
+            inconsistent: self.inconsistent,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(ts: u64, tid: u32, preempted: bool, stack: u32) -> Event {
+        Event::new(ts, 1, tid, EventKind::SwitchOut { preempted }).with_stack(StackId(stack))
+    }
+
+    fn inn(ts: u64, tid: u32) -> Event {
+        Event::new(ts, 1, tid, EventKind::SwitchIn)
+    }
+
+    fn run(start: u64, events: &[Event], end: u64) -> OffCpu {
+        let mut b = OffCpuBuilder::new(start);
+        for e in events {
+            b.update(e);
+        }
+        b.finish(end)
+    }
+
+    /// Each switch-out pairs with the thread's next switch-in, threads apart; CPU time is the
+    /// rest of the window, and the two add up to it.
+    #[test]
+    fn intervals_pair_per_thread_and_cpu_time_is_the_rest() {
+        let r = run(
+            100,
+            &[
+                out(110, 7, false, 3),
+                out(115, 8, true, 4),
+                inn(130, 8),
+                inn(150, 7),
+                out(160, 7, false, 5),
+                inn(190, 7),
+            ],
+            200,
+        );
+        assert_eq!(r.inconsistent, 0);
+        let t7 = &r.threads[0];
+        assert_eq!(
+            (t7.tid, t7.cpu_ns, t7.off_cpu_ns),
+            (7, 10 + 10 + 10, 40 + 30)
+        );
+        assert_eq!(t7.intervals.len(), 2);
+        assert_eq!(
+            t7.intervals[0],
+            Interval {
+                start: 110,
+                end: 150,
+                preempted: false,
+                stack: StackId(3),
+                open_at_end: false
+            }
+        );
+        assert_eq!(t7.intervals[1].stack, StackId(5));
+        let t8 = &r.threads[1];
+        assert_eq!((t8.cpu_ns, t8.off_cpu_ns), (15 + 70, 15));
+        assert!(t8.intervals[0].preempted);
+        for t in &r.threads {
+            assert_eq!(t.cpu_ns + t.off_cpu_ns + t.before_first_switch_in_ns, 100);
+        }
+    }
+
+    /// A wait still open at the end closes at the window's end, on the same clock.
+    #[test]
+    fn an_open_wait_closes_at_the_end() {
+        let r = run(0, &[out(40, 7, false, 1)], 1_000);
+        let t = &r.threads[0];
+        assert_eq!((t.cpu_ns, t.off_cpu_ns), (40, 960));
+        assert!(t.intervals[0].open_at_end);
+        assert_eq!(t.intervals[0].ns(), 960);
+    }
+
+    /// A thread whose first switch is a switch-in waited since before the window: counted
+    /// apart, with no interval; a memory event first means it was running from the start.
+    #[test]
+    fn the_start_of_the_window() {
+        let malloc = Event::new(30, 1, 9, EventKind::Malloc { addr: 8, size: 8 });
+        let r = run(0, &[inn(25, 7), malloc, out(50, 9, false, 1)], 100);
+        let (t7, t9) = (&r.threads[0], &r.threads[1]);
+        assert_eq!((t7.before_first_switch_in_ns, t7.cpu_ns), (25, 75));
+        assert!(t7.intervals.is_empty());
+        assert_eq!((t9.cpu_ns, t9.off_cpu_ns), (50, 50));
+    }
+
+    /// A known thread with no event slept through the window: idle, not an error.
+    #[test]
+    fn a_thread_without_events_is_idle() {
+        let mut b = OffCpuBuilder::new(0);
+        b.known_thread(1, 7);
+        let r = b.finish(500);
+        assert!(r.threads[0].idle);
+        assert_eq!(r.threads[0].before_first_switch_in_ns, 500);
+        assert_eq!(r.threads[0].cpu_ns, 0);
+    }
+
+    /// Events that contradict the pairing are counted, and the pairing keeps its state.
+    #[test]
+    fn contradictions_are_counted() {
+        let free = Event::new(30, 1, 7, EventKind::Free { addr: 8 });
+        let r = run(
+            0,
+            &[
+                out(10, 7, false, 1),
+                out(20, 7, false, 2),
+                free,
+                inn(40, 7),
+                inn(50, 7),
+            ],
+            100,
+        );
+        assert_eq!(r.inconsistent, 3);
+        assert_eq!(r.threads[0].intervals.len(), 1);
+        assert_eq!(r.threads[0].intervals[0].stack, StackId(1));
+        assert_eq!(r.threads[0].off_cpu_ns, 30);
+    }
+}

@@ -1,0 +1,601 @@
+//! Lock waits: each off-CPU interval of a recording of lock waits
+//! ([`OffCpu`](crate::OffCpu)), classified by its symbolized stack, summed per thread, and the
+//! contended call sites weighted by wait time.
+//!
+//! The classification is one table, [`RULES`]: read it top to bottom. A lock row (std's
+//! `Mutex`, `RwLock`, `Condvar`, parking_lot's slow paths, glibc's internal locks) matches
+//! anywhere in the stack, innermost frame first, before any generic row (another futex, I/O,
+//! sleep) does: a `Mutex` wait is also a futex wait, but the lock is the answer. A preempted
+//! thread (still runnable) is [`WaitClass::Preempted`] whatever its stack: not a wait.
+
+#[cfg(feature = "symbolize")]
+use std::collections::HashMap;
+
+#[cfg(feature = "symbolize")]
+use crate::analysis::OffCpuBuilder;
+#[cfg(feature = "symbolize")]
+use crate::artifact::{Completeness, Reader};
+#[cfg(feature = "symbolize")]
+use crate::event::EventKind;
+#[cfg(feature = "symbolize")]
+use crate::stack::StackId;
+#[cfg(feature = "symbolize")]
+use crate::symbolize::Symbolizer;
+
+/// Why a thread was off the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum WaitClass {
+    /// A mutex: std's `Mutex::lock_contended`, parking_lot's `RawMutex::lock_slow`.
+    Mutex,
+    /// A read-write lock: std's `RwLock::read_contended`/`write_contended`, parking_lot's
+    /// `RawRwLock` slow paths.
+    RwLock,
+    /// A condition variable's wait: std's and parking_lot's `Condvar`.
+    Condvar,
+    /// glibc's internal locks (`__lll_lock_wait_private`: the malloc arena lock, stdio).
+    GlibcLock,
+    /// Another futex wait (a futex of the program's own, pthread, `parking_lot_core::park`).
+    OtherFutex,
+    /// Waiting for I/O or polling: read/write/recv/send/accept/connect, poll/epoll/select.
+    Io,
+    /// Sleeping: `nanosleep`, `clock_nanosleep`, `std::thread::sleep`.
+    Sleep,
+    /// Off the CPU for a reason none of the rows names (a page fault, `waitpid`, no stack).
+    OtherOffCpu,
+    /// Preempted: still runnable, an involuntary switch (not a wait).
+    Preempted,
+}
+
+impl WaitClass {
+    /// The lower-case name used in tables and JSON (`"mutex"`, `"other_futex"`, …).
+    pub const fn name(self) -> &'static str {
+        match self {
+            WaitClass::Mutex => "mutex",
+            WaitClass::RwLock => "rwlock",
+            WaitClass::Condvar => "condvar",
+            WaitClass::GlibcLock => "glibc_lock",
+            WaitClass::OtherFutex => "other_futex",
+            WaitClass::Io => "io",
+            WaitClass::Sleep => "sleep",
+            WaitClass::OtherOffCpu => "other_off_cpu",
+            WaitClass::Preempted => "preempted",
+        }
+    }
+}
+
+/// How a rule matches one frame's function name (demangled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// The name contains every one of these.
+    Contains(&'static [&'static str]),
+    /// The name is this libc function, once its aliases' decorations are taken off (leading
+    /// underscores, `__GI_`, `__libc_`, a `_nocancel` or `64` suffix): `__libc_read` is `read`.
+    Libc(&'static str),
+}
+
+impl Pattern {
+    fn matches(self, function: &str) -> bool {
+        match self {
+            Pattern::Contains(all) => all.iter().all(|s| function.contains(s)),
+            Pattern::Libc(name) => libc_base(function) == name,
+        }
+    }
+}
+
+/// A libc function's name without its aliases' decorations.
+fn libc_base(f: &str) -> &str {
+    let mut f = f.trim_start_matches('_');
+    for prefix in ["GI_", "libc_"] {
+        f = f.strip_prefix(prefix).unwrap_or(f).trim_start_matches('_');
+    }
+    let f = f.strip_suffix("_nocancel").unwrap_or(f);
+    f.strip_suffix("64").unwrap_or(f)
+}
+
+/// One row of the classification: a lock row is tried on every frame before any generic row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// Whether it names a lock (tried first, on the whole stack).
+    pub lock: bool,
+    /// What a frame's function must look like.
+    pub pattern: Pattern,
+    /// The class it gives.
+    pub class: WaitClass,
+}
+
+const fn lock(all: &'static [&'static str], class: WaitClass) -> Rule {
+    Rule {
+        lock: true,
+        pattern: Pattern::Contains(all),
+        class,
+    }
+}
+
+const fn generic(pattern: Pattern, class: WaitClass) -> Rule {
+    Rule {
+        lock: false,
+        pattern,
+        class,
+    }
+}
+
+/// The classification, one row per way of waiting (see the module's docs for the order).
+pub const RULES: &[Rule] = &[
+    // std (library/std/src/sys/sync): cold, never inlined in release builds.
+    lock(&["Mutex", "::lock_contended"], WaitClass::Mutex),
+    lock(&["RwLock", "::read_contended"], WaitClass::RwLock),
+    lock(&["RwLock", "::write_contended"], WaitClass::RwLock),
+    lock(&["Condvar", "::wait"], WaitClass::Condvar),
+    // parking_lot: `#[cold]` slow paths, separate functions.
+    lock(&["parking_lot", "RawMutex", "lock_slow"], WaitClass::Mutex),
+    lock(&["parking_lot", "RawRwLock", "_slow"], WaitClass::RwLock),
+    lock(&["parking_lot", "Condvar", "wait"], WaitClass::Condvar),
+    // glibc's internal locks (malloc arenas, stdio).
+    lock(&["__lll_lock_wait_private"], WaitClass::GlibcLock),
+    generic(Pattern::Contains(&["futex"]), WaitClass::OtherFutex),
+    generic(
+        Pattern::Contains(&["__lll_lock_wait"]),
+        WaitClass::OtherFutex,
+    ),
+    generic(
+        Pattern::Contains(&["parking_lot_core", "park"]),
+        WaitClass::OtherFutex,
+    ),
+    generic(Pattern::Contains(&["pthread_cond_"]), WaitClass::OtherFutex),
+    generic(
+        Pattern::Contains(&["pthread_mutex_lock"]),
+        WaitClass::OtherFutex,
+    ),
+    generic(
+        Pattern::Contains(&["pthread_rwlock_"]),
+        WaitClass::OtherFutex,
+    ),
+    generic(Pattern::Contains(&["sem_"]), WaitClass::OtherFutex),
+    generic(Pattern::Contains(&["nanosleep"]), WaitClass::Sleep),
+    generic(Pattern::Contains(&["std::thread::sleep"]), WaitClass::Sleep),
+    generic(Pattern::Libc("usleep"), WaitClass::Sleep),
+    generic(Pattern::Libc("read"), WaitClass::Io),
+    generic(Pattern::Libc("readv"), WaitClass::Io),
+    generic(Pattern::Libc("pread"), WaitClass::Io),
+    generic(Pattern::Libc("write"), WaitClass::Io),
+    generic(Pattern::Libc("writev"), WaitClass::Io),
+    generic(Pattern::Libc("pwrite"), WaitClass::Io),
+    generic(Pattern::Libc("recv"), WaitClass::Io),
+    generic(Pattern::Libc("recvfrom"), WaitClass::Io),
+    generic(Pattern::Libc("recvmsg"), WaitClass::Io),
+    generic(Pattern::Libc("send"), WaitClass::Io),
+    generic(Pattern::Libc("sendto"), WaitClass::Io),
+    generic(Pattern::Libc("sendmsg"), WaitClass::Io),
+    generic(Pattern::Libc("accept"), WaitClass::Io),
+    generic(Pattern::Libc("accept4"), WaitClass::Io),
+    generic(Pattern::Libc("connect"), WaitClass::Io),
+    generic(Pattern::Libc("poll"), WaitClass::Io),
+    generic(Pattern::Libc("ppoll"), WaitClass::Io),
+    generic(Pattern::Libc("select"), WaitClass::Io),
+    generic(Pattern::Libc("pselect"), WaitClass::Io),
+    generic(Pattern::Contains(&["epoll_"]), WaitClass::Io),
+];
+
+/// The class of an off-CPU interval: `preempted` (still runnable), else by the function names
+/// of its stack, innermost first (each frame's inlined functions included). The index of the
+/// frame that matched comes with it (`None`: no row matched, or preempted).
+pub fn classify(preempted: bool, functions: &[&str]) -> (WaitClass, Option<usize>) {
+    if preempted {
+        return (WaitClass::Preempted, None);
+    }
+    for tier in [true, false] {
+        for (i, f) in functions.iter().enumerate() {
+            if let Some(r) = RULES
+                .iter()
+                .find(|r| r.lock == tier && r.pattern.matches(f))
+            {
+                return (r.class, Some(i));
+            }
+        }
+    }
+    (WaitClass::OtherOffCpu, None)
+}
+
+/// One thread's time, by why it was off the CPU (nanoseconds).
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
+#[non_exhaustive]
+pub struct ThreadWaits {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Waiting for a mutex (std, parking_lot).
+    pub mutex_wait_ns: u64,
+    /// Waiting for a read-write lock (std, parking_lot).
+    pub rwlock_wait_ns: u64,
+    /// Waiting on a condition variable.
+    pub condvar_wait_ns: u64,
+    /// Waiting for one of glibc's internal locks.
+    pub glibc_lock_wait_ns: u64,
+    /// Waiting on another futex.
+    pub other_futex_wait_ns: u64,
+    /// Waiting for I/O or polling.
+    pub io_wait_ns: u64,
+    /// Sleeping.
+    pub sleep_ns: u64,
+    /// Off the CPU for another reason, or for a wait begun before the recording (no stack).
+    pub other_off_cpu_ns: u64,
+    /// Preempted (runnable, not waiting).
+    pub preempted_ns: u64,
+    /// On a CPU.
+    pub cpu_ns: u64,
+    /// `mutex_wait_ns / cpu_ns` (0 when it had no CPU time).
+    pub mutex_wait_per_cpu: f64,
+    /// It had no event in the window: asleep throughout (all of it in `other_off_cpu_ns`).
+    pub idle: bool,
+}
+
+impl ThreadWaits {
+    #[cfg(feature = "symbolize")]
+    fn add(&mut self, class: WaitClass, ns: u64) {
+        let slot = match class {
+            WaitClass::Mutex => &mut self.mutex_wait_ns,
+            WaitClass::RwLock => &mut self.rwlock_wait_ns,
+            WaitClass::Condvar => &mut self.condvar_wait_ns,
+            WaitClass::GlibcLock => &mut self.glibc_lock_wait_ns,
+            WaitClass::OtherFutex => &mut self.other_futex_wait_ns,
+            WaitClass::Io => &mut self.io_wait_ns,
+            WaitClass::Sleep => &mut self.sleep_ns,
+            WaitClass::OtherOffCpu => &mut self.other_off_cpu_ns,
+            WaitClass::Preempted => &mut self.preempted_ns,
+        };
+        *slot += ns;
+    }
+}
+
+/// A contended call site: the code that wanted a lock (the stack above the lock call), with
+/// the time waited there.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct WaitSite {
+    /// The lock's class.
+    pub class: WaitClass,
+    /// The functions above the lock call, innermost first (the caller of `lock()` first).
+    pub frames: Vec<String>,
+    /// Nanoseconds waited from this site, all threads.
+    pub wait_ns: u64,
+    /// Intervals waited from this site.
+    pub waits: u64,
+}
+
+impl serde::Serialize for WaitClass {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// The lock waits of a recording: per thread, and the contended call sites by wait time.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[non_exhaustive]
+pub struct LockWaits {
+    /// The window's length, nanoseconds.
+    pub window_ns: u64,
+    /// Per thread, by (pid, tid).
+    pub threads: Vec<ThreadWaits>,
+    /// Lock call sites (mutex, rwlock, condvar, glibc lock), most waited first.
+    pub sites: Vec<WaitSite>,
+}
+
+/// Why a recording's lock waits cannot be given.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockWaitsError {
+    /// The recording has no context switch: it was not recorded with lock waits.
+    #[error(
+        "the recording has no context switches: record it with lock waits \
+         (`memtrack record --locks -- CMD`, `SessionBuilder::lock_waits(true)`)"
+    )]
+    NotRecorded,
+    /// Events were lost (or the file was recovered): intervals would pair the wrong switches.
+    #[error(
+        "the recording is not whole ({0}): its off-CPU intervals would pair the wrong switches; \
+         record it again (a larger ring buffer loses fewer events)"
+    )]
+    NotWhole(String),
+    /// The artifact could not be read.
+    #[error(transparent)]
+    Format(#[from] crate::artifact::FormatError),
+}
+
+/// The lock waits of the recording `reader` reads, its stacks named by `sym`. Refused when
+/// the recording lost events, was recovered, or its switches contradict each other.
+#[cfg(feature = "symbolize")]
+pub fn lock_waits(reader: &Reader, sym: &mut Symbolizer) -> Result<LockWaits, LockWaitsError> {
+    if let Completeness::Recovered { reason } = reader.completeness() {
+        return Err(LockWaitsError::NotWhole(format!("recovered: {reason}")));
+    }
+    let end = match reader.final_metadata() {
+        Some(f) if f.lost_events > 0 => {
+            return Err(LockWaitsError::NotWhole(format!(
+                "{} events lost",
+                f.lost_events
+            )));
+        }
+        Some(f) => f.end_monotonic_ns,
+        None => return Err(LockWaitsError::NotWhole("no final metadata".into())),
+    };
+    let mut b = OffCpuBuilder::new(reader.metadata().start_monotonic_ns);
+    let mut switches = 0u64;
+    for e in reader.events() {
+        let e = e?;
+        switches += matches!(e.kind, EventKind::SwitchOut { .. }) as u64;
+        b.update(&e);
+    }
+    if switches == 0 {
+        return Err(LockWaitsError::NotRecorded);
+    }
+    let off = b.finish(end);
+    if off.inconsistent > 0 {
+        return Err(LockWaitsError::NotWhole(format!(
+            "{} context switches do not pair",
+            off.inconsistent
+        )));
+    }
+    let table = reader.stacks()?;
+    // Every distinct stack, symbolized once, to its function names.
+    let mut ids: Vec<StackId> = off
+        .threads
+        .iter()
+        .flat_map(|t| t.intervals.iter().map(|i| i.stack))
+        .filter(|s| !s.is_none())
+        .collect();
+    ids.sort_unstable_by_key(|s| s.0);
+    ids.dedup();
+    let stacks: Vec<_> = ids.iter().filter_map(|id| table.stack(*id)).collect();
+    let named = sym.symbolize_stacks(&stacks, |m| table.module(m));
+    let names: HashMap<StackId, Vec<String>> = ids
+        .iter()
+        .copied()
+        .filter(|id| table.stack(*id).is_some())
+        .zip(named)
+        .map(|(id, frames)| {
+            let fns = frames
+                .into_iter()
+                .flatten()
+                .map(|f| {
+                    f.function
+                        .unwrap_or_else(|| format!("{}+{:#x}", f.module, f.offset))
+                })
+                .collect();
+            (id, fns)
+        })
+        .collect();
+    let mut sites: HashMap<(WaitClass, Vec<String>), (u64, u64)> = HashMap::new();
+    let threads = off
+        .threads
+        .iter()
+        .map(|t| {
+            let mut w = ThreadWaits {
+                pid: t.pid,
+                tid: t.tid,
+                cpu_ns: t.cpu_ns,
+                idle: t.idle,
+                other_off_cpu_ns: t.before_first_switch_in_ns,
+                ..ThreadWaits::default()
+            };
+            for i in &t.intervals {
+                let fns: Vec<&str> = names
+                    .get(&i.stack)
+                    .map(|v| v.iter().map(String::as_str).collect())
+                    .unwrap_or_default();
+                let (class, at) = classify(i.preempted, &fns);
+                w.add(class, i.ns());
+                let is_lock = matches!(
+                    class,
+                    WaitClass::Mutex
+                        | WaitClass::RwLock
+                        | WaitClass::Condvar
+                        | WaitClass::GlibcLock
+                );
+                if let (true, Some(at)) = (is_lock, at) {
+                    let above = lock_caller(&fns, at);
+                    let s = sites.entry((class, above)).or_default();
+                    s.0 += i.ns();
+                    s.1 += 1;
+                }
+            }
+            if w.cpu_ns > 0 {
+                w.mutex_wait_per_cpu = w.mutex_wait_ns as f64 / w.cpu_ns as f64;
+            }
+            w
+        })
+        .collect();
+    let mut sites: Vec<WaitSite> = sites
+        .into_iter()
+        .map(|((class, frames), (wait_ns, waits))| WaitSite {
+            class,
+            frames,
+            wait_ns,
+            waits,
+        })
+        .collect();
+    sites.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(a.frames.cmp(&b.frames)));
+    Ok(LockWaits {
+        window_ns: off.end - off.start,
+        threads,
+        sites,
+    })
+}
+
+/// The frames above the lock call: past the matched frame and the lock's own wrappers (std's
+/// `Mutex<T>::lock`, `RwLock<T>::read`, parking_lot's `lock_api` layer).
+#[cfg(feature = "symbolize")]
+fn lock_caller(fns: &[&str], at: usize) -> Vec<String> {
+    fns.iter()
+        .skip(at + 1)
+        .skip_while(|f| {
+            f.starts_with("std::sync::")
+                || f.starts_with("<std::sync::")
+                || f.starts_with("std::sys::")
+                || f.starts_with("<std::sys::")
+                || f.contains("lock_api::")
+                || f.contains("parking_lot::")
+        })
+        .map(|f| f.to_string())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn class(functions: &[&str]) -> WaitClass {
+        classify(false, functions).0
+    }
+
+    /// Recorded with `tests/tracker_locks.rs` (a thread blocked in `Mutex::lock`).
+    const STD_MUTEX: &[&str] = &[
+        "syscall",
+        "std::sys::pal::unix::futex::futex_wait",
+        "<std::sys::sync::mutex::futex::Mutex>::lock_contended",
+        "std::sys::sync::mutex::futex::Mutex::lock",
+        "std::sync::poison::mutex::Mutex<T>::lock",
+        "start_thread",
+    ];
+
+    #[test]
+    fn std_mutex() {
+        assert_eq!(classify(false, STD_MUTEX), (WaitClass::Mutex, Some(2)));
+    }
+
+    #[test]
+    fn std_rwlock_read_and_write() {
+        let f = "std::sys::pal::unix::futex::futex_wait";
+        for contended in ["read_contended", "write_contended"] {
+            let lock = format!("<std::sys::sync::rwlock::futex::RwLock>::{contended}");
+            assert_eq!(class(&["syscall", f, &lock]), WaitClass::RwLock);
+        }
+    }
+
+    #[test]
+    fn std_condvar_wait() {
+        let stack = [
+            "syscall",
+            "std::sys::pal::unix::futex::futex_wait",
+            "<std::sys::sync::condvar::futex::Condvar>::wait_optional_timeout",
+            "std::sync::poison::condvar::Condvar::wait",
+        ];
+        assert_eq!(class(&stack), WaitClass::Condvar);
+    }
+
+    /// A condvar's waiter that wakes and finds the mutex taken waits for the mutex: the
+    /// innermost lock frame decides.
+    #[test]
+    fn the_innermost_lock_decides() {
+        let stack = [
+            "syscall",
+            "std::sys::pal::unix::futex::futex_wait",
+            "<std::sys::sync::mutex::futex::Mutex>::lock_contended",
+            "<std::sys::sync::condvar::futex::Condvar>::wait_optional_timeout",
+        ];
+        assert_eq!(class(&stack), WaitClass::Mutex);
+    }
+
+    #[test]
+    fn parking_lot_slow_paths() {
+        let park = "parking_lot_core::parking_lot::park";
+        let rows = [
+            (
+                "parking_lot::raw_mutex::RawMutex::lock_slow",
+                WaitClass::Mutex,
+            ),
+            (
+                "parking_lot::raw_rwlock::RawRwLock::lock_shared_slow",
+                WaitClass::RwLock,
+            ),
+            (
+                "parking_lot::raw_rwlock::RawRwLock::lock_exclusive_slow",
+                WaitClass::RwLock,
+            ),
+            (
+                "parking_lot::condvar::Condvar::wait_until_internal",
+                WaitClass::Condvar,
+            ),
+        ];
+        for (f, want) in rows {
+            assert_eq!(class(&["syscall", park, f]), want, "{f}");
+        }
+        // parking_lot_core's park alone (a primitive of its own): another futex.
+        assert_eq!(class(&["syscall", park]), WaitClass::OtherFutex);
+    }
+
+    #[test]
+    fn glibc_internal_locks() {
+        let stack = ["__lll_lock_wait_private", "_int_free", "free", "main"];
+        assert_eq!(class(&stack), WaitClass::GlibcLock);
+    }
+
+    #[test]
+    fn other_futex() {
+        assert_eq!(
+            class(&["syscall", "my_crate::Event::wait_futex"]),
+            WaitClass::OtherFutex
+        );
+        assert_eq!(
+            class(&["__futex_abstimed_wait_common", "___pthread_cond_wait"]),
+            WaitClass::OtherFutex
+        );
+        assert_eq!(
+            class(&["__lll_lock_wait", "___pthread_mutex_lock"]),
+            WaitClass::OtherFutex
+        );
+    }
+
+    #[test]
+    fn io_and_polling() {
+        for f in [
+            "__libc_read",
+            "read",
+            "__GI___libc_write",
+            "__libc_recv",
+            "recvfrom",
+            "accept4",
+            "__poll",
+            "epoll_wait",
+            "__select",
+            "__libc_pread64",
+        ] {
+            assert_eq!(class(&[f, "main"]), WaitClass::Io, "{f}");
+        }
+        // Not I/O because of a substring: a thread's start is not `read`.
+        assert_eq!(class(&["start_thread"]), WaitClass::OtherOffCpu);
+    }
+
+    #[test]
+    fn sleep() {
+        for f in [
+            "__GI___clock_nanosleep",
+            "__nanosleep",
+            "std::thread::sleep",
+            "usleep",
+        ] {
+            assert_eq!(class(&[f]), WaitClass::Sleep, "{f}");
+        }
+    }
+
+    #[test]
+    fn preemption_is_not_a_wait() {
+        assert_eq!(classify(true, STD_MUTEX), (WaitClass::Preempted, None));
+    }
+
+    #[test]
+    fn no_row_matches() {
+        assert_eq!(class(&["__wait4", "main"]), (WaitClass::OtherOffCpu));
+        assert_eq!(class(&[]), WaitClass::OtherOffCpu);
+    }
+
+    /// The call site of a contended lock is the code above the lock's own wrappers.
+    #[cfg(feature = "symbolize")]
+    #[test]
+    fn the_call_site_is_above_the_lock() {
+        let mut stack = STD_MUTEX.to_vec();
+        stack.insert(5, "app::worker");
+        assert_eq!(lock_caller(&stack, 2), ["app::worker", "start_thread"]);
+    }
+}
