@@ -207,17 +207,8 @@ impl CallSites {
     /// stacks symbolized.
     pub fn symbolized(reader: &Reader, file: &Path, sites: Sites) -> memtrack::Result<CallSites> {
         let table = reader.stacks()?;
-        let none = Stack::default();
-        let stacks: Vec<&Stack> = sites
-            .sites
-            .iter()
-            .map(|s| match s.stack.is_none() {
-                true => Ok(&none),
-                false => reader.stack(s.stack),
-            })
-            .collect::<Result<_, _>>()?;
         let mut symbolizer = Symbolizer::new();
-        let named = symbolizer.symbolize_stacks(&stacks, |id| table.module(id));
+        let (stacks, named) = symbolizer.symbolize_sites(reader, &sites)?;
         let call_sites = sites
             .sites
             .iter()

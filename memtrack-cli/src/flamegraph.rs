@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use inferno::flamegraph::{self, Options, color::Color, color::PaletteMap};
@@ -30,18 +30,7 @@ pub fn run(file: &Path, output: &Path, metric: Metric) -> memtrack::Result<ExitC
     let reader = Reader::open(file)?;
     let out = Output::create(output)?;
     let cs = CallSites::read(&reader, file, "reading call sites")?;
-    let mut svg = Vec::new();
-    render(&cs, metric, &mut svg).map_err(|e| memtrack::Error::Io {
-        what: format!("drawing {}", output.display()),
-        source: e,
-    })?;
-    out.writer()?
-        .write_all(&svg)
-        .map_err(|e| memtrack::Error::Io {
-            what: format!("writing {}", out.path().display()),
-            source: e,
-        })?;
-    let written = out.commit()?;
+    let ((), written) = write_svg(out, output, |svg| render(&cs, metric, svg))?;
     eprintln!(
         "memtrack: wrote {} ({} call sites, by {})",
         written.display(),
@@ -119,18 +108,7 @@ pub fn run_diff(
     let b = CallSites::symbolized(&rb, base, sb?)?;
     let h = CallSites::symbolized(&rh, head, sh?)?;
     let out = Output::create(output)?;
-    let mut svg = Vec::new();
-    let changed = render_diff(&b, &h, metric, &mut svg).map_err(|e| memtrack::Error::Io {
-        what: format!("drawing {}", output.display()),
-        source: e,
-    })?;
-    out.writer()?
-        .write_all(&svg)
-        .map_err(|e| memtrack::Error::Io {
-            what: format!("writing {}", out.path().display()),
-            source: e,
-        })?;
-    let written = out.commit()?;
+    let (changed, written) = write_svg(out, output, |svg| render_diff(&b, &h, metric, svg))?;
     eprintln!(
         "memtrack: wrote {} ({} of {} stacks changed, by {})",
         written.display(),
@@ -168,6 +146,27 @@ fn open_whole(file: &Path) -> memtrack::Result<Reader> {
         )));
     }
     Ok(reader)
+}
+
+/// Draws an SVG with `draw` and writes it to `out` (the file `output` names), finished only
+/// when whole: what `draw` answered, and the path written.
+fn write_svg<T>(
+    out: Output,
+    output: &Path,
+    draw: impl FnOnce(&mut Vec<u8>) -> std::io::Result<T>,
+) -> memtrack::Result<(T, PathBuf)> {
+    let mut svg = Vec::new();
+    let answer = draw(&mut svg).map_err(|e| memtrack::Error::Io {
+        what: format!("drawing {}", output.display()),
+        source: e,
+    })?;
+    out.writer()?
+        .write_all(&svg)
+        .map_err(|e| memtrack::Error::Io {
+            what: format!("writing {}", out.path().display()),
+            source: e,
+        })?;
+    Ok((answer, out.commit()?))
 }
 
 /// The frames' names of `cs`'s sites in a differential flame graph, root first: a named frame

@@ -12,6 +12,10 @@ use crate::analysis::{Site, Sites};
 use crate::artifact::{FormatError, Reader};
 use crate::stack::{Module, ModuleId, Stack};
 
+/// [`Symbolizer::symbolize_sites`]'s answer: each site's recorded stack, and its frames'
+/// symbols (per frame, inlined functions first).
+pub type SymbolizedSites<'r> = (Vec<&'r Stack>, Vec<Vec<Vec<SymFrame>>>);
+
 /// One frame of a symbolized address: a function (maybe inlined into the next frame) at a file
 /// and line, or, when the address cannot be named, the module and offset it was recorded as.
 ///
@@ -236,6 +240,32 @@ impl Symbolizer {
                     .unwrap_or_else(|| vec![SymFrame::fallback(module, *off)])
             })
             .collect()
+    }
+
+    /// The stacks of `sites` as `reader`'s table holds them (an empty stack for the site of
+    /// the allocations without one), each with its frames symbolized as
+    /// [`Symbolizer::symbolize_stacks`] does: what `show --top`, the exports and attribution
+    /// all start from.
+    pub fn symbolize_sites<'r>(
+        &mut self,
+        reader: &'r Reader,
+        sites: &Sites,
+    ) -> Result<SymbolizedSites<'r>, FormatError> {
+        static NONE: Stack = Stack {
+            frames: Vec::new(),
+            truncated: false,
+        };
+        let table = reader.stacks()?;
+        let stacks: Vec<&'r Stack> = sites
+            .sites
+            .iter()
+            .map(|s| match s.stack.is_none() {
+                true => Ok(&NONE),
+                false => reader.stack(s.stack),
+            })
+            .collect::<Result<_, _>>()?;
+        let named = self.symbolize_stacks(&stacks, |id| table.module(id));
+        Ok((stacks, named))
     }
 
     /// Symbolizes recorded stacks, whose modules `module` looks up: per stack, per frame (the
@@ -544,16 +574,7 @@ pub fn site_keys(
         return Ok(out);
     }
     let table = reader.stacks()?;
-    let none = Stack::default();
-    let stacks: Vec<&Stack> = sites
-        .sites
-        .iter()
-        .map(|s| match s.stack.is_none() {
-            true => Ok(&none),
-            false => reader.stack(s.stack),
-        })
-        .collect::<Result<_, _>>()?;
-    let named = sym.symbolize_stacks(&stacks, |id| table.module(id));
+    let (stacks, named) = sym.symbolize_sites(reader, sites)?;
     let mut modules: Vec<ModuleId> = Vec::new();
     for ((site, stack), frames) in sites.sites.iter().zip(&stacks).zip(named) {
         let mut key = Vec::new();
