@@ -2,6 +2,11 @@
 //! declared sites say, counted by the eBPF tracker: the stack tests compare per-site numbers
 //! with those declarations, so the declarations themselves are checked here, stacks aside.
 //!
+//! `rust_fixture_stacks_in_order` checks the eBPF recorder's stacks of the Rust fixture (issue
+//! 14's test: each site's counts and bytes exact, its stack the expected functions in order,
+//! the `#[inline(always)]` helper an inlined frame, the C function called by FFI a frame of
+//! its own), as memtrack-cli/tests/alloc_stacks.rs does for the allocator recorder.
+//!
 //! `harness = false` (memtrack-test-support's runner): each test needs CAP_BPF + CAP_PERFMON
 //! and the compilers, and without them is reported as ignored with what is missing.
 
@@ -9,7 +14,9 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
 
-use memtrack::{Event, EventKind, Reader, TrackerOptions, record_command};
+use memtrack::{
+    Event, EventKind, Reader, Sites, StackId, Symbolizer, TrackerOptions, record_command,
+};
 use memtrack_test_support::fixtures::{self, MARK_BEGIN, MARK_END, Site};
 use memtrack_test_support::{Need, TRACKER, Trial, requires};
 use object::{Object, ObjectSection, ObjectSymbol};
@@ -35,23 +42,26 @@ fn alloc_size(kind: &EventKind) -> Option<u64> {
 
 /// Records `cmd` and returns the main thread's heap events strictly between the markers.
 fn between_markers(dir: &Path, cmd: &[OsString]) -> Vec<EventKind> {
+    let (_, events) = record_between_markers(dir, cmd);
+    events.into_iter().map(|e| e.kind).collect()
+}
+
+/// Records `cmd` into `dir/run.memtrack`: the recording's reader, and the main thread's heap
+/// events strictly between the markers.
+fn record_between_markers(dir: &Path, cmd: &[OsString]) -> (Reader, Vec<Event>) {
     let path = dir.join("run.memtrack");
     let file = std::fs::File::create(&path).unwrap();
     let out = record_command(cmd, file, &TrackerOptions::new()).expect("record");
     assert_eq!(out.exit_code, 0, "{cmd:?}");
     assert_eq!(out.recorded.lost_events, 0);
-    let events: Vec<Event> = Reader::open(&path)
-        .unwrap()
-        .events()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let main: Vec<EventKind> = events
-        .iter()
+    let reader = Reader::open(&path).unwrap();
+    let events: Vec<Event> = reader.events().collect::<Result<_, _>>().unwrap();
+    let main: Vec<Event> = events
+        .into_iter()
         .filter(|e| e.tid == out.pid)
-        .map(|e| e.kind)
-        .filter(|k| {
+        .filter(|e| {
             !matches!(
-                k,
+                e.kind,
                 EventKind::Mmap { .. }
                     | EventKind::Munmap { .. }
                     | EventKind::Mremap { .. }
@@ -61,12 +71,13 @@ fn between_markers(dir: &Path, cmd: &[OsString]) -> Vec<EventKind> {
         .collect();
     let pos = |size| {
         main.iter()
-            .position(|k| alloc_size(k) == Some(size))
+            .position(|e| alloc_size(&e.kind) == Some(size))
             .unwrap_or_else(|| panic!("marker {size:#x} missing"))
     };
     let (b, e) = (pos(MARK_BEGIN), pos(MARK_END));
     // Skip the begin marker's free; stop before the end marker's allocation.
-    main[b + 2..e].to_vec()
+    let between = main[b + 2..e].to_vec();
+    (reader, between)
 }
 
 /// Allocation count per size in `kinds`, and the number of frees.
@@ -111,6 +122,87 @@ fn rust_fixture() {
     let (sizes, frees) = tally(&got);
     assert_eq!(sizes, declared(&sites), "{got:?}");
     assert_eq!(frees, sites.iter().map(|s| s.count).sum::<u64>(), "{got:?}");
+}
+
+/// The eBPF recorder's stacks of the Rust fixture: each declared site is one stack of exactly
+/// its count and bytes in the whole recording (no other allocation shares it), and memtrack's
+/// symbolizer names that stack's frames as the site's chain, in order, the
+/// `#[inline(always)]` helper as a frame inlined into its caller.
+fn rust_fixture_stacks_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixtures::rust_stacks(dir.path(), "stacks");
+    let (reader, between) = record_between_markers(dir.path(), &[exe.into()]);
+    let sites = Sites::read(&reader).unwrap();
+    let table = reader.stacks().unwrap();
+    let mut sym = Symbolizer::new();
+    let mut seen: Vec<StackId> = Vec::new();
+    for (site, inlined) in [
+        (fixtures::RUST_GENERIC, &[false, false][..]),
+        (fixtures::RUST_INLINE, &[true, false, false][..]),
+        (fixtures::RUST_FFI, &[false, false, false][..]),
+    ] {
+        // Every allocation of the site's size between the markers: one stack.
+        let evs: Vec<&Event> = between
+            .iter()
+            .filter(|e| alloc_size(&e.kind) == Some(site.bytes))
+            .collect();
+        assert_eq!(evs.len() as u64, site.count, "{site:?}");
+        let id = evs[0].stack;
+        assert!(!id.is_none(), "{site:?}: no stack");
+        assert!(
+            evs.iter().all(|e| e.stack == id),
+            "{site:?}: several stacks"
+        );
+        assert!(
+            !seen.contains(&id),
+            "{site:?} shares a stack with another site"
+        );
+        seen.push(id);
+        // That stack's site, over the whole recording: exactly the declared blocks and bytes.
+        let s = sites
+            .sites
+            .iter()
+            .find(|s| s.stack == id)
+            .unwrap_or_else(|| panic!("{site:?}: stack {id:?} is no site"));
+        assert_eq!(
+            (s.blocks, s.bytes),
+            (site.count, site.count * site.bytes),
+            "{site:?}"
+        );
+        // Its frames, named, innermost first: the allocator's and std's own code first, then
+        // the chain, in order, each marked inlined or not.
+        let stack = reader.stack(id).unwrap();
+        assert!(!stack.truncated, "{site:?}");
+        let named = sym.symbolize_stacks(&[stack], |m| table.module(m));
+        let got: Vec<(String, bool)> = named[0]
+            .iter()
+            .flatten()
+            .map(|f| {
+                let name = f.function.clone().unwrap_or_else(|| f.to_string());
+                (name.split("::<").next().unwrap().to_owned(), f.inlined)
+            })
+            .collect();
+        let first = got
+            .iter()
+            .position(|(n, _)| n == site.chain[0])
+            .unwrap_or_else(|| panic!("{site:?}: no {} in {got:#?}", site.chain[0]));
+        assert!(
+            got[..first].iter().all(|(n, _)| {
+                ["std::", "core::", "alloc::", "__rust", "__rdl", "<alloc::"]
+                    .iter()
+                    .any(|p| n.starts_with(p))
+            }),
+            "{site:?}: frames before the chain that are not the allocator's: {got:#?}"
+        );
+        let want: Vec<(String, bool)> = site
+            .chain
+            .iter()
+            .zip(inlined)
+            .map(|(n, i)| ((*n).to_owned(), *i))
+            .collect();
+        let end = (first + want.len()).min(got.len());
+        assert_eq!(got[first..end], want[..], "{site:?}: the chain in {got:#?}");
+    }
 }
 
 /// Whether the function `name` of `exe` starts by setting up a frame pointer (`push %rbp;
@@ -176,6 +268,7 @@ fn cxx_fixture() {
 fn main() {
     let tests: Vec<(&str, fn())> = vec![
         ("rust_fixture", rust_fixture),
+        ("rust_fixture_stacks_in_order", rust_fixture_stacks_in_order),
         (
             "c_chain_with_and_without_frame_pointers",
             c_chain_with_and_without_frame_pointers,
