@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use memtrack::{
-    Attribution, Benchmark, Comparison, Completeness, Metric, Reader, SiteAnalyzer, SiteKey, Sites,
-    Symbolizer, Threshold, Verdict,
+    Attribution, Benchmark, Comparison, Completeness, Metric, Reader, SiteAnalyzer, SiteComparison,
+    SiteKey, Sites, Symbolizer, Threshold, Verdict,
 };
 
 mod render;
@@ -296,14 +296,8 @@ fn attribute(
             continue;
         }
         let (br, hr) = (Reader::open(&bp)?, Reader::open(&hp)?);
-        let bk = memtrack::site_keys(&mut sym, &br, bs, 0)?;
-        let hk = memtrack::site_keys(&mut sym, &hr, hs, 1)?;
-        let mut unnamed = bk.unnamed_modules.clone();
-        for m in &hk.unnamed_modules {
-            if !unnamed.contains(m) {
-                unnamed.push(m.clone());
-            }
-        }
+        let keyed = SiteComparison::new(&mut sym, &br, bs, &hr, hs)?;
+        let unnamed = keyed.unnamed_modules();
         for r in cmp
             .rows
             .iter()
@@ -311,8 +305,8 @@ fn attribute(
         {
             out.push(Attributed {
                 benchmark: name.to_string(),
-                attribution: memtrack::attribute(r.metric, &bk.sites, &hk.sites),
-                unmatched: [bk.unmatched, hk.unmatched],
+                attribution: keyed.attribution(r.metric),
+                unmatched: [keyed.base.unmatched, keyed.head.unmatched],
                 unnamed_modules: unnamed.clone(),
             });
         }

@@ -9,9 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use inferno::flamegraph::{self, Options, color::Color, color::PaletteMap};
-use memtrack::{Completeness, Output, Reader, human};
+use memtrack::{
+    Completeness, KeyFrame, KeyedSites, Output, Reader, SiteComparison, SiteKey, Symbolizer, human,
+};
 
-use crate::callsites::{CallSite, CallSites, Class, Metric, NO_STACK, TRUNCATED, frame_name};
+use crate::callsites::{CallSites, Class, Metric, NO_STACK, TRUNCATED};
 
 /// The colour of each class's frames: warm for the program's own code (where to look first),
 /// tan for Rust's std, blue for libc and the loader, green for other libraries.
@@ -105,10 +107,14 @@ pub fn run_diff(
             sh,
         )
     });
-    let b = CallSites::symbolized(&rb, base, sb?)?;
-    let h = CallSites::symbolized(&rh, head, sh?)?;
+    let (sb, sh) = (sb?, sh?);
+    // The one matching rule of attribution (`memtrack compare`) and of this picture.
+    let keyed = SiteComparison::new(&mut Symbolizer::new(), &rb, &sb, &rh, &sh)?;
+    let b = DiffSide::new(&rb, base, &keyed.base)?;
+    let h = DiffSide::new(&rh, head, &keyed.head)?;
     let out = Output::create(output)?;
-    let (changed, written) = write_svg(out, output, |svg| render_diff(&b, &h, metric, svg))?;
+    let (changed, written) =
+        write_svg(out, output, |svg| render_diff(&keyed, &b, &h, metric, svg))?;
     eprintln!(
         "memtrack: wrote {} ({} of {} stacks changed, by {})",
         written.display(),
@@ -169,88 +175,98 @@ fn write_svg<T>(
     Ok((answer, out.commit()?))
 }
 
-/// The frames' names of `cs`'s sites in a differential flame graph, root first: a named frame
-/// is its function and its source file's base name (`chain_inner (chain.c)`), or the function
-/// and the whole path where two files of one base name hold functions of one name; a frame
-/// that could not be named keeps its fallback (`module+0xOFFSET`), which matches only the same
-/// offset. Function and file, never line or address: code that moved between the builds still
-/// matches.
+/// The frames' names of the keyed sites of a differential flame graph. Sites of the two
+/// recordings match as [`memtrack::site_keys`] matches them (compare's attribution too): by
+/// [`KeyFrame`], a named frame by its function and source file, never line or address (code
+/// that moved between the builds still matches); an unnamed frame by module, build id and
+/// offset, and not at all without a build id. A frame is named as its key displays
+/// (`chain_inner (chain.c)`, `libx.so+0x1234`), in a longer form where two different keys
+/// would display alike (the whole source path, the build id), and an unmatched frame with the
+/// recording it is of (`libx.so+0x1234 (unmatched) in the head`): inferno merges frames by
+/// name, and must never merge two keys.
 struct DiffNames {
-    /// (function, file) → its frame's name.
-    names: HashMap<(String, Option<String>), String>,
+    names: HashMap<KeyFrame, String>,
 }
 
 impl DiffNames {
-    fn new<'a>(sides: impl IntoIterator<Item = &'a CallSites>) -> DiffNames {
-        let mut files: HashMap<(String, Option<String>), Vec<String>> = HashMap::new();
-        for cs in sides {
-            for c in &cs.call_sites {
-                for l in &c.locations {
-                    for f in &l.frames {
-                        if let Some(func) = &f.function {
-                            let base = f.file.as_deref().map(basename);
-                            let paths = files
-                                .entry((func.clone(), base.map(str::to_string)))
-                                .or_default();
-                            if let Some(file) = &f.file
-                                && !paths.contains(file)
-                            {
-                                paths.push(file.clone());
-                            }
-                        }
-                    }
+    fn new(keyed: &SiteComparison) -> DiffNames {
+        let mut shown: HashMap<String, Vec<&KeyFrame>> = HashMap::new();
+        for (key, _) in keyed.base.sites.iter().chain(&keyed.head.sites) {
+            for f in &key.0 {
+                let same = shown.entry(f.to_string()).or_default();
+                if !same.contains(&f) {
+                    same.push(f);
                 }
             }
         }
         let mut names = HashMap::new();
-        for ((func, base), paths) in files {
-            match base {
-                None => {
-                    names.insert((func.clone(), None), func);
-                }
-                Some(base) => {
-                    let ambiguous = paths.len() > 1;
-                    for p in paths {
-                        let name = match ambiguous {
-                            true => format!("{func} ({p})"),
-                            false => format!("{func} ({base})"),
-                        };
-                        names.insert((func.clone(), Some(p)), name);
-                    }
-                }
+        for (short, frames) in shown {
+            let ambiguous = frames.len() > 1;
+            for f in frames {
+                let name = match f {
+                    // Never the same frame as another recording's: say whose it is.
+                    KeyFrame::Unmatched { recording: 0, .. } => format!("{short} in the base"),
+                    KeyFrame::Unmatched { .. } => format!("{short} in the head"),
+                    _ if !ambiguous => short.clone(),
+                    KeyFrame::Function {
+                        function,
+                        file: Some(file),
+                    } => format!("{function} ({file})"),
+                    KeyFrame::Offset {
+                        module,
+                        build_id,
+                        offset,
+                    } => format!("{module}+{offset:#x} (build id {build_id})"),
+                    _ => short.clone(),
+                };
+                names.insert(f.clone(), name.replace(';', ",").replace('\n', " "));
             }
         }
         DiffNames { names }
     }
 
-    /// `c`'s folded path, root first, `;` separated.
-    fn path(&self, c: &CallSite) -> String {
-        if c.locations.is_empty() {
+    /// A site's folded path, root first, `;` separated; `truncated` roots it at
+    /// [`TRUNCATED`].
+    fn path(&self, key: &SiteKey, truncated: bool) -> String {
+        if key.0.is_empty() {
             return NO_STACK.to_string();
         }
-        let mut parts: Vec<String> = Vec::new();
-        if c.truncated {
-            parts.push(TRUNCATED.to_string());
-        }
-        for l in c.locations.iter().rev() {
-            for f in l.frames.iter().rev() {
-                let name = match &f.function {
-                    Some(func) => self
-                        .names
-                        .get(&(func.clone(), f.file.clone()))
-                        .cloned()
-                        .unwrap_or_else(|| func.clone()),
-                    None => frame_name(f),
-                };
-                parts.push(name.replace(';', ",").replace('\n', " "));
-            }
-        }
-        parts.join(";")
+        let cut = truncated.then_some(TRUNCATED);
+        cut.into_iter()
+            .chain(key.0.iter().rev().map(|f| self.names[f].as_str()))
+            .collect::<Vec<_>>()
+            .join(";")
     }
 }
 
-fn basename(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
+/// One side of a differential flame graph: its name and its sites, keyed, each with whether
+/// its stack was cut at the depth cap.
+pub struct DiffSide<'a> {
+    /// The benchmark's name.
+    pub name: String,
+    /// The keyed sites ([`SiteComparison`]'s side).
+    pub sites: &'a KeyedSites,
+    /// Per site of `sites`, whether its stack was cut at the depth cap.
+    pub truncated: Vec<bool>,
+}
+
+impl<'a> DiffSide<'a> {
+    fn new(reader: &Reader, file: &Path, sites: &'a KeyedSites) -> memtrack::Result<Self> {
+        let truncated = sites
+            .sites
+            .iter()
+            .map(|(_, s)| Ok(!s.stack.is_none() && reader.stack(s.stack)?.truncated))
+            .collect::<memtrack::Result<_>>()?;
+        let name = reader.metadata().name.clone().unwrap_or_else(|| {
+            file.file_stem()
+                .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
+        });
+        Ok(DiffSide {
+            name,
+            sites,
+            truncated,
+        })
+    }
 }
 
 /// The differential flame graph of `head` against `base` by `metric`, as SVG: inferno's
@@ -259,20 +275,21 @@ fn basename(path: &str) -> &str {
 /// unchanged (a stack only BASE has weighs nothing in HEAD: it is counted in the subtitle).
 /// Returns how many stacks changed, of how many.
 pub fn render_diff(
-    base: &CallSites,
-    head: &CallSites,
+    keyed: &SiteComparison,
+    base: &DiffSide<'_>,
+    head: &DiffSide<'_>,
     metric: Metric,
     svg: &mut Vec<u8>,
 ) -> std::io::Result<(usize, usize)> {
-    let names = DiffNames::new([base, head]);
+    let names = DiffNames::new(keyed);
     let mut merged: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for (side, cs) in [base, head].into_iter().enumerate() {
-        for c in &cs.call_sites {
-            let w = metric.weight(&c.site);
+    for (side, d) in [base, head].into_iter().enumerate() {
+        for ((key, site), truncated) in d.sites.sites.iter().zip(&d.truncated) {
+            let w = metric.weight(site);
             if w == 0 {
                 continue;
             }
-            let e = merged.entry(names.path(c)).or_default();
+            let e = merged.entry(names.path(key, *truncated)).or_default();
             match side {
                 0 => e.0 += w,
                 _ => e.1 += w,

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{memtrack, s, text};
-use memtrack::{Metric, Reader, Sites, Symbolizer, TrackerOptions, record_command};
+use memtrack::{Metric, Reader, SiteComparison, Sites, Symbolizer, TrackerOptions, record_command};
 use memtrack_test_support::fixtures;
 use memtrack_test_support::{Need, TRACKER, requires, run, run_ok};
 
@@ -160,19 +160,49 @@ fn moved_code_has_no_site_deltas() {
     assert_eq!(code, Some(0), "{v:#}");
     assert!(v.get("attribution").is_none());
     // The library's attribution, for every metric (compare computes it for regressions only).
-    let mut sym = Symbolizer::new();
-    let keyed = |path: &Path, recording: u32, sym: &mut Symbolizer| {
-        let r = Reader::open(path).unwrap();
-        let sites = Sites::read(&r).unwrap();
-        assert!(sites.has_stacks());
-        memtrack::site_keys(sym, &r, &sites, recording).unwrap()
-    };
-    let (b, h) = (keyed(&base, 0, &mut sym), keyed(&head, 1, &mut sym));
-    assert_eq!((b.unmatched, h.unmatched), (0, 0));
+    let (br, hr) = (Reader::open(&base).unwrap(), Reader::open(&head).unwrap());
+    let (bs, hs) = (Sites::read(&br).unwrap(), Sites::read(&hr).unwrap());
+    assert!(bs.has_stacks() && hs.has_stacks());
+    let keyed = SiteComparison::new(&mut Symbolizer::new(), &br, &bs, &hr, &hs).unwrap();
+    assert_eq!((keyed.base.unmatched, keyed.head.unmatched), (0, 0));
     for m in Metric::ALL {
-        let a = memtrack::attribute(m, &b.sites, &h.sites);
+        let a = keyed.attribution(m);
         assert!(a.sites.is_empty(), "{m:?}: {:#?}", a.sites);
         assert!(a.unchanged >= 2, "{m:?}: both fixture sites matched");
+    }
+    // The differential flame graph matches the sites the same way: nothing grew or shrank.
+    let svg = dir.path().join("diff.svg");
+    for metric in ["bytes", "allocations", "peak", "leaked"] {
+        let out = memtrack(&[
+            "flamegraph",
+            "--diff",
+            s(&base),
+            s(&head),
+            "-o",
+            s(&svg),
+            "--metric",
+            metric,
+        ]);
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        assert!(t.contains("(0 of "), "{metric}: a stack changed: {t}");
+        let body = std::fs::read_to_string(&svg).unwrap();
+        let opt = roxmltree::ParsingOptions {
+            allow_dtd: true,
+            ..roxmltree::ParsingOptions::default()
+        };
+        let doc = roxmltree::Document::parse_with_options(&body, opt).unwrap();
+        // Every frame's box white (inferno's "unchanged"); none red or blue.
+        let coloured: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("rect"))
+            .filter_map(|n| n.attribute("fill"))
+            .filter(|f| f.starts_with("rgb(") && *f != "rgb(250,250,250)")
+            .collect();
+        assert!(
+            coloured.is_empty(),
+            "{metric}: frames not white: {coloured:?}"
+        );
     }
 }
 

@@ -762,15 +762,26 @@ fn flamegraph_diff_one_site_grows() {
     assert_eq!(fill_of(&doc, "main (chain.c) ("), WHITE);
 }
 
-/// A small artifact with call stacks (frames in a file that does not exist: named by their
-/// fallback), `lost` events lost and `unfollowed` processes not followed.
+/// A small artifact with call stacks (frames in a file that does not exist, of build id
+/// 0x0102: named by their fallback), `lost` events lost and `unfollowed` processes not
+/// followed.
 fn stacks_artifact(path: &Path, lost: u64, unfollowed: u64) -> PathBuf {
+    stacks_artifact_of(path, lost, unfollowed, Some(vec![1, 2]))
+}
+
+/// [`stacks_artifact`] with the module's build id `build_id`.
+fn stacks_artifact_of(
+    path: &Path,
+    lost: u64,
+    unfollowed: u64,
+    build_id: Option<Vec<u8>>,
+) -> PathBuf {
     let f = std::fs::File::create(path).unwrap();
     let meta = Metadata::now(1, Backend::Ebpf);
     let mut enc = Encoder::new(f, &meta, EncoderOptions::new().workers(1)).unwrap();
     let module = Module {
         path: "/nonexistent/libx.so".into(),
-        build_id: None,
+        build_id,
     };
     enc.define_module(ModuleId(1), module).unwrap();
     let frames = vec![Frame {
@@ -835,6 +846,45 @@ fn flamegraph_diff_refusals() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let out = memtrack(&["flamegraph"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+/// `flamegraph --diff` matches frames as `compare`'s attribution does (`memtrack::site_keys`):
+/// an unnamed frame (`module+0xOFFSET`, its file gone) matches the same offset of a module of
+/// the same build id (white: unchanged), never one of another build id or of a module without
+/// one (the head's frame is then new, red, and the base's not drawn).
+fn flamegraph_diff_unnamed_frames_match_by_build_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let a = stacks_artifact_of(&d.join("a.memtrack"), 0, 0, Some(vec![1, 2]));
+    let same = stacks_artifact_of(&d.join("same.memtrack"), 0, 0, Some(vec![1, 2]));
+    let other = stacks_artifact_of(&d.join("other.memtrack"), 0, 0, Some(vec![3, 4]));
+    let none = stacks_artifact_of(&d.join("none.memtrack"), 0, 0, None);
+    let svg = d.join("diff.svg");
+    let draw = |base: &Path, head: &Path| {
+        let out = memtrack(&["flamegraph", "--diff", s(base), s(head), "-o", s(&svg)]);
+        assert!(out.status.success(), "{}", text(&out));
+        (std::fs::read_to_string(&svg).unwrap(), text(&out))
+    };
+    let (body, t) = draw(&a, &same);
+    assert!(t.contains("0 of 1 stacks changed"), "{t}");
+    assert_eq!(fill_of(&svg_doc(&body), "libx.so+0x1234 ("), WHITE);
+    // The same offset in another build, or in a module without a build id: not the same code.
+    for (head, frame) in [
+        (&other, "libx.so+0x1234 (build id 0304) ("),
+        (&none, "libx.so+0x1234 (unmatched) in the head ("),
+    ] {
+        let (body, t) = draw(&a, head);
+        assert!(t.contains("2 of 2 stacks changed"), "{t}");
+        let doc = svg_doc(&body);
+        assert!(
+            is_red(fill_of(&doc, frame)),
+            "{frame}: {}",
+            tooltips(&doc).join(" | ")
+        );
+    }
+    // Two recordings without build ids do not match each other either.
+    let (_, t) = draw(&none, &none);
+    assert!(t.contains("2 of 2 stacks changed"), "{t}");
 }
 
 /// `memtrack record` of the C fixture (the eBPF tracker, real stacks): its folded export and
@@ -932,6 +982,10 @@ fn main() {
             flamegraph_diff_one_site_grows,
         ),
         test("flamegraph_diff_refusals", flamegraph_diff_refusals),
+        test(
+            "flamegraph_diff_unnamed_frames_match_by_build_id",
+            flamegraph_diff_unnamed_frames_match_by_build_id,
+        ),
         requires("chain_recorded", cc_tracker, chain_recorded),
     ];
     memtrack_test_support::run(trials);

@@ -120,7 +120,9 @@ pub use scope::Scope;
 pub use session::{BackendChoice, Session, SessionBuilder, start};
 pub use stack::{Frame, Module, ModuleId, Stack, StackId};
 #[cfg(feature = "symbolize")]
-pub use symbolize::{KeyFrame, KeyedSites, ModuleStatus, SiteKey, SymFrame, Symbolizer, site_keys};
+pub use symbolize::{
+    KeyFrame, KeyedSites, ModuleStatus, SiteComparison, SiteKey, SymFrame, Symbolizer, site_keys,
+};
 #[cfg(feature = "synth")]
 pub use synth::{Synth, SynthOptions};
 pub use tracker::DEFAULT_STACK_DEPTH;

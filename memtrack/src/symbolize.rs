@@ -8,8 +8,9 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized};
 use rustc_hash::FxHashMap;
 
-use crate::analysis::{Site, Sites};
+use crate::analysis::{Attribution, Metric, Site, Sites};
 use crate::artifact::{FormatError, Reader};
+use crate::report::Report;
 use crate::stack::{Module, ModuleId, Stack};
 
 /// [`Symbolizer::symbolize_sites`]'s answer: each site's recorded stack, and its frames'
@@ -620,4 +621,190 @@ pub fn site_keys(
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The call sites of two recordings (a base and a head, e.g. two builds of one benchmark)
+/// keyed by [`site_keys`] so that they match across builds: what regression attribution
+/// ([`SiteComparison::attribution`], `memtrack compare`) and `memtrack flamegraph --diff` both
+/// start from, so that they match sites the same way.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct SiteComparison {
+    /// The base's sites, keyed ([`site_keys`]'s recording 0).
+    pub base: KeyedSites,
+    /// The head's sites, keyed (recording 1).
+    pub head: KeyedSites,
+}
+
+impl SiteComparison {
+    /// Keys the sites of both recordings (`base_sites` of the recording `base` reads, and the
+    /// head's likewise) with one symbolizer: [`site_keys`] with recording 0 for the base and 1
+    /// for the head. A stack a reader's tables do not define is an error (a corrupt artifact).
+    pub fn new(
+        sym: &mut Symbolizer,
+        base: &Reader,
+        base_sites: &Sites,
+        head: &Reader,
+        head_sites: &Sites,
+    ) -> Result<SiteComparison, FormatError> {
+        Ok(SiteComparison {
+            base: site_keys(sym, base, base_sites, 0)?,
+            head: site_keys(sym, head, head_sites, 1)?,
+        })
+    }
+
+    /// The sites ranked by their contribution to the change of `metric` from the base to the
+    /// head ([`attribute`](crate::attribute) of the keyed sites): base, head and delta of
+    /// each, new and vanished sites included.
+    pub fn attribution(&self, metric: Metric) -> Attribution<SiteKey> {
+        crate::attribute(metric, &self.base.sites, &self.head.sites)
+    }
+
+    /// The modules of either side whose frames could not be named (path, why), each once.
+    pub fn unnamed_modules(&self) -> Vec<(String, String)> {
+        let mut out = self.base.unnamed_modules.clone();
+        for m in &self.head.unnamed_modules {
+            if !out.contains(m) {
+                out.push(m.clone());
+            }
+        }
+        out
+    }
+}
+
+impl Report {
+    /// The call sites of this session compared with those of `base` (an earlier session of the
+    /// same benchmark, maybe of another build), read from both artifacts and symbolized
+    /// (feature `symbolize`): [`SiteComparison::attribution`] ranks the site deltas of a
+    /// metric. Sites match across builds by their frames' functions and source files, never by
+    /// address or line ([`KeyFrame`]). `None` when either session was in memory (no artifact to
+    /// read).
+    ///
+    /// ```no_run
+    /// use memtrack::{Metric, Report};
+    ///
+    /// # fn f(base: &Report, head: &Report) -> Result<(), memtrack::FormatError> {
+    /// let cmp = head.compare_sites(base).expect("both sessions wrote artifacts")?;
+    /// let a = cmp.attribution(Metric::Bytes);
+    /// for d in &a.sites {
+    ///     println!("{:+} bytes ({:?} of the change): {}", d.delta(), a.share(d), d.key);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn compare_sites(&self, base: &Report) -> Option<Result<SiteComparison, FormatError>> {
+        let (bp, hp) = (base.path.as_ref()?, self.path.as_ref()?);
+        Some((|| {
+            let (br, hr) = (Reader::open(bp)?, Reader::open(hp)?);
+            let (bs, hs) = (Sites::read(&br)?, Sites::read(&hr)?);
+            SiteComparison::new(&mut Symbolizer::new(), &br, &bs, &hr, &hs)
+        })())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::artifact::Backend;
+    use crate::encode::{Encoder, EncoderOptions};
+    use crate::event::{Event, EventKind};
+    use crate::scope::Scope;
+    use crate::stack::{Frame, StackId};
+    use crate::{Metadata, Timeline, Totals};
+
+    /// A finished artifact at `path` whose sites are `sites`: (stack id, frame offsets in one
+    /// module of build id 0xab that is not on disk, blocks, bytes each); every block freed.
+    fn artifact(path: &Path, sites: &[(u32, &[u64], u64, u64)]) {
+        let meta = Metadata::now(1, Backend::Ebpf);
+        let f = std::fs::File::create(path).unwrap();
+        let mut enc = Encoder::new(f, &meta, EncoderOptions::new().workers(1)).unwrap();
+        let module = Module {
+            path: "/nonexistent/app".into(),
+            build_id: Some(vec![0xab]),
+        };
+        enc.define_module(ModuleId(1), module).unwrap();
+        let mut ts = 0;
+        for &(id, offsets, blocks, size) in sites {
+            let frames = offsets
+                .iter()
+                .map(|&offset| Frame {
+                    module: ModuleId(1),
+                    offset,
+                })
+                .collect();
+            let stack = Stack {
+                frames,
+                truncated: false,
+            };
+            enc.define_stack(StackId(id), stack).unwrap();
+            for i in 0..blocks {
+                let addr = 0x1000 + i * 0x1000;
+                ts += 10;
+                let ev = Event::new(ts, 1, 1, EventKind::Malloc { addr, size });
+                enc.push(ev.with_stack(StackId(id))).unwrap();
+                ts += 10;
+                enc.push(Event::new(ts, 1, 1, EventKind::Free { addr }))
+                    .unwrap();
+            }
+        }
+        enc.finish(0).unwrap();
+    }
+
+    fn report(path: Option<&Path>) -> Report {
+        Report {
+            name: "t".into(),
+            path: path.map(Path::to_path_buf),
+            totals: Totals::default(),
+            lost_events: 0,
+            duration: std::time::Duration::ZERO,
+            events: 0,
+            artifact_bytes: 0,
+            sizes: Vec::new(),
+            timeline: Timeline::growing(1).unwrap(),
+            backend: Backend::Ebpf,
+            scope: Scope::Threads,
+            out_of_scope: 0,
+            iterations: None,
+            short_stacks: 0,
+        }
+    }
+
+    /// Two sessions whose sites differ in stack ids but not in frames: matched by frames, the
+    /// one site that allocates more ranked with its exact delta, the other unchanged; a frame
+    /// of the same offset but another depth is another site.
+    #[test]
+    fn reports_compare_their_sites() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, h) = (dir.path().join("b.memtrack"), dir.path().join("h.memtrack"));
+        artifact(&b, &[(1, &[0x10, 0x20], 10, 100), (2, &[0x30, 0x20], 5, 50)]);
+        artifact(
+            &h,
+            &[
+                (7, &[0x30, 0x20], 5, 50),
+                (8, &[0x10, 0x20], 12, 100),
+                (9, &[0x10], 1, 8),
+            ],
+        );
+        let (base, head) = (report(Some(&b)), report(Some(&h)));
+        let cmp = head.compare_sites(&base).unwrap().unwrap();
+        let a = cmp.attribution(Metric::Bytes);
+        assert_eq!((a.base_total, a.head_total), (1250, 1458));
+        let got: Vec<(String, u64, u64, bool)> = a
+            .sites
+            .iter()
+            .map(|d| (d.key.to_string(), d.base, d.head, d.is_new()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("app+0x10 ← app+0x20".to_string(), 1000, 1200, false),
+                ("app+0x10".to_string(), 0, 8, true),
+            ]
+        );
+        assert_eq!(a.unchanged, 1);
+        assert_eq!(cmp.attribution(Metric::Allocations).delta(), 3);
+        assert_eq!(cmp.unnamed_modules().len(), 1, "{:?}", cmp.unnamed_modules());
+        // An in-memory session has no artifact to compare.
+        assert!(head.compare_sites(&report(None)).is_none());
+    }
 }
