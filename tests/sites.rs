@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use memtrack::{
-    Backend, Encoder, EncoderOptions, Event, EventKind, Metadata, Reader, Site, SiteOrder, Sites,
-    StackId, Synth, SynthOptions,
+    Backend, Encoder, EncoderOptions, Event, EventKind, Metadata, Reader, Site, SiteAnalyzer,
+    SiteOrder, Sites, StackId, Synth, SynthOptions,
 };
 
 /// Per site: blocks, bytes, and live blocks and bytes now.
@@ -183,6 +183,18 @@ fn synth_sites_match_an_independent_count() {
     let r = encode(&events);
     let sites = Sites::read(&r).unwrap();
     check(&events, &sites);
+    // Read with the totals and the sites on two threads (a frame apart), as fed one event at a
+    // time: the same sites (lifetimes and per-site maxima too), the same totals, and every
+    // frame handed to the caller once, in order.
+    let mut seq = SiteAnalyzer::new();
+    seq.update_all(&events);
+    let mut seen = Vec::new();
+    let par = SiteAnalyzer::read(&r, |evs| seen.extend_from_slice(evs)).unwrap();
+    assert!(r.frames().len() > 10, "{} frames", r.frames().len());
+    assert_eq!(par.sites(), seq.sites());
+    assert_eq!(par.sites(), sites);
+    assert_eq!(par.analyzer().totals(), seq.analyzer().totals());
+    assert_eq!(seen, events);
     assert!(sites.sites.len() > 200, "{} sites", sites.sites.len());
     // synth's mappings carry no stack and are in no site; every allocation has a stack.
     assert!(sites.no_stack().is_none() && sites.has_stacks());

@@ -184,13 +184,8 @@ impl CallSites {
                 human::count(f.lost_events)
             );
         }
-        let mut a = SiteAnalyzer::new();
         let bar = super::progress::events_bar(reader, what);
-        reader.for_each_frame(|_, evs| {
-            a.update_all(evs);
-            bar.inc(evs.len() as u64);
-            Ok(())
-        })?;
+        let a = SiteAnalyzer::read(reader, |evs| bar.inc(evs.len() as u64))?;
         bar.finish_and_clear();
         let sites = a.sites();
         if !sites.has_stacks() {

@@ -61,10 +61,20 @@ pub fn run(
     metric: MetricArg,
     format: Format,
 ) -> memtrack::Result<ExitCode> {
-    let mut errors = Vec::new();
-    let mut sites = SiteSets::new();
-    let base_set = load_side(base, "base", &mut errors, &mut sites);
-    let head_set = load_side(head, "head", &mut errors, &mut sites);
+    // The two sides are read at once, on two threads (each decodes on the rayon pool too).
+    let load = |path: &Path, side: &str| {
+        let (mut errors, mut sites) = (Vec::new(), SiteSets::new());
+        let set = load_side(path, side, &mut errors, &mut sites);
+        (set, errors, sites)
+    };
+    let ((base_set, mut errors, mut sites), (head_set, head_errors, head_sites)) =
+        std::thread::scope(|s| {
+            let h = s.spawn(|| load(head, "head"));
+            let b = load(base, "base");
+            (b, h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        });
+    errors.extend(head_errors);
+    sites.extend(head_sites);
     if !errors.is_empty() {
         for e in &errors {
             eprintln!("memtrack: error: {e}");
@@ -209,14 +219,8 @@ fn load(path: &Path) -> Result<(Benchmark, Option<Sites>), String> {
     // less than decoding the file a second time when a regression is attributed).
     let stacked = reader.stacks().is_ok_and(|t| t.stacks().len() > 0);
     let (totals, sites) = if stacked {
-        let mut a = SiteAnalyzer::new();
         let bar = super::progress::events_bar(&reader, "reading");
-        reader
-            .for_each_frame(|_, evs| {
-                a.update_all(evs);
-                bar.inc(evs.len() as u64);
-                Ok(())
-            })
+        let a = SiteAnalyzer::read(&reader, |evs| bar.inc(evs.len() as u64))
             .map_err(|e| e.to_string())?;
         bar.finish_and_clear();
         (a.analyzer().totals(), Some(a.sites()))

@@ -323,18 +323,23 @@ impl ShowReport {
         // Sizes (and sites, when asked for) are counted beside the totals, in the same pass:
         // `Analyzer` stays lean for others.
         let (mut a, mut sizes) = (Analyzer::new(), SizeHistogram::new());
-        let mut sites = top.map(|_| SiteAnalyzer::new());
         let bar = progress::events_bar(reader, "reading");
-        reader.for_each_frame(|_, evs| {
-            // The site analyzer feeds an `Analyzer` of its own: one analysis, not two.
-            match &mut sites {
-                Some(s) => s.update_all(evs),
-                None => a.update_all(evs),
+        let sites = match top {
+            // The site analysis feeds an `Analyzer` of its own: one analysis, not two.
+            Some(_) => Some(SiteAnalyzer::read(reader, |evs| {
+                sizes.update_all(evs);
+                bar.inc(evs.len() as u64);
+            })?),
+            None => {
+                reader.for_each_frame(|_, evs| {
+                    a.update_all(evs);
+                    sizes.update_all(evs);
+                    bar.inc(evs.len() as u64);
+                    Ok(())
+                })?;
+                None
             }
-            sizes.update_all(evs);
-            bar.inc(evs.len() as u64);
-            Ok(())
-        })?;
+        };
         bar.finish_and_clear();
         let a = sites.as_ref().map_or(&a, SiteAnalyzer::analyzer);
         let t = a.totals();

@@ -115,14 +115,9 @@ impl Sites {
         v
     }
 
-    /// The sites of the events of `reader`, decoded in parallel.
+    /// The sites of the events of `reader`, decoded in parallel ([`SiteAnalyzer::read`]).
     pub fn read(reader: &Reader) -> Result<Sites, FormatError> {
-        let mut a = SiteAnalyzer::new();
-        reader.for_each_frame(|_, events| {
-            a.update_all(events);
-            Ok(())
-        })?;
-        Ok(a.sites())
+        Ok(SiteAnalyzer::read(reader, |_| {})?.sites())
     }
 }
 
@@ -150,6 +145,14 @@ struct SiteState {
 #[derive(Default)]
 pub struct SiteAnalyzer {
     analyzer: Analyzer,
+    /// The sites' own accounting, which follows the analyzer's peak.
+    acc: SiteAccount,
+}
+
+/// The per-site half of a [`SiteAnalyzer`]: every block's site and every site's numbers. Fed
+/// the same events as the analyzer, told after which of them its peak rose.
+#[derive(Default)]
+struct SiteAccount {
     /// Per process (by pid): live block address -> (size, index in `sites`).
     heaps: FxHashMap<u32, FxHashMap<u64, (u64, usize)>>,
     sites: Vec<SiteState>,
@@ -164,7 +167,7 @@ pub struct SiteAnalyzer {
 
 /// The heap rule of one event, applied to the sites.
 struct SiteOps<'a> {
-    a: &'a mut SiteAnalyzer,
+    a: &'a mut SiteAccount,
     pid: u32,
     stack: StackId,
 }
@@ -217,6 +220,85 @@ impl SiteAnalyzer {
 
     /// Feeds one event.
     pub fn update(&mut self, e: &Event) {
+        self.acc.apply(e);
+        let before = self.analyzer.t.peak_live_bytes;
+        self.analyzer.update(e);
+        if self.analyzer.t.peak_live_bytes > before {
+            self.acc.peak_event = self.acc.events;
+        }
+    }
+
+    /// Feeds every event of `reader` (its frames decoded in parallel, as
+    /// [`Reader::for_each_frame`] does) and calls `per_frame` with each frame's events, in
+    /// order: what [`update_all`](Self::update_all) of each frame gives, in less time on
+    /// several cores. The totals of a frame ([`analyzer`](Self::analyzer), and `per_frame`)
+    /// and the site accounting of the frame before it run at once, on two threads: the sites
+    /// need only to know after which events the heap's peak rose, and by then the analyzer
+    /// has told them.
+    pub fn read(
+        reader: &Reader,
+        mut per_frame: impl FnMut(&[Event]) + Send,
+    ) -> Result<SiteAnalyzer, FormatError> {
+        let mut a = SiteAnalyzer::new();
+        // The frame the sites are behind by, and the events of it after which the peak rose.
+        let (mut prev, mut next): (Vec<Event>, Vec<Event>) = (Vec::new(), Vec::new());
+        let (mut prev_peaks, mut next_peaks): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
+        let mut fed = 0u64;
+        reader.for_each_frame(|_, events| {
+            let SiteAnalyzer { analyzer, acc } = &mut a;
+            rayon::join(
+                || {
+                    next_peaks.clear();
+                    for e in events {
+                        fed += 1;
+                        let before = analyzer.t.peak_live_bytes;
+                        analyzer.update(e);
+                        if analyzer.t.peak_live_bytes > before {
+                            next_peaks.push(fed);
+                        }
+                    }
+                    per_frame(events);
+                    next.clear();
+                    next.extend_from_slice(events);
+                },
+                || acc.apply_all(&prev, &prev_peaks),
+            );
+            std::mem::swap(&mut prev, &mut next);
+            std::mem::swap(&mut prev_peaks, &mut next_peaks);
+            Ok(())
+        })?;
+        a.acc.apply_all(&prev, &prev_peaks);
+        Ok(a)
+    }
+
+    /// The [`Analyzer`] it feeds with the same events (whose peak it uses): the totals of
+    /// those events, without a second analysis.
+    pub fn analyzer(&self) -> &Analyzer {
+        &self.analyzer
+    }
+
+    /// The sites so far.
+    pub fn sites(&self) -> Sites {
+        self.acc.sites(&self.analyzer)
+    }
+}
+
+impl SiteAccount {
+    /// Applies `events`, the analyzer's peak having risen after the events numbered `peaks`
+    /// (1-based, increasing, all among these events).
+    fn apply_all(&mut self, events: &[Event], peaks: &[u64]) {
+        let mut peaks = peaks.iter().peekable();
+        for e in events {
+            self.apply(e);
+            if peaks.next_if_eq(&&self.events).is_some() {
+                self.peak_event = self.events;
+            }
+        }
+    }
+
+    /// Applies one event to the blocks and sites (the peak, if it rose after it, is the
+    /// caller's to set).
+    fn apply(&mut self, e: &Event) {
         self.events += 1;
         self.ts = e.ts;
         let mut ops = SiteOps {
@@ -231,11 +313,6 @@ impl SiteAnalyzer {
                     self.change(slot, -1, size);
                 }
             }
-        }
-        let before = self.analyzer.t.peak_live_bytes;
-        self.analyzer.update(e);
-        if self.analyzer.t.peak_live_bytes > before {
-            self.peak_event = self.events;
         }
     }
 
@@ -277,14 +354,8 @@ impl SiteAnalyzer {
         }
     }
 
-    /// The [`Analyzer`] it feeds with the same events (whose peak it uses): the totals of
-    /// those events, without a second analysis.
-    pub fn analyzer(&self) -> &Analyzer {
-        &self.analyzer
-    }
-
-    /// The sites so far.
-    pub fn sites(&self) -> Sites {
+    /// The sites so far, with `analyzer`'s peak.
+    fn sites(&self, analyzer: &Analyzer) -> Sites {
         let mut sites: Vec<Site> = self
             .sites
             .iter()
@@ -304,8 +375,8 @@ impl SiteAnalyzer {
         sites.sort_by_key(|s| s.stack);
         Sites {
             sites,
-            peak_live_bytes: self.analyzer.t.peak_live_bytes,
-            peak_ts: self.analyzer.t.peak_ts,
+            peak_live_bytes: analyzer.t.peak_live_bytes,
+            peak_ts: analyzer.t.peak_ts,
         }
     }
 }
