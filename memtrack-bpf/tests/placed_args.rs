@@ -1,4 +1,4 @@
-//! memtrack's BPF programs, attached at the offsets [`probe_sites`] places them (past the
+//! memtrack's BPF programs, attached at the offsets [`memtrack_bpf::probe_sites`] places them (past the
 //! skipped instructions of each prologue), record each call's arguments and result exactly:
 //! every allocator entry point of the installed libraries is called with known arguments and
 //! the ring buffer's events (kind, address, old address, size, alignment) are compared with
@@ -12,8 +12,8 @@ use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::path::{Path, PathBuf};
 
-use libbpf_rs::{MapCore, RingBufferBuilder, UprobeMultiOpts};
-use memtrack_bpf::{MAP_EVENTS, PROG_ENTRY, PROG_RET, RawEvent, RawStack, kind, probe_sites};
+use libbpf_rs::{MapCore, RingBufferBuilder};
+use memtrack_bpf::{MAP_EVENTS, RawEvent, RawStack, kind};
 use memtrack_test_support::{Need, TRACKER, requires, run};
 
 const LIB: &str = "/usr/lib/x86_64-linux-gnu";
@@ -61,36 +61,7 @@ fn record(
     calls: impl FnOnce(&mut Vec<Shape>),
 ) -> (Vec<Shape>, Vec<Shape>) {
     let obj = harness::load(Some(1 << 20));
-    let sites: Vec<_> = probe_sites(file)
-        .unwrap()
-        .into_iter()
-        .filter(|s| !s.entry.is_syscall())
-        .collect();
-    let pid = std::process::id() as i32;
-    let prog = |name: &str| obj.progs_mut().find(|p| p.name() == name).unwrap();
-    let entry = UprobeMultiOpts {
-        offsets: sites.iter().map(|s| s.offset as usize).collect(),
-        cookies: sites.iter().map(|s| s.cookie()).collect(),
-        ..Default::default()
-    };
-    let ret = UprobeMultiOpts {
-        offsets: sites
-            .iter()
-            .filter(|s| s.ret)
-            .map(|s| s.offset as usize)
-            .collect(),
-        cookies: sites.iter().filter(|s| s.ret).map(|s| s.cookie()).collect(),
-        retprobe: true,
-        ..Default::default()
-    };
-    let _links = [
-        prog(PROG_ENTRY)
-            .attach_uprobe_multi_with_opts(pid, file, "", entry)
-            .unwrap(),
-        prog(PROG_RET)
-            .attach_uprobe_multi_with_opts(pid, file, "", ret)
-            .unwrap(),
-    ];
+    let _links = harness::attach_sites(&obj, file);
     harness::switch(&obj, true, 1);
     // Allocated before recording: `calls` pushes without growing it.
     let mut expected = Vec::with_capacity(256);

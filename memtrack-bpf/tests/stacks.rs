@@ -9,11 +9,8 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use libbpf_rs::{Link, MapCore, Object, RingBufferBuilder, UprobeMultiOpts};
-use memtrack_bpf::{
-    MAP_EVENTS, MAP_STATS, PROG_ENTRY, PROG_RET, RawEvent, RawStack, RawStats, STACK_TRUNCATED,
-    kind, probe_sites,
-};
+use libbpf_rs::{Link, MapCore, Object, RingBufferBuilder};
+use memtrack_bpf::{MAP_EVENTS, MAP_STATS, RawEvent, RawStack, RawStats, STACK_TRUNCATED, kind};
 use memtrack_test_support::{TRACKER, requires, run};
 
 #[path = "../examples/harness/mod.rs"]
@@ -28,47 +25,8 @@ struct Sent {
     stats: RawStats,
 }
 
-fn libc_path() -> std::path::PathBuf {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    maps.lines()
-        .filter_map(|l| l.find('/').map(|i| &l[i..]))
-        .find(|p| p.contains("/libc.so"))
-        .map(std::path::PathBuf::from)
-        .expect("libc mapped")
-}
-
 fn attach(obj: &Object) -> Vec<Link> {
-    let libc = libc_path();
-    let sites: Vec<_> = probe_sites(&libc)
-        .unwrap()
-        .into_iter()
-        .filter(|s| !s.entry.is_syscall())
-        .collect();
-    let pid = std::process::id() as i32;
-    let prog = |name: &str| obj.progs_mut().find(|p| p.name() == name).unwrap();
-    let entry = UprobeMultiOpts {
-        offsets: sites.iter().map(|s| s.offset as usize).collect(),
-        cookies: sites.iter().map(|s| s.cookie()).collect(),
-        ..Default::default()
-    };
-    let ret = UprobeMultiOpts {
-        offsets: sites
-            .iter()
-            .filter(|s| s.ret)
-            .map(|s| s.offset as usize)
-            .collect(),
-        cookies: sites.iter().filter(|s| s.ret).map(|s| s.cookie()).collect(),
-        retprobe: true,
-        ..Default::default()
-    };
-    vec![
-        prog(PROG_ENTRY)
-            .attach_uprobe_multi_with_opts(pid, &libc, "", entry)
-            .unwrap(),
-        prog(PROG_RET)
-            .attach_uprobe_multi_with_opts(pid, &libc, "", ret)
-            .unwrap(),
-    ]
+    harness::attach_sites(obj, &harness::libc_path())
 }
 
 fn stats(obj: &Object) -> RawStats {

@@ -1,4 +1,4 @@
-//! What memtrack-bpf's examples and its `placed_args` test share to drive the BPF object by
+//! What memtrack-bpf's examples and its tests share to drive the BPF object by
 //! hand, without the memtrack crate: load it for this process, switch recording on and off,
 //! drain the ring buffer while a closure runs, and look up C functions of this process.
 //!
@@ -11,11 +11,63 @@
 pub mod chain;
 
 use std::ffi::{CString, c_void};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, RingBufferBuilder};
-use memtrack_bpf::{MAP_EVENTS, RawConfig, RawSwitch, SCOPE_PROCESS, SWITCH_STREAM};
+use libbpf_rs::{
+    Link, MapCore, MapFlags, Object, ObjectBuilder, RingBufferBuilder, UprobeMultiOpts,
+};
+use memtrack_bpf::{
+    MAP_EVENTS, PROG_ENTRY, PROG_RET, RawConfig, RawSwitch, SCOPE_PROCESS, SWITCH_STREAM,
+    probe_sites,
+};
+
+/// The C library this process maps.
+pub fn libc_path() -> PathBuf {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| l.find('/').map(|i| &l[i..]))
+        .find(|p| p.contains("/libc.so"))
+        .map(PathBuf::from)
+        .expect("libc mapped")
+}
+
+/// Attaches memtrack's entry and return programs at every allocator site of `file` (the
+/// placed offsets of [`probe_sites`], not the syscalls) for this process, the way memtrack
+/// does (uprobe_multi, one link per program); recording stays off until [`switch`].
+pub fn attach_sites(obj: &Object, file: &Path) -> Vec<Link> {
+    let sites: Vec<_> = probe_sites(file)
+        .unwrap()
+        .into_iter()
+        .filter(|s| !s.entry.is_syscall())
+        .collect();
+    let pid = std::process::id() as i32;
+    let prog = |name: &str| obj.progs_mut().find(|p| p.name() == name).unwrap();
+    let entry = UprobeMultiOpts {
+        offsets: sites.iter().map(|s| s.offset as usize).collect(),
+        cookies: sites.iter().map(|s| s.cookie()).collect(),
+        ..Default::default()
+    };
+    let ret = UprobeMultiOpts {
+        offsets: sites
+            .iter()
+            .filter(|s| s.ret)
+            .map(|s| s.offset as usize)
+            .collect(),
+        cookies: sites.iter().filter(|s| s.ret).map(|s| s.cookie()).collect(),
+        retprobe: true,
+        ..Default::default()
+    };
+    vec![
+        prog(PROG_ENTRY)
+            .attach_uprobe_multi_with_opts(pid, file, "", entry)
+            .unwrap(),
+        prog(PROG_RET)
+            .attach_uprobe_multi_with_opts(pid, file, "", ret)
+            .unwrap(),
+    ]
+}
 
 /// The BPF object loaded to record this process; `events_bytes` sizes the ring buffer (else
 /// the object's default); stacks of up to the default depth.
