@@ -776,7 +776,10 @@ mod tests {
     fn reports_compare_their_sites() {
         let dir = tempfile::tempdir().unwrap();
         let (b, h) = (dir.path().join("b.memtrack"), dir.path().join("h.memtrack"));
-        artifact(&b, &[(1, &[0x10, 0x20], 10, 100), (2, &[0x30, 0x20], 5, 50)]);
+        artifact(
+            &b,
+            &[(1, &[0x10, 0x20], 10, 100), (2, &[0x30, 0x20], 5, 50)],
+        );
         artifact(
             &h,
             &[
@@ -803,7 +806,12 @@ mod tests {
         );
         assert_eq!(a.unchanged, 1);
         assert_eq!(cmp.attribution(Metric::Allocations).delta(), 3);
-        assert_eq!(cmp.unnamed_modules().len(), 1, "{:?}", cmp.unnamed_modules());
+        assert_eq!(
+            cmp.unnamed_modules().len(),
+            1,
+            "{:?}",
+            cmp.unnamed_modules()
+        );
         // An in-memory session has no artifact to compare.
         assert!(head.compare_sites(&report(None)).is_none());
     }
