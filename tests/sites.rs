@@ -183,9 +183,9 @@ fn synth_sites_match_an_independent_count() {
     let r = encode(&events);
     let sites = Sites::read(&r).unwrap();
     check(&events, &sites);
-    // Read with the totals and the sites on two threads (a frame apart), as fed one event at a
-    // time: the same sites (lifetimes and per-site maxima too), the same totals, and every
-    // frame handed to the caller once, in order.
+    // Read from the artifact (frames decoded in parallel) as fed one event at a time: the same
+    // sites (lifetimes and per-site maxima too), the same totals, and every frame handed to
+    // the caller once, in order.
     let mut seq = SiteAnalyzer::new();
     seq.update_all(&events);
     let mut seen = Vec::new();

@@ -151,10 +151,15 @@ pub struct SiteAnalyzer {
 
 /// The per-site half of a [`SiteAnalyzer`]: every block's site and every site's numbers. Fed
 /// the same events as the analyzer, told after which of them its peak rose.
+///
+/// The live blocks are kept per process in a short list searched from the last process seen
+/// (a recording has few processes, and runs of events of one): no hash of the pid per event.
 #[derive(Default)]
 struct SiteAccount {
     /// Per process (by pid): live block address -> (size, index in `sites`).
-    heaps: FxHashMap<u32, FxHashMap<u64, (u64, usize)>>,
+    heaps: Vec<(u32, FxHashMap<u64, (u64, usize)>)>,
+    /// The index in `heaps` of the last process seen.
+    last_heap: usize,
     sites: Vec<SiteState>,
     index: FxHashMap<StackId, usize>,
     /// Events fed so far.
@@ -175,12 +180,7 @@ struct SiteOps<'a> {
 impl HeapOps for SiteOps<'_> {
     fn alloc(&mut self, addr: u64, size: u64) {
         let slot = self.a.slot(self.stack);
-        let old = self
-            .a
-            .heaps
-            .entry(self.pid)
-            .or_default()
-            .insert(addr, (size, slot));
+        let old = self.a.heap(self.pid).insert(addr, (size, slot));
         // A block at an address already live means its free was not seen: it is replaced.
         if let Some((old_size, old_slot)) = old {
             self.a.change(old_slot, -1, old_size);
@@ -194,11 +194,7 @@ impl HeapOps for SiteOps<'_> {
     }
 
     fn free(&mut self, addr: u64) {
-        let removed = self
-            .a
-            .heaps
-            .get_mut(&self.pid)
-            .and_then(|h| h.remove(&addr));
+        let removed = self.a.heap(self.pid).remove(&addr);
         if let Some((size, slot)) = removed {
             self.a.change(slot, -1, size);
         }
@@ -230,44 +226,23 @@ impl SiteAnalyzer {
 
     /// Feeds every event of `reader` (its frames decoded in parallel, as
     /// [`Reader::for_each_frame`] does) and calls `per_frame` with each frame's events, in
-    /// order: what [`update_all`](Self::update_all) of each frame gives, in less time on
-    /// several cores. The totals of a frame ([`analyzer`](Self::analyzer), and `per_frame`)
-    /// and the site accounting of the frame before it run at once, on two threads: the sites
-    /// need only to know after which events the heap's peak rose, and by then the analyzer
-    /// has told them.
+    /// order, after feeding them: what `show --top`, the exports and `compare` read a recording
+    /// with.
+    ///
+    /// The analysis stays on one thread, beside the decoding: running the totals and the site
+    /// accounting of a frame on two threads (the sites a frame behind, told where the peak
+    /// rose) cost 14 % more CPU for a copy of every frame and the hand-offs, and on this
+    /// shared 2-core machine under load that made `show --top 20` slower, not faster.
     pub fn read(
         reader: &Reader,
         mut per_frame: impl FnMut(&[Event]) + Send,
     ) -> Result<SiteAnalyzer, FormatError> {
         let mut a = SiteAnalyzer::new();
-        // The frame the sites are behind by, and the events of it after which the peak rose.
-        let (mut prev, mut next): (Vec<Event>, Vec<Event>) = (Vec::new(), Vec::new());
-        let (mut prev_peaks, mut next_peaks): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
-        let mut fed = 0u64;
         reader.for_each_frame(|_, events| {
-            let SiteAnalyzer { analyzer, acc } = &mut a;
-            rayon::join(
-                || {
-                    next_peaks.clear();
-                    for e in events {
-                        fed += 1;
-                        let before = analyzer.t.peak_live_bytes;
-                        analyzer.update(e);
-                        if analyzer.t.peak_live_bytes > before {
-                            next_peaks.push(fed);
-                        }
-                    }
-                    per_frame(events);
-                    next.clear();
-                    next.extend_from_slice(events);
-                },
-                || acc.apply_all(&prev, &prev_peaks),
-            );
-            std::mem::swap(&mut prev, &mut next);
-            std::mem::swap(&mut prev_peaks, &mut next_peaks);
+            a.update_all(events);
+            per_frame(events);
             Ok(())
         })?;
-        a.acc.apply_all(&prev, &prev_peaks);
         Ok(a)
     }
 
@@ -284,18 +259,6 @@ impl SiteAnalyzer {
 }
 
 impl SiteAccount {
-    /// Applies `events`, the analyzer's peak having risen after the events numbered `peaks`
-    /// (1-based, increasing, all among these events).
-    fn apply_all(&mut self, events: &[Event], peaks: &[u64]) {
-        let mut peaks = peaks.iter().peekable();
-        for e in events {
-            self.apply(e);
-            if peaks.next_if_eq(&&self.events).is_some() {
-                self.peak_event = self.events;
-            }
-        }
-    }
-
     /// Applies one event to the blocks and sites (the peak, if it rose after it, is the
     /// caller's to set).
     fn apply(&mut self, e: &Event) {
@@ -308,12 +271,34 @@ impl SiteAccount {
         };
         if !e.kind.apply_heap(&mut ops) && matches!(e.kind, EventKind::Exec) {
             // The image's blocks are discarded: live neither now nor at the end.
-            if let Some(heap) = self.heaps.remove(&e.pid) {
+            if let Some(i) = self.heaps.iter().position(|(pid, _)| *pid == e.pid) {
+                let (_, heap) = self.heaps.swap_remove(i);
+                self.last_heap = 0;
                 for (size, slot) in heap.into_values() {
                     self.change(slot, -1, size);
                 }
             }
         }
+    }
+
+    /// The live blocks of process `pid`, made on first sight.
+    #[inline]
+    fn heap(&mut self, pid: u32) -> &mut FxHashMap<u64, (u64, usize)> {
+        let i = match self.heaps.get(self.last_heap) {
+            Some((p, _)) if *p == pid => self.last_heap,
+            _ => {
+                let i = match self.heaps.iter().position(|(p, _)| *p == pid) {
+                    Some(i) => i,
+                    None => {
+                        self.heaps.push((pid, FxHashMap::default()));
+                        self.heaps.len() - 1
+                    }
+                };
+                self.last_heap = i;
+                i
+            }
+        };
+        &mut self.heaps[i].1
     }
 
     /// The index of the site of `stack`, made on first sight.
