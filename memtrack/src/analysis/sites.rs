@@ -149,6 +149,9 @@ pub struct SiteAnalyzer {
     acc: SiteAccount,
 }
 
+/// One process's live blocks: address -> (size, index of the block's site).
+type Blocks = FxHashMap<u64, (u64, usize)>;
+
 /// The per-site half of a [`SiteAnalyzer`]: every block's site and every site's numbers. Fed
 /// the same events as the analyzer, told after which of them its peak rose.
 ///
@@ -157,7 +160,7 @@ pub struct SiteAnalyzer {
 #[derive(Default)]
 struct SiteAccount {
     /// Per process (by pid): live block address -> (size, index in `sites`).
-    heaps: Vec<(u32, FxHashMap<u64, (u64, usize)>)>,
+    heaps: Vec<(u32, Blocks)>,
     /// The index in `heaps` of the last process seen.
     last_heap: usize,
     sites: Vec<SiteState>,
@@ -283,14 +286,14 @@ impl SiteAccount {
 
     /// The live blocks of process `pid`, made on first sight.
     #[inline]
-    fn heap(&mut self, pid: u32) -> &mut FxHashMap<u64, (u64, usize)> {
+    fn heap(&mut self, pid: u32) -> &mut Blocks {
         let i = match self.heaps.get(self.last_heap) {
             Some((p, _)) if *p == pid => self.last_heap,
             _ => {
                 let i = match self.heaps.iter().position(|(p, _)| *p == pid) {
                     Some(i) => i,
                     None => {
-                        self.heaps.push((pid, FxHashMap::default()));
+                        self.heaps.push((pid, Blocks::default()));
                         self.heaps.len() - 1
                     }
                 };
