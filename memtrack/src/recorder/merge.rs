@@ -5,7 +5,7 @@
 //! becomes an [`Event`] once, written straight into the encoder's frame with its timestamp
 //! converted: the collector's thread went 109 → 94 instructions per event of hotpaths
 //! `alloc_session` (callgrind) when the events went to the encoder a slice at a time instead
-//! of one push each, and 94 → NN when the buffer kept slots instead of events (one 48-byte
+//! of one push each, and 94 → 88 when the buffer kept slots instead of events (one 48-byte
 //! event built per slot, not built and copied). A `Vec` compacted from its front measured
 //! worse than this deque: its bulk copies run as `rep movsb`, which callgrind counts per byte.
 
