@@ -16,6 +16,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
+use std::rc::Rc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -54,9 +55,8 @@ pub(crate) fn take_new_stacks() -> Vec<NewStack> {
 thread_local! {
     /// The thread's stack, `[low, high)`; (0, 0) until first needed.
     static BOUNDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
-    /// The stacks this thread sent: return addresses, then 1 if the walk was cut at the depth
-    /// cap, else 0 (never a return address) → id.
-    static SEEN: RefCell<FxHashMap<Box<[u64]>, u32>> = RefCell::new(FxHashMap::default());
+    /// The stacks this thread sent, and the last one it recorded.
+    static SEEN: RefCell<Seen> = RefCell::new(Seen::default());
 }
 
 /// The calling thread's stack range `[low, high)` (glibc's `pthread_getattr_np`, which also
@@ -148,9 +148,25 @@ pub(crate) fn capture(at: Here, depth: u32) -> u32 {
         .unwrap_or(0)
 }
 
+/// A thread's stacks: return addresses, then 1 if the walk was cut at the depth cap, else 0
+/// (never a return address) → id.
+#[derive(Default)]
+struct Seen {
+    ids: FxHashMap<Rc<[u64]>, u32>,
+    /// The last stack recorded and its id: an allocation in a loop has its predecessor's
+    /// stack, and comparing with it is cheaper than hashing it (one multiply per frame).
+    last: Option<(Rc<[u64]>, u32)>,
+}
+
 /// The id of `key` (addresses, then the truncation flag) in `seen`, sending it if new.
-fn intern(seen: &mut FxHashMap<Box<[u64]>, u32>, key: &[u64]) -> u32 {
-    if let Some(&id) = seen.get(key) {
+fn intern(seen: &mut Seen, key: &[u64]) -> u32 {
+    if let Some((last, id)) = &seen.last
+        && **last == *key
+    {
+        return *id;
+    }
+    if let Some((k, &id)) = seen.ids.get_key_value(key) {
+        seen.last = Some((Rc::clone(k), id));
         return id;
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -163,7 +179,9 @@ fn intern(seen: &mut FxHashMap<Box<[u64]>, u32>, key: &[u64]) -> u32 {
             truncated: flag[0] != 0,
             addrs: addrs.into(),
         });
-    seen.insert(key.into(), id);
+    let key: Rc<[u64]> = key.into();
+    seen.ids.insert(Rc::clone(&key), id);
+    seen.last = Some((key, id));
     id
 }
 
@@ -289,10 +307,11 @@ mod tests {
         assert_eq!(walk_in(0, lo, hi, &mut out), (0, false));
     }
 
-    /// 1 M allocations from 3 sites: 3 stack records, each sent once.
+    /// 1 M allocations from 3 sites in turn (the last-stack shortcut misses every time): 3
+    /// stack records, each sent once; then one site repeated (it hits) keeps its id.
     #[test]
     fn each_distinct_stack_is_sent_once() {
-        let mut seen = FxHashMap::default();
+        let mut seen = Seen::default();
         let sites: [&[u64]; 3] = [
             &[0x401000, 0x402000, 0],
             &[0x401100, 0x402000, 0],
@@ -308,7 +327,11 @@ mod tests {
                 assert_eq!(id, ids[i % 3]);
             }
         }
-        assert_eq!(seen.len(), 3);
+        assert_eq!(seen.ids.len(), 3);
+        for _ in 0..3 {
+            assert_eq!(intern(&mut seen, sites[1]), ids[1]);
+        }
+        assert_eq!(seen.ids.len(), 3);
         let sent: Vec<_> = take_new_stacks()
             .into_iter()
             .filter(|s| ids.contains(&s.id))
