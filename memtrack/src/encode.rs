@@ -346,6 +346,26 @@ impl<W: Write + Send + 'static> Encoder<W> {
         Ok(())
     }
 
+    /// Appends the events `f` makes of `events`, a frame's room at a time: one check of
+    /// the frame's length per slice instead of per event (the allocator recorder's collector).
+    #[inline]
+    pub(crate) fn extend_mapped<T>(
+        &mut self,
+        mut events: &[T],
+        f: impl Fn(&T) -> Event,
+    ) -> Result<()> {
+        while !events.is_empty() {
+            let room = self.frame_events - self.current.len();
+            let (now, rest) = events.split_at(room.min(events.len()));
+            self.current.extend(now.iter().map(&f));
+            if self.current.len() == self.frame_events {
+                self.ship()?;
+            }
+            events = rest;
+        }
+        Ok(())
+    }
+
     /// Appends every event of `events`.
     pub fn extend<I: IntoIterator<Item = Event>>(&mut self, events: I) -> Result<()> {
         for ev in events {

@@ -468,7 +468,7 @@ fn collect_with<W: Write + Send + 'static>(
     counts: &mut StackCounts,
 ) -> Result<()> {
     // Events drained but younger than the lag, in timestamp order.
-    let mut pending = Pending::default();
+    let mut pending = Pending::new(pid);
     loop {
         let last = stop.load(Ordering::Acquire);
         if last {
@@ -482,7 +482,7 @@ fn collect_with<W: Write + Send + 'static>(
         let before = pending.len();
         let mut unknown = 0;
         drain_all(epoch, |tid, r| {
-            if !pending.push(pid, tid, r) {
+            if !pending.push(tid, r) {
                 unknown += 1;
             }
         });

@@ -15,6 +15,8 @@
 //! the collector needs no thread to tell two threads' stacks apart.
 
 use std::cell::{Cell, RefCell};
+use std::mem::MaybeUninit;
+use std::rc::Rc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -53,9 +55,8 @@ pub(crate) fn take_new_stacks() -> Vec<NewStack> {
 thread_local! {
     /// The thread's stack, `[low, high)`; (0, 0) until first needed.
     static BOUNDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
-    /// The stacks this thread sent: return addresses, then 1 if the walk was cut at the depth
-    /// cap, else 0 (never a return address) → id.
-    static SEEN: RefCell<FxHashMap<Box<[u64]>, u32>> = RefCell::new(FxHashMap::default());
+    /// The stacks this thread sent, and the last one it recorded.
+    static SEEN: RefCell<Seen> = RefCell::new(Seen::default());
 }
 
 /// The calling thread's stack range `[low, high)` (glibc's `pthread_getattr_np`, which also
@@ -66,7 +67,7 @@ fn thread_bounds() -> (u64, u64) {
         if got.1 != 0 {
             return got;
         }
-        let mut attr = std::mem::MaybeUninit::<libc::pthread_attr_t>::uninit();
+        let mut attr = MaybeUninit::<libc::pthread_attr_t>::uninit();
         let mut addr: *mut libc::c_void = std::ptr::null_mut();
         let mut size: libc::size_t = 0;
         // SAFETY: `attr` is initialised by pthread_getattr_np before it is read, and destroyed
@@ -91,13 +92,19 @@ fn thread_bounds() -> (u64, u64) {
 }
 
 /// Walks the frame-pointer chain from `fp` into `out` (return addresses, innermost first);
-/// returns how many it wrote and whether it stopped at `out.len()` with the chain going on.
+/// returns how many it wrote (`out[..n]`, now initialised) and whether it stopped at
+/// `out.len()` with the chain going on.
 /// Reads only the words `[fp, fp + 16)` of frames inside `[low, high)`, 16-byte aligned, each
 /// above the last: any other frame pointer (a broken chain, the outermost frame's 0) ends it.
 ///
 /// # Safety
 /// `[low, high)` must be readable memory (the calling thread's stack).
-pub(crate) unsafe fn walk(mut fp: u64, low: u64, high: u64, out: &mut [u64]) -> (usize, bool) {
+pub(crate) unsafe fn walk(
+    mut fp: u64,
+    low: u64,
+    high: u64,
+    out: &mut [MaybeUninit<u64>],
+) -> (usize, bool) {
     let valid =
         |fp: u64| fp >= low && fp.checked_add(16).is_some_and(|e| e <= high) && fp % 16 == 0;
     let mut n = 0;
@@ -110,7 +117,7 @@ pub(crate) unsafe fn walk(mut fp: u64, low: u64, high: u64, out: &mut [u64]) -> 
         if ret == 0 {
             break;
         }
-        out[n] = ret;
+        out[n].write(ret);
         n += 1;
         if next <= fp {
             break;
@@ -127,21 +134,39 @@ pub(crate) unsafe fn walk(mut fp: u64, low: u64, high: u64, out: &mut [u64]) -> 
 #[inline(never)]
 pub(crate) fn capture(at: Here, depth: u32) -> u32 {
     let (low, high) = thread_bounds();
-    let mut buf = [0u64; STACK_MAX as usize + 1];
+    // Not zeroed: 1 KiB of stores on every allocation (the walk writes what is read).
+    let mut buf = [MaybeUninit::<u64>::uninit(); STACK_MAX as usize + 1];
     let depth = depth.clamp(1, STACK_MAX) as usize;
-    buf[0] = at.ip;
+    buf[0].write(at.ip);
     // SAFETY: `[low, high)` is this thread's own stack (or empty).
     let (n, truncated) = unsafe { walk(at.fp, low, high, &mut buf[1..depth]) };
     let n = n + 1;
-    buf[n] = truncated as u64;
-    let key = &buf[..=n];
+    buf[n].write(truncated as u64);
+    // SAFETY: `buf[0]`, the `n - 1` words the walk wrote after it and `buf[n]` are written.
+    let key: &[u64] = unsafe { &*(&buf[..=n] as *const [MaybeUninit<u64>] as *const [u64]) };
     SEEN.try_with(|seen| intern(&mut seen.borrow_mut(), key))
         .unwrap_or(0)
 }
 
+/// A thread's stacks: return addresses, then 1 if the walk was cut at the depth cap, else 0
+/// (never a return address) → id.
+#[derive(Default)]
+struct Seen {
+    ids: FxHashMap<Rc<[u64]>, u32>,
+    /// The last stack recorded and its id: an allocation in a loop has its predecessor's
+    /// stack, and comparing with it is cheaper than hashing it (one multiply per frame).
+    last: Option<(Rc<[u64]>, u32)>,
+}
+
 /// The id of `key` (addresses, then the truncation flag) in `seen`, sending it if new.
-fn intern(seen: &mut FxHashMap<Box<[u64]>, u32>, key: &[u64]) -> u32 {
-    if let Some(&id) = seen.get(key) {
+fn intern(seen: &mut Seen, key: &[u64]) -> u32 {
+    if let Some((last, id)) = &seen.last
+        && **last == *key
+    {
+        return *id;
+    }
+    if let Some((k, &id)) = seen.ids.get_key_value(key) {
+        seen.last = Some((Rc::clone(k), id));
         return id;
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -154,7 +179,9 @@ fn intern(seen: &mut FxHashMap<Box<[u64]>, u32>, key: &[u64]) -> u32 {
             truncated: flag[0] != 0,
             addrs: addrs.into(),
         });
-    seen.insert(key.into(), id);
+    let key: Rc<[u64]> = key.into();
+    seen.ids.insert(Rc::clone(&key), id);
+    seen.last = Some((key, id));
     id
 }
 
@@ -205,8 +232,13 @@ mod tests {
 
     /// [`walk`] over bounds that lie inside a test's own buffer or this thread's stack.
     fn walk_in(fp: u64, low: u64, high: u64, out: &mut [u64]) -> (usize, bool) {
-        // SAFETY: every caller's `[low, high)` is inside its live `Buf` or its thread's stack.
-        unsafe { walk(fp, low, high, out) }
+        // SAFETY: a `u64` slice seen as `MaybeUninit<u64>`s, into which `walk` writes only
+        // initialised values; every caller's `[low, high)` is inside its live `Buf` or its
+        // thread's stack.
+        unsafe {
+            let out = &mut *(out as *mut [u64] as *mut [MaybeUninit<u64>]);
+            walk(fp, low, high, out)
+        }
     }
 
     fn bounds(b: &Buf) -> (u64, u64) {
@@ -275,10 +307,11 @@ mod tests {
         assert_eq!(walk_in(0, lo, hi, &mut out), (0, false));
     }
 
-    /// 1 M allocations from 3 sites: 3 stack records, each sent once.
+    /// 1 M allocations from 3 sites in turn (the last-stack shortcut misses every time): 3
+    /// stack records, each sent once; then one site repeated (it hits) keeps its id.
     #[test]
     fn each_distinct_stack_is_sent_once() {
-        let mut seen = FxHashMap::default();
+        let mut seen = Seen::default();
         let sites: [&[u64]; 3] = [
             &[0x401000, 0x402000, 0],
             &[0x401100, 0x402000, 0],
@@ -294,7 +327,11 @@ mod tests {
                 assert_eq!(id, ids[i % 3]);
             }
         }
-        assert_eq!(seen.len(), 3);
+        assert_eq!(seen.ids.len(), 3);
+        for _ in 0..3 {
+            assert_eq!(intern(&mut seen, sites[1]), ids[1]);
+        }
+        assert_eq!(seen.ids.len(), 3);
         let sent: Vec<_> = take_new_stacks()
             .into_iter()
             .filter(|s| ids.contains(&s.id))
