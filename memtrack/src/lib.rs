@@ -125,7 +125,7 @@ pub use symbolize::{KeyFrame, KeyedSites, ModuleStatus, SiteKey, SymFrame, Symbo
 pub use synth::{Synth, SynthOptions};
 pub use tracker::DEFAULT_STACK_DEPTH;
 pub use tracker::{
-    Capture, Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker,
+    Capture, Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, StartupTimes, Tracker,
 };
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
 pub use tracker::{TrackerError, TrackerOptions};

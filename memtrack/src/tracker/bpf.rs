@@ -5,6 +5,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, UprobeMultiOpts};
 use memtrack_bpf::{RawConfig, RawStats, RawSwitch};
@@ -50,6 +51,11 @@ pub(crate) struct Bpf {
     follow: Option<Following>,
     /// The processes the target starts are counted ([`memtrack_bpf::FOLLOW_COUNT`]).
     counts_children: bool,
+    /// Wall clock of opening (parsing) and loading (maps, verifier) the object.
+    pub(crate) load_times: (Duration, Duration),
+    /// Of the last [`Bpf::attach_probes`] that attached: waiting for the previous probes'
+    /// background detach, and creating the links.
+    pub(crate) attach_times: Mutex<(Duration, Duration)>,
 }
 
 /// The processes a following tracker records: each has links of its own (uprobes stay
@@ -170,6 +176,7 @@ impl Bpf {
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(TrackerError::NoBtf);
         }
+        let t0 = Instant::now();
         let mut open = ObjectBuilder::default()
             .open_memory(memtrack_bpf::OBJECT)
             .map_err(|e| TrackerError::bpf("opening memtrack's BPF object", e))?;
@@ -199,9 +206,12 @@ impl Bpf {
                     .map_err(|e| TrackerError::bpf("sizing the ring buffer", e))?;
             }
         }
+        let opened = t0.elapsed();
+        let t1 = Instant::now();
         let obj = open
             .load()
             .map_err(|e| TrackerError::bpf("loading memtrack's BPF program", e))?;
+        let loaded = t1.elapsed();
         let bss = handle(&obj, |n| n.ends_with(".bss"), ".bss")?;
         let events = handle(&obj, |n| n == memtrack_bpf::MAP_EVENTS, "events")?;
         let stats = handle(&obj, |n| n == memtrack_bpf::MAP_STATS, "stats")?;
@@ -253,6 +263,8 @@ impl Bpf {
             attached: Mutex::new(Attached::default()),
             follow,
             counts_children: config.follow == memtrack_bpf::FOLLOW_COUNT,
+            load_times: (opened, loaded),
+            attach_times: Mutex::new((Duration::ZERO, Duration::ZERO)),
         })
     }
 
@@ -450,7 +462,10 @@ impl Bpf {
         }
         // The links being closed in the background must be gone first: a site probed by an
         // old and a new link at once would record every call twice.
+        let t0 = Instant::now();
         self.join_reaper();
+        let waited = t0.elapsed();
+        let t1 = Instant::now();
         let mut links = Vec::new();
         for file in &attached.files {
             match self.link_file(file) {
@@ -463,6 +478,7 @@ impl Bpf {
         }
         attached.links = links;
         attached.live = true;
+        *lock(&self.attach_times) = (waited, t1.elapsed());
         Ok(())
     }
 
