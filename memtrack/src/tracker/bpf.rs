@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,8 +43,17 @@ pub(crate) struct Bpf {
     /// The `sched_switch` program's link while a recording of lock waits runs (it runs for
     /// every context switch on the machine, so never longer).
     switch_link: Mutex<Option<Link>>,
-    /// The thread closing the links of the last recording, if it has not finished.
-    reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The lock-wait program, loaded by the first recording that asks for lock waits (its
+    /// verification alone took 40 ms, most of a cold start that records none): a second
+    /// instance of the object with only that program, sharing every map of `obj`.
+    switch_obj: once_cell::sync::OnceCell<Object>,
+    /// The threads closing the links of earlier recordings, oldest first (finished ones are
+    /// pruned at the next detach or attach).
+    reapers: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The switch as last written, but for its `links`, which is `links`.
+    switch: Mutex<RawSwitch>,
+    /// The number (1-255) of the latest in-process links ([`RawSwitch::links`]).
+    links: std::sync::atomic::AtomicU32,
     /// The uprobe links and what they cover; a mutex so that files can be attached while a
     /// recording runs (libraries the target maps later).
     attached: Mutex<Attached>,
@@ -206,6 +216,21 @@ impl Bpf {
                     .map_err(|e| TrackerError::bpf("sizing the ring buffer", e))?;
             }
         }
+        // Programs no recording of this tracker can use are not loaded: the verifier is most
+        // of a cold start (strace -T here: mt_switch 40 ms, mt_sys_exit 7, mt_ret 24). The
+        // lock-wait program is loaded on first use ([`Bpf::attach_switch`]).
+        for mut prog in open.progs_mut() {
+            let name = prog.name().to_string_lossy();
+            let needed = match &*name {
+                memtrack_bpf::PROG_SWITCH | memtrack_bpf::PROG_NOP => false,
+                memtrack_bpf::PROG_SYS_EXIT => syscalls == Syscalls::Raw,
+                memtrack_bpf::PROG_DL_STATE => follow == memtrack_bpf::FOLLOW_TREE,
+                _ => true,
+            };
+            if !needed {
+                prog.set_autoload(false);
+            }
+        }
         let opened = t0.elapsed();
         let t1 = Instant::now();
         let obj = open
@@ -259,7 +284,10 @@ impl Bpf {
             fork_link: Mutex::new(None),
             exec_link: Mutex::new(None),
             switch_link: Mutex::new(None),
-            reaper: Mutex::new(None),
+            switch_obj: once_cell::sync::OnceCell::new(),
+            reapers: Mutex::new(Vec::new()),
+            switch: Mutex::new(RawSwitch::default()),
+            links: std::sync::atomic::AtomicU32::new(0),
             attached: Mutex::new(Attached::default()),
             follow,
             counts_children: config.follow == memtrack_bpf::FOLLOW_COUNT,
@@ -358,7 +386,7 @@ impl Bpf {
             if let Some(sites) = &sites {
                 let attached = (|| {
                     if let Some(p) = &sites.probed {
-                        links.extend(self.link_file_for(p, pid)?);
+                        links.extend(self.link_file_for(p, pid, 0)?);
                     }
                     if let Some(off) = sites.dl_state {
                         links.extend(self.link_sites(
@@ -367,6 +395,7 @@ impl Bpf {
                             memtrack_bpf::PROG_DL_STATE,
                             &[(off, 0)],
                             false,
+                            0,
                         )?);
                     }
                     Ok::<_, TrackerError>(())
@@ -446,7 +475,8 @@ impl Bpf {
         }
         let file = ProbedFile::new(path, &sites);
         if attached.live {
-            let links = self.link_file(&file)?;
+            let number = self.links.load(Ordering::Relaxed);
+            let links = self.link_file_for(&file, self.target, number)?;
             attached.links.extend(links);
         }
         attached.files.push(file);
@@ -460,21 +490,37 @@ impl Bpf {
         if attached.live {
             return Ok(());
         }
-        // The links being closed in the background must be gone first: a site probed by an
-        // old and a new link at once would record every call twice.
+        // Links being closed in the background still probe these sites until the kernel's
+        // grace period ends (~50 ms here; back-to-back sessions waited for it): the new links
+        // get the next number, and the program ignores hits through the others. Numbers are
+        // reused after 255 attaches; far fewer closes are ever pending (at most
+        // MAX_PENDING_CLOSES: the oldest is waited for).
         let t0 = Instant::now();
-        self.join_reaper();
+        {
+            let mut reapers = lock(&self.reapers);
+            reapers.retain(|t| !t.is_finished());
+            while reapers.len() >= MAX_PENDING_CLOSES {
+                let _ = reapers.remove(0).join();
+            }
+        }
         let waited = t0.elapsed();
         let t1 = Instant::now();
+        let number = self.links.load(Ordering::Relaxed) % 255 + 1;
         let mut links = Vec::new();
         for file in &attached.files {
-            match self.link_file(file) {
+            match self.link_file_for(file, self.target, number) {
                 Ok(l) => links.extend(l),
                 Err(e) => {
                     detach_all(links);
                     return Err(e);
                 }
             }
+        }
+        self.links.store(number, Ordering::Relaxed);
+        let sw = *lock(&self.switch);
+        if let Err(e) = self.set_switch(sw) {
+            detach_all(links);
+            return Err(e);
         }
         attached.links = links;
         attached.live = true;
@@ -486,29 +532,30 @@ impl Bpf {
     /// kernel to synchronise (an RCU grace period), so they are closed in parallel.
     pub(crate) fn detach_probes(&self) {
         detach_all(self.take_links());
-        self.join_reaper();
+        let reapers = std::mem::take(&mut *lock(&self.reapers));
+        for t in reapers {
+            let _ = t.join();
+        }
     }
 
     /// Detaches every probe in the background and returns at once: closing a link removes
     /// its breakpoints first, then waits ~50 ms (measured here) for an RCU grace period that
-    /// costs the process nothing, so a session need not wait for it. The next
-    /// [`Bpf::attach_probes`] waits for the closes to end.
+    /// costs the process nothing, so a session need not wait for it, nor the next one (see
+    /// [`Bpf::attach_probes`]).
     pub(crate) fn detach_probes_in_background(&self) {
         let links = self.take_links();
         if links.is_empty() {
             return;
         }
-        let mut reaper = lock(&self.reaper);
-        if let Some(old) = reaper.take() {
-            let _ = old.join();
-        }
+        let mut reapers = lock(&self.reapers);
+        reapers.retain(|t| !t.is_finished());
         // If no thread can be started, the closure (and the links in it) is dropped with the
         // error: the links are closed here, synchronously.
         if let Ok(t) = std::thread::Builder::new()
             .name("memtrack-detach".into())
             .spawn(move || detach_all(links))
         {
-            *reaper = Some(t);
+            reapers.push(t);
         }
     }
 
@@ -518,28 +565,18 @@ impl Bpf {
         std::mem::take(&mut attached.links)
     }
 
-    /// Waits for the background closes of [`Bpf::detach_probes_in_background`].
-    fn join_reaper(&self) {
-        if let Some(t) = lock(&self.reaper).take() {
-            let _ = t.join();
-        }
-    }
-
-    /// The uprobe_multi links of one file for the target process: one per program and file
-    /// (closing a link waits ~130 ms for the kernel to synchronise, measured here; a link per
-    /// site made `record` of a C++ program take seconds to detach).
-    fn link_file(&self, file: &ProbedFile) -> Result<Vec<Link>> {
-        self.link_file_for(file, self.target)
-    }
-
-    /// [`Bpf::link_file`] for process `pid`.
-    fn link_file_for(&self, file: &ProbedFile, pid: u32) -> Result<Vec<Link>> {
+    /// The uprobe_multi links of one file for process `pid`, numbered `number`
+    /// ([`RawSwitch::links`]; 0 for a followed process's, which are never replaced while
+    /// they live): one per program and file (closing a link waits ~130 ms for the kernel to
+    /// synchronise, measured here; a link per site made `record` of a C++ program take
+    /// seconds to detach).
+    fn link_file_for(&self, file: &ProbedFile, pid: u32, number: u32) -> Result<Vec<Link>> {
         let mut links = Vec::with_capacity(2);
         for (program, sites, ret) in [
             (memtrack_bpf::PROG_ENTRY, &file.entry, false),
             (memtrack_bpf::PROG_RET, &file.ret, true),
         ] {
-            match self.link_sites(pid, &file.path, program, sites, ret) {
+            match self.link_sites(pid, &file.path, program, sites, ret, number) {
                 Ok(l) => links.extend(l),
                 Err(e) => {
                     detach_all(links);
@@ -550,8 +587,8 @@ impl Bpf {
         Ok(links)
     }
 
-    /// One uprobe_multi link of `program` over `sites` (offset, cookie) of `path` for `pid`
-    /// (none if `sites` is empty).
+    /// One uprobe_multi link of `program` over `sites` (offset, cookie) of `path` for `pid`,
+    /// numbered `number` (none if `sites` is empty).
     fn link_sites(
         &self,
         pid: u32,
@@ -559,13 +596,15 @@ impl Bpf {
         program: &str,
         sites: &[(usize, u64)],
         retprobe: bool,
+        number: u32,
     ) -> Result<Option<Link>> {
         if sites.is_empty() {
             return Ok(None);
         }
+        let numbered = u64::from(number) << memtrack_bpf::COOKIE_LINKS_SHIFT;
         let opts = UprobeMultiOpts {
             offsets: sites.iter().map(|&(o, _)| o).collect(),
-            cookies: sites.iter().map(|&(_, c)| c).collect(),
+            cookies: sites.iter().map(|&(_, c)| c | numbered).collect(),
             retprobe,
             ..Default::default()
         };
@@ -636,9 +675,39 @@ impl Bpf {
         drop(lock(&self.exec_link).take());
     }
 
-    /// Attaches the context-switch tracepoint for a recording of lock waits.
+    /// Attaches the context-switch tracepoint for a recording of lock waits (loading its
+    /// program the first time).
     pub(crate) fn attach_switch(&self) -> Result<()> {
-        self.attach_tp(&self.switch_link, memtrack_bpf::PROG_SWITCH)
+        let obj = self
+            .switch_obj
+            .get_or_try_init(|| self.load_alone(memtrack_bpf::PROG_SWITCH))?;
+        attach_tp_of(obj, &self.switch_link, memtrack_bpf::PROG_SWITCH)
+    }
+
+    /// Loads program `name` of the object again, alone, on the maps of the loaded object
+    /// (its switch, ring buffer, counters and per-thread state are the same ones; its
+    /// `.rodata` the one already frozen).
+    fn load_alone(&self, name: &str) -> Result<Object> {
+        let _log = super::error::LibbpfLog::capture();
+        let mut open = ObjectBuilder::default()
+            .open_memory(memtrack_bpf::OBJECT)
+            .map_err(|e| TrackerError::bpf("opening memtrack's BPF object", e))?;
+        for mut prog in open.progs_mut() {
+            let this = prog.name().to_string_lossy() == name;
+            prog.set_autoload(this);
+        }
+        for mut map in open.maps_mut() {
+            let map_name = map.name().to_string_lossy().into_owned();
+            let loaded = self
+                .obj
+                .maps()
+                .find(|m| m.name().to_string_lossy() == map_name)
+                .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no map {map_name}")))?;
+            map.reuse_fd(loaded.as_fd())
+                .map_err(|e| TrackerError::bpf(format!("sharing the {map_name} map"), e))?;
+        }
+        open.load()
+            .map_err(|e| TrackerError::bpf(format!("loading memtrack's {name} program"), e))
     }
 
     /// Detaches the context-switch tracepoint: other processes' switches stop paying for it.
@@ -647,27 +716,22 @@ impl Bpf {
     }
 
     fn attach_tp(&self, slot: &Mutex<Option<Link>>, name: &str) -> Result<()> {
-        let mut link = lock(slot);
-        if link.is_some() {
-            return Ok(());
-        }
-        let prog = self
-            .obj
-            .progs_mut()
-            .find(|p| p.name() == name)
-            .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no program {name}")))?;
-        *link = Some(
-            prog.attach()
-                .map_err(|e| TrackerError::bpf(format!("attaching {name} (tp_btf)"), e))?,
-        );
-        Ok(())
+        attach_tp_of(&self.obj, slot, name)
     }
 
-    /// Writes the program's `.bss` switch.
+    /// Writes the program's `.bss` switch (its `links` is the latest links' number, whatever
+    /// `sw` says).
     pub(crate) fn set_switch(&self, sw: RawSwitch) -> Result<()> {
+        let mut last = lock(&self.switch);
+        let sw = RawSwitch {
+            links: self.links.load(Ordering::Relaxed),
+            ..sw
+        };
         self.bss
             .update(&0u32.to_ne_bytes(), &sw.to_bytes(), MapFlags::ANY)
-            .map_err(|e| TrackerError::bpf("flipping the recording switch", e))
+            .map_err(|e| TrackerError::bpf("flipping the recording switch", e))?;
+        *last = sw;
+        Ok(())
     }
 
     /// The counters summed over CPUs.
@@ -695,6 +759,11 @@ impl Bpf {
             .fold(RawStats::default(), |a, b| a + b))
     }
 }
+
+/// Background closes of probe links allowed to be pending at once (each waits ~50 ms for the
+/// kernel's grace period): far below the 255 link numbers, so a number is never reused while
+/// links of it still probe.
+const MAX_PENDING_CLOSES: usize = 16;
 
 /// Bytes per CPU of a per-CPU value as the kernel copies it out.
 fn stats_stride() -> usize {
@@ -875,4 +944,21 @@ pub(crate) fn mapped_objects(pid: u32) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(out)
+}
+
+/// Attaches the `tp_btf` program `name` of `obj` into `slot` (a no-op if attached).
+fn attach_tp_of(obj: &Object, slot: &Mutex<Option<Link>>, name: &str) -> Result<()> {
+    let mut link = lock(slot);
+    if link.is_some() {
+        return Ok(());
+    }
+    let prog = obj
+        .progs_mut()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no program {name}")))?;
+    *link = Some(
+        prog.attach()
+            .map_err(|e| TrackerError::bpf(format!("attaching {name} (tp_btf)"), e))?,
+    );
+    Ok(())
 }
