@@ -399,16 +399,9 @@ pub struct RawSwitch {
     pub scope: u32,
     /// The current recording's number: per-thread marks of other generations are stale.
     pub generation: u32,
-    /// The number (1-255) of the links whose hits are recorded: a hit through a site whose
-    /// cookie carries another number (bits [`COOKIE_LINKS_SHIFT`]..+8) is ignored, one whose
-    /// cookie carries 0 never is. Links being closed in the background probe the same sites as
-    /// their successors until the kernel's grace period ends: only the newest record.
-    pub links: u32,
+    /// 0.
+    pub reserved: u32,
 }
-
-/// Where a site's cookie carries the number of its links (`MT_COOKIE_LINKS`, 8 bits): see
-/// [`RawSwitch::links`].
-pub const COOKIE_LINKS_SHIFT: u32 = 24;
 
 impl RawSwitch {
     /// Size of `.bss` in bytes.
@@ -420,7 +413,7 @@ impl RawSwitch {
         b[0..4].copy_from_slice(&self.enabled.to_ne_bytes());
         b[4..8].copy_from_slice(&self.scope.to_ne_bytes());
         b[8..12].copy_from_slice(&self.generation.to_ne_bytes());
-        b[12..16].copy_from_slice(&self.links.to_ne_bytes());
+        b[12..16].copy_from_slice(&self.reserved.to_ne_bytes());
         b
     }
 }

@@ -23,7 +23,6 @@ mod probes;
 
 pub use abi::ArgReg;
 pub use abi::CALLS_SCOPE_OFFSET;
-pub use abi::COOKIE_LINKS_SHIFT;
 pub use abi::DL_STATE_SYMBOL;
 pub use abi::Entry;
 pub use abi::MAP_CALLS;

@@ -48,12 +48,6 @@ pub fn load_with(events_bytes: Option<u32>, stack_depth: u32) -> Object {
 /// Writes the whole `.bss` (a [`RawSwitch`]): recording `on` or off for the whole process,
 /// in `generation`.
 pub fn switch(obj: &Object, on: bool, generation: u32) {
-    switch_numbered(obj, on, generation, 0)
-}
-
-/// [`switch`], recording only hits through links numbered `links` (and unnumbered ones):
-/// [`RawSwitch::links`].
-pub fn switch_numbered(obj: &Object, on: bool, generation: u32, links: u32) {
     let bss = obj
         .maps()
         .find(|m| m.name().to_string_lossy().ends_with(".bss"))
@@ -62,7 +56,7 @@ pub fn switch_numbered(obj: &Object, on: bool, generation: u32, links: u32) {
         enabled: if on { SWITCH_STREAM } else { 0 },
         scope: SCOPE_PROCESS,
         generation,
-        links,
+        reserved: 0,
     };
     bss.update(&0u32.to_ne_bytes(), &sw.to_bytes(), MapFlags::ANY)
         .unwrap();

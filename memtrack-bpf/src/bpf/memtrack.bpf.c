@@ -689,27 +689,18 @@ static __always_inline int sys_ret(struct pt_regs *ctx, __u64 pid_tgid, __u64 re
 	return 0;
 }
 
-/* A hit through links that newer ones replaced (see MT_COOKIE_LINKS). */
-static __always_inline int stale_link(__u64 cookie)
-{
-	__u32 links = MT_COOKIE_LINKS(cookie);
-
-	return links && links != sw.links;
-}
-
 /* The return of every probed allocation call (only the outermost emits) and syscall wrapper
  * (its cookie says which). */
 SEC("uretprobe.multi")
 int mt_ret(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u64 cookie = bpf_get_attach_cookie(ctx);
 	__u64 ret = ctx->ax;
 	struct call_state *cs;
 
-	if (!tracked((__u32)(pid_tgid >> 32)) || stale_link(cookie))
+	if (!tracked((__u32)(pid_tgid >> 32)))
 		return 0;
-	if (MT_COOKIE_ENTRY(cookie) >= MT_ENTRY_MMAP)
+	if (MT_COOKIE_ENTRY(bpf_get_attach_cookie(ctx)) >= MT_ENTRY_MMAP)
 		return sys_ret(ctx, pid_tgid, ret);
 	cs = thread_state(0);
 	if (!cs || cs->depth == 0 || cs->call_gen != sw.generation)
@@ -823,8 +814,6 @@ int mt_entry(struct pt_regs *ctx)
 		.a2 = arg(&r, cookie, 2),
 	};
 
-	if (stale_link(cookie))
-		return 0;
 	switch (MT_COOKIE_ENTRY(cookie)) {
 	case MT_ENTRY_MALLOC:
 		return mt_malloc(ctx, a);

@@ -38,7 +38,7 @@ struct memtrack_switch {
 	unsigned int enabled;    /* MT_SWITCH_* bits; 0 = off */
 	unsigned int scope;      /* MT_SCOPE_* */
 	unsigned int generation; /* the current recording's number: marks older than it are stale */
-	unsigned int links;      /* the live links' number (MT_COOKIE_LINKS); 0 = none numbered */
+	unsigned int reserved;   /* 0 */
 };
 
 /*
@@ -77,13 +77,6 @@ struct memtrack_switch {
  */
 #define MT_COOKIE_ENTRY(c) ((c) & 0xff)
 #define MT_COOKIE_ARG(c, i) (((c) >> (8 + 4 * (i))) & 0xf)
-/*
- * Bits 24-31: the number (1-255) of the links the site belongs to, or 0. A hit through a link
- * whose number is not `sw.links` is ignored: links closed in the background (closing waits for
- * an RCU grace period, ~50 ms here) still probe the sites their successors probe, and only the
- * newest may record. Mirrored by `memtrack_bpf::COOKIE_LINKS_SHIFT`.
- */
-#define MT_COOKIE_LINKS(c) (((c) >> 24) & 0xff)
 #define MT_REG_DI 1
 #define MT_REG_SI 2
 #define MT_REG_DX 3

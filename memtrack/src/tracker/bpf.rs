@@ -4,7 +4,6 @@ use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,10 +49,6 @@ pub(crate) struct Bpf {
     /// The threads closing the links of earlier recordings, oldest first (finished ones are
     /// pruned at the next detach or attach).
     reapers: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    /// The switch as last written, but for its `links`, which is `links`.
-    switch: Mutex<RawSwitch>,
-    /// The number (1-255) of the latest in-process links ([`RawSwitch::links`]).
-    links: std::sync::atomic::AtomicU32,
     /// The uprobe links and what they cover; a mutex so that files can be attached while a
     /// recording runs (libraries the target maps later).
     attached: Mutex<Attached>,
@@ -286,8 +281,6 @@ impl Bpf {
             switch_link: Mutex::new(None),
             switch_obj: once_cell::sync::OnceCell::new(),
             reapers: Mutex::new(Vec::new()),
-            switch: Mutex::new(RawSwitch::default()),
-            links: std::sync::atomic::AtomicU32::new(0),
             attached: Mutex::new(Attached::default()),
             follow,
             counts_children: config.follow == memtrack_bpf::FOLLOW_COUNT,
@@ -386,7 +379,7 @@ impl Bpf {
             if let Some(sites) = &sites {
                 let attached = (|| {
                     if let Some(p) = &sites.probed {
-                        links.extend(self.link_file_for(p, pid, 0)?);
+                        links.extend(self.link_file_for(p, pid)?);
                     }
                     if let Some(off) = sites.dl_state {
                         links.extend(self.link_sites(
@@ -395,7 +388,6 @@ impl Bpf {
                             memtrack_bpf::PROG_DL_STATE,
                             &[(off, 0)],
                             false,
-                            0,
                         )?);
                     }
                     Ok::<_, TrackerError>(())
@@ -475,8 +467,7 @@ impl Bpf {
         }
         let file = ProbedFile::new(path, &sites);
         if attached.live {
-            let number = self.links.load(Ordering::Relaxed);
-            let links = self.link_file_for(&file, self.target, number)?;
+            let links = self.link_file_for(&file, self.target)?;
             attached.links.extend(links);
         }
         attached.files.push(file);
@@ -490,37 +481,28 @@ impl Bpf {
         if attached.live {
             return Ok(());
         }
-        // Links being closed in the background still probe these sites until the kernel's
-        // grace period ends (~50 ms here; back-to-back sessions waited for it): the new links
-        // get the next number, and the program ignores hits through the others. Numbers are
-        // reused after 255 attaches; far fewer closes are ever pending (at most
-        // MAX_PENDING_CLOSES: the oldest is waited for).
+        // The links being closed in the background must be gone first: a site probed by an
+        // old and a new link at once would record every call twice. (Not waiting, with the
+        // links numbered in their cookies and hits through old numbers ignored, made a
+        // back-to-back start 1 ms instead of 40-70, but the next session's threads then
+        // started while the last one's were still exiting, and what a spawn allocates
+        // depends on that: tests/parallel_limits passed 2 runs of 10 instead of 10.)
         let t0 = Instant::now();
-        {
-            let mut reapers = lock(&self.reapers);
-            reapers.retain(|t| !t.is_finished());
-            while reapers.len() >= MAX_PENDING_CLOSES {
-                let _ = reapers.remove(0).join();
-            }
+        let reapers = std::mem::take(&mut *lock(&self.reapers));
+        for t in reapers {
+            let _ = t.join();
         }
         let waited = t0.elapsed();
         let t1 = Instant::now();
-        let number = self.links.load(Ordering::Relaxed) % 255 + 1;
         let mut links = Vec::new();
         for file in &attached.files {
-            match self.link_file_for(file, self.target, number) {
+            match self.link_file_for(file, self.target) {
                 Ok(l) => links.extend(l),
                 Err(e) => {
                     detach_all(links);
                     return Err(e);
                 }
             }
-        }
-        self.links.store(number, Ordering::Relaxed);
-        let sw = *lock(&self.switch);
-        if let Err(e) = self.set_switch(sw) {
-            detach_all(links);
-            return Err(e);
         }
         attached.links = links;
         attached.live = true;
@@ -540,8 +522,8 @@ impl Bpf {
 
     /// Detaches every probe in the background and returns at once: closing a link removes
     /// its breakpoints first, then waits ~50 ms (measured here) for an RCU grace period that
-    /// costs the process nothing, so a session need not wait for it, nor the next one (see
-    /// [`Bpf::attach_probes`]).
+    /// costs the process nothing, so a session need not wait for it. The next
+    /// [`Bpf::attach_probes`] waits for the closes to end.
     pub(crate) fn detach_probes_in_background(&self) {
         let links = self.take_links();
         if links.is_empty() {
@@ -553,6 +535,7 @@ impl Bpf {
         // error: the links are closed here, synchronously.
         if let Ok(t) = std::thread::Builder::new()
             .name("memtrack-detach".into())
+            .stack_size(CLOSER_STACK)
             .spawn(move || detach_all(links))
         {
             reapers.push(t);
@@ -565,18 +548,16 @@ impl Bpf {
         std::mem::take(&mut attached.links)
     }
 
-    /// The uprobe_multi links of one file for process `pid`, numbered `number`
-    /// ([`RawSwitch::links`]; 0 for a followed process's, which are never replaced while
-    /// they live): one per program and file (closing a link waits ~130 ms for the kernel to
-    /// synchronise, measured here; a link per site made `record` of a C++ program take
-    /// seconds to detach).
-    fn link_file_for(&self, file: &ProbedFile, pid: u32, number: u32) -> Result<Vec<Link>> {
+    /// The uprobe_multi links of one file for process `pid`: one per program and file
+    /// (closing a link waits ~130 ms for the kernel to synchronise, measured here; a link per
+    /// site made `record` of a C++ program take seconds to detach).
+    fn link_file_for(&self, file: &ProbedFile, pid: u32) -> Result<Vec<Link>> {
         let mut links = Vec::with_capacity(2);
         for (program, sites, ret) in [
             (memtrack_bpf::PROG_ENTRY, &file.entry, false),
             (memtrack_bpf::PROG_RET, &file.ret, true),
         ] {
-            match self.link_sites(pid, &file.path, program, sites, ret, number) {
+            match self.link_sites(pid, &file.path, program, sites, ret) {
                 Ok(l) => links.extend(l),
                 Err(e) => {
                     detach_all(links);
@@ -587,8 +568,8 @@ impl Bpf {
         Ok(links)
     }
 
-    /// One uprobe_multi link of `program` over `sites` (offset, cookie) of `path` for `pid`,
-    /// numbered `number` (none if `sites` is empty).
+    /// One uprobe_multi link of `program` over `sites` (offset, cookie) of `path` for `pid`
+    /// (none if `sites` is empty).
     fn link_sites(
         &self,
         pid: u32,
@@ -596,15 +577,13 @@ impl Bpf {
         program: &str,
         sites: &[(usize, u64)],
         retprobe: bool,
-        number: u32,
     ) -> Result<Option<Link>> {
         if sites.is_empty() {
             return Ok(None);
         }
-        let numbered = u64::from(number) << memtrack_bpf::COOKIE_LINKS_SHIFT;
         let opts = UprobeMultiOpts {
             offsets: sites.iter().map(|&(o, _)| o).collect(),
-            cookies: sites.iter().map(|&(_, c)| c | numbered).collect(),
+            cookies: sites.iter().map(|&(_, c)| c).collect(),
             retprobe,
             ..Default::default()
         };
@@ -719,19 +698,11 @@ impl Bpf {
         attach_tp_of(&self.obj, slot, name)
     }
 
-    /// Writes the program's `.bss` switch (its `links` is the latest links' number, whatever
-    /// `sw` says).
+    /// Writes the program's `.bss` switch.
     pub(crate) fn set_switch(&self, sw: RawSwitch) -> Result<()> {
-        let mut last = lock(&self.switch);
-        let sw = RawSwitch {
-            links: self.links.load(Ordering::Relaxed),
-            ..sw
-        };
         self.bss
             .update(&0u32.to_ne_bytes(), &sw.to_bytes(), MapFlags::ANY)
-            .map_err(|e| TrackerError::bpf("flipping the recording switch", e))?;
-        *last = sw;
-        Ok(())
+            .map_err(|e| TrackerError::bpf("flipping the recording switch", e))
     }
 
     /// The counters summed over CPUs.
@@ -759,11 +730,6 @@ impl Bpf {
             .fold(RawStats::default(), |a, b| a + b))
     }
 }
-
-/// Background closes of probe links allowed to be pending at once (each waits ~50 ms for the
-/// kernel's grace period): far below the 255 link numbers, so a number is never reused while
-/// links of it still probe.
-const MAX_PENDING_CLOSES: usize = 16;
 
 /// Bytes per CPU of a per-CPU value as the kernel copies it out.
 fn stats_stride() -> usize {
@@ -916,10 +882,22 @@ fn detach_all(links: Vec<Link>) {
     }
     std::thread::scope(|s| {
         for chunk in chunks {
-            s.spawn(move || drop(chunk));
+            let closer = std::thread::Builder::new()
+                .stack_size(CLOSER_STACK)
+                .spawn_scoped(s, move || drop(chunk));
+            // Without a thread, the chunk was dropped with the error: closed here.
+            drop(closer);
         }
     });
 }
+
+/// The stack of a thread that closes links: small, so that glibc never hands it a stack the
+/// recorded program's threads left in its cache (it reuses a cached stack of 1-4× the size
+/// asked for). A closer started by one session's end and still waiting for the kernel's grace
+/// period when the next session spawned a thread took that thread's cached stack with the
+/// default size: the spawn then allocated its TLS anew (a calloc of 304 bytes here), so what
+/// a spawn allocates depended on how soon the next session started (tests/parallel_limits).
+const CLOSER_STACK: usize = 64 << 10;
 
 /// The distinct ELF files mapped executable into process `pid` (from /proc/PID/maps).
 pub(crate) fn mapped_objects(pid: u32) -> Result<Vec<PathBuf>> {

@@ -664,7 +664,7 @@ impl Tracker {
                 Scope::Threads => memtrack_bpf::SCOPE_THREADS,
             },
             generation: st.sw.generation.wrapping_add(1),
-            links: 0,
+            reserved: 0,
         };
         // Recording starts last: the new scope and generation, then the calling thread enters
         // the scope, then the switch goes on. The program may read the switch while user space
