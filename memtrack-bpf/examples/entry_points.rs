@@ -29,7 +29,9 @@
 //! The kernel's own account of memtrack's programs (BPF run-time statistics, enabled for the
 //! process's life with `BPF_ENABLE_STATS`): `entry` and `ret` are ns per run of `mt_entry`
 //! and `mt_ret` in the `bpf` configuration (`-` where the site has no return probe), and
-//! `ns-st` the same total per loop iteration without stacks. The statistics add two clock
+//! `ns-st` the same total per loop iteration without stacks; `drain` the CPU time of the thread
+//! draining the ring buffer per record it handed on (`bpf` configuration, stacks on; its
+//! callback does nothing with a record, so this is libbpf's consume and the wakeups). The statistics add two clock
 //! reads to every program run (the nop's too), which the ratios share.
 
 use std::ffi::{CStr, CString, c_int, c_void};
@@ -429,17 +431,19 @@ fn with_bpf(
     op: Op,
     n: u64,
     generation: u32,
-) -> (f64, [f64; 2]) {
+) -> (f64, [f64; 3]) {
     let links = attach(obj, file, site, site.offset, false);
     let before = drops(obj);
     let runs = || [prog_stats(obj, PROG_ENTRY), prog_stats(obj, PROG_RET)];
     let at = runs();
     let ns = harness::recording(obj, generation, || ns_per_call(op, n));
-    let per = per_run(at, runs());
+    let [e, r] = per_run(at, runs());
     drop(links);
     let lost = drops(obj) - before;
     assert_eq!(lost, 0, "{}: {lost} events dropped", site.symbol);
-    (ns, per)
+    let drain = harness::DRAIN_CPU_NS.load(std::sync::atomic::Ordering::Relaxed) as f64
+        / harness::DRAIN_RECORDS.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    (ns, [e, r, drain])
 }
 
 fn run_group(group: &str, n: u64, rounds: usize) {
@@ -479,6 +483,7 @@ fn run_group(group: &str, n: u64, rounds: usize) {
         let placed = site.offset != site.symbol_offset;
         let (mut un, mut f0, mut fl, mut bpf) = (vec![], vec![], vec![], vec![]);
         let (mut ent, mut ret, mut nost, mut nost_run) = (vec![], vec![], vec![], vec![]);
+        let mut drain = vec![];
         case.op.run(n / 10); // warm-up: the allocator's caches, the page faults
         for r in 0..rounds {
             let mut order = [0, 1, 2, 3, 4];
@@ -500,14 +505,15 @@ fn run_group(group: &str, n: u64, rounds: usize) {
                     }
                     3 => {
                         generation += 1;
-                        let (ns, [e, r]) = with_bpf(&obj, &file, site, case.op, n, generation);
+                        let (ns, [e, r, d]) = with_bpf(&obj, &file, site, case.op, n, generation);
                         bpf.push(ns);
                         ent.push(e);
                         ret.push(r);
+                        drain.push(d);
                     }
                     4 => {
                         generation += 1;
-                        let (ns, [e, r]) =
+                        let (ns, [e, r, _]) =
                             with_bpf(&obj_nostack, &file, site, case.op, n, generation);
                         nost.push(ns);
                         nost_run.push(e + if r.is_nan() { 0.0 } else { r });
@@ -522,10 +528,11 @@ fn run_group(group: &str, n: u64, rounds: usize) {
             harness::median(bpf),
         );
         let f0 = if placed { harness::median(f0) } else { fl };
-        let (ent, nost, nost_run) = (
+        let (ent, nost, nost_run, drain) = (
             harness::median(ent),
             harness::median(nost),
             harness::median(nost_run),
+            harness::median(drain),
         );
         let ret = if site.ret {
             format!("{:.0}", harness::median(ret))
@@ -537,7 +544,7 @@ fn run_group(group: &str, n: u64, rounds: usize) {
             _ => "single-step",
         };
         println!(
-            "{group:<9} {:<22} {:<26} {how:<11} {un:>9.1} {f0:>9.1} {fl:>9.1} {bpf:>9.1} {:>6.2}x {:>6.2}x {ent:>6.0} {ret:>6} {nost:>9.1} {:>6.2}x {nost_run:>6.0}",
+            "{group:<9} {:<22} {:<26} {how:<11} {un:>9.1} {f0:>9.1} {fl:>9.1} {bpf:>9.1} {:>6.2}x {:>6.2}x {ent:>6.0} {ret:>6} {nost:>9.1} {:>6.2}x {nost_run:>6.0} {drain:>6.0}",
             case.label,
             format!("{}+{}", site.symbol, site.placement.offset),
             bpf / fl,
@@ -569,7 +576,7 @@ fn main() {
          probed)"
     );
     println!(
-        "{:<9} {:<22} {:<26} {:<11} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>7} {:>6}",
+        "{:<9} {:<22} {:<26} {:<11} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>7} {:>6} {:>6}",
         "group",
         "entry point",
         "site",
@@ -584,7 +591,8 @@ fn main() {
         "ret",
         "nostack",
         "nost/fl",
-        "ns-st"
+        "ns-st",
+        "drain"
     );
     for g in groups {
         let preload = match g.as_str() {
