@@ -101,6 +101,29 @@ fn sequential_sessions_are_independent() {
     });
 }
 
+/// Sessions back to back: each starts while the previous one's probes are still being closed
+/// in the background (a close waits ~50 ms for the kernel's grace period), so both links probe
+/// the same sites for a while; only the newest may record, each call exactly once.
+fn back_to_back_sessions_count_each_call_once() {
+    for round in 0..5u64 {
+        let name = format!("b2b_{round}");
+        let s = memtrack::SessionBuilder::new(&name)
+            .quiet(true)
+            .start()
+            .unwrap();
+        for i in 0..100 {
+            black_box(Vec::<u8>::with_capacity(1000 + i));
+        }
+        let report = s.finish().expect("finish");
+        assert_eq!(
+            (report.allocations(), report.bytes_allocated()),
+            (100, (1000..1100).sum::<u64>()),
+            "{name}: {}",
+            report.summary_line()
+        );
+    }
+}
+
 fn concurrent_session_is_refused() {
     let first = memtrack::SessionBuilder::new("first")
         .quiet(true)
@@ -591,6 +614,11 @@ fn main() {
             "sequential_sessions_are_independent",
             &[TRACKER],
             sequential_sessions_are_independent,
+        ),
+        requires(
+            "back_to_back_sessions_count_each_call_once",
+            &[TRACKER],
+            back_to_back_sessions_count_each_call_once,
         ),
         requires(
             "concurrent_session_is_refused",

@@ -18,11 +18,21 @@
 //! - `bpf`: memtrack's programs at that site, recording on, a thread draining the ring buffer
 //!   (a run that drops an event fails).
 //!
+//! - `nostack`: the same with call stacks off (`stack_depth` 0).
+//!
 //! ns per loop iteration, median of ROUNDS rounds, the configurations interleaved with their
 //! order alternating round by round. `bpf/floor` is the ratio of the two totals in the same
 //! run (a uprobe's absolute cost moves 2× between days); `placement` is what placement buys,
 //! `floor@0/floor`. `how` says whether the kernel emulates the probed instruction or must
 //! single-step it out of line.
+//!
+//! The kernel's own account of memtrack's programs (BPF run-time statistics, enabled for the
+//! process's life with `BPF_ENABLE_STATS`): `entry` and `ret` are ns per run of `mt_entry`
+//! and `mt_ret` in the `bpf` configuration (`-` where the site has no return probe), and
+//! `ns-st` the same total per loop iteration without stacks; `drain` the CPU time of the thread
+//! draining the ring buffer per record it handed on (`bpf` configuration, stacks on; its
+//! callback does nothing with a record, so this is libbpf's consume and the wakeups). The statistics add two clock
+//! reads to every program run (the nop's too), which the ratios share.
 
 use std::ffi::{CStr, CString, c_int, c_void};
 use std::hint::black_box;
@@ -373,6 +383,33 @@ fn ns_per_call(op: Op, n: u64) -> f64 {
     t.elapsed().as_nanos() as f64 / n as f64
 }
 
+/// `(run_time_ns, run_cnt)` of program `name` (BPF run-time statistics).
+fn prog_stats(obj: &Object, name: &str) -> (u64, u64) {
+    use std::os::fd::{AsFd, AsRawFd};
+    let prog = obj.progs().find(|p| p.name() == name).unwrap();
+    // SAFETY: an all-zero bpf_prog_info is valid; the kernel fills it.
+    let mut info: libbpf_rs::libbpf_sys::bpf_prog_info = unsafe { std::mem::zeroed() };
+    let mut len = size_of_val(&info) as u32;
+    // SAFETY: the program's fd and a buffer of `len` bytes.
+    let rc = unsafe {
+        libbpf_rs::libbpf_sys::bpf_prog_get_info_by_fd(
+            prog.as_fd().as_raw_fd(),
+            &mut info,
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "bpf_prog_get_info_by_fd({name})");
+    (info.run_time_ns, info.run_cnt)
+}
+
+/// ns per run of the entry and the return program between two readings (NaN: no run).
+fn per_run(before: [(u64, u64); 2], after: [(u64, u64); 2]) -> [f64; 2] {
+    [0, 1].map(|i| {
+        let runs = after[i].1 - before[i].1;
+        (after[i].0 - before[i].0) as f64 / runs as f64
+    })
+}
+
 fn drops(obj: &Object) -> u64 {
     let stats = obj.maps().find(|m| m.name() == MAP_STATS).unwrap();
     stats
@@ -385,15 +422,28 @@ fn drops(obj: &Object) -> u64 {
         .sum()
 }
 
-/// Runs `op` with memtrack's programs at the site, recording on, the ring buffer drained.
-fn with_bpf(obj: &Object, file: &Path, site: &ProbeSite, op: Op, n: u64, generation: u32) -> f64 {
+/// Runs `op` with memtrack's programs at the site, recording on, the ring buffer drained:
+/// ns per call, and ns per run of the entry and the return program (kernel statistics).
+fn with_bpf(
+    obj: &Object,
+    file: &Path,
+    site: &ProbeSite,
+    op: Op,
+    n: u64,
+    generation: u32,
+) -> (f64, [f64; 3]) {
     let links = attach(obj, file, site, site.offset, false);
     let before = drops(obj);
+    let runs = || [prog_stats(obj, PROG_ENTRY), prog_stats(obj, PROG_RET)];
+    let at = runs();
     let ns = harness::recording(obj, generation, || ns_per_call(op, n));
+    let [e, r] = per_run(at, runs());
     drop(links);
     let lost = drops(obj) - before;
     assert_eq!(lost, 0, "{}: {lost} events dropped", site.symbol);
-    ns
+    let drain = harness::DRAIN_CPU_NS.load(std::sync::atomic::Ordering::Relaxed) as f64
+        / harness::DRAIN_RECORDS.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    (ns, [e, r, drain])
 }
 
 fn run_group(group: &str, n: u64, rounds: usize) {
@@ -403,7 +453,18 @@ fn run_group(group: &str, n: u64, rounds: usize) {
         let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
         assert!(!h.is_null(), "dlopen libstdc++");
     }
+    // SAFETY: BPF_ENABLE_STATS takes the statistics type; the fd it returns keeps them on
+    // until closed (never: the process's life).
+    let stats_fd = unsafe {
+        libbpf_rs::libbpf_sys::bpf_enable_stats(libbpf_rs::libbpf_sys::BPF_STATS_RUN_TIME)
+    };
+    assert!(
+        stats_fd >= 0,
+        "bpf_enable_stats: {}",
+        std::io::Error::last_os_error()
+    );
     let obj = harness::load(Some(8 << 20));
+    let obj_nostack = harness::load_with(Some(8 << 20), 0);
     let mut generation = 0;
     for case in cases(group) {
         let p = harness::sym(case.probed).unwrap();
@@ -421,9 +482,11 @@ fn run_group(group: &str, n: u64, rounds: usize) {
         };
         let placed = site.offset != site.symbol_offset;
         let (mut un, mut f0, mut fl, mut bpf) = (vec![], vec![], vec![], vec![]);
+        let (mut ent, mut ret, mut nost, mut nost_run) = (vec![], vec![], vec![], vec![]);
+        let mut drain = vec![];
         case.op.run(n / 10); // warm-up: the allocator's caches, the page faults
         for r in 0..rounds {
-            let mut order = [0, 1, 2, 3];
+            let mut order = [0, 1, 2, 3, 4];
             if r % 2 == 1 {
                 order.reverse();
             }
@@ -442,7 +505,18 @@ fn run_group(group: &str, n: u64, rounds: usize) {
                     }
                     3 => {
                         generation += 1;
-                        bpf.push(with_bpf(&obj, &file, site, case.op, n, generation));
+                        let (ns, [e, r, d]) = with_bpf(&obj, &file, site, case.op, n, generation);
+                        bpf.push(ns);
+                        ent.push(e);
+                        ret.push(r);
+                        drain.push(d);
+                    }
+                    4 => {
+                        generation += 1;
+                        let (ns, [e, r, _]) =
+                            with_bpf(&obj_nostack, &file, site, case.op, n, generation);
+                        nost.push(ns);
+                        nost_run.push(e + if r.is_nan() { 0.0 } else { r });
                     }
                     _ => {}
                 }
@@ -454,16 +528,28 @@ fn run_group(group: &str, n: u64, rounds: usize) {
             harness::median(bpf),
         );
         let f0 = if placed { harness::median(f0) } else { fl };
+        let (ent, nost, nost_run, drain) = (
+            harness::median(ent),
+            harness::median(nost),
+            harness::median(nost_run),
+            harness::median(drain),
+        );
+        let ret = if site.ret {
+            format!("{:.0}", harness::median(ret))
+        } else {
+            "-".into()
+        };
         let how = match site.placement.rule {
             PlacementRule::Emulated => "emulated",
             _ => "single-step",
         };
         println!(
-            "{group:<9} {:<22} {:<26} {how:<11} {un:>9.1} {f0:>9.1} {fl:>9.1} {bpf:>9.1} {:>6.2}x {:>6.2}x",
+            "{group:<9} {:<22} {:<26} {how:<11} {un:>9.1} {f0:>9.1} {fl:>9.1} {bpf:>9.1} {:>6.2}x {:>6.2}x {ent:>6.0} {ret:>6} {nost:>9.1} {:>6.2}x {nost_run:>6.0} {drain:>6.0}",
             case.label,
             format!("{}+{}", site.symbol, site.placement.offset),
             bpf / fl,
             f0 / fl,
+            nost / fl,
         );
     }
 }
@@ -490,7 +576,7 @@ fn main() {
          probed)"
     );
     println!(
-        "{:<9} {:<22} {:<26} {:<11} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "{:<9} {:<22} {:<26} {:<11} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>9} {:>7} {:>6} {:>6}",
         "group",
         "entry point",
         "site",
@@ -500,7 +586,13 @@ fn main() {
         "floor",
         "bpf",
         "bpf/fl",
-        "placed"
+        "placed",
+        "entry",
+        "ret",
+        "nostack",
+        "nost/fl",
+        "ns-st",
+        "drain"
     );
     for g in groups {
         let preload = match g.as_str() {

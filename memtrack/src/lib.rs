@@ -127,7 +127,7 @@ pub use symbolize::{
 pub use synth::{Synth, SynthOptions};
 pub use tracker::DEFAULT_STACK_DEPTH;
 pub use tracker::{
-    Capture, Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, Tracker,
+    Capture, Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, StartupTimes, Tracker,
 };
 pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
 pub use tracker::{TrackerError, TrackerOptions};

@@ -12,7 +12,7 @@ pub mod chain;
 
 use std::ffi::{CString, c_void};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use libbpf_rs::{
@@ -114,6 +114,23 @@ pub fn switch(obj: &Object, on: bool, generation: u32) {
         .unwrap();
 }
 
+/// CPU time (ns) of the draining thread of the last [`recording_with`], and the records it
+/// handed on: what draining costs per event.
+pub static DRAIN_CPU_NS: AtomicU64 = AtomicU64::new(0);
+/// See [`DRAIN_CPU_NS`].
+pub static DRAIN_RECORDS: AtomicU64 = AtomicU64::new(0);
+
+/// The calling thread's CPU time in ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Runs `f` with recording on (in `generation`) and a thread draining the ring buffer (its
 /// callback allocates nothing, so it needs no exclusion); recording is off again when it
 /// returns.
@@ -133,7 +150,9 @@ pub fn recording_with<T>(
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let mut b = RingBufferBuilder::new();
+        DRAIN_RECORDS.store(0, Ordering::Relaxed);
         b.add(&events, move |r: &[u8]| {
+            DRAIN_RECORDS.fetch_add(1, Ordering::Relaxed);
             each(r);
             0
         })
@@ -141,11 +160,13 @@ pub fn recording_with<T>(
         let rb = b.build().unwrap();
         let stop = &stop;
         let poller = s.spawn(move || {
+            let cpu = thread_cpu_ns();
             while !stop.load(Ordering::Acquire) {
                 rb.poll(Duration::from_millis(10)).unwrap();
                 rb.consume().unwrap();
             }
             rb.consume().unwrap();
+            DRAIN_CPU_NS.store(thread_cpu_ns() - cpu, Ordering::Relaxed);
         });
         switch(obj, true, generation);
         let out = f();

@@ -5,6 +5,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, UprobeMultiOpts};
 use memtrack_bpf::{RawConfig, RawStats, RawSwitch};
@@ -41,8 +42,13 @@ pub(crate) struct Bpf {
     /// The `sched_switch` program's link while a recording of lock waits runs (it runs for
     /// every context switch on the machine, so never longer).
     switch_link: Mutex<Option<Link>>,
-    /// The thread closing the links of the last recording, if it has not finished.
-    reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The lock-wait program, loaded by the first recording that asks for lock waits (its
+    /// verification alone took 40 ms, most of a cold start that records none): a second
+    /// instance of the object with only that program, sharing every map of `obj`.
+    switch_obj: once_cell::sync::OnceCell<Object>,
+    /// The threads closing the links of earlier recordings, oldest first (finished ones are
+    /// pruned at the next detach or attach).
+    reapers: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// The uprobe links and what they cover; a mutex so that files can be attached while a
     /// recording runs (libraries the target maps later).
     attached: Mutex<Attached>,
@@ -50,6 +56,11 @@ pub(crate) struct Bpf {
     follow: Option<Following>,
     /// The processes the target starts are counted ([`memtrack_bpf::FOLLOW_COUNT`]).
     counts_children: bool,
+    /// Wall clock of opening (parsing) and loading (maps, verifier) the object.
+    pub(crate) load_times: (Duration, Duration),
+    /// Of the last [`Bpf::attach_probes`] that attached: waiting for the previous probes'
+    /// background detach, and creating the links.
+    pub(crate) attach_times: Mutex<(Duration, Duration)>,
 }
 
 /// The processes a following tracker records: each has links of its own (uprobes stay
@@ -170,6 +181,7 @@ impl Bpf {
         if !Path::new("/sys/kernel/btf/vmlinux").exists() {
             return Err(TrackerError::NoBtf);
         }
+        let t0 = Instant::now();
         let mut open = ObjectBuilder::default()
             .open_memory(memtrack_bpf::OBJECT)
             .map_err(|e| TrackerError::bpf("opening memtrack's BPF object", e))?;
@@ -199,9 +211,27 @@ impl Bpf {
                     .map_err(|e| TrackerError::bpf("sizing the ring buffer", e))?;
             }
         }
+        // Programs no recording of this tracker can use are not loaded: the verifier is most
+        // of a cold start (strace -T here: mt_switch 40 ms, mt_sys_exit 7, mt_ret 24). The
+        // lock-wait program is loaded on first use ([`Bpf::attach_switch`]).
+        for mut prog in open.progs_mut() {
+            let name = prog.name().to_string_lossy();
+            let needed = match &*name {
+                memtrack_bpf::PROG_SWITCH | memtrack_bpf::PROG_NOP => false,
+                memtrack_bpf::PROG_SYS_EXIT => syscalls == Syscalls::Raw,
+                memtrack_bpf::PROG_DL_STATE => follow == memtrack_bpf::FOLLOW_TREE,
+                _ => true,
+            };
+            if !needed {
+                prog.set_autoload(false);
+            }
+        }
+        let opened = t0.elapsed();
+        let t1 = Instant::now();
         let obj = open
             .load()
             .map_err(|e| TrackerError::bpf("loading memtrack's BPF program", e))?;
+        let loaded = t1.elapsed();
         let bss = handle(&obj, |n| n.ends_with(".bss"), ".bss")?;
         let events = handle(&obj, |n| n == memtrack_bpf::MAP_EVENTS, "events")?;
         let stats = handle(&obj, |n| n == memtrack_bpf::MAP_STATS, "stats")?;
@@ -249,10 +279,13 @@ impl Bpf {
             fork_link: Mutex::new(None),
             exec_link: Mutex::new(None),
             switch_link: Mutex::new(None),
-            reaper: Mutex::new(None),
+            switch_obj: once_cell::sync::OnceCell::new(),
+            reapers: Mutex::new(Vec::new()),
             attached: Mutex::new(Attached::default()),
             follow,
             counts_children: config.follow == memtrack_bpf::FOLLOW_COUNT,
+            load_times: (opened, loaded),
+            attach_times: Mutex::new((Duration::ZERO, Duration::ZERO)),
         })
     }
 
@@ -434,7 +467,7 @@ impl Bpf {
         }
         let file = ProbedFile::new(path, &sites);
         if attached.live {
-            let links = self.link_file(&file)?;
+            let links = self.link_file_for(&file, self.target)?;
             attached.links.extend(links);
         }
         attached.files.push(file);
@@ -449,11 +482,21 @@ impl Bpf {
             return Ok(());
         }
         // The links being closed in the background must be gone first: a site probed by an
-        // old and a new link at once would record every call twice.
-        self.join_reaper();
+        // old and a new link at once would record every call twice. (Not waiting, with the
+        // links numbered in their cookies and hits through old numbers ignored, made a
+        // back-to-back start 1 ms instead of 40-70, but the next session's threads then
+        // started while the last one's were still exiting, and what a spawn allocates
+        // depends on that: tests/parallel_limits passed 2 runs of 10 instead of 10.)
+        let t0 = Instant::now();
+        let reapers = std::mem::take(&mut *lock(&self.reapers));
+        for t in reapers {
+            let _ = t.join();
+        }
+        let waited = t0.elapsed();
+        let t1 = Instant::now();
         let mut links = Vec::new();
         for file in &attached.files {
-            match self.link_file(file) {
+            match self.link_file_for(file, self.target) {
                 Ok(l) => links.extend(l),
                 Err(e) => {
                     detach_all(links);
@@ -463,6 +506,7 @@ impl Bpf {
         }
         attached.links = links;
         attached.live = true;
+        *lock(&self.attach_times) = (waited, t1.elapsed());
         Ok(())
     }
 
@@ -470,7 +514,10 @@ impl Bpf {
     /// kernel to synchronise (an RCU grace period), so they are closed in parallel.
     pub(crate) fn detach_probes(&self) {
         detach_all(self.take_links());
-        self.join_reaper();
+        let reapers = std::mem::take(&mut *lock(&self.reapers));
+        for t in reapers {
+            let _ = t.join();
+        }
     }
 
     /// Detaches every probe in the background and returns at once: closing a link removes
@@ -482,17 +529,16 @@ impl Bpf {
         if links.is_empty() {
             return;
         }
-        let mut reaper = lock(&self.reaper);
-        if let Some(old) = reaper.take() {
-            let _ = old.join();
-        }
+        let mut reapers = lock(&self.reapers);
+        reapers.retain(|t| !t.is_finished());
         // If no thread can be started, the closure (and the links in it) is dropped with the
         // error: the links are closed here, synchronously.
         if let Ok(t) = std::thread::Builder::new()
             .name("memtrack-detach".into())
+            .stack_size(CLOSER_STACK)
             .spawn(move || detach_all(links))
         {
-            *reaper = Some(t);
+            reapers.push(t);
         }
     }
 
@@ -502,21 +548,9 @@ impl Bpf {
         std::mem::take(&mut attached.links)
     }
 
-    /// Waits for the background closes of [`Bpf::detach_probes_in_background`].
-    fn join_reaper(&self) {
-        if let Some(t) = lock(&self.reaper).take() {
-            let _ = t.join();
-        }
-    }
-
-    /// The uprobe_multi links of one file for the target process: one per program and file
+    /// The uprobe_multi links of one file for process `pid`: one per program and file
     /// (closing a link waits ~130 ms for the kernel to synchronise, measured here; a link per
     /// site made `record` of a C++ program take seconds to detach).
-    fn link_file(&self, file: &ProbedFile) -> Result<Vec<Link>> {
-        self.link_file_for(file, self.target)
-    }
-
-    /// [`Bpf::link_file`] for process `pid`.
     fn link_file_for(&self, file: &ProbedFile, pid: u32) -> Result<Vec<Link>> {
         let mut links = Vec::with_capacity(2);
         for (program, sites, ret) in [
@@ -620,9 +654,39 @@ impl Bpf {
         drop(lock(&self.exec_link).take());
     }
 
-    /// Attaches the context-switch tracepoint for a recording of lock waits.
+    /// Attaches the context-switch tracepoint for a recording of lock waits (loading its
+    /// program the first time).
     pub(crate) fn attach_switch(&self) -> Result<()> {
-        self.attach_tp(&self.switch_link, memtrack_bpf::PROG_SWITCH)
+        let obj = self
+            .switch_obj
+            .get_or_try_init(|| self.load_alone(memtrack_bpf::PROG_SWITCH))?;
+        attach_tp_of(obj, &self.switch_link, memtrack_bpf::PROG_SWITCH)
+    }
+
+    /// Loads program `name` of the object again, alone, on the maps of the loaded object
+    /// (its switch, ring buffer, counters and per-thread state are the same ones; its
+    /// `.rodata` the one already frozen).
+    fn load_alone(&self, name: &str) -> Result<Object> {
+        let _log = super::error::LibbpfLog::capture();
+        let mut open = ObjectBuilder::default()
+            .open_memory(memtrack_bpf::OBJECT)
+            .map_err(|e| TrackerError::bpf("opening memtrack's BPF object", e))?;
+        for mut prog in open.progs_mut() {
+            let this = prog.name().to_string_lossy() == name;
+            prog.set_autoload(this);
+        }
+        for mut map in open.maps_mut() {
+            let map_name = map.name().to_string_lossy().into_owned();
+            let loaded = self
+                .obj
+                .maps()
+                .find(|m| m.name().to_string_lossy() == map_name)
+                .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no map {map_name}")))?;
+            map.reuse_fd(loaded.as_fd())
+                .map_err(|e| TrackerError::bpf(format!("sharing the {map_name} map"), e))?;
+        }
+        open.load()
+            .map_err(|e| TrackerError::bpf(format!("loading memtrack's {name} program"), e))
     }
 
     /// Detaches the context-switch tracepoint: other processes' switches stop paying for it.
@@ -631,20 +695,7 @@ impl Bpf {
     }
 
     fn attach_tp(&self, slot: &Mutex<Option<Link>>, name: &str) -> Result<()> {
-        let mut link = lock(slot);
-        if link.is_some() {
-            return Ok(());
-        }
-        let prog = self
-            .obj
-            .progs_mut()
-            .find(|p| p.name() == name)
-            .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no program {name}")))?;
-        *link = Some(
-            prog.attach()
-                .map_err(|e| TrackerError::bpf(format!("attaching {name} (tp_btf)"), e))?,
-        );
-        Ok(())
+        attach_tp_of(&self.obj, slot, name)
     }
 
     /// Writes the program's `.bss` switch.
@@ -831,10 +882,22 @@ fn detach_all(links: Vec<Link>) {
     }
     std::thread::scope(|s| {
         for chunk in chunks {
-            s.spawn(move || drop(chunk));
+            let closer = std::thread::Builder::new()
+                .stack_size(CLOSER_STACK)
+                .spawn_scoped(s, move || drop(chunk));
+            // Without a thread, the chunk was dropped with the error: closed here.
+            drop(closer);
         }
     });
 }
+
+/// The stack of a thread that closes links: small, so that glibc never hands it a stack the
+/// recorded program's threads left in its cache (it reuses a cached stack of 1-4× the size
+/// asked for). A closer started by one session's end and still waiting for the kernel's grace
+/// period when the next session spawned a thread took that thread's cached stack with the
+/// default size: the spawn then allocated its TLS anew (a calloc of 304 bytes here), so what
+/// a spawn allocates depended on how soon the next session started (tests/parallel_limits).
+const CLOSER_STACK: usize = 64 << 10;
 
 /// The distinct ELF files mapped executable into process `pid` (from /proc/PID/maps).
 pub(crate) fn mapped_objects(pid: u32) -> Result<Vec<PathBuf>> {
@@ -859,4 +922,21 @@ pub(crate) fn mapped_objects(pid: u32) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(out)
+}
+
+/// Attaches the `tp_btf` program `name` of `obj` into `slot` (a no-op if attached).
+fn attach_tp_of(obj: &Object, slot: &Mutex<Option<Link>>, name: &str) -> Result<()> {
+    let mut link = lock(slot);
+    if link.is_some() {
+        return Ok(());
+    }
+    let prog = obj
+        .progs_mut()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no program {name}")))?;
+    *link = Some(
+        prog.attach()
+            .map_err(|e| TrackerError::bpf(format!("attaching {name} (tp_btf)"), e))?,
+    );
+    Ok(())
 }

@@ -192,6 +192,32 @@ pub struct Tracker {
     /// The code mappings of the recorded processes, for their stacks: read by the poller,
     /// updated by the tracer of a following tracker at each exec and dlopen.
     modules: Arc<Mutex<ModuleMap>>,
+    /// Wall clock of finding the probe sites at load, over how many files.
+    scan: (Duration, usize),
+}
+
+/// Where a tracker's start-up time went, wall clock ([`Tracker::startup_times`]): what the
+/// first eBPF session of a process pays before it records, phase by phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct StartupTimes {
+    /// Opening memtrack's embedded BPF object: libbpf parses its ELF and BTF.
+    pub open: Duration,
+    /// Loading it: the kernel's BTF read for CO-RE, every map created (the ring buffer's
+    /// pages among them), every program verified and loaded.
+    pub load: Duration,
+    /// Finding the probe sites: each mapped ELF file's symbol tables read, each probe placed
+    /// past its entry point's prologue.
+    pub scan: Duration,
+    /// Files examined by `scan` (each executable mapping of the process).
+    pub files: usize,
+    /// Probe sites found.
+    pub sites: usize,
+    /// The last time the probes were attached (a recording or a [`Counting`] guard starting):
+    /// waiting for the previous probes to finish detaching in the background.
+    pub attach_wait: Duration,
+    /// The same attach: creating the uprobe links (two per file with sites).
+    pub attach: Duration,
 }
 
 /// The tracker's one lifecycle, behind one lock: the probes are attached exactly while a
@@ -366,6 +392,7 @@ impl Tracker {
             follow,
             opts.stack_depth,
         )?;
+        let t = Instant::now();
         for f in files {
             // A file that vanished or is not ELF (a font, a locale archive) is not an error.
             match bpf.add_file(f) {
@@ -373,6 +400,7 @@ impl Tracker {
                 Err(e) => return Err(e),
             }
         }
+        let scan = t.elapsed();
         if bpf.sites() == 0 {
             return Err(TrackerError::NoAllocatorSymbols {
                 program: None,
@@ -385,6 +413,7 @@ impl Tracker {
             switch: Mutex::new(SwitchState::new()),
             poller: OnceCell::new(),
             modules: Arc::default(),
+            scan: (scan, files.len()),
         })
     }
 
@@ -407,7 +436,27 @@ impl Tracker {
             switch: Mutex::new(SwitchState::new()),
             poller: OnceCell::new(),
             modules: Arc::default(),
+            scan: (Duration::ZERO, 0),
         })
+    }
+
+    /// Where this tracker's start-up time went, and its last attach's.
+    pub fn startup_times(&self) -> StartupTimes {
+        let (open, load) = self.bpf.load_times;
+        let (attach_wait, attach) = *self
+            .bpf
+            .attach_times
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        StartupTimes {
+            open,
+            load,
+            scan: self.scan.0,
+            files: self.scan.1,
+            sites: self.bpf.sites(),
+            attach_wait,
+            attach,
+        }
     }
 
     /// Reads process `pid`'s code mappings for its stacks (a tracer, with `pid` stopped after
