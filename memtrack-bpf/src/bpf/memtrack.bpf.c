@@ -152,6 +152,10 @@ struct call_state {
 	__u32 sys_gen;   /* the generation in which sys_entry was set */
 	__u64 sys_addr;  /* mmap/munmap/mremap/brk's first argument */
 	__u64 sys_len;   /* mmap/munmap's length, mremap's new length */
+	/* Lock waits: the thread's last recorded switch, in recording `switch_gen` (see mt_switch). */
+	__u32 switch_gen;
+	__u32 off_cpu;   /* 1: it was a switch-out (no switch-in recorded since) */
+	__u64 off_ts;    /* its time */
 };
 #define CS_MEMPTR 1 /* posix_memalign: the block is in *addr, the return value is an errno */
 
@@ -438,8 +442,9 @@ static __always_inline int has_stack(__u32 kind)
 	       kind == MT_KIND_SWITCH_OUT;
 }
 
-static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kind, __u64 addr,
-				 __u64 old_addr, __u64 size, __u64 align)
+/* Sends an event stamped `ts` (0: now). */
+static __always_inline void emit_at(struct pt_regs *regs, __u64 pid_tgid, __u32 kind,
+				    __u64 addr, __u64 old_addr, __u64 size, __u64 align, __u64 ts)
 {
 	__u32 zero = 0, stack = 0;
 	struct memtrack_stats *st = bpf_map_lookup_elem(&stats, &zero);
@@ -464,7 +469,7 @@ static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kin
 			st->drops++;
 		return;
 	}
-	e->ts = bpf_ktime_get_ns();
+	e->ts = ts ? ts : bpf_ktime_get_ns();
 	e->pid = pid_tgid >> 32;
 	e->tid = (__u32)pid_tgid;
 	e->kind = kind;
@@ -474,6 +479,12 @@ static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kin
 	e->size = size;
 	e->align = align;
 	bpf_ringbuf_submit(e, wakeup_flag(bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA)));
+}
+
+static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kind, __u64 addr,
+				 __u64 old_addr, __u64 size, __u64 align)
+{
+	emit_at(regs, pid_tgid, kind, addr, old_addr, size, align, 0);
 }
 
 /* Entry of an allocator call whose result comes at return (paired with mt_ret). */
@@ -969,14 +980,47 @@ int mt_exec(__u64 *ctx)
  * `prev` (current) before the switch. Attached only while a recording asks for lock waits: it
  * runs for every context switch on the machine, and rejects other processes on their tgids
  * before anything else.
+ *
+ * Switches the kernel does not report: some kernels switch tasks without firing sched_switch
+ * (measured on this project's machine: no switch out of the idle task or of one other
+ * process's threads reached the tracepoint, for tracefs as for BPF). A recorded thread
+ * switched in that way has no SwitchIn, but it is always seen leaving again (it is `prev`
+ * then). Each thread's state keeps whether its last recorded switch was a switch-out; a
+ * switch-out that follows one has its switch-in recovered from the kernel's own account:
+ * `sched_info.last_arrival`, the runqueue clock when the thread last got a CPU, converted to
+ * the events' clock by the runqueue clock's distance from now (a few microseconds late: the
+ * clock was read at the start of this switch). If that cannot be done (no state, an arrival
+ * not after the last switch-out), the switch-in is counted as lost (`drops`): the recording
+ * is refused, never paired wrongly.
  */
-static __always_inline int switch_recorded(struct task_struct *task)
+static __always_inline int switch_recorded(struct task_struct *task, struct call_state *cs)
 {
-	struct call_state *cs = bpf_task_storage_get(&calls, task, 0, 0);
-
 	if (cs && cs->excluded)
 		return 0;
 	return sw.scope == MT_SCOPE_PROCESS || (cs && cs->scope_gen == sw.generation);
+}
+
+/* When `task` (current, about to leave) last got a CPU, on the events' clock; 0: unknown
+ * (a kernel without the fields: no CONFIG_SCHED_INFO or CONFIG_FAIR_GROUP_SCHED). */
+static __always_inline __u64 last_arrival(struct task_struct *task, __u64 now)
+{
+	struct cfs_rq *cfs;
+	struct rq *rq;
+	__u64 arrival, clock;
+
+	if (!core_field_exists(task->se.cfs_rq) || !core_field_exists(task->sched_info.last_arrival))
+		return 0;
+	cfs = task->se.cfs_rq;
+	if (!cfs)
+		return 0;
+	rq = cfs->rq;
+	if (!rq)
+		return 0;
+	clock = rq->clock;
+	arrival = task->sched_info.last_arrival;
+	if (arrival == 0 || arrival > clock || clock - arrival >= now)
+		return 0;
+	return now - (clock - arrival);
 }
 
 SEC("tp_btf/sched_switch")
@@ -985,7 +1029,10 @@ int mt_switch(__u64 *ctx)
 	struct task_struct *prev = (struct task_struct *)ctx[1];
 	struct task_struct *next = (struct task_struct *)ctx[2];
 	__u32 prev_state = (__u32)ctx[3];
-	__u32 ptgid = prev->tgid, ntgid = next->tgid;
+	__u32 ptgid = prev->tgid, ntgid = next->tgid, zero = 0;
+	struct call_state *cs;
+	struct memtrack_stats *st;
+	__u64 now, arrival;
 	int out, in;
 
 	if (config.follow == MT_FOLLOW_TREE) {
@@ -997,12 +1044,38 @@ int mt_switch(__u64 *ctx)
 	}
 	if (!(out | in) || !(sw.enabled & MT_SWITCH_STREAM))
 		return 0;
-	if (out && switch_recorded(prev))
-		/* prev_state 0 (TASK_RUNNING): preempted, still runnable; else it blocked. */
-		emit(bpf_task_pt_regs(prev), ((__u64)ptgid << 32) | (__u32)prev->pid,
-		     MT_KIND_SWITCH_OUT, 0, 0, prev_state == 0, 0);
-	if (in && switch_recorded(next))
-		emit(0, ((__u64)ntgid << 32) | (__u32)next->pid, MT_KIND_SWITCH_IN, 0, 0, 0, 0);
+	if (out) {
+		cs = bpf_task_storage_get(&calls, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (switch_recorded(prev, cs)) {
+			now = bpf_ktime_get_ns();
+			if (cs && cs->switch_gen == sw.generation && cs->off_cpu) {
+				/* Its switch-in was not reported (see above). */
+				arrival = last_arrival(prev, now);
+				if (arrival > cs->off_ts)
+					emit_at(0, ((__u64)ptgid << 32) | (__u32)prev->pid,
+						MT_KIND_SWITCH_IN, 0, 0, 0, 0, arrival);
+				else if ((st = bpf_map_lookup_elem(&stats, &zero)))
+					st->drops++;
+			}
+			/* prev_state 0 (TASK_RUNNING): preempted, still runnable; else it blocked. */
+			emit_at(bpf_task_pt_regs(prev), ((__u64)ptgid << 32) | (__u32)prev->pid,
+				MT_KIND_SWITCH_OUT, 0, 0, prev_state == 0, 0, now);
+			if (cs) {
+				cs->switch_gen = sw.generation;
+				cs->off_cpu = 1;
+				cs->off_ts = now;
+			}
+		}
+	}
+	if (in) {
+		cs = bpf_task_storage_get(&calls, next, 0, 0);
+		if (switch_recorded(next, cs)) {
+			emit(0, ((__u64)ntgid << 32) | (__u32)next->pid, MT_KIND_SWITCH_IN, 0, 0, 0,
+			     0);
+			if (cs)
+				cs->off_cpu = 0;
+		}
+	}
 	return 0;
 }
 
