@@ -70,6 +70,20 @@ fn a_preempted_stack_is_preempted() {
     }
 }
 
+/// A thread that left with `sched_yield` (parking_lot's spin before it parks) is runnable
+/// but waiting by choice: classified by its stack. Built from the recorded parking_lot stack,
+/// its futex frames replaced by glibc's yield wrapper as symbolized.
+#[test]
+fn a_yield_in_a_lock_slow_path_is_the_lock() {
+    let fns = functions("parking_lot_mutex");
+    let from = fns.iter().position(|f| f.contains("lock_slow")).unwrap();
+    let mut refs: Vec<&str> = vec!["__GI___sched_yield", "std::thread::yield_now"];
+    refs.extend(fns[from..].iter().map(String::as_str));
+    assert_eq!(classify(true, &refs).0, WaitClass::Mutex, "{refs:?}");
+    // Preempted anywhere else (not in sched_yield): preempted.
+    assert_eq!(classify(true, &refs[1..]).0, WaitClass::Preempted);
+}
+
 /// Every fixture is listed above (a new one is not left untested).
 #[test]
 fn every_fixture_is_a_case() {
