@@ -50,8 +50,11 @@ fn pair(hold: impl FnOnce(&Barrier) + Send + 'static, wait: impl FnOnce() + Send
     tid
 }
 
-fn scenarios() -> Vec<(&'static str, Box<dyn FnOnce() -> u32>)> {
-    let mut v: Vec<(&'static str, Box<dyn FnOnce() -> u32>)> = Vec::new();
+/// A scenario: its name and what runs it (returning the waiting thread's tid).
+type Scenario = (&'static str, Box<dyn FnOnce() -> u32>);
+
+fn scenarios() -> Vec<Scenario> {
+    let mut v: Vec<Scenario> = Vec::new();
     v.push((
         "std_mutex",
         Box::new(|| {
@@ -281,7 +284,14 @@ fn scenarios() -> Vec<(&'static str, Box<dyn FnOnce() -> u32>)> {
     ));
     v.push((
         "sleep",
-        Box::new(|| pair(|b| drop(b.wait()), || std::thread::sleep(HOLD))),
+        Box::new(|| {
+            pair(
+                |b| {
+                    b.wait();
+                },
+                || std::thread::sleep(HOLD),
+            )
+        }),
     ));
     v
 }
