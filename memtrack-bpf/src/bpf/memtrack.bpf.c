@@ -104,7 +104,14 @@ struct {
 
 /* A stack record being built: one more frame than the deepest stack, to tell a stack of
  * exactly `stack_depth` frames from one cut there, and the window of user stack the walk reads
- * frames from. Per CPU (too big for the BPF stack). */
+ * frames from. Per CPU (too big for the BPF stack).
+ *
+ * Two of them, because a program using one can be preempted on a preemptible kernel: uprobe
+ * programs run with migration, not preemption, disabled (and so may tp_btf/sys_exit, a
+ * faultable tracepoint on recent kernels). The thread's own switch-out then runs mt_switch on
+ * the same CPU mid-walk: mt_switch has `switch_scratch` to itself (it runs with preemption off
+ * and never nests). Another thread's program on that CPU finds `stack_scratch` claimed
+ * (`busy`) and sends its event without a stack, counted in `stacks_lost` and `drops`. */
 /* Bytes of user stack read at once by the walk (a power of two). */
 #define STACK_CHUNK 1024
 struct stack_buf {
@@ -112,6 +119,8 @@ struct stack_buf {
 	__u64 frames[MT_STACK_MAX + 1];
 	__u8 chunk[STACK_CHUNK];
 	__u64 h1, h2; /* the stack's two hashes (see stack_id) */
+	__u32 busy;   /* stack_scratch only: a program is building a stack in it */
+	__u32 reserved;
 };
 
 struct {
@@ -120,6 +129,13 @@ struct {
 	__type(key, __u32);
 	__type(value, struct stack_buf);
 } stack_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_buf);
+} switch_scratch SEC(".maps");
 
 /* Keeps `struct memtrack_stack` in the object's BTF for the ABI test (never used). */
 struct {
@@ -366,22 +382,16 @@ __attribute__((noinline)) int stack_hash(struct stack_buf *b, __u32 n)
  * so an event of another CPU that finds the id in the map is reserved after the record in the
  * ring buffer; two CPUs meeting the same new stack both send it (user space interns frames).
  */
-static __always_inline __u32 stack_id(struct pt_regs *regs, __u64 pid_tgid,
-				      struct memtrack_stats *st, int ret_at_sp)
+static __always_inline __u32 stack_send(struct stack_buf *b, struct pt_regs *regs,
+					__u64 pid_tgid, struct memtrack_stats *st, int ret_at_sp)
 {
 	__u32 zero = 0, depth = config.stack_depth, n, id;
-	struct stack_buf *b;
 	struct stack_seen *seen, fresh = {};
 	struct task_struct *task;
 	__u64 h1, h2, *next, size, sp_ret = 0;
 
-	if (depth == 0)
-		return 0;
 	if (depth > MT_STACK_MAX)
 		depth = MT_STACK_MAX;
-	b = bpf_map_lookup_elem(&stack_scratch, &zero);
-	if (!b)
-		return 0;
 	task = bpf_get_current_task_btf();
 	b->h1 = pid_tgid >> 32;
 	b->h2 = task->mm->context.ctx_id;
@@ -435,6 +445,36 @@ static __always_inline __u32 stack_id(struct pt_regs *regs, __u64 pid_tgid,
 	return id;
 }
 
+/* stack_send in this CPU's scratch record: mt_switch's own, or the shared one once claimed
+ * (see `stack_scratch`). */
+static __always_inline __u32 stack_id(struct pt_regs *regs, __u64 pid_tgid,
+				      struct memtrack_stats *st, int ret_at_sp, int from_switch)
+{
+	__u32 zero = 0, id;
+	struct stack_buf *b;
+
+	if (config.stack_depth == 0)
+		return 0;
+	if (from_switch) {
+		b = bpf_map_lookup_elem(&switch_scratch, &zero);
+		return b ? stack_send(b, regs, pid_tgid, st, ret_at_sp) : 0;
+	}
+	b = bpf_map_lookup_elem(&stack_scratch, &zero);
+	if (!b)
+		return 0;
+	if (__sync_lock_test_and_set(&b->busy, 1)) {
+		/* A preempted program of another thread is building a stack in it. */
+		if (st) {
+			st->stacks_lost++;
+			st->drops++;
+		}
+		return 0;
+	}
+	id = stack_send(b, regs, pid_tgid, st, ret_at_sp);
+	b->busy = 0;
+	return id;
+}
+
 /* Whether events of this kind carry a stack: allocations, new mappings, switch-outs. */
 static __always_inline int has_stack(__u32 kind)
 {
@@ -462,7 +502,8 @@ static __always_inline void emit_at(struct pt_regs *regs, __u64 pid_tgid, __u32 
 		return;
 	if (regs && has_stack(kind))
 		/* A thread that blocked (not preempted) is in a syscall: see stack_id. */
-		stack = stack_id(regs, pid_tgid, st, kind == MT_KIND_SWITCH_OUT && size == 0);
+		stack = stack_id(regs, pid_tgid, st, kind == MT_KIND_SWITCH_OUT && size == 0,
+				 kind == MT_KIND_SWITCH_OUT);
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		if (st)
