@@ -208,12 +208,19 @@ fn no_switches_unless_asked_for() {
     assert_eq!(count(&without), 0);
 }
 
-/// Threads taking turns on one `std::sync::Mutex`, each holding it for 2 ms at a time and
-/// measuring its own time in `lock()`: a session's `mutex_wait_ns` per thread agrees within
-/// 5 % or 1 ms.
-fn mutex_waits_match_what_the_threads_measure(threads: usize) {
+/// Which mutex the threads take turns on.
+#[derive(Clone, Copy, Debug)]
+enum MutexKind {
+    Std,
+    ParkingLot,
+}
+
+/// Threads taking turns on one mutex (`std::sync::Mutex` or `parking_lot::Mutex`), each
+/// holding it for 2 ms at a time and measuring its own time in `lock()`: a session's
+/// `mutex_wait_ns` per thread agrees within 5 % or 1 ms.
+fn mutex_waits_match_what_the_threads_measure(threads: usize, kind: MutexKind) {
     let dir = tempfile::tempdir().unwrap();
-    let session = memtrack::SessionBuilder::new(format!("mutex-{threads}"))
+    let session = memtrack::SessionBuilder::new(format!("mutex-{kind:?}-{threads}"))
         .output_dir(dir.path())
         .quiet(true)
         .lock_waits(true)
@@ -221,20 +228,30 @@ fn mutex_waits_match_what_the_threads_measure(threads: usize) {
         .unwrap();
     let path = session.path().unwrap().to_path_buf();
     let m = Arc::new(Mutex::new(0u64));
+    let pl = Arc::new(parking_lot::Mutex::new(0u64));
     let start = Arc::new(Barrier::new(threads));
     let handles: Vec<_> = (0..threads)
         .map(|_| {
-            let (m, start) = (Arc::clone(&m), Arc::clone(&start));
+            let (m, pl, start) = (Arc::clone(&m), Arc::clone(&pl), Arc::clone(&start));
             std::thread::spawn(move || {
                 start.wait();
                 let mut waited = Duration::ZERO;
                 for _ in 0..20 {
                     let t = Instant::now();
-                    let mut g = m.lock().unwrap();
-                    waited += t.elapsed();
-                    *g += 1;
-                    std::thread::sleep(Duration::from_millis(2));
-                    drop(g);
+                    match kind {
+                        MutexKind::Std => {
+                            let mut g = m.lock().unwrap();
+                            waited += t.elapsed();
+                            *g += 1;
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                        MutexKind::ParkingLot => {
+                            let mut g = pl.lock();
+                            waited += t.elapsed();
+                            *g += 1;
+                            std::thread::sleep(Duration::from_millis(2));
+                        }
+                    }
                 }
                 (gettid(), waited)
             })
@@ -251,7 +268,7 @@ fn mutex_waits_match_what_the_threads_measure(threads: usize) {
         let tolerance = (want / 20).max(1_000_000);
         assert!(
             t.mutex_wait_ns.abs_diff(want) <= tolerance,
-            "thread {tid}: mutex_wait_ns {} ns, it measured {want} ns in lock() ({threads} threads)",
+            "thread {tid}: mutex_wait_ns {} ns, it measured {want} ns in lock() ({threads} threads, {kind:?})",
             t.mutex_wait_ns
         );
         total += want;
@@ -300,6 +317,161 @@ fn sleeps_are_sleep() {
     }
 }
 
+/// One writer and readers on one `std::sync::RwLock`: the writer holds it 2 ms at a time, each
+/// reader holds it 1 ms at a time, and every thread measures its own time in `write()` /
+/// `read()`: `rwlock_wait_ns` per thread agrees within 5 % or 1 ms.
+fn rwlock_waits_match_what_the_threads_measure() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = memtrack::SessionBuilder::new("rwlock")
+        .output_dir(dir.path())
+        .quiet(true)
+        .lock_waits(true)
+        .start()
+        .unwrap();
+    let path = session.path().unwrap().to_path_buf();
+    let rw = Arc::new(std::sync::RwLock::new(0u64));
+    // No start barrier: it is a Mutex + Condvar, whose waits would be mutex waits. Twenty
+    // rounds of each take 20 ms or more, far longer than spawning the others.
+    let readers = 3;
+    let writer = {
+        let rw = Arc::clone(&rw);
+        std::thread::spawn(move || {
+            let mut waited = Duration::ZERO;
+            for _ in 0..20 {
+                let t = Instant::now();
+                let mut g = rw.write().unwrap();
+                waited += t.elapsed();
+                *g += 1;
+                std::thread::sleep(Duration::from_millis(2));
+                drop(g);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (gettid(), waited)
+        })
+    };
+    let handles: Vec<_> = (0..readers)
+        .map(|_| {
+            let rw = Arc::clone(&rw);
+            std::thread::spawn(move || {
+                let mut waited = Duration::ZERO;
+                for _ in 0..20 {
+                    let t = Instant::now();
+                    let g = rw.read().unwrap();
+                    waited += t.elapsed();
+                    std::hint::black_box(*g);
+                    std::thread::sleep(Duration::from_millis(1));
+                    drop(g);
+                }
+                (gettid(), waited)
+            })
+        })
+        .collect();
+    let mut measured: Vec<(u32, Duration)> =
+        handles.into_iter().map(|h| h.join().unwrap()).collect();
+    measured.push(writer.join().unwrap());
+    session.finish().unwrap();
+    let reader = Reader::open(&path).unwrap();
+    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
+    let mut total = 0;
+    for (tid, d) in measured {
+        let t = waits.threads.iter().find(|t| t.tid == tid).unwrap();
+        let want = d.as_nanos() as u64;
+        let tolerance = (want / 20).max(1_000_000);
+        assert!(
+            t.rwlock_wait_ns.abs_diff(want) <= tolerance,
+            "thread {tid}: rwlock_wait_ns {} ns, it measured {want} ns in read()/write()",
+            t.rwlock_wait_ns
+        );
+        assert_eq!(t.mutex_wait_ns, 0, "{t:?}");
+        total += want;
+    }
+    assert!(
+        total >= 20 * 1_000_000,
+        "{total} ns of waits: no contention"
+    );
+}
+
+/// One thread locking and unlocking an uncontended `std::sync::Mutex` in a loop: it never
+/// waits for it (`mutex_wait_ns` under 1 % of its CPU time).
+fn an_uncontended_mutex_is_no_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = memtrack::SessionBuilder::new("uncontended")
+        .output_dir(dir.path())
+        .quiet(true)
+        .lock_waits(true)
+        .start()
+        .unwrap();
+    let path = session.path().unwrap().to_path_buf();
+    let tid = std::thread::spawn(|| {
+        let m = Mutex::new(0u64);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(200) {
+            for _ in 0..1000 {
+                *m.lock().unwrap() += 1;
+            }
+        }
+        std::hint::black_box(m);
+        gettid()
+    })
+    .join()
+    .unwrap();
+    session.finish().unwrap();
+    let reader = Reader::open(&path).unwrap();
+    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
+    let t = waits.threads.iter().find(|t| t.tid == tid).unwrap();
+    // 200 ms of wall time; on a loaded machine much of it preempted.
+    assert!(t.cpu_ns >= 20_000_000, "it ran: {t:?}");
+    assert!(
+        t.mutex_wait_ns * 100 < t.cpu_ns,
+        "mutex_wait_ns {} of {} ns on the CPU",
+        t.mutex_wait_ns,
+        t.cpu_ns
+    );
+}
+
+/// A ring buffer too small for the switches (4 KiB: 64 events, drained every 10 ms) loses
+/// events: the recording counts them, and its lock waits are refused, never paired.
+fn lost_switches_refuse_the_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let tracker = Tracker::attach(
+        std::process::id(),
+        &TrackerOptions::new().ringbuf_bytes(4096),
+    )
+    .expect("load and attach");
+    let path = dir.path().join("tiny.memtrack");
+    let file = std::fs::File::create(&path).unwrap();
+    let meta = Metadata::now(std::process::id(), Backend::Ebpf).with_name("tiny");
+    let rec = tracker
+        .start_with(
+            file,
+            &meta,
+            EncoderOptions::new(),
+            2,
+            Capture::new(Scope::Process).lock_waits(true),
+        )
+        .unwrap();
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(|| {
+                for _ in 0..300 {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let recorded = rec.stop().unwrap();
+    assert!(recorded.lost_events > 0, "4800 sleeps lost nothing");
+    let reader = Reader::open(&path).unwrap();
+    let err = memtrack::lock_waits(&reader, &mut Symbolizer::new()).expect_err("refused");
+    assert!(
+        matches!(err, memtrack::LockWaitsError::NotWhole(_)) && err.to_string().contains("lost"),
+        "{err}"
+    );
+}
+
 /// Lock waits with the allocator backend: a clear error before anything starts.
 fn lock_waits_need_the_ebpf_backend() {
     let err = memtrack::SessionBuilder::new("alloc-locks")
@@ -329,21 +501,40 @@ fn main() {
             &[TRACKER],
             no_switches_unless_asked_for,
         ),
-        // The next three are ignored (run them with --include-ignored) until a defect is
-        // fixed: now and then one switch-in of a recorded thread never reaches the program
-        // (the thread is switched out twice with no switch-in between), and lock_waits then
-        // refuses the recording ("context switches do not pair"). Here: sleeps_are_sleep
-        // (~400 switches) in about 1 run of 4, the mutex tests in about 1 of 6. When they are
-        // not refused, they pass.
         requires("mutex_waits_2_threads", &[TRACKER], || {
-            mutex_waits_match_what_the_threads_measure(2)
-        })
-        .with_ignored_flag(true),
+            mutex_waits_match_what_the_threads_measure(2, MutexKind::Std)
+        }),
         requires("mutex_waits_4_threads", &[TRACKER], || {
-            mutex_waits_match_what_the_threads_measure(4)
-        })
-        .with_ignored_flag(true),
-        requires("sleeps_are_sleep", &[TRACKER], sleeps_are_sleep).with_ignored_flag(true),
+            mutex_waits_match_what_the_threads_measure(4, MutexKind::Std)
+        }),
+        requires("mutex_waits_8_threads", &[TRACKER], || {
+            mutex_waits_match_what_the_threads_measure(8, MutexKind::Std)
+        }),
+        requires("parking_lot_mutex_waits_2_threads", &[TRACKER], || {
+            mutex_waits_match_what_the_threads_measure(2, MutexKind::ParkingLot)
+        }),
+        requires("parking_lot_mutex_waits_4_threads", &[TRACKER], || {
+            mutex_waits_match_what_the_threads_measure(4, MutexKind::ParkingLot)
+        }),
+        requires("parking_lot_mutex_waits_8_threads", &[TRACKER], || {
+            mutex_waits_match_what_the_threads_measure(8, MutexKind::ParkingLot)
+        }),
+        requires(
+            "rwlock_waits_match_what_the_threads_measure",
+            &[TRACKER],
+            rwlock_waits_match_what_the_threads_measure,
+        ),
+        requires(
+            "an_uncontended_mutex_is_no_wait",
+            &[TRACKER],
+            an_uncontended_mutex_is_no_wait,
+        ),
+        requires("sleeps_are_sleep", &[TRACKER], sleeps_are_sleep),
+        requires(
+            "lost_switches_refuse_the_result",
+            &[TRACKER],
+            lost_switches_refuse_the_result,
+        ),
         memtrack_test_support::test(
             "lock_waits_need_the_ebpf_backend",
             lock_waits_need_the_ebpf_backend,

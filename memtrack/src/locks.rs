@@ -180,8 +180,15 @@ pub const RULES: &[Rule] = &[
 /// The class of an off-CPU interval: `preempted` (still runnable), else by the function names
 /// of its stack, innermost first (each frame's inlined functions included). The index of the
 /// frame that matched comes with it (`None`: no row matched, or preempted).
+///
+/// A thread that gave the CPU up itself with `sched_yield` is still runnable, but it chose to
+/// wait: it is classified by its stack, like a blocked one (parking_lot's lock slow paths yield
+/// a few times before they park; that time is the lock's).
 pub fn classify(preempted: bool, functions: &[&str]) -> (WaitClass, Option<usize>) {
-    if preempted {
+    let yielded = functions
+        .first()
+        .is_some_and(|f| libc_base(f) == "sched_yield");
+    if preempted && !yielded {
         return (WaitClass::Preempted, None);
     }
     for tier in [true, false] {

@@ -77,11 +77,33 @@ struct mm_struct {
 		__u64 ctx_id;
 	} context;
 } __attribute__((preserve_access_index));
+/* CONFIG_SCHED_INFO: `last_arrival` is the runqueue clock (`struct rq`'s `clock`, sched_clock
+ * ns) when the task last got a CPU, set at every context switch into it. */
+struct sched_info {
+	unsigned long long last_arrival;
+} __attribute__((preserve_access_index));
+/* A CPU's runqueue: `clock` was updated at the start of the switch being traced. */
+struct rq {
+	__u64 clock;
+} __attribute__((preserve_access_index));
+/* CONFIG_FAIR_GROUP_SCHED: a task's fair-class runqueue points to its CPU's runqueue (the
+ * per-CPU `runqueues` is not a symbol BPF can resolve without CONFIG_KALLSYMS_ALL). */
+struct cfs_rq {
+	struct rq *rq;
+} __attribute__((preserve_access_index));
+struct sched_entity {
+	struct cfs_rq *cfs_rq;
+} __attribute__((preserve_access_index));
 struct task_struct {
 	int pid;
 	int tgid;
 	struct mm_struct *mm;
+	struct sched_info sched_info;
+	struct sched_entity se;
 } __attribute__((preserve_access_index));
+/* bpf_core_field_exists() of libbpf's bpf_core_read.h. */
+#define BPF_FIELD_EXISTS 2
+#define core_field_exists(field) __builtin_preserve_field_info(field, BPF_FIELD_EXISTS)
 static void *(*const bpf_task_storage_get)(void *map, struct task_struct *task, void *value,
 					   __u64 flags) = (void *)156;
 static struct task_struct *(*const bpf_get_current_task_btf)(void) = (void *)158;

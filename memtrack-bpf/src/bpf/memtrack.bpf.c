@@ -104,7 +104,14 @@ struct {
 
 /* A stack record being built: one more frame than the deepest stack, to tell a stack of
  * exactly `stack_depth` frames from one cut there, and the window of user stack the walk reads
- * frames from. Per CPU (too big for the BPF stack). */
+ * frames from. Per CPU (too big for the BPF stack).
+ *
+ * Two of them, because a program using one can be preempted on a preemptible kernel: uprobe
+ * programs run with migration, not preemption, disabled (and so may tp_btf/sys_exit, a
+ * faultable tracepoint on recent kernels). The thread's own switch-out then runs mt_switch on
+ * the same CPU mid-walk: mt_switch has `switch_scratch` to itself (it runs with preemption off
+ * and never nests). Another thread's program on that CPU finds `stack_scratch` claimed
+ * (`busy`) and sends its event without a stack, counted in `stacks_lost` and `drops`. */
 /* Bytes of user stack read at once by the walk (a power of two). */
 #define STACK_CHUNK 1024
 struct stack_buf {
@@ -112,6 +119,8 @@ struct stack_buf {
 	__u64 frames[MT_STACK_MAX + 1];
 	__u8 chunk[STACK_CHUNK];
 	__u64 h1, h2; /* the stack's two hashes (see stack_id) */
+	__u32 busy;   /* stack_scratch only: a program is building a stack in it */
+	__u32 reserved;
 };
 
 struct {
@@ -120,6 +129,13 @@ struct {
 	__type(key, __u32);
 	__type(value, struct stack_buf);
 } stack_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_buf);
+} switch_scratch SEC(".maps");
 
 /* Keeps `struct memtrack_stack` in the object's BTF for the ABI test (never used). */
 struct {
@@ -152,6 +168,10 @@ struct call_state {
 	__u32 sys_gen;   /* the generation in which sys_entry was set */
 	__u64 sys_addr;  /* mmap/munmap/mremap/brk's first argument */
 	__u64 sys_len;   /* mmap/munmap's length, mremap's new length */
+	/* Lock waits: the thread's last recorded switch, in recording `switch_gen` (see mt_switch). */
+	__u32 switch_gen;
+	__u32 off_cpu;   /* 1: it was a switch-out (no switch-in recorded since) */
+	__u64 off_ts;    /* its time */
 };
 #define CS_MEMPTR 1 /* posix_memalign: the block is in *addr, the return value is an errno */
 
@@ -362,22 +382,16 @@ __attribute__((noinline)) int stack_hash(struct stack_buf *b, __u32 n)
  * so an event of another CPU that finds the id in the map is reserved after the record in the
  * ring buffer; two CPUs meeting the same new stack both send it (user space interns frames).
  */
-static __always_inline __u32 stack_id(struct pt_regs *regs, __u64 pid_tgid,
-				      struct memtrack_stats *st, int ret_at_sp)
+static __always_inline __u32 stack_send(struct stack_buf *b, struct pt_regs *regs,
+					__u64 pid_tgid, struct memtrack_stats *st, int ret_at_sp)
 {
 	__u32 zero = 0, depth = config.stack_depth, n, id;
-	struct stack_buf *b;
 	struct stack_seen *seen, fresh = {};
 	struct task_struct *task;
 	__u64 h1, h2, *next, size, sp_ret = 0;
 
-	if (depth == 0)
-		return 0;
 	if (depth > MT_STACK_MAX)
 		depth = MT_STACK_MAX;
-	b = bpf_map_lookup_elem(&stack_scratch, &zero);
-	if (!b)
-		return 0;
 	task = bpf_get_current_task_btf();
 	b->h1 = pid_tgid >> 32;
 	b->h2 = task->mm->context.ctx_id;
@@ -431,6 +445,36 @@ static __always_inline __u32 stack_id(struct pt_regs *regs, __u64 pid_tgid,
 	return id;
 }
 
+/* stack_send in this CPU's scratch record: mt_switch's own, or the shared one once claimed
+ * (see `stack_scratch`). */
+static __always_inline __u32 stack_id(struct pt_regs *regs, __u64 pid_tgid,
+				      struct memtrack_stats *st, int ret_at_sp, int from_switch)
+{
+	__u32 zero = 0, id;
+	struct stack_buf *b;
+
+	if (config.stack_depth == 0)
+		return 0;
+	if (from_switch) {
+		b = bpf_map_lookup_elem(&switch_scratch, &zero);
+		return b ? stack_send(b, regs, pid_tgid, st, ret_at_sp) : 0;
+	}
+	b = bpf_map_lookup_elem(&stack_scratch, &zero);
+	if (!b)
+		return 0;
+	if (__sync_lock_test_and_set(&b->busy, 1)) {
+		/* A preempted program of another thread is building a stack in it. */
+		if (st) {
+			st->stacks_lost++;
+			st->drops++;
+		}
+		return 0;
+	}
+	id = stack_send(b, regs, pid_tgid, st, ret_at_sp);
+	b->busy = 0;
+	return id;
+}
+
 /* Whether events of this kind carry a stack: allocations, new mappings, switch-outs. */
 static __always_inline int has_stack(__u32 kind)
 {
@@ -438,8 +482,9 @@ static __always_inline int has_stack(__u32 kind)
 	       kind == MT_KIND_SWITCH_OUT;
 }
 
-static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kind, __u64 addr,
-				 __u64 old_addr, __u64 size, __u64 align)
+/* Sends an event stamped `ts` (0: now). */
+static __always_inline void emit_at(struct pt_regs *regs, __u64 pid_tgid, __u32 kind,
+				    __u64 addr, __u64 old_addr, __u64 size, __u64 align, __u64 ts)
 {
 	__u32 zero = 0, stack = 0;
 	struct memtrack_stats *st = bpf_map_lookup_elem(&stats, &zero);
@@ -457,14 +502,15 @@ static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kin
 		return;
 	if (regs && has_stack(kind))
 		/* A thread that blocked (not preempted) is in a syscall: see stack_id. */
-		stack = stack_id(regs, pid_tgid, st, kind == MT_KIND_SWITCH_OUT && size == 0);
+		stack = stack_id(regs, pid_tgid, st, kind == MT_KIND_SWITCH_OUT && size == 0,
+				 kind == MT_KIND_SWITCH_OUT);
 	e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		if (st)
 			st->drops++;
 		return;
 	}
-	e->ts = bpf_ktime_get_ns();
+	e->ts = ts ? ts : bpf_ktime_get_ns();
 	e->pid = pid_tgid >> 32;
 	e->tid = (__u32)pid_tgid;
 	e->kind = kind;
@@ -474,6 +520,12 @@ static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kin
 	e->size = size;
 	e->align = align;
 	bpf_ringbuf_submit(e, wakeup_flag(bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA)));
+}
+
+static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kind, __u64 addr,
+				 __u64 old_addr, __u64 size, __u64 align)
+{
+	emit_at(regs, pid_tgid, kind, addr, old_addr, size, align, 0);
 }
 
 /* Entry of an allocator call whose result comes at return (paired with mt_ret). */
@@ -969,14 +1021,47 @@ int mt_exec(__u64 *ctx)
  * `prev` (current) before the switch. Attached only while a recording asks for lock waits: it
  * runs for every context switch on the machine, and rejects other processes on their tgids
  * before anything else.
+ *
+ * Switches the kernel does not report: some kernels switch tasks without firing sched_switch
+ * (measured on this project's machine: no switch out of the idle task or of one other
+ * process's threads reached the tracepoint, for tracefs as for BPF). A recorded thread
+ * switched in that way has no SwitchIn, but it is always seen leaving again (it is `prev`
+ * then). Each thread's state keeps whether its last recorded switch was a switch-out; a
+ * switch-out that follows one has its switch-in recovered from the kernel's own account:
+ * `sched_info.last_arrival`, the runqueue clock when the thread last got a CPU, converted to
+ * the events' clock by the runqueue clock's distance from now (a few microseconds late: the
+ * clock was read at the start of this switch). If that cannot be done (no state, an arrival
+ * not after the last switch-out), the switch-in is counted as lost (`drops`): the recording
+ * is refused, never paired wrongly.
  */
-static __always_inline int switch_recorded(struct task_struct *task)
+static __always_inline int switch_recorded(struct task_struct *task, struct call_state *cs)
 {
-	struct call_state *cs = bpf_task_storage_get(&calls, task, 0, 0);
-
 	if (cs && cs->excluded)
 		return 0;
 	return sw.scope == MT_SCOPE_PROCESS || (cs && cs->scope_gen == sw.generation);
+}
+
+/* When `task` (current, about to leave) last got a CPU, on the events' clock; 0: unknown
+ * (a kernel without the fields: no CONFIG_SCHED_INFO or CONFIG_FAIR_GROUP_SCHED). */
+static __always_inline __u64 last_arrival(struct task_struct *task, __u64 now)
+{
+	struct cfs_rq *cfs;
+	struct rq *rq;
+	__u64 arrival, clock;
+
+	if (!core_field_exists(task->se.cfs_rq) || !core_field_exists(task->sched_info.last_arrival))
+		return 0;
+	cfs = task->se.cfs_rq;
+	if (!cfs)
+		return 0;
+	rq = cfs->rq;
+	if (!rq)
+		return 0;
+	clock = rq->clock;
+	arrival = task->sched_info.last_arrival;
+	if (arrival == 0 || arrival > clock || clock - arrival >= now)
+		return 0;
+	return now - (clock - arrival);
 }
 
 SEC("tp_btf/sched_switch")
@@ -985,7 +1070,10 @@ int mt_switch(__u64 *ctx)
 	struct task_struct *prev = (struct task_struct *)ctx[1];
 	struct task_struct *next = (struct task_struct *)ctx[2];
 	__u32 prev_state = (__u32)ctx[3];
-	__u32 ptgid = prev->tgid, ntgid = next->tgid;
+	__u32 ptgid = prev->tgid, ntgid = next->tgid, zero = 0;
+	struct call_state *cs;
+	struct memtrack_stats *st;
+	__u64 now, arrival;
 	int out, in;
 
 	if (config.follow == MT_FOLLOW_TREE) {
@@ -997,12 +1085,38 @@ int mt_switch(__u64 *ctx)
 	}
 	if (!(out | in) || !(sw.enabled & MT_SWITCH_STREAM))
 		return 0;
-	if (out && switch_recorded(prev))
-		/* prev_state 0 (TASK_RUNNING): preempted, still runnable; else it blocked. */
-		emit(bpf_task_pt_regs(prev), ((__u64)ptgid << 32) | (__u32)prev->pid,
-		     MT_KIND_SWITCH_OUT, 0, 0, prev_state == 0, 0);
-	if (in && switch_recorded(next))
-		emit(0, ((__u64)ntgid << 32) | (__u32)next->pid, MT_KIND_SWITCH_IN, 0, 0, 0, 0);
+	if (out) {
+		cs = bpf_task_storage_get(&calls, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (switch_recorded(prev, cs)) {
+			now = bpf_ktime_get_ns();
+			if (cs && cs->switch_gen == sw.generation && cs->off_cpu) {
+				/* Its switch-in was not reported (see above). */
+				arrival = last_arrival(prev, now);
+				if (arrival > cs->off_ts)
+					emit_at(0, ((__u64)ptgid << 32) | (__u32)prev->pid,
+						MT_KIND_SWITCH_IN, 0, 0, 0, 0, arrival);
+				else if ((st = bpf_map_lookup_elem(&stats, &zero)))
+					st->drops++;
+			}
+			/* prev_state 0 (TASK_RUNNING): preempted, still runnable; else it blocked. */
+			emit_at(bpf_task_pt_regs(prev), ((__u64)ptgid << 32) | (__u32)prev->pid,
+				MT_KIND_SWITCH_OUT, 0, 0, prev_state == 0, 0, now);
+			if (cs) {
+				cs->switch_gen = sw.generation;
+				cs->off_cpu = 1;
+				cs->off_ts = now;
+			}
+		}
+	}
+	if (in) {
+		cs = bpf_task_storage_get(&calls, next, 0, 0);
+		if (switch_recorded(next, cs)) {
+			emit(0, ((__u64)ntgid << 32) | (__u32)next->pid, MT_KIND_SWITCH_IN, 0, 0, 0,
+			     0);
+			if (cs)
+				cs->off_cpu = 0;
+		}
+	}
 	return 0;
 }
 

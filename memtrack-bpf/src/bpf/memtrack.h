@@ -157,8 +157,9 @@ struct memtrack_stats {
 						 under a new id */
 	unsigned long long stack_map_full;   /* new stacks sent without being remembered (the
 						 `stack_ids` map was full): sent again when seen again */
-	unsigned long long stacks_lost;      /* stacks not sent (ring buffer full): their event
-						 carries none; counted in `drops` too */
+	unsigned long long stacks_lost;      /* stacks not sent (ring buffer full, or the scratch
+						 record in use by a preempted program): their
+						 event carries none; counted in `drops` too */
 };
 
 /*

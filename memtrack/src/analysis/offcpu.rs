@@ -18,6 +18,12 @@
 //! Events that contradict the pairing (two switch-outs in a row, a switch-in of a thread on a
 //! CPU, an event of a thread that is off the CPU) mean events were lost: they are counted in
 //! [`OffCpu::inconsistent`], never guessed at.
+//!
+//! A switch-in the kernel did not report is recovered by the eBPF program when the thread next
+//! leaves the CPU (see `mt_switch` in memtrack.bpf.c): it comes in the stream after the memory
+//! events the thread made meanwhile, stamped before them. So a memory event of a thread that is
+//! off the CPU is held, not counted: a switch-in stamped between the switch-out and that event
+//! must follow before the thread's next switch event (or the window's end), else it is counted.
 
 use std::collections::BTreeMap;
 
@@ -92,11 +98,13 @@ enum State {
     Unseen,
     /// On a CPU since `since`.
     On { since: u64 },
-    /// Off since its switch-out at `since`.
+    /// Off since its switch-out at `since`; `ran` is the time of its first memory event since
+    /// then, if any (its switch-in must be stamped before it).
     Off {
         since: u64,
         preempted: bool,
         stack: StackId,
+        ran: Option<u64>,
     },
 }
 
@@ -160,6 +168,7 @@ impl OffCpuBuilder {
                     since: e.ts,
                     preempted,
                     stack: e.stack,
+                    ran: None,
                 }
             }
             (State::Unseen, EventKind::SwitchIn) => {
@@ -168,11 +177,12 @@ impl OffCpuBuilder {
             }
             (State::Unseen, _) => State::On { since: start },
             (State::On { since }, EventKind::SwitchOut { preempted }) => {
-                t.cpu_ns += e.ts - since;
+                t.cpu_ns += e.ts.saturating_sub(since);
                 State::Off {
                     since: e.ts,
                     preempted,
                     stack: e.stack,
+                    ran: None,
                 }
             }
             (
@@ -180,13 +190,17 @@ impl OffCpuBuilder {
                     since,
                     preempted,
                     stack,
+                    ran,
                 },
                 EventKind::SwitchIn,
             ) => {
-                t.off_cpu_ns += e.ts - since;
+                // Stamped after the switch-out and before any memory event held meanwhile;
+                // else counted (the pairing goes on).
+                bad = e.ts < since || ran.is_some_and(|r| e.ts > r);
+                t.off_cpu_ns += e.ts.saturating_sub(since);
                 t.intervals.push(Interval {
                     start: since,
-                    end: e.ts,
+                    end: e.ts.max(since),
                     preempted,
                     stack,
                     open_at_end: false,
@@ -194,6 +208,21 @@ impl OffCpuBuilder {
                 State::On { since: e.ts }
             }
             (State::On { since }, _) if !e.kind.tag().is_switch() => State::On { since },
+            // A memory event of a thread off the CPU: held until its switch-in (see above).
+            (
+                State::Off {
+                    since,
+                    preempted,
+                    stack,
+                    ran,
+                },
+                _,
+            ) if !e.kind.tag().is_switch() => State::Off {
+                since,
+                preempted,
+                stack,
+                ran: Some(ran.map_or(e.ts, |r| r.min(e.ts))),
+            },
             // A switch-in of a running thread, a switch-out of one off the CPU, a memory event
             // of one off the CPU: an event between them was lost. Keep the earlier state.
             (state, _) => {
@@ -210,6 +239,12 @@ impl OffCpuBuilder {
     /// `end_monotonic_ns`; a later event moves it).
     pub fn finish(self, end: u64) -> OffCpu {
         let start = self.start;
+        // A thread that ran while off the CPU and whose switch-in never came.
+        let unpaired = self
+            .threads
+            .values()
+            .filter(|th| matches!(th.state, State::Off { ran: Some(_), .. }))
+            .count() as u64;
         let end = self
             .threads
             .values()
@@ -233,6 +268,7 @@ impl OffCpuBuilder {
                         since,
                         preempted,
                         stack,
+                        ..
                     } => {
                         t.off_cpu_ns += end - since;
                         t.intervals.push(Interval {
@@ -251,7 +287,7 @@ impl OffCpuBuilder {
             start,
             end,
             threads,
-            inconsistent: self.inconsistent,
+            inconsistent: self.inconsistent + unpaired,
         }
     }
 }
@@ -349,6 +385,47 @@ mod tests {
         assert!(r.threads[0].idle);
         assert_eq!(r.threads[0].before_first_switch_in_ns, 500);
         assert_eq!(r.threads[0].cpu_ns, 0);
+    }
+
+    /// A switch-in the program recovered comes after the memory events the thread made since
+    /// it got the CPU, stamped before them: the interval closes at its stamp, nothing counted.
+    #[test]
+    fn a_recovered_switch_in_after_held_memory_events_pairs() {
+        let free = Event::new(30, 1, 7, EventKind::Free { addr: 8 });
+        let malloc = Event::new(35, 1, 7, EventKind::Malloc { addr: 8, size: 8 });
+        let r = run(
+            0,
+            &[
+                out(10, 7, false, 1),
+                free,
+                malloc,
+                inn(25, 7),
+                out(50, 7, false, 2),
+            ],
+            100,
+        );
+        assert_eq!(r.inconsistent, 0);
+        let t = &r.threads[0];
+        assert_eq!(t.intervals[0].start, 10);
+        assert_eq!(t.intervals[0].end, 25);
+        assert_eq!((t.cpu_ns, t.off_cpu_ns), (10 + 25, 15 + 50));
+    }
+
+    /// A thread that ran while off the CPU with no switch-in stamped before it: counted,
+    /// whether its next switch-out, a late switch-in or the window's end comes next.
+    #[test]
+    fn a_thread_running_while_off_without_a_switch_in_is_counted() {
+        let free = |ts| Event::new(ts, 1, 7, EventKind::Free { addr: 8 });
+        let r = run(
+            0,
+            &[out(10, 7, false, 1), free(30), out(50, 7, false, 2)],
+            100,
+        );
+        assert_eq!(r.inconsistent, 2, "the switch-out, then the end");
+        let r = run(0, &[out(10, 7, false, 1), free(30), inn(40, 7)], 100);
+        assert_eq!(r.inconsistent, 1, "a switch-in after the event");
+        let r = run(0, &[out(10, 7, false, 1), free(30)], 100);
+        assert_eq!(r.inconsistent, 1, "the window's end");
     }
 
     /// Events that contradict the pairing are counted, and the pairing keeps its state.

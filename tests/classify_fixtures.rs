@@ -1,0 +1,99 @@
+//! `classify` on real stacks: each file of `tests/fixtures/locks/` is the symbolized stack of
+//! one recorded wait (written by `cargo run --example lock_fixtures`, which says in the file
+//! how), and must get its class, matched at the frame that names the way of waiting.
+
+use memtrack::{WaitClass, classify};
+
+/// (fixture, class, a string of the frame the class must be matched at)
+const CASES: &[(&str, WaitClass, &str)] = &[
+    ("std_mutex", WaitClass::Mutex, "lock_contended"),
+    ("std_rwlock_read", WaitClass::RwLock, "read_contended"),
+    ("std_rwlock_write", WaitClass::RwLock, "write_contended"),
+    ("std_condvar", WaitClass::Condvar, "Condvar"),
+    ("parking_lot_mutex", WaitClass::Mutex, "RawMutex::lock_slow"),
+    (
+        "parking_lot_rwlock_read",
+        WaitClass::RwLock,
+        "lock_shared_slow",
+    ),
+    ("parking_lot_condvar", WaitClass::Condvar, "Condvar"),
+    (
+        "glibc_stdio_lock",
+        WaitClass::GlibcLock,
+        "__lll_lock_wait_private",
+    ),
+    ("pthread_mutex", WaitClass::OtherFutex, "futex"),
+    ("pipe_read", WaitClass::Io, "read"),
+    ("poll", WaitClass::Io, "poll"),
+    ("sleep", WaitClass::Sleep, "nanosleep"),
+];
+
+fn functions(name: &str) -> Vec<String> {
+    let path = format!(
+        "{}/tests/fixtures/locks/{name}.txt",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn recorded_stacks_get_their_class() {
+    for &(name, want, at) in CASES {
+        let fns = functions(name);
+        let refs: Vec<&str> = fns.iter().map(String::as_str).collect();
+        let (class, i) = classify(false, &refs);
+        assert_eq!(class, want, "{name}: {refs:?}");
+        let i = i.unwrap_or_else(|| panic!("{name}: no frame matched"));
+        assert!(
+            refs[i].contains(at),
+            "{name}: matched at {:?}, not a frame with {at:?}",
+            refs[i]
+        );
+    }
+}
+
+/// The same stacks left the CPU preempted: not a wait, whatever they hold.
+#[test]
+fn a_preempted_stack_is_preempted() {
+    for &(name, _, _) in CASES {
+        let fns = functions(name);
+        let refs: Vec<&str> = fns.iter().map(String::as_str).collect();
+        assert_eq!(
+            classify(true, &refs),
+            (WaitClass::Preempted, None),
+            "{name}"
+        );
+    }
+}
+
+/// A thread that left with `sched_yield` (parking_lot's spin before it parks) is runnable
+/// but waiting by choice: classified by its stack. Built from the recorded parking_lot stack,
+/// its futex frames replaced by glibc's yield wrapper as symbolized.
+#[test]
+fn a_yield_in_a_lock_slow_path_is_the_lock() {
+    let fns = functions("parking_lot_mutex");
+    let from = fns.iter().position(|f| f.contains("lock_slow")).unwrap();
+    let mut refs: Vec<&str> = vec!["__GI___sched_yield", "std::thread::yield_now"];
+    refs.extend(fns[from..].iter().map(String::as_str));
+    assert_eq!(classify(true, &refs).0, WaitClass::Mutex, "{refs:?}");
+    // Preempted anywhere else (not in sched_yield): preempted.
+    assert_eq!(classify(true, &refs[1..]).0, WaitClass::Preempted);
+}
+
+/// Every fixture is listed above (a new one is not left untested).
+#[test]
+fn every_fixture_is_a_case() {
+    let dir = format!("{}/tests/fixtures/locks", env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut cases: Vec<String> = CASES.iter().map(|c| format!("{}.txt", c.0)).collect();
+    cases.sort();
+    assert_eq!(files, cases);
+}
