@@ -125,6 +125,59 @@ fn none_unless_asked_for() {
     assert!(!report.summary_line().contains("lock waits"));
 }
 
+/// `#[memtrack(locks)]` records lock waits (its artifact has the switches `memtrack::lock_waits`
+/// reads); the same function without `locks` records none.
+fn the_attribute_asks_for_lock_waits() {
+    #[memtrack::memtrack(locks, name = "attr-locks", output = "target/session_locks")]
+    fn with_locks() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    #[memtrack::memtrack(name = "attr-plain", output = "target/session_locks")]
+    fn without() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/session_locks");
+    let read = |name: &str| {
+        let reader = Reader::open(dir.join(format!("{name}.memtrack"))).unwrap();
+        memtrack::lock_waits(&reader, &mut Symbolizer::new())
+    };
+    let mut given = None;
+    // Made again if refused for switches that do not pair (see `contended`).
+    for _ in 0..5 {
+        with_locks();
+        match read("attr-locks") {
+            Err(LockWaitsError::NotWhole(why)) if why.contains("do not pair") => continue,
+            other => {
+                given = Some(other);
+                break;
+            }
+        }
+    }
+    let w = given.expect("5 recordings refused").expect("lock waits");
+    assert!(w.totals().sleep_ns >= 5_000_000, "{:?}", w.totals());
+    without();
+    assert!(matches!(
+        read("attr-plain"),
+        Err(LockWaitsError::NotRecorded)
+    ));
+}
+
+/// `#[memtrack(locks)]` when the allocator recorder is chosen at run time
+/// (`MEMTRACK_BACKEND=alloc`): recording does not start, and a function with limits fails with
+/// the reason (lock waits need the eBPF backend) instead of running unrecorded.
+fn the_attribute_with_the_allocator_recorder_at_run_time() {
+    #[memtrack::memtrack(locks, in_memory, max_allocations = 1_000)]
+    fn limited() {}
+    // SAFETY: tests run one at a time on this thread and this one has started none; memtrack's
+    // threads do not read the environment.
+    unsafe { std::env::set_var("MEMTRACK_BACKEND", "alloc") };
+    let panic = std::panic::catch_unwind(limited).expect_err("refused");
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("MEMTRACK_BACKEND") };
+    let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("lock waits need the eBPF backend"), "{msg}");
+}
+
 fn main() {
     use memtrack_test_support::{TRACKER, requires, run_sequential};
     run_sequential(vec![
@@ -139,5 +192,14 @@ fn main() {
             an_in_memory_session_gives_them_too,
         ),
         requires("none_unless_asked_for", &[TRACKER], none_unless_asked_for),
+        requires(
+            "the_attribute_asks_for_lock_waits",
+            &[TRACKER],
+            the_attribute_asks_for_lock_waits,
+        ),
+        memtrack_test_support::test(
+            "the_attribute_with_the_allocator_recorder_at_run_time",
+            the_attribute_with_the_allocator_recorder_at_run_time,
+        ),
     ]);
 }
