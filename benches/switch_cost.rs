@@ -38,10 +38,8 @@ fn thread_counts() -> [u64; 2] {
     // SAFETY: clock_gettime writes into the zeroed struct it is given.
     let mut t: libc::timespec = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) },
-        0
-    );
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    assert_eq!(rc, 0);
     [
         (u.ru_nvcsw + u.ru_nivcsw) as u64,
         t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64,
@@ -144,7 +142,11 @@ fn unrelated(rounds: u32) -> PerSwitch {
         .args(["--child", &rounds.to_string()])
         .output()
         .expect("run the child");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let v: Vec<f64> = text
         .split_whitespace()
@@ -225,7 +227,10 @@ fn stats(v: &mut [f64]) -> (f64, f64, f64) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     if args.first().map(String::as_str) == Some("--child") {
         let p = ping_pong(args[1].parse().unwrap());
         println!("{} {}", p.wall, p.cpu);

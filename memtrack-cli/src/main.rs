@@ -250,7 +250,8 @@ enum Cmd {
     /// Lock waits of a recording made with `record --locks` (or `SessionBuilder::lock_waits`):
     /// per thread, the time off the CPU by why (mutex, rwlock, condvar, glibc lock, other
     /// futex, I/O, sleep, other, preempted) and on it, then the call sites that waited longest
-    /// for a lock. A recording that lost events is refused.
+    /// for a lock (`flamegraph --locks` draws them, `export --format folded --locks` writes
+    /// them). A recording that lost events is refused.
     Locks {
         /// The artifact.
         file: PathBuf,
