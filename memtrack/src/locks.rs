@@ -283,8 +283,8 @@ pub struct LockWaits {
 }
 
 /// The lock waits of every thread of a recording, summed (nanoseconds): what a session's
-/// [`Report`](crate::Report) and summary line carry ([`LockWaits::totals`]). The same
-/// intervals as [`LockWaits::threads`], so each field is the sum of that field over them.
+/// `Report` and summary line carry ([`LockWaits::totals`]). The same intervals as
+/// [`LockWaits::threads`], so each field is the sum of that field over them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[non_exhaustive]
 pub struct WaitTotals {

@@ -59,9 +59,8 @@ pub struct Report {
 }
 
 impl Report {
-    /// The lock waits of a session that recorded them
-    /// ([`SessionBuilder::lock_waits`](crate::SessionBuilder::lock_waits)): per thread, by
-    /// contended call site, and summed ([`LockWaits::totals`], which the summary line
+    /// The lock waits of a session that recorded them (`SessionBuilder::lock_waits`): per
+    /// thread, by contended call site, and summed ([`LockWaits::totals`], which the summary line
     /// prints), from the same off-CPU intervals as `memtrack locks` reads from the artifact.
     /// `None` when the session did not ask for them; an error when they cannot be given: the
     /// recording lost events, or its context switches do not pair
