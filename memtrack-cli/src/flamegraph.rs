@@ -100,7 +100,7 @@ fn draw(
 /// whose code they are, as the call sites' flame graph does, the class frames red. Refused
 /// as `memtrack locks` refuses a recording (without context switches, with lost events).
 pub fn run_locks(file: &Path, output: &Path, classes: &[LockClass]) -> memtrack::Result<ExitCode> {
-    let waits = crate::locks::read(file)?;
+    let (waits, name) = crate::locks::read_with_name(file)?;
     let out = Output::create(output)?;
     let lines = crate::locks::folded(&waits, classes);
     let mut palette = PaletteMap::default();
@@ -118,11 +118,6 @@ pub fn run_locks(file: &Path, output: &Path, classes: &[LockClass]) -> memtrack:
         );
     }
     let names: Vec<&str> = classes.iter().map(|c| c.class().name()).collect();
-    let name = Reader::open(file)?
-        .metadata()
-        .name
-        .clone()
-        .unwrap_or_else(|| file.display().to_string());
     let title = format!("{name}: lock waits ({})", names.join(", "));
     let total = crate::locks::total_ns(&waits, classes);
     let subtitle = format!(

@@ -132,8 +132,15 @@ impl LockClass {
 /// The lock waits of `file`, refused as `memtrack locks` refuses them (no context switches,
 /// lost events, switches that do not pair).
 pub(crate) fn read(file: &Path) -> memtrack::Result<LockWaits> {
+    read_with_name(file).map(|(w, _)| w)
+}
+
+/// [`read`], with the recording's name (the file's path if it has none).
+pub(crate) fn read_with_name(file: &Path) -> memtrack::Result<(LockWaits, String)> {
     let reader = Reader::open(file)?;
-    Ok(memtrack::lock_waits(&reader, &mut Symbolizer::new())?)
+    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new())?;
+    let name = reader.metadata().name.clone();
+    Ok((waits, name.unwrap_or_else(|| file.display().to_string())))
 }
 
 /// The folded stacks of the lock waits of `classes` (`root;…;caller of the lock;[class]
