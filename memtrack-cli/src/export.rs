@@ -46,11 +46,7 @@ pub fn run(
             serde_json::to_writer(&mut w, &dhat(&cs)).map_err(|e| io("writing", e.into()))?
         }
         Format::Pprof => crate::pprof::write(&cs, &mut w).map_err(|e| io("writing", e))?,
-        Format::Folded => {
-            for line in cs.folded(metric) {
-                writeln!(w, "{line}").map_err(|e| io("writing", e))?;
-            }
-        }
+        Format::Folded => write_lines(&mut w, &cs.folded(metric)).map_err(|e| io("writing", e))?,
         Format::Firefox => {
             let profile = firefox(&reader, &mut cs)?;
             serde_json::to_writer(&mut w, &profile).map_err(|e| io("writing", e.into()))?;
@@ -65,6 +61,40 @@ pub fn run(
         human::count(cs.call_sites.len() as u64)
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reads the lock waits of `file` and writes the folded stacks of its contended call sites of
+/// `classes` to `output` (see [`crate::locks::folded`]), refused as `memtrack locks` refuses a
+/// recording.
+pub fn run_locks(
+    file: &Path,
+    output: &Path,
+    classes: &[crate::locks::LockClass],
+) -> memtrack::Result<ExitCode> {
+    let waits = crate::locks::read(file)?;
+    let out = Output::create(output)?;
+    let lines = crate::locks::folded(&waits, classes);
+    let mut w = std::io::BufWriter::new(out.writer()?);
+    write_lines(&mut w, &lines).map_err(|e| memtrack::Error::Io {
+        what: format!("writing {}", out.path().display()),
+        source: e,
+    })?;
+    drop(w);
+    let written = out.commit()?;
+    eprintln!(
+        "memtrack: wrote {} ({} contended call sites, µs waited)",
+        written.display(),
+        human::count(lines.len() as u64)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Folded stacks, one per line, flushed.
+fn write_lines(w: &mut impl Write, lines: &[String]) -> std::io::Result<()> {
+    for line in lines {
+        writeln!(w, "{line}")?;
+    }
+    w.flush()
 }
 
 /// Valgrind DHAT's JSON, `dhatFileVersion` 2, heap mode, block lifetimes but no access counts

@@ -1,7 +1,8 @@
 //! `memtrack flamegraph FILE -o flame.svg [--metric …]`: the call sites as an interactive flame
 //! graph (inferno: flamegraph.pl's SVG with its search, zoom and tooltips), one box per frame
 //! weighted by the metric, coloured by whose code it is. `memtrack flamegraph --diff BASE HEAD`:
-//! inferno's differential flame graph of how HEAD differs from BASE.
+//! inferno's differential flame graph of how HEAD differs from BASE. `memtrack flamegraph FILE
+//! --locks`: the lock waits' contended call sites, as wide as the time waited there.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -14,6 +15,7 @@ use memtrack::{
 };
 
 use crate::callsites::{CallSites, Class, Metric, NO_STACK, TRUNCATED};
+use crate::locks::LockClass;
 
 /// The colour of each class's frames: warm for the program's own code (where to look first),
 /// tan for Rust's std, blue for libc and the loader, green for other libraries.
@@ -51,25 +53,124 @@ pub fn render(cs: &CallSites, metric: Metric, svg: &mut Vec<u8>) -> std::io::Res
             palette.insert(name.replace(';', ","), colour(class));
         }
     }
-    let lines = cs.folded(metric);
-    if lines.is_empty() {
-        // inferno refuses an input without stacks: an image that says so.
-        return empty_svg(&format!("{}: {}", cs.name, metric.label()), metric, svg);
-    }
-    let mut opt = Options::default();
-    opt.title = format!("{}: {}", cs.name, metric.label());
-    opt.subtitle = Some(format!(
+    let subtitle = format!(
         "{} call sites; colours: the program (orange), Rust std (tan), libc and ld.so (blue), \
          other libraries (green)",
         human::count(cs.call_sites.len() as u64)
-    ));
-    opt.count_name = metric.unit().to_string();
+    );
+    let title = format!("{}: {}", cs.name, metric.label());
+    let empty = format!("no call site has any {}", metric.label());
+    let lines = cs.folded(metric);
+    draw(
+        &title,
+        &subtitle,
+        metric.unit(),
+        &lines,
+        palette,
+        &empty,
+        svg,
+    )
+}
+
+/// A flame graph of folded stacks `lines` (`root;…;leaf weight`, sorted) as SVG, titled
+/// `title` over `subtitle`, weights in `unit`, frames coloured by `palette` (inferno's `hot`
+/// for the frames it does not name). No lines give an image, titled as any other, that says
+/// `empty` (inferno refuses an input without stacks).
+fn draw(
+    title: &str,
+    subtitle: &str,
+    unit: &str,
+    lines: &[String],
+    mut palette: PaletteMap,
+    empty: &str,
+    svg: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    if lines.is_empty() {
+        return empty_svg(title, empty, svg);
+    }
+    let mut opt = Options::default();
+    opt.title = title.to_string();
+    opt.subtitle = Some(subtitle.to_string());
+    opt.count_name = unit.to_string();
     opt.palette_map = Some(&mut palette);
     flamegraph::from_lines(&mut opt, lines.iter().map(String::as_str), svg)
 }
 
-/// An SVG titled `title` that says no site weighs anything by the metric.
-fn empty_svg(title: &str, metric: Metric, svg: &mut Vec<u8>) -> std::io::Result<()> {
+/// Reads the lock waits of `file` and writes the flame graph of its contended call sites of
+/// `classes` to `output`: each site's stack above the lock call, root first, a frame naming
+/// the lock's class on top, as wide as the time waited there (µs); the frames coloured by
+/// whose code they are, as the call sites' flame graph does, the class frames red. Refused
+/// as `memtrack locks` refuses a recording (without context switches, with lost events).
+pub fn run_locks(file: &Path, output: &Path, classes: &[LockClass]) -> memtrack::Result<ExitCode> {
+    let (waits, name) = crate::locks::read_with_name(file)?;
+    let out = Output::create(output)?;
+    let lines = crate::locks::folded(&waits, classes);
+    let mut palette = PaletteMap::default();
+    for s in &waits.sites {
+        for f in &s.frames {
+            palette.insert(f.replace(';', ","), colour(function_class(f)));
+        }
+        palette.insert(
+            crate::locks::class_frame(s.class),
+            Color {
+                r: 220,
+                g: 50,
+                b: 50,
+            },
+        );
+    }
+    let names: Vec<&str> = classes.iter().map(|c| c.class().name()).collect();
+    let title = format!("{name}: lock waits ({})", names.join(", "));
+    let total = crate::locks::total_ns(&waits, classes);
+    let subtitle = format!(
+        "{} µs waited at {} over a {} ms window; each stack is the code that wanted the lock, \
+         its class on top",
+        human::count((total + 500) / 1_000),
+        human::plural(
+            lines.len() as u64,
+            "contended call site",
+            "contended call sites"
+        ),
+        human::count(waits.window_ns / 1_000_000)
+    );
+    let empty = "no thread waited for a lock of these classes";
+    let ((), written) = write_svg(out, output, |svg| {
+        draw(&title, &subtitle, "µs", &lines, palette, empty, svg)
+    })?;
+    eprintln!(
+        "memtrack: wrote {} ({} contended call sites)",
+        written.display(),
+        human::count(lines.len() as u64)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whose code a frame is, by its function's name only (lock waits' frames are names).
+fn function_class(f: &str) -> Class {
+    let f = f.trim_start_matches('<');
+    if ["std::", "core::", "alloc::", "__rust"]
+        .iter()
+        .any(|p| f.starts_with(p))
+    {
+        Class::Std
+    } else if [
+        "start_thread",
+        "clone3",
+        "__clone",
+        "__libc_start",
+        "_start",
+    ]
+    .iter()
+    .any(|p| f.starts_with(p))
+    {
+        Class::Libc
+    } else {
+        Class::User
+    }
+}
+
+/// An SVG titled `title` that says `why` it has no frames.
+fn empty_svg(title: &str, why: &str, svg: &mut Vec<u8>) -> std::io::Result<()> {
     let esc = |s: &str| {
         s.replace('&', "&amp;")
             .replace('<', "&lt;")
@@ -81,9 +182,9 @@ fn empty_svg(title: &str, metric: Metric, svg: &mut Vec<u8>) -> std::io::Result<
         "<?xml version=\"1.0\" standalone=\"no\"?>\n<svg version=\"1.1\" width=\"1200\" \
          height=\"60\" xmlns=\"http://www.w3.org/2000/svg\"><text x=\"600\" y=\"24\" \
          text-anchor=\"middle\">{}</text><text x=\"600\" y=\"48\" \
-         text-anchor=\"middle\">no call site has any {}</text></svg>\n",
+         text-anchor=\"middle\">{}</text></svg>\n",
         esc(title),
-        esc(metric.label())
+        esc(why)
     )
 }
 
@@ -308,7 +409,11 @@ pub fn render_diff(
         metric.label()
     );
     if total_h == 0 {
-        empty_svg(&title, metric, svg)?;
+        empty_svg(
+            &title,
+            &format!("no call site has any {}", metric.label()),
+            svg,
+        )?;
         return Ok((changed, merged.len()));
     }
     let lines: Vec<String> = merged

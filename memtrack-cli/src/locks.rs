@@ -1,14 +1,16 @@
 //! `memtrack locks FILE [--json] [--top N]`: the lock waits of a recording made with
-//! `record --locks`, per thread and by contended call site.
+//! `record --locks`, per thread and by contended call site; and the folded stacks of the
+//! contended call sites that `flamegraph --locks` draws and `export --format folded --locks`
+//! writes.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
-use memtrack::{LockWaits, Reader, Symbolizer, human};
+use memtrack::{LockWaits, Reader, Symbolizer, WaitClass, human};
 
 pub(crate) fn run(path: &Path, json: bool, top: usize) -> memtrack::Result<ExitCode> {
-    let reader = Reader::open(path)?;
-    let mut waits = memtrack::lock_waits(&reader, &mut Symbolizer::new())?;
+    let mut waits = read(path)?;
     waits.sites.truncate(top);
     crate::out(&if json { to_json(&waits) } else { text(&waits) })?;
     Ok(ExitCode::SUCCESS)
@@ -91,4 +93,117 @@ fn text(w: &LockWaits) -> String {
         }
     }
     out
+}
+
+/// `--class` of `flamegraph --locks` and `export --format folded --locks`: which lock waits
+/// (the classes of [`memtrack::WaitSite`]; names as in `locks --json`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LockClass {
+    /// std's and parking_lot's mutexes.
+    Mutex,
+    /// std's and parking_lot's read-write locks.
+    Rwlock,
+    /// Condition variables.
+    Condvar,
+    /// glibc's internal locks (the malloc arena lock, stdio).
+    #[value(name = "glibc_lock")]
+    GlibcLock,
+}
+
+impl LockClass {
+    /// Every lock class: the default.
+    pub const ALL: [LockClass; 4] = [
+        LockClass::Mutex,
+        LockClass::Rwlock,
+        LockClass::Condvar,
+        LockClass::GlibcLock,
+    ];
+
+    pub(crate) fn class(self) -> WaitClass {
+        match self {
+            LockClass::Mutex => WaitClass::Mutex,
+            LockClass::Rwlock => WaitClass::RwLock,
+            LockClass::Condvar => WaitClass::Condvar,
+            LockClass::GlibcLock => WaitClass::GlibcLock,
+        }
+    }
+}
+
+/// The lock waits of `file`, refused as `memtrack locks` refuses them (no context switches,
+/// lost events, switches that do not pair).
+pub(crate) fn read(file: &Path) -> memtrack::Result<LockWaits> {
+    read_with_name(file).map(|(w, _)| w)
+}
+
+/// [`read`], with the recording's name (the file's path if it has none).
+pub(crate) fn read_with_name(file: &Path) -> memtrack::Result<(LockWaits, String)> {
+    let reader = Reader::open(file)?;
+    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new())?;
+    let name = reader.metadata().name.clone();
+    Ok((waits, name.unwrap_or_else(|| file.display().to_string())))
+}
+
+/// The folded stacks of the lock waits of `classes` (`root;…;caller of the lock;[class]
+/// µs` per line, sorted): each contended call site's frames above the lock call, root first,
+/// then a frame naming the lock's class, weighted by the time waited there in microseconds.
+/// The microseconds are rounded once for the whole (largest remainders), so the lines add up
+/// to the waits' total in nanoseconds / 1,000, rounded: what `locks --json` sums to. A `;` in
+/// a name is written `,` (as the call sites' folded stacks do).
+pub(crate) fn folded(w: &LockWaits, classes: &[LockClass]) -> Vec<String> {
+    let wanted: Vec<WaitClass> = classes.iter().map(|c| c.class()).collect();
+    let mut merged: BTreeMap<String, u64> = BTreeMap::new();
+    for s in w.sites.iter().filter(|s| wanted.contains(&s.class)) {
+        let path: Vec<String> = s
+            .frames
+            .iter()
+            .rev()
+            .map(|f| f.replace(';', ",").replace('\n', " "))
+            .chain(std::iter::once(class_frame(s.class)))
+            .collect();
+        *merged.entry(path.join(";")).or_default() += s.wait_ns;
+    }
+    let total_ns: u64 = merged.values().sum();
+    let total_us = (total_ns + 500) / 1_000;
+    // Floors first, then one more µs to the largest remainders until the total is reached.
+    let mut lines: Vec<(String, u64, u64)> = merged
+        .into_iter()
+        .map(|(path, ns)| (path, ns / 1_000, ns % 1_000))
+        .collect();
+    let floors: u64 = lines.iter().map(|l| l.1).sum();
+    let mut order: Vec<usize> = (0..lines.len()).collect();
+    order.sort_by(|&a, &b| lines[b].2.cmp(&lines[a].2).then(a.cmp(&b)));
+    for &i in order.iter().take((total_us - floors) as usize) {
+        lines[i].1 += 1;
+    }
+    lines
+        .into_iter()
+        .filter(|l| l.1 > 0)
+        .map(|(path, us, _)| format!("{path} {us}"))
+        .collect()
+}
+
+/// The leaf frame that names a lock wait's class: `[mutex]`, `[rwlock]`, ….
+pub(crate) fn class_frame(c: WaitClass) -> String {
+    format!("[{}]", c.name())
+}
+
+/// The total, in nanoseconds, of the waits of `classes` over every thread: what the folded
+/// stacks add up to (in µs).
+pub(crate) fn total_ns(w: &LockWaits, classes: &[LockClass]) -> u64 {
+    let wanted: Vec<WaitClass> = classes.iter().map(|c| c.class()).collect();
+    w.threads
+        .iter()
+        .map(|t| {
+            wanted
+                .iter()
+                .map(|c| match c {
+                    WaitClass::Mutex => t.mutex_wait_ns,
+                    WaitClass::RwLock => t.rwlock_wait_ns,
+                    WaitClass::Condvar => t.condvar_wait_ns,
+                    WaitClass::GlibcLock => t.glibc_lock_wait_ns,
+                    _ => 0,
+                })
+                .sum::<u64>()
+        })
+        .sum()
 }

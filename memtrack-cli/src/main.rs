@@ -125,7 +125,9 @@ enum Cmd {
     /// Rust std, libc and ld.so, other libraries). Needs a recording with call stacks. With
     /// `--diff BASE HEAD`: a differential flame graph of HEAD (growth red, shrink blue, no
     /// change white), frames matched by function and source file; exit 2 if an input is
-    /// refused (no call stacks, incomplete, lost events, processes not covered).
+    /// refused (no call stacks, incomplete, lost events, processes not covered). With
+    /// `--locks`: the lock waits of a recording made with `record --locks` instead, each
+    /// contended call site (the code that wanted the lock) as wide as the time waited there.
     Flamegraph {
         /// The artifact.
         #[arg(required_unless_present = "diff", conflicts_with = "diff")]
@@ -140,6 +142,14 @@ enum Cmd {
         /// bytes still live at the end.
         #[arg(long, value_enum, default_value_t = callsites::Metric::Bytes)]
         metric: callsites::Metric,
+        /// Draw the lock waits (a recording made with `record --locks`) instead of the
+        /// allocations: each contended call site's stack above the lock call, its lock's
+        /// class on top, weighted by the microseconds waited there.
+        #[arg(long, conflicts_with_all = ["diff", "metric"])]
+        locks: bool,
+        /// With `--locks`: the classes of lock waits drawn (comma-separated; default all).
+        #[arg(long, value_enum, value_delimiter = ',', requires = "locks")]
+        class: Vec<locks::LockClass>,
     },
     /// Write the call sites in another tool's format: Valgrind DHAT's JSON (dh_view.html),
     /// pprof's gzipped profile.proto (Go heap profile sample types), folded stacks
@@ -157,6 +167,14 @@ enum Cmd {
         /// What a site weighs in the folded stacks (the other formats carry every number).
         #[arg(long, value_enum, default_value_t = callsites::Metric::Bytes)]
         metric: callsites::Metric,
+        /// With `--format folded`: the lock waits (a recording made with `record --locks`)
+        /// instead of the allocations, weighted by the microseconds waited (the stacks
+        /// `flamegraph --locks` draws).
+        #[arg(long, conflicts_with = "metric")]
+        locks: bool,
+        /// With `--locks`: the classes of lock waits written (comma-separated; default all).
+        #[arg(long, value_enum, value_delimiter = ',', requires = "locks")]
+        class: Vec<locks::LockClass>,
     },
     /// Write an artifact from a seeded model of a multi-threaded program (no privileges needed).
     Synth {
@@ -232,7 +250,8 @@ enum Cmd {
     /// Lock waits of a recording made with `record --locks` (or `SessionBuilder::lock_waits`):
     /// per thread, the time off the CPU by why (mutex, rwlock, condvar, glibc lock, other
     /// futex, I/O, sleep, other, preempted) and on it, then the call sites that waited longest
-    /// for a lock. A recording that lost events is refused.
+    /// for a lock (`flamegraph --locks` draws them, `export --format folded --locks` writes
+    /// them). A recording that lost events is refused.
     Locks {
         /// The artifact.
         file: PathBuf,
@@ -288,8 +307,11 @@ fn main() -> ExitCode {
             diff,
             output,
             metric,
+            locks,
+            class,
         } => match (diff.as_deref(), file) {
             (Some([base, head]), _) => flamegraph::run_diff(base, head, &output, metric),
+            (_, Some(file)) if locks => flamegraph::run_locks(&file, &output, lock_classes(&class)),
             (_, Some(file)) => flamegraph::run(&file, &output, metric),
             _ => unreachable!("clap requires FILE or --diff BASE HEAD"),
         },
@@ -298,7 +320,19 @@ fn main() -> ExitCode {
             format,
             output,
             metric,
-        } => export::run(&file, format, &output, metric),
+            locks,
+            class,
+        } => match (locks, format) {
+            (true, export::Format::Folded) => {
+                export::run_locks(&file, &output, lock_classes(&class))
+            }
+            (true, _) => Err(memtrack::Error::InvalidOption(
+                "--locks exports the lock waits as folded stacks only: use --format folded \
+                 (the other formats are of the allocations)"
+                    .into(),
+            )),
+            (false, _) => export::run(&file, format, &output, metric),
+        },
         Cmd::Synth {
             events,
             seed,
@@ -334,6 +368,14 @@ fn main() -> ExitCode {
             eprintln!("memtrack: error: {e}");
             ExitCode::from(kind.unwrap_or_else(|| record_error_code(&e)))
         }
+    }
+}
+
+/// `--class`'s classes, all of them when none is given.
+fn lock_classes(class: &[locks::LockClass]) -> &[locks::LockClass] {
+    match class {
+        [] => &locks::LockClass::ALL,
+        some => some,
     }
 }
 

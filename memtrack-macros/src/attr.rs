@@ -15,6 +15,8 @@ pub(crate) struct Args {
     pub scope: Option<LitStr>,
     pub krate: Option<Path>,
     pub in_memory: Option<Span>,
+    /// `locks`: also record lock waits (the eBPF recorder's context switches).
+    pub locks: Option<Span>,
     pub limits: LimitArgs,
 }
 
@@ -214,6 +216,19 @@ impl Args {
                     if args.limits.take(&meta)? {
                         continue;
                     }
+                    if meta.path().is_ident("locks") {
+                        if args.locks.is_some() {
+                            return Err(twice(meta.path()));
+                        }
+                        let Meta::Path(p) = &meta else {
+                            return Err(syn::Error::new_spanned(
+                                &meta,
+                                "`locks` is a flag: write `locks`, without a value",
+                            ));
+                        };
+                        args.locks = Some(p.span());
+                        continue;
+                    }
                     if meta.path().is_ident("in_memory") {
                         if args.in_memory.is_some() {
                             return Err(twice(meta.path()));
@@ -247,7 +262,7 @@ impl Args {
                             key,
                             "unknown #[memtrack] option: expected `name = \"…\"`, \
                              `output = \"…\"`, `backend = \"auto\"|\"ebpf\"|\"alloc\"`, \
-                             `scope = \"threads\"|\"process\"`, `crate = path`, `in_memory`, \
+                             `scope = \"threads\"|\"process\"`, `crate = path`, `in_memory`, `locks`, \
                              `max_allocations = N`, `allocations = N`, `min_allocations = N`, \
                              `max_bytes = N`, `max_peak = N`, `max_blocks = N` or `no_leaks`",
                         ));
@@ -293,6 +308,17 @@ impl Args {
             }
         }
         args.limits.check_conflicts()?;
+        if let (Some(span), Some(b)) = (args.locks, &args.backend)
+            && b.value() == "alloc"
+        {
+            return Err(syn::Error::new(
+                span,
+                "`locks` needs the eBPF recorder: lock waits are context switches the kernel \
+                 reports, which the allocator recorder (`backend = \"alloc\"`) cannot see; \
+                 remove `backend = \"alloc\"` (the eBPF recorder needs root or CAP_BPF + \
+                 CAP_PERFMON) or `locks`",
+            ));
+        }
         Ok(args)
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! ```ignore
 //! fn f(args) -> R {
-//!     let __memtrack_guard = ::memtrack::__private::start(NAME, OUTPUT, BACKEND, IN_MEMORY, FAIL);
+//!     let __memtrack_guard =
+//!         ::memtrack::__private::start(NAME, OUTPUT, BACKEND, SCOPE, IN_MEMORY, LOCKS, FAIL);
 //!     BODY_STATEMENTS
 //! }
 //! ```
@@ -12,8 +13,8 @@
 //! function's block (not nested as a block of their own), so a body such as `{ 42 }` does not
 //! become `{ let g = …; { 42 } }`, which warns `unused_braces` in the user's crate.
 //!
-//! With limits, the guard comes from `start_limited(NAME, OUTPUT, BACKEND, FAIL, Limits::new()
-//! .max_bytes(N)…)` and its drop fails on a violated limit. `FAIL` is a closure that panics,
+//! With limits, the guard comes from `start_limited(NAME, OUTPUT, BACKEND, SCOPE, IN_MEMORY,
+//! LOCKS, FAIL, Limits::new().max_bytes(N)…)` and its drop fails on a violated limit. `FAIL` is a closure that panics,
 //! generated here with the span of the function's name: the panic happens in the guard's
 //! `Drop` (where `#[track_caller]` does not reach), but its location is the user's function,
 //! not memtrack's source.
@@ -67,13 +68,17 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
         Some(span) => quote_spanned!(span=> true),
         None => quote!(false),
     };
+    let locks = match args.locks {
+        Some(span) => quote_spanned!(span=> true),
+        None => quote!(false),
+    };
     // The location a failure reports: `panic!` spanned at the function's name.
     let fn_span = item.sig.ident.span();
     let fail = quote_spanned! {fn_span=>
         |__memtrack_message: ::std::string::String| ::core::panic!("{}", __memtrack_message)
     };
     let start = if args.limits.is_empty() {
-        quote!(#krate::__private::start(#name, #output, #backend, #scope, #in_memory, #fail))
+        quote!(#krate::__private::start(#name, #output, #backend, #scope, #in_memory, #locks, #fail))
     } else {
         let l = &args.limits;
         // Each value keeps the span of the user's literal.
@@ -105,6 +110,7 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
                 #backend,
                 #scope,
                 #in_memory,
+                #locks,
                 #fail,
                 #krate::__private::Limits::new()
                     #max_allocations #allocations #min_allocations #max_bytes #max_peak

@@ -20,6 +20,10 @@
 //! default; or every thread of the process). A `#[memtrack]` function called inside another's
 //! session joins it (no artifact of its own; its own limits are refused there).
 //! `in_memory`: write no artifact (the report and its limits are all there is).
+//! `locks`: also record lock waits (`SessionBuilder::lock_waits(true)`: every context switch
+//! of the recorded threads, classified by stack; the summary line gives their totals). It
+//! needs the eBPF recorder: with `backend = "alloc"` it is a compile error, and when `auto`
+//! picks the allocator recorder at run time, recording does not start and says why.
 //! Limits for tests: `max_allocations = N`, `max_bytes = N` (bytes allocated in total),
 //! `max_peak = N` (peak live heap bytes), `max_blocks = N` (most heap blocks live at once),
 //! `no_leaks` (no heap block live at the end); expectations: `allocations = N` (exactly),

@@ -27,9 +27,19 @@ pub fn start(
     backend: Option<&str>,
     scope: Option<&str>,
     in_memory: bool,
+    locks: bool,
     fail: fn(String),
 ) -> Guard {
-    start_limited(name, output, backend, scope, in_memory, fail, Limits::new())
+    start_limited(
+        name,
+        output,
+        backend,
+        scope,
+        in_memory,
+        locks,
+        fail,
+        Limits::new(),
+    )
 }
 
 /// [`start`] for a `#[memtrack(max_allocations = …, …)]` function: when the guard is dropped,
@@ -40,12 +50,15 @@ pub fn start(
 /// that records this thread, its limits could only be checked against the outer session's
 /// numbers, so it panics saying so (put the limits on the outer function, or call this one
 /// outside it). Every panic goes through `fail`, so that its location is the user's function.
+/// `locks`: also record lock waits (`#[memtrack(locks)]`).
+#[allow(clippy::too_many_arguments)] // the attribute's options, in its order
 pub fn start_limited(
     name: &str,
     output: Option<&str>,
     backend: Option<&str>,
     scope: Option<&str>,
     in_memory: bool,
+    locks: bool,
     fail: fn(String),
     limits: Limits,
 ) -> Guard {
@@ -72,7 +85,8 @@ pub fn start_limited(
     }
     let mut b = SessionBuilder::new(name)
         .limits(limits)
-        .in_memory(in_memory);
+        .in_memory(in_memory)
+        .lock_waits(locks);
     if let Some(dir) = output {
         b = b.output_dir(dir);
     }

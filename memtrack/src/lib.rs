@@ -40,9 +40,11 @@
 //! runtime        criterion, __private (the macro's expansion)
 //!                session             SessionBuilder, Session, turns         ─┐
 //!                error               the crate-wide Error: composes these  │ Error
+//!                report              Report, its summary line              │
+//!                locks               lock waits: off-CPU intervals by      │ LockWaitsError
+//!                                    their symbolized stacks               │
 //!                symbolize           Symbolizer: reads the recorded files, │ (never fails:
 //!                                    frames to names (feature `symbolize`) │  falls back)
-//!                report              Report, its summary line              │
 //!                tracker, recorder,  eBPF tracker, allocator recorder,     │ TrackerError,
 //!                limits              Limits checked against plain numbers   │ RecorderError
 //!                encode, scope,      the rayon frame pipeline, Scope,      │ EncodeError
@@ -109,7 +111,7 @@ pub use locks::classify;
 #[cfg(feature = "symbolize")]
 pub use locks::lock_waits;
 pub use locks::{
-    LockWaits, LockWaitsError, Pattern, RULES, Rule, ThreadWaits, WaitClass, WaitSite,
+    LockWaits, LockWaitsError, Pattern, RULES, Rule, ThreadWaits, WaitClass, WaitSite, WaitTotals,
 };
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;

@@ -289,6 +289,75 @@ pub struct LockWaits {
     pub sites: Vec<WaitSite>,
 }
 
+/// The lock waits of every thread of a recording, summed (nanoseconds): what a session's
+/// `Report` and summary line carry ([`LockWaits::totals`]). The same intervals as
+/// [`LockWaits::threads`], so each field is the sum of that field over them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[non_exhaustive]
+pub struct WaitTotals {
+    /// Threads seen (idle ones included).
+    pub threads: u64,
+    /// Waiting for a mutex (std, parking_lot).
+    pub mutex_wait_ns: u64,
+    /// Waiting for a read-write lock (std, parking_lot).
+    pub rwlock_wait_ns: u64,
+    /// Waiting on a condition variable.
+    pub condvar_wait_ns: u64,
+    /// Waiting for one of glibc's internal locks.
+    pub glibc_lock_wait_ns: u64,
+    /// Waiting on another futex.
+    pub other_futex_wait_ns: u64,
+    /// Waiting for I/O or polling.
+    pub io_wait_ns: u64,
+    /// Sleeping.
+    pub sleep_ns: u64,
+    /// Off the CPU for another reason, or for a wait begun before the recording.
+    pub other_off_cpu_ns: u64,
+    /// Preempted (runnable, not waiting).
+    pub preempted_ns: u64,
+    /// On a CPU.
+    pub cpu_ns: u64,
+}
+
+impl WaitTotals {
+    /// Each class's total with its name as in [`WaitClass::name`], in the order of
+    /// [`WaitClass`].
+    pub fn by_class(&self) -> [(WaitClass, u64); 9] {
+        [
+            (WaitClass::Mutex, self.mutex_wait_ns),
+            (WaitClass::RwLock, self.rwlock_wait_ns),
+            (WaitClass::Condvar, self.condvar_wait_ns),
+            (WaitClass::GlibcLock, self.glibc_lock_wait_ns),
+            (WaitClass::OtherFutex, self.other_futex_wait_ns),
+            (WaitClass::Io, self.io_wait_ns),
+            (WaitClass::Sleep, self.sleep_ns),
+            (WaitClass::OtherOffCpu, self.other_off_cpu_ns),
+            (WaitClass::Preempted, self.preempted_ns),
+        ]
+    }
+}
+
+impl LockWaits {
+    /// Every thread's times summed.
+    pub fn totals(&self) -> WaitTotals {
+        let mut t = WaitTotals::default();
+        for w in &self.threads {
+            t.threads += 1;
+            t.mutex_wait_ns += w.mutex_wait_ns;
+            t.rwlock_wait_ns += w.rwlock_wait_ns;
+            t.condvar_wait_ns += w.condvar_wait_ns;
+            t.glibc_lock_wait_ns += w.glibc_lock_wait_ns;
+            t.other_futex_wait_ns += w.other_futex_wait_ns;
+            t.io_wait_ns += w.io_wait_ns;
+            t.sleep_ns += w.sleep_ns;
+            t.other_off_cpu_ns += w.other_off_cpu_ns;
+            t.preempted_ns += w.preempted_ns;
+            t.cpu_ns += w.cpu_ns;
+        }
+        t
+    }
+}
+
 /// Why a recording's lock waits cannot be given.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -308,12 +377,31 @@ pub enum LockWaitsError {
     /// The artifact could not be read.
     #[error(transparent)]
     Format(#[from] crate::artifact::FormatError),
+    /// A session recorded lock waits, but memtrack was built without its feature `symbolize`,
+    /// which names the stacks the waits are classified by.
+    #[error(
+        "lock waits are classified by their call stacks' function names, which needs \
+         memtrack's feature `symbolize` (features = [\"symbolize\"]); the artifact has them: \
+         `memtrack locks FILE`"
+    )]
+    NoSymbolizer,
 }
 
 /// The lock waits of the recording `reader` reads, its stacks named by `sym`. Refused when
 /// the recording lost events, was recovered, or its switches contradict each other.
 #[cfg(feature = "symbolize")]
 pub fn lock_waits(reader: &Reader, sym: &mut Symbolizer) -> Result<LockWaits, LockWaitsError> {
+    lock_waits_of(reader, sym, false)
+}
+
+/// [`lock_waits`] of a recording known to have asked for them (a session's): one without any
+/// context switch is not refused (its threads never left the CPU).
+#[cfg(feature = "symbolize")]
+pub(crate) fn lock_waits_of(
+    reader: &Reader,
+    sym: &mut Symbolizer,
+    asked: bool,
+) -> Result<LockWaits, LockWaitsError> {
     if let Completeness::Recovered { reason } = reader.completeness() {
         return Err(LockWaitsError::NotWhole(format!("recovered: {reason}")));
     }
@@ -334,7 +422,7 @@ pub fn lock_waits(reader: &Reader, sym: &mut Symbolizer) -> Result<LockWaits, Lo
         switches += matches!(e.kind, EventKind::SwitchOut { .. }) as u64;
         b.update(&e);
     }
-    if switches == 0 {
+    if switches == 0 && !asked {
         return Err(LockWaitsError::NotRecorded);
     }
     let off = b.finish(end);

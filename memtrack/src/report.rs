@@ -1,12 +1,14 @@
 //! What a finished session measured ([`Report`]), and the lines that say it.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::analysis::{Sites, SizeClass, Timeline, Totals};
 use crate::artifact::{Backend, FormatError, Reader};
 use crate::human;
 use crate::limits::{Violation, describe};
+use crate::locks::{LockWaits, LockWaitsError, WaitClass};
 use crate::scope::Scope;
 
 /// What a session measured: the totals of `memtrack show`, computed while streaming.
@@ -52,9 +54,25 @@ pub struct Report {
     /// artifact's trailer, [`Final::short_stacks`](crate::Final::short_stacks)). The summary
     /// line counts them; [`human::short_stacks_note`] says how to fix it.
     pub short_stacks: u64,
+    /// The session's lock waits, when it recorded them ([`Report::lock_waits`]).
+    pub(crate) lock_waits: Option<Result<LockWaits, Arc<LockWaitsError>>>,
 }
 
 impl Report {
+    /// The lock waits of a session that recorded them (`SessionBuilder::lock_waits`): per
+    /// thread, by contended call site, and summed ([`LockWaits::totals`], which the summary line
+    /// prints), from the same off-CPU intervals as `memtrack locks` reads from the artifact.
+    /// `None` when the session did not ask for them; an error when they cannot be given: the
+    /// recording lost events, or its context switches do not pair
+    /// ([`LockWaitsError::NotWhole`]), or memtrack was built without its feature `symbolize`
+    /// ([`LockWaitsError::NoSymbolizer`]). Computed when the session finishes, from its
+    /// events (read again) and their stacks, symbolized once each.
+    pub fn lock_waits(&self) -> Option<Result<&LockWaits, &LockWaitsError>> {
+        self.lock_waits
+            .as_ref()
+            .map(|r| r.as_ref().map_err(|e| e.as_ref()))
+    }
+
     /// Successful calls returning a heap block.
     pub fn allocations(&self) -> u64 {
         self.totals.allocations
@@ -135,20 +153,46 @@ impl Report {
             human::plural(t.live_blocks_at_end, "block", "blocks"),
             human::bytes(t.live_bytes_at_end),
             lost,
-            if self.short_stacks > 0 {
+            (if self.short_stacks > 0 {
                 format!(
                     "; {} with short call stacks",
                     human::count(self.short_stacks)
                 )
             } else {
                 String::new()
-            },
+            }) + &self.lock_waits_summary(),
             scope,
             self.where_written()
         ) + if self.backend == Backend::Alloc {
             " (Rust allocator only: C/libc allocations and mmaps are not covered)"
         } else {
             ""
+        }
+    }
+
+    /// The summary line's part on lock waits (empty when not recorded): `; lock waits of 4
+    /// threads: mutex 41.2 ms, condvar 3.0 ms, sleep 20.0 ms; on CPU 12.3 ms`, the classes
+    /// with any time, mutex always; or why they are not given.
+    fn lock_waits_summary(&self) -> String {
+        let ms = |ns: u64| format!("{:.1} ms", ns as f64 / 1e6);
+        match self.lock_waits() {
+            None => String::new(),
+            Some(Err(e)) => format!("; lock waits NOT GIVEN ({e})"),
+            Some(Ok(w)) => {
+                let t = w.totals();
+                let classes: Vec<String> = t
+                    .by_class()
+                    .iter()
+                    .filter(|(c, ns)| *ns > 0 || *c == WaitClass::Mutex)
+                    .map(|(c, ns)| format!("{} {}", c.name().replace('_', " "), ms(*ns)))
+                    .collect();
+                format!(
+                    "; lock waits of {}: {}; on CPU {}",
+                    human::plural(t.threads, "thread", "threads"),
+                    classes.join(", "),
+                    ms(t.cpu_ns)
+                )
+            }
         }
     }
 
@@ -193,6 +237,7 @@ mod tests {
             out_of_scope: 0,
             iterations: None,
             short_stacks: 0,
+            lock_waits: None,
         }
     }
 
@@ -225,6 +270,54 @@ mod tests {
         assert!(
             r.summary_line()
                 .contains("; no events lost; 1,234 with short call stacks; scope:"),
+            "{}",
+            r.summary_line()
+        );
+    }
+
+    /// A session that recorded lock waits says their totals: the classes with any time
+    /// (mutex always), then the time on a CPU; one whose waits cannot be given says why.
+    #[test]
+    fn summary_line_carries_lock_wait_totals() {
+        use crate::locks::ThreadWaits;
+        let mut r = report(2, 0, 0);
+        assert!(!r.summary_line().contains("lock waits"));
+        let thread = |tid, mutex, sleep, cpu| ThreadWaits {
+            pid: 1,
+            tid,
+            mutex_wait_ns: mutex,
+            sleep_ns: sleep,
+            cpu_ns: cpu,
+            ..ThreadWaits::default()
+        };
+        let waits = LockWaits {
+            window_ns: 100_000_000,
+            threads: vec![
+                thread(1, 0, 20_000_000, 80_000_000),
+                thread(2, 41_250_000, 0, 1_000_000),
+            ],
+            sites: Vec::new(),
+        };
+        let t = waits.totals();
+        assert_eq!(
+            (t.threads, t.mutex_wait_ns, t.sleep_ns, t.cpu_ns),
+            (2, 41_250_000, 20_000_000, 81_000_000)
+        );
+        r.lock_waits = Some(Ok(waits));
+        assert!(
+            r.summary_line().contains(
+                "; no events lost; lock waits of 2 threads: mutex 41.2 ms, sleep 20.0 ms; on CPU \
+                 81.0 ms; scope:"
+            ),
+            "{}",
+            r.summary_line()
+        );
+        r.lock_waits = Some(Err(Arc::new(LockWaitsError::NotWhole(
+            "3 events lost".into(),
+        ))));
+        assert!(
+            r.summary_line()
+                .contains("; lock waits NOT GIVEN (the recording is not whole (3 events lost)"),
             "{}",
             r.summary_line()
         );

@@ -22,6 +22,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::analysis::Stats;
@@ -29,6 +30,7 @@ use crate::artifact::{Backend, Metadata, Output};
 use crate::encode::EncoderOptions;
 use crate::error::{Error, Result};
 use crate::limits::Limits;
+use crate::locks::{LockWaits, LockWaitsError};
 use crate::recorder::{AllocRecording, allocator_installed};
 use crate::report::Report;
 use crate::scope::Scope;
@@ -165,7 +167,10 @@ impl SessionBuilder {
 
     /// Also record lock waits (default: no): every context switch of the recorded threads,
     /// with the stack each thread left the CPU in, for `memtrack::lock_waits` (feature `symbolize`; or
-    /// `memtrack locks FILE`). Needs the eBPF backend: with the allocator backend,
+    /// `memtrack locks FILE`). The report carries them ([`Report::lock_waits`]) and the
+    /// summary line their totals; computing them reads the session's events again when it
+    /// finishes (an in-memory session keeps its compressed artifact in memory for that).
+    /// Needs the eBPF backend: with the allocator backend,
     /// [`start`](Self::start) fails with [`Error::InvalidOption`]. Its `sched_switch` program
     /// runs for every context switch on the machine while the session records.
     pub fn lock_waits(mut self, on: bool) -> Self {
@@ -369,7 +374,12 @@ impl SessionBuilder {
         } else {
             None
         };
-        let (path, output, file) = if self.in_memory {
+        // An in-memory session that records lock waits keeps its artifact in memory until it
+        // finishes: the waits are computed from it, as from a file.
+        let memory = (self.in_memory && self.lock_waits).then(|| Arc::new(Mutex::new(Vec::new())));
+        let (path, output, file) = if let Some(m) = &memory {
+            (None, None, Out::Memory(Arc::clone(m)))
+        } else if self.in_memory {
             (None, None, Out::Discard)
         } else {
             let dir = match self.output_dir {
@@ -398,6 +408,7 @@ impl SessionBuilder {
             meta,
             iterations: None,
             turn: None,
+            lock_waits: self.lock_waits.then_some(memory),
         };
         // Recording starts last: nothing here may allocate or free after it (the metadata is
         // kept in the session and freed after recording stops).
@@ -448,12 +459,23 @@ pub struct Session {
     iterations: Option<u64>,
     /// This session's turn in [`SESSIONS`]; ended when the recording has stopped.
     turn: Option<Turn<'static, ProbeHold>>,
+    /// Whether it records lock waits (`Some`), and for an in-memory session the artifact it
+    /// keeps to compute them from.
+    lock_waits: Option<Option<Arc<Mutex<Vec<u8>>>>>,
 }
 
-/// Where a session's events go once encoded: its temporary file, or nowhere (in memory).
+/// Where a session's events go once encoded: its temporary file, nowhere (in memory), or into
+/// memory (in memory, with lock waits to compute at the end).
 enum Out {
     File(File),
     Discard,
+    Memory(Arc<Mutex<Vec<u8>>>),
+}
+
+impl Out {
+    fn memory(m: &Mutex<Vec<u8>>) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Write for Out {
@@ -461,6 +483,7 @@ impl Write for Out {
         match self {
             Out::File(f) => f.write(buf),
             Out::Discard => Ok(buf.len()),
+            Out::Memory(m) => Out::memory(m).write(buf),
         }
     }
 
@@ -468,13 +491,14 @@ impl Write for Out {
         match self {
             Out::File(f) => f.write_all(buf),
             Out::Discard => Ok(()),
+            Out::Memory(m) => Out::memory(m).write_all(buf),
         }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             Out::File(f) => f.flush(),
-            Out::Discard => Ok(()),
+            Out::Discard | Out::Memory(_) => Ok(()),
         }
     }
 }
@@ -515,6 +539,32 @@ impl Active {
                 })
             }
         }
+    }
+}
+
+/// The lock waits of a finished session that recorded them, from its artifact (the file at
+/// `path`, or the bytes kept in `memory`): the same computation as `memtrack locks FILE`.
+fn session_lock_waits(
+    path: Option<&Path>,
+    memory: Option<&Mutex<Vec<u8>>>,
+) -> std::result::Result<LockWaits, Arc<LockWaitsError>> {
+    #[cfg(feature = "symbolize")]
+    {
+        let reader = match (path, memory) {
+            (Some(p), _) => crate::artifact::Reader::open(p),
+            (None, Some(m)) => {
+                crate::artifact::Reader::from_bytes(std::mem::take(&mut *Out::memory(m)))
+            }
+            (None, None) => unreachable!("a session with lock waits keeps its artifact"),
+        };
+        let reader = reader.map_err(|e| Arc::new(LockWaitsError::from(e)))?;
+        crate::locks::lock_waits_of(&reader, &mut crate::symbolize::Symbolizer::new(), true)
+            .map_err(Arc::new)
+    }
+    #[cfg(not(feature = "symbolize"))]
+    {
+        let _ = (path, memory);
+        Err(Arc::new(LockWaitsError::NoSymbolizer))
     }
 }
 
@@ -616,6 +666,10 @@ impl Session {
             if let Some(output) = output {
                 output.commit()?;
             }
+            let lock_waits = self
+                .lock_waits
+                .as_ref()
+                .map(|memory| session_lock_waits(self.path.as_deref(), memory.as_deref()));
             Ok(Report {
                 name: self.name.clone(),
                 path: self.path.clone(),
@@ -631,6 +685,7 @@ impl Session {
                 out_of_scope,
                 iterations: self.iterations,
                 short_stacks,
+                lock_waits,
             })
         });
         if let Some(turn) = self.turn.take() {
@@ -799,6 +854,7 @@ mod tests {
             out_of_scope: 0,
             iterations: None,
             short_stacks: 0,
+            lock_waits: None,
         };
         assert!(enforce(&Limits::new().max_allocations(2), r.clone()).is_ok());
         match enforce(&Limits::new().max_allocations(1), r) {

@@ -766,6 +766,7 @@ mod tests {
             out_of_scope: 0,
             iterations: None,
             short_stacks: 0,
+            lock_waits: None,
         }
     }
 

@@ -19,11 +19,12 @@ const LAYERS: &[(&str, &[&str])] = &[
         "runtime: recorders and limits",
         &["tracker", "modules", "recorder", "limits"],
     ),
-    ("runtime: report", &["report"]),
     // Reads the recorded files (ELF, DWARF): runtime, never analysis.
     ("runtime: symbolization", &["symbolize"]),
     // Classifies off-CPU intervals by their symbolized stacks.
     ("runtime: lock waits", &["locks"]),
+    // A session's report carries its lock waits when it recorded them.
+    ("runtime: report", &["report"]),
     ("runtime: crate-wide error", &["error"]),
     ("runtime: session", &["session"]),
     ("runtime: integrations", &["criterion", "__private"]),
