@@ -209,6 +209,41 @@ impl Report {
     }
 }
 
+#[cfg(feature = "symbolize")]
+impl Report {
+    /// The call sites of this session compared with those of `base` (an earlier session of the
+    /// same benchmark, maybe of another build), read from both artifacts and symbolized
+    /// (feature `symbolize`): [`SiteComparison::attribution`](crate::SiteComparison::attribution) ranks the site deltas of a
+    /// metric. Sites match across builds by their frames' functions and source files, never by
+    /// address or line ([`KeyFrame`](crate::KeyFrame)). `None` when either session was in memory (no artifact to
+    /// read).
+    ///
+    /// ```no_run
+    /// use memtrack::{Metric, Report};
+    ///
+    /// # fn f(base: &Report, head: &Report) -> Result<(), memtrack::FormatError> {
+    /// let cmp = head.compare_sites(base).expect("both sessions wrote artifacts")?;
+    /// let a = cmp.attribution(Metric::Bytes);
+    /// for d in &a.sites {
+    ///     println!("{:+} bytes ({:?} of the change): {}", d.delta(), a.share(d), d.key);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn compare_sites(
+        &self,
+        base: &Report,
+    ) -> Option<Result<crate::symbolize::SiteComparison, FormatError>> {
+        let (bp, hp) = (base.path.as_ref()?, self.path.as_ref()?);
+        use crate::symbolize::{SiteComparison, Symbolizer};
+        Some((|| {
+            let (br, hr) = (Reader::open(bp)?, Reader::open(hp)?);
+            let (bs, hs) = (Sites::read(&br)?, Sites::read(&hr)?);
+            SiteComparison::new(&mut Symbolizer::new(), &br, &bs, &hr, &hs)
+        })())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,5 +373,125 @@ mod tests {
              bytes allocated 2,000,000 B > max_bytes 1,048,576 B; \
              live at end 3 blocks (96 B) with no_leaks → t/parse.memtrack"
         );
+    }
+}
+
+#[cfg(all(test, feature = "symbolize"))]
+mod site_tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::analysis::Metric;
+    use crate::artifact::Backend;
+    use crate::encode::{Encoder, EncoderOptions};
+    use crate::event::{Event, EventKind};
+    use crate::scope::Scope;
+    use crate::stack::{Frame, StackId};
+    use crate::stack::{Module, ModuleId, Stack};
+    use crate::{Metadata, Timeline, Totals};
+
+    /// A finished artifact at `path` whose sites are `sites`: (stack id, frame offsets in one
+    /// module of build id 0xab that is not on disk, blocks, bytes each); every block freed.
+    fn artifact(path: &Path, sites: &[(u32, &[u64], u64, u64)]) {
+        let meta = Metadata::now(1, Backend::Ebpf);
+        let f = std::fs::File::create(path).unwrap();
+        let mut enc = Encoder::new(f, &meta, EncoderOptions::new().workers(1)).unwrap();
+        let module = Module {
+            path: "/nonexistent/app".into(),
+            build_id: Some(vec![0xab]),
+        };
+        enc.define_module(ModuleId(1), module).unwrap();
+        let mut ts = 0;
+        for &(id, offsets, blocks, size) in sites {
+            let frames = offsets
+                .iter()
+                .map(|&offset| Frame {
+                    module: ModuleId(1),
+                    offset,
+                })
+                .collect();
+            let stack = Stack {
+                frames,
+                truncated: false,
+            };
+            enc.define_stack(StackId(id), stack).unwrap();
+            for i in 0..blocks {
+                let addr = 0x1000 + i * 0x1000;
+                ts += 10;
+                let ev = Event::new(ts, 1, 1, EventKind::Malloc { addr, size });
+                enc.push(ev.with_stack(StackId(id))).unwrap();
+                ts += 10;
+                enc.push(Event::new(ts, 1, 1, EventKind::Free { addr }))
+                    .unwrap();
+            }
+        }
+        enc.finish(0).unwrap();
+    }
+
+    fn report(path: Option<&Path>) -> Report {
+        Report {
+            name: "t".into(),
+            path: path.map(Path::to_path_buf),
+            totals: Totals::default(),
+            lost_events: 0,
+            duration: Duration::ZERO,
+            events: 0,
+            artifact_bytes: 0,
+            sizes: Vec::new(),
+            timeline: Timeline::growing(1).unwrap(),
+            backend: Backend::Ebpf,
+            scope: Scope::Threads,
+            out_of_scope: 0,
+            iterations: None,
+            short_stacks: 0,
+            lock_waits: None,
+        }
+    }
+
+    /// Two sessions whose sites differ in stack ids but not in frames: matched by frames, the
+    /// one site that allocates more ranked with its exact delta, the other unchanged; a frame
+    /// of the same offset but another depth is another site.
+    #[test]
+    fn reports_compare_their_sites() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, h) = (dir.path().join("b.memtrack"), dir.path().join("h.memtrack"));
+        artifact(
+            &b,
+            &[(1, &[0x10, 0x20], 10, 100), (2, &[0x30, 0x20], 5, 50)],
+        );
+        artifact(
+            &h,
+            &[
+                (7, &[0x30, 0x20], 5, 50),
+                (8, &[0x10, 0x20], 12, 100),
+                (9, &[0x10], 1, 8),
+            ],
+        );
+        let (base, head) = (report(Some(&b)), report(Some(&h)));
+        let cmp = head.compare_sites(&base).unwrap().unwrap();
+        let a = cmp.attribution(Metric::Bytes);
+        assert_eq!((a.base_total, a.head_total), (1250, 1458));
+        let got: Vec<(String, u64, u64, bool)> = a
+            .sites
+            .iter()
+            .map(|d| (d.key.to_string(), d.base, d.head, d.is_new()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("app+0x10 ← app+0x20".to_string(), 1000, 1200, false),
+                ("app+0x10".to_string(), 0, 8, true),
+            ]
+        );
+        assert_eq!(a.unchanged, 1);
+        assert_eq!(cmp.attribution(Metric::Allocations).delta(), 3);
+        assert_eq!(
+            cmp.unnamed_modules().len(),
+            1,
+            "{:?}",
+            cmp.unnamed_modules()
+        );
+        // An in-memory session has no artifact to compare.
+        assert!(head.compare_sites(&report(None)).is_none());
     }
 }
