@@ -124,7 +124,7 @@ mod tests {
 
     fn same(a: Option<Block>, b: Option<Block>) -> bool {
         match (a, b) {
-            (Some(Block::Live(x)), Some(Block::Live(y))) => x == y,
+            (Some(Block::Live(x, a)), Some(Block::Live(y, b))) => (x, a) == (y, b),
             (Some(Block::Freed), Some(Block::Freed)) | (None, None) => true,
             _ => false,
         }
@@ -148,7 +148,7 @@ mod tests {
             let block = if i % 3 == 0 {
                 Block::Freed
             } else {
-                Block::Live(i)
+                Block::Live(i, i as u32 ^ 7)
             };
             if x & 1 == 0 {
                 assert!(
@@ -166,7 +166,7 @@ mod tests {
         assert_eq!(m.values().count(), model.len());
         let live = |it: &mut dyn Iterator<Item = &Block>| -> u64 {
             it.map(|b| match b {
-                Block::Live(s) => *s,
+                Block::Live(s, _) => *s,
                 Block::Freed => 0,
             })
             .sum()
