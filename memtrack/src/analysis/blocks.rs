@@ -67,6 +67,17 @@ impl BlockMap {
         }
     }
 
+    /// Asks the CPU to bring the slot where a look-up of `addr` starts into its cache (a hint:
+    /// no effect on what the map holds). The analysis calls it a few events ahead: a large
+    /// heap's table does not fit in the cache, and its look-ups otherwise wait on memory.
+    #[inline(always)]
+    pub(super) fn prefetch(&self, addr: u64) {
+        if self.slots.is_empty() {
+            return;
+        }
+        super::prefetch(&self.slots[self.home(addr)]);
+    }
+
     /// Sets the block at `addr`; returns the one it replaces.
     #[inline(always)]
     pub(super) fn insert(&mut self, addr: u64, block: Block) -> Option<Block> {
@@ -107,6 +118,11 @@ impl BlockMap {
             }
             self.slots[i] = *s;
         }
+    }
+
+    /// The table's size in bytes.
+    pub(super) fn table_bytes(&self) -> usize {
+        size_of_val(&*self.slots)
     }
 
     /// Every block, in no particular order.

@@ -215,6 +215,45 @@ impl<S: HeapObserver> HeapOps for HeapUpdate<'_, S> {
     }
 }
 
+/// How many events ahead [`Analyzer::update_all`] prefetches the heap slots they will look
+/// up: `show --top 20` of a recording of rustc (15.5 M events, 608 k sites) spent two thirds
+/// of its analysis waiting on the block table's cache misses.
+const PREFETCH_AHEAD: usize = 8;
+
+/// The block-table size above which [`Analyzer::update_all`] prefetches: a core's L2 cache
+/// here is 1 MiB.
+const PREFETCH_ABOVE_BYTES: usize = 1 << 20;
+
+/// Asks the CPU to bring `x` into its cache: a hint, with no effect on what the program reads.
+#[inline(always)]
+fn prefetch<T>(x: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing the program sees and cannot fault (`x` is a reference
+    // anyway). SSE is part of x86_64's baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (x as *const T).cast(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
+/// The heap rule of an event, as prefetches of the addresses it will look up.
+struct Prefetch<'a>(&'a BlockMap);
+
+impl HeapOps for Prefetch<'_> {
+    #[inline(always)]
+    fn alloc(&mut self, addr: u64, _size: u64) {
+        self.0.prefetch(addr);
+    }
+
+    #[inline(always)]
+    fn free(&mut self, addr: u64) {
+        self.0.prefetch(addr);
+    }
+}
+
 /// Computes [`Totals`] from events fed in order.
 #[derive(Default)]
 pub struct Analyzer {
@@ -241,8 +280,39 @@ impl Analyzer {
 
     /// Feeds a slice of events, in order.
     pub fn update_all(&mut self, events: &[Event]) {
-        for e in events {
+        if !self.heap_outgrows_cache() {
+            for e in events {
+                self.update(e);
+            }
+            return;
+        }
+        for (i, e) in events.iter().enumerate() {
+            if let Some(ahead) = events.get(i + PREFETCH_AHEAD) {
+                self.prefetch(ahead);
+            }
             self.update(e);
+        }
+    }
+
+    /// Whether a process's block table has outgrown a core's cache, so that a slice of events
+    /// is worth [`prefetch`](Self::prefetch)ing (asked once per slice: a smaller table stays
+    /// cached, and the prefetches would only add instructions, +14 % of `decode_analyze`'s).
+    pub(super) fn heap_outgrows_cache(&self) -> bool {
+        self.procs
+            .iter()
+            .any(|(_, p)| p.blocks.table_bytes() > PREFETCH_ABOVE_BYTES)
+    }
+
+    /// Brings the heap slots event `e` will look up into the cache, if its process is the
+    /// last event's (see [`BlockMap::prefetch`]).
+    #[inline(always)]
+    pub(super) fn prefetch(&self, e: &Event) {
+        let Some((_, slot)) = self.last_thread else {
+            return;
+        };
+        let (pid, p) = &self.procs[self.threads[slot].1];
+        if *pid == e.pid {
+            e.kind.apply_heap(&mut Prefetch(&p.blocks));
         }
     }
 

@@ -206,7 +206,16 @@ impl SiteAnalyzer {
 
     /// Feeds a slice of events, in order.
     pub fn update_all(&mut self, events: &[Event]) {
-        for e in events {
+        if !self.analyzer.heap_outgrows_cache() {
+            for e in events {
+                self.update(e);
+            }
+            return;
+        }
+        for (i, e) in events.iter().enumerate() {
+            if let Some(ahead) = events.get(i + super::PREFETCH_AHEAD) {
+                self.analyzer.prefetch(ahead);
+            }
             self.update(e);
         }
     }
