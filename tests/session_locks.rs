@@ -6,7 +6,6 @@
 //! process-global. Needs CAP_BPF + CAP_PERFMON; without them the tests are reported as
 //! ignored, with why.
 
-use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use memtrack::{LockWaits, LockWaitsError, Reader, Report, SessionBuilder, Symbolizer};
@@ -15,25 +14,7 @@ use memtrack::{LockWaits, LockWaitsError, Reader, Report, SessionBuilder, Symbol
 /// built by `builder`; any refusal of its lock waits fails the test.
 fn contended(builder: impl Fn() -> SessionBuilder, threads: usize) -> Report {
     let session = builder().quiet(true).lock_waits(true).start().unwrap();
-    let m = Arc::new(Mutex::new(0u64));
-    let start = Arc::new(Barrier::new(threads));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let (m, start) = (Arc::clone(&m), Arc::clone(&start));
-            std::thread::spawn(move || {
-                start.wait();
-                for _ in 0..10 {
-                    let mut g = m.lock().unwrap();
-                    *g += 1;
-                    std::thread::sleep(Duration::from_millis(2));
-                    drop(g);
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
+    memtrack_test_support::take_turns(threads, 10, Duration::from_millis(2));
     let report = session.finish().unwrap();
     assert_eq!(report.lost_events, 0);
     if let Err(e) = report.lock_waits().expect("asked for") {

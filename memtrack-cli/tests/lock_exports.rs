@@ -10,7 +10,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use common::{memtrack, s, text};
@@ -26,25 +25,7 @@ fn contended(dir: &Path, threads: usize) -> PathBuf {
         .lock_waits(true)
         .start()
         .expect("an eBPF session with lock waits");
-    let m = Arc::new(Mutex::new(0u64));
-    let start = Arc::new(Barrier::new(threads));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let (m, start) = (Arc::clone(&m), Arc::clone(&start));
-            std::thread::spawn(move || {
-                start.wait();
-                for _ in 0..10 {
-                    let mut g = m.lock().unwrap();
-                    *g += 1;
-                    std::thread::sleep(Duration::from_millis(2));
-                    drop(g);
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
+    memtrack_test_support::take_turns(threads, 10, Duration::from_millis(2));
     let report = session.finish().unwrap();
     assert_eq!(report.lost_events, 0);
     let path = report.path.clone().unwrap();
@@ -120,7 +101,7 @@ fn folded_waits_sum_to_the_analysis() {
         .map(|s| s["wait_ns"].as_u64().unwrap())
         .sum();
     assert_eq!(sites_ns, lock_ns);
-    let test_fn = "lock_exports::contended";
+    let test_fn = "memtrack_test_support::take_turns";
     for (path, _) in &lines {
         let frames: Vec<&str> = path.split(';').collect();
         assert!(
@@ -135,7 +116,7 @@ fn folded_waits_sum_to_the_analysis() {
     let mutex_lines: Vec<_> = lines.iter().filter(|l| l.0.ends_with(";[mutex]")).collect();
     assert!(
         mutex_lines.iter().any(|l| l.0.contains(test_fn)),
-        "the code that wanted the lock is this test's: {all}"
+        "the code that wanted the lock is the workload's: {all}"
     );
     let by_mutex: u64 = mutex_lines.iter().map(|l| l.1).sum();
     assert!(

@@ -516,3 +516,29 @@ pub fn alloc_free_pairs(n: u64, size: u64) -> Vec<Event> {
     }
     v
 }
+
+/// The lock-wait tests' contended workload: `threads` threads, released together, take turns
+/// on one `std::sync::Mutex`, each holding it `holds` times for `hold` (sleeping while it holds
+/// it); returns when all have joined.
+pub fn take_turns(threads: usize, holds: u32, hold: std::time::Duration) {
+    use std::sync::{Arc, Barrier, Mutex};
+    let m = Arc::new(Mutex::new(0u64));
+    let start = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (m, start) = (Arc::clone(&m), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..holds {
+                    let mut g = m.lock().unwrap();
+                    *g += 1;
+                    std::thread::sleep(hold);
+                    drop(g);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}

@@ -249,7 +249,7 @@ mod tests {
     use super::*;
     use crate::limits::Limits;
 
-    fn report(allocations: u64, live_blocks: u64, lost_events: u64) -> Report {
+    pub(super) fn report(allocations: u64, live_blocks: u64, lost_events: u64) -> Report {
         Report {
             name: "parse".into(),
             path: Some(PathBuf::from("t/parse.memtrack")),
@@ -381,14 +381,12 @@ mod site_tests {
     use std::path::Path;
 
     use super::*;
+    use crate::Metadata;
     use crate::analysis::Metric;
     use crate::artifact::Backend;
     use crate::encode::{Encoder, EncoderOptions};
     use crate::event::{Event, EventKind};
-    use crate::scope::Scope;
-    use crate::stack::{Frame, StackId};
-    use crate::stack::{Module, ModuleId, Stack};
-    use crate::{Metadata, Timeline, Totals};
+    use crate::stack::{Frame, Module, ModuleId, Stack, StackId};
 
     /// A finished artifact at `path` whose sites are `sites`: (stack id, frame offsets in one
     /// module of build id 0xab that is not on disk, blocks, bytes each); every block freed.
@@ -428,24 +426,11 @@ mod site_tests {
         enc.finish(0).unwrap();
     }
 
+    /// A report of an artifact at `path` (`None`: in memory); its numbers do not matter here.
     fn report(path: Option<&Path>) -> Report {
-        Report {
-            name: "t".into(),
-            path: path.map(Path::to_path_buf),
-            totals: Totals::default(),
-            lost_events: 0,
-            duration: Duration::ZERO,
-            events: 0,
-            artifact_bytes: 0,
-            sizes: Vec::new(),
-            timeline: Timeline::growing(1).unwrap(),
-            backend: Backend::Ebpf,
-            scope: Scope::Threads,
-            out_of_scope: 0,
-            iterations: None,
-            short_stacks: 0,
-            lock_waits: None,
-        }
+        let mut r = tests::report(0, 0, 0);
+        r.path = path.map(Path::to_path_buf);
+        r
     }
 
     /// Two sessions whose sites differ in stack ids but not in frames: matched by frames, the
