@@ -46,6 +46,9 @@ struct Image {
     /// them that is not code is not worth a rescan (a frame-pointer chain broken by code built
     /// without frame pointers yields data words, which point into the heap and stacks).
     mapped: Vec<(u64, u64)>,
+    /// Every executable range when they were last read, file-backed or not (JIT code, the
+    /// vdso): a frame outside all of them is where a frame-pointer chain broke.
+    code: Vec<(u64, u64)>,
 }
 
 /// The executable mappings of the processes of a recording, and the modules they map.
@@ -79,9 +82,13 @@ impl ModuleMap {
         let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
         let mut found = Vec::new();
         let mut mapped = Vec::new();
+        let mut code = Vec::new();
         for line in text.lines() {
             if let Some(r) = parse_range(line) {
                 mapped.push(r);
+                if is_executable(line) {
+                    code.push(r);
+                }
             }
             if let Some(m) = parse_maps_line(line) {
                 found.push(m);
@@ -126,6 +133,7 @@ impl ModuleMap {
         if let Some(image) = self.procs.get_mut(&pid).and_then(|i| i.last_mut()) {
             image.scanned_ns = now_ns;
             image.mapped = mapped;
+            image.code = code;
         }
         Ok(added)
     }
@@ -143,9 +151,10 @@ impl ModuleMap {
     /// `ts_ns`. An address no mapping of that image holds makes the process's maps be read
     /// again (once per call, only if they were last read before `ts_ns` or never, and only for
     /// an address that was in no mapping at all then) when `rescan` and the image is the
-    /// current one; an address still outside every executable mapping
-    /// (anonymous or JIT code, a broken frame-pointer chain) is a [`ModuleId::UNKNOWN`] frame
-    /// holding the address itself.
+    /// current one; an address still outside every executable file mapping but in executable
+    /// memory (JIT code, the vdso) is a [`ModuleId::UNKNOWN`] frame holding the address itself.
+    /// An address outside all executable memory of the process as last read is where the chain
+    /// broke: the frames end there with [`Frame::BROKEN`] (see its documentation).
     pub fn frames(&mut self, pid: u32, ts_ns: u64, addrs: &[u64], rescan: bool) -> Vec<Frame> {
         let mut out = Vec::with_capacity(addrs.len());
         let mut rescanned = false;
@@ -156,12 +165,30 @@ impl ModuleMap {
                 let _ = self.scan(pid, monotonic_ns());
                 frame = self.lookup(pid, ts_ns, addr);
             }
-            out.push(frame.unwrap_or(Frame {
-                module: ModuleId::UNKNOWN,
-                offset: addr,
-            }));
+            match frame {
+                Some(f) => out.push(f),
+                None if self.in_code(pid, addr) => out.push(Frame {
+                    module: ModuleId::UNKNOWN,
+                    offset: addr,
+                }),
+                None => {
+                    out.push(Frame::BROKEN);
+                    break;
+                }
+            }
         }
         out
+    }
+
+    /// Whether `addr` is in executable memory of process `pid` as its maps were last read (a
+    /// process never read counts as all code: nothing is cut on no evidence).
+    fn in_code(&self, pid: u32, addr: u64) -> bool {
+        match self.procs.get(&pid).and_then(|i| i.last()) {
+            Some(image) if image.scanned_ns > 0 || !image.code.is_empty() => {
+                image.code.iter().any(|&(s, e)| s <= addr && addr < e)
+            }
+            _ => true,
+        }
     }
 
     /// Whether a rescan can find a mapping holding `addr` for a stack of `ts_ns`: the image of
@@ -255,6 +282,13 @@ fn parse_range(line: &str) -> Option<(u64, u64)> {
         u64::from_str_radix(start, 16).ok()?,
         u64::from_str_radix(end, 16).ok()?,
     ))
+}
+
+/// Whether a `/proc/PID/maps` line maps executable memory.
+fn is_executable(line: &str) -> bool {
+    line.split(' ')
+        .nth(1)
+        .is_some_and(|perms| perms.contains('x'))
 }
 
 /// (start, end, file offset, path) of an executable mapping of a file; `None` for any other
@@ -380,12 +414,53 @@ mod tests {
             })
             .expect("the test function's symbol");
         assert_eq!(Some(frames[0].offset), elf.file_offset(sym.vaddr));
+        // 8 is in no executable mapping: the chain broke there.
+        assert_eq!(frames[1], Frame::BROKEN);
+    }
+
+    /// A frame in executable memory that is no file's (JIT code) is kept and the walk goes on;
+    /// the first one outside all executable memory ends the stack with [`Frame::BROKEN`], the
+    /// words after it dropped.
+    #[test]
+    fn a_stack_ends_where_it_leaves_the_code() {
+        let mut map = ModuleMap::new();
+        let pid = 1; // never scanned: the image is made by hand
+        map.procs.insert(
+            pid,
+            vec![Image {
+                start_ns: 0,
+                maps: vec![Mapping {
+                    start: 0x1000,
+                    end: 0x2000,
+                    offset: 0,
+                    module: ModuleId(1),
+                    seen_ns: 0,
+                }],
+                scanned_ns: 10,
+                mapped: vec![(0x1000, 0x2000), (0x5000, 0x6000), (0x8000, 0x9000)],
+                code: vec![(0x1000, 0x2000), (0x5000, 0x6000)],
+            }],
+        );
+        let jit = Frame {
+            module: ModuleId::UNKNOWN,
+            offset: 0x5010,
+        };
+        let at = |offset| Frame {
+            module: ModuleId(1),
+            offset,
+        };
         assert_eq!(
-            frames[1],
-            Frame {
-                module: ModuleId::UNKNOWN,
-                offset: 8
-            }
+            map.frames(pid, 20, &[0x1100, 0x5010, 0x1200], false),
+            [at(0x100), jit, at(0x200)]
+        );
+        // Heap data (0x8010), then a word that is not even mapped, then code again.
+        assert_eq!(
+            map.frames(pid, 20, &[0x1100, 0x8010, 0x77, 0x1200], false),
+            [at(0x100), Frame::BROKEN]
+        );
+        assert_eq!(
+            map.frames(pid, 20, &[0x1100, 0x1300, 0x4], false),
+            [at(0x100), at(0x300), Frame::BROKEN]
         );
     }
 
@@ -406,6 +481,7 @@ mod tests {
                 }],
                 scanned_ns: 10,
                 mapped: vec![(0x1000, 0x2000)],
+                code: vec![(0x1000, 0x2000)],
             }],
         );
         map.exec(pid, 100);

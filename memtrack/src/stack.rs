@@ -64,6 +64,19 @@ pub struct Frame {
     pub offset: u64,
 }
 
+impl Frame {
+    /// Where a frame-pointer walk left the code: the walk read a "return address" outside every
+    /// executable mapping of the process, so it had followed a frame pointer that code built
+    /// without frame pointers had used for data. The recorder ends the stack with this frame
+    /// instead of that address and the words the walk read after it (data, different at every
+    /// allocation: kept, they would make each allocation through such code a call site of its
+    /// own). A [`ModuleId::UNKNOWN`] frame at address 0, which no return address is.
+    pub const BROKEN: Frame = Frame {
+        module: ModuleId::UNKNOWN,
+        offset: 0,
+    };
+}
+
 /// A call stack: the return addresses that led to an allocation, innermost first.
 ///
 /// `frames[0]` is the return address into the code that called the allocator (the allocation's

@@ -10,11 +10,14 @@ use rustc_hash::FxHashMap;
 
 use crate::analysis::{Attribution, Metric, Site, Sites};
 use crate::artifact::{FormatError, Reader};
-use crate::stack::{Module, ModuleId, Stack};
+use crate::stack::{Frame, Module, ModuleId, Stack};
 
 /// [`Symbolizer::symbolize_sites`]'s answer: each site's recorded stack, and its frames'
 /// symbols (per frame, inlined functions first).
 pub type SymbolizedSites<'r> = (Vec<&'r Stack>, Vec<Vec<Vec<SymFrame>>>);
+
+/// How [`Frame::BROKEN`] prints (where a frame-pointer chain left the code).
+pub const BROKEN_NAME: &str = "[frame pointers end here]";
 
 /// One frame of a symbolized address: a function (maybe inlined into the next frame) at a file
 /// and line, or, when the address cannot be named, the module and offset it was recorded as.
@@ -88,6 +91,9 @@ impl fmt::Display for SymFrame {
                     f.write_str(" [inlined]")?;
                 }
                 Ok(())
+            }
+            None if self.module.is_empty() && self.offset == Frame::BROKEN.offset => {
+                f.write_str(BROKEN_NAME)
             }
             None if self.module.is_empty() => write!(f, "{:#x}", self.offset),
             None => write!(f, "{}+{:#x}", self.module, self.offset),
@@ -668,5 +674,20 @@ impl SiteComparison {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frame outside any file prints as its address, except the broken chain's marker.
+    #[test]
+    fn unknown_frames_print_as_addresses_or_the_broken_chain() {
+        assert_eq!(SymFrame::unknown(0x7f00_1234).to_string(), "0x7f001234");
+        assert_eq!(
+            SymFrame::unknown(Frame::BROKEN.offset).to_string(),
+            BROKEN_NAME
+        );
     }
 }
