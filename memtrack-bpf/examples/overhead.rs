@@ -18,7 +18,6 @@
 //!   are attached for this process only (pid-scoped).
 
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use libbpf_rs::{Link, Object, UprobeMultiOpts};
@@ -56,19 +55,10 @@ fn median(pairs: u64, runs: usize) -> f64 {
     v[v.len() / 2]
 }
 
-fn libc_path() -> PathBuf {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    maps.lines()
-        .filter_map(|l| l.find('/').map(|i| &l[i..]))
-        .find(|p| p.contains("/libc.so"))
-        .map(PathBuf::from)
-        .expect("libc mapped")
-}
-
 /// Attaches `mt_nop` (if `nop`) or the real programs to libc's sites for this process, the
 /// way memtrack does (uprobe_multi, one link per program).
 fn attach(obj: &Object, nop: bool, placed: bool) -> Vec<Link> {
-    let libc = libc_path();
+    let libc = harness::libc_path();
     let pid = std::process::id() as i32;
     let sites = probe_sites(&libc).unwrap();
     let off =
