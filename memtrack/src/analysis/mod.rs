@@ -151,8 +151,16 @@ struct Proc {
 impl Proc {
     /// Its live blocks and their bytes (a walk of its heap: for exec and the end, not per event).
     fn live(&self) -> (u64, u64) {
+        self.live_each(|_, _| {})
+    }
+
+    /// [`Proc::live`], telling `each` every live block's size and tag on the way.
+    fn live_each(&self, mut each: impl FnMut(u64, u32)) -> (u64, u64) {
         self.blocks.values().fold((0, 0), |(n, b), x| match *x {
-            Block::Live(size, _) => (n + 1, b.saturating_add(size)),
+            Block::Live(size, tag) => {
+                each(size, tag);
+                (n + 1, b.saturating_add(size))
+            }
             Block::Freed => (n, b),
         })
     }
@@ -479,12 +487,7 @@ impl Analyzer {
         mapped: &mut u64,
         obs: &mut impl HeapObserver,
     ) {
-        let (blocks, bytes) = p.live();
-        for b in p.blocks.values() {
-            if let Block::Live(size, tag) = *b {
-                obs.on_end(size, tag);
-            }
-        }
+        let (blocks, bytes) = p.live_each(|size, tag| obs.on_end(size, tag));
         t.blocks_discarded_at_exec += blocks;
         t.bytes_discarded_at_exec = t.bytes_discarded_at_exec.saturating_add(bytes);
         p.blocks_discarded_at_exec += blocks;
