@@ -418,6 +418,24 @@ mod tests {
         assert_eq!(frames[1], Frame::BROKEN);
     }
 
+    /// An image made by hand (its process never scanned): module 1 mapped at 0x1000..0x2000
+    /// from file offset 0, before the recording; maps read at 10 ns.
+    fn image_of_module_1() -> Image {
+        Image {
+            start_ns: 0,
+            maps: vec![Mapping {
+                start: 0x1000,
+                end: 0x2000,
+                offset: 0,
+                module: ModuleId(1),
+                seen_ns: 0,
+            }],
+            scanned_ns: 10,
+            mapped: vec![(0x1000, 0x2000)],
+            code: vec![(0x1000, 0x2000)],
+        }
+    }
+
     /// A frame in executable memory that is no file's (JIT code) is kept and the walk goes on;
     /// the first one outside all executable memory ends the stack with [`Frame::BROKEN`], the
     /// words after it dropped.
@@ -425,22 +443,10 @@ mod tests {
     fn a_stack_ends_where_it_leaves_the_code() {
         let mut map = ModuleMap::new();
         let pid = 1; // never scanned: the image is made by hand
-        map.procs.insert(
-            pid,
-            vec![Image {
-                start_ns: 0,
-                maps: vec![Mapping {
-                    start: 0x1000,
-                    end: 0x2000,
-                    offset: 0,
-                    module: ModuleId(1),
-                    seen_ns: 0,
-                }],
-                scanned_ns: 10,
-                mapped: vec![(0x1000, 0x2000), (0x5000, 0x6000), (0x8000, 0x9000)],
-                code: vec![(0x1000, 0x2000), (0x5000, 0x6000)],
-            }],
-        );
+        let mut image = image_of_module_1();
+        image.mapped.extend([(0x5000, 0x6000), (0x8000, 0x9000)]);
+        image.code.push((0x5000, 0x6000));
+        map.procs.insert(pid, vec![image]);
         let jit = Frame {
             module: ModuleId::UNKNOWN,
             offset: 0x5010,
@@ -468,22 +474,7 @@ mod tests {
     fn an_exec_separates_the_images() {
         let mut map = ModuleMap::new();
         let pid = 1; // never scanned: mappings are pushed by hand
-        map.procs.insert(
-            pid,
-            vec![Image {
-                start_ns: 0,
-                maps: vec![Mapping {
-                    start: 0x1000,
-                    end: 0x2000,
-                    offset: 0,
-                    module: ModuleId(1),
-                    seen_ns: 0,
-                }],
-                scanned_ns: 10,
-                mapped: vec![(0x1000, 0x2000)],
-                code: vec![(0x1000, 0x2000)],
-            }],
-        );
+        map.procs.insert(pid, vec![image_of_module_1()]);
         map.exec(pid, 100);
         map.procs.get_mut(&pid).unwrap()[1].maps.push(Mapping {
             start: 0x1000,
