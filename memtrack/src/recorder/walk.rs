@@ -92,8 +92,11 @@ fn thread_bounds() -> (u64, u64) {
 }
 
 /// Walks the frame-pointer chain from `fp` into `out` (return addresses, innermost first);
-/// returns how many it wrote (`out[..n]`, now initialised) and whether it stopped at
-/// `out.len()` with the chain going on.
+/// returns how many it wrote (`out[..n]`, now initialised), whether it stopped at
+/// `out.len()` with the chain going on, and whether `out[..n]` equals `last[..n]` (a return
+/// address is never 0, so a `last` shorter than `n` differs). The comparison rides along: each
+/// frame's address waits on the load of the one before it, and the compare fits in that wait,
+/// where comparing afterwards was a `memcmp` of the whole stack per allocation.
 /// Reads only the words `[fp, fp + 16)` of frames inside `[low, high)`, 16-byte aligned, each
 /// above the last: any other frame pointer (a broken chain, the outermost frame's 0) ends it.
 ///
@@ -104,13 +107,15 @@ pub(crate) unsafe fn walk(
     low: u64,
     high: u64,
     out: &mut [MaybeUninit<u64>],
-) -> (usize, bool) {
+    last: &[u64],
+) -> (usize, bool, bool) {
     let valid =
         |fp: u64| fp >= low && fp.checked_add(16).is_some_and(|e| e <= high) && fp % 16 == 0;
     let mut n = 0;
+    let mut same = true;
     while valid(fp) {
         if n == out.len() {
-            return (n, true);
+            return (n, true, same);
         }
         // SAFETY: `valid(fp)`: both words lie inside `[low, high)`, readable by the contract.
         let (next, ret) = unsafe { (*(fp as *const u64), *((fp + 8) as *const u64)) };
@@ -118,13 +123,14 @@ pub(crate) unsafe fn walk(
             break;
         }
         out[n].write(ret);
+        same &= last.get(n).copied().unwrap_or(0) == ret;
         n += 1;
         if next <= fp {
             break;
         }
         fp = next;
     }
-    (n, false)
+    (n, false, same)
 }
 
 /// The id of the calling thread's stack at `at` (the allocator wrapper's), at most `depth`
@@ -138,14 +144,30 @@ pub(crate) fn capture(at: Here, depth: u32) -> u32 {
     let mut buf = [MaybeUninit::<u64>::uninit(); STACK_MAX as usize + 1];
     let depth = depth.clamp(1, STACK_MAX) as usize;
     buf[0].write(at.ip);
-    // SAFETY: `[low, high)` is this thread's own stack (or empty).
-    let (n, truncated) = unsafe { walk(at.fp, low, high, &mut buf[1..depth]) };
-    let n = n + 1;
-    buf[n].write(truncated as u64);
-    // SAFETY: `buf[0]`, the `n - 1` words the walk wrote after it and `buf[n]` are written.
-    let key: &[u64] = unsafe { &*(&buf[..=n] as *const [MaybeUninit<u64>] as *const [u64]) };
-    SEEN.try_with(|seen| intern(&mut seen.borrow_mut(), key))
-        .unwrap_or(0)
+    SEEN.try_with(|seen| {
+        let mut seen = seen.borrow_mut();
+        // The last stack's return addresses, compared during the walk, if its first frame
+        // is this one (a key is the first frame, the return addresses, the cut flag).
+        let last = match &seen.last {
+            Some((key, id)) if key[0] == at.ip => {
+                Some((&key[1..key.len() - 1], key[key.len() - 1], *id))
+            }
+            _ => None,
+        };
+        let (last_addrs, last_cut, last_id) = last.unwrap_or((&[], u64::MAX, 0));
+        // SAFETY: `[low, high)` is this thread's own stack (or empty).
+        let (n, truncated, same) =
+            unsafe { walk(at.fp, low, high, &mut buf[1..depth], last_addrs) };
+        if same && n == last_addrs.len() && truncated as u64 == last_cut {
+            return last_id;
+        }
+        let n = n + 1;
+        buf[n].write(truncated as u64);
+        // SAFETY: `buf[0]`, the `n - 1` words the walk wrote after it and `buf[n]` are written.
+        let key: &[u64] = unsafe { &*(&buf[..=n] as *const [MaybeUninit<u64>] as *const [u64]) };
+        intern(&mut seen, key)
+    })
+    .unwrap_or(0)
 }
 
 /// A thread's stacks: return addresses, then 1 if the walk was cut at the depth cap, else 0
@@ -158,13 +180,9 @@ struct Seen {
     last: Option<(Rc<[u64]>, u32)>,
 }
 
-/// The id of `key` (addresses, then the truncation flag) in `seen`, sending it if new.
+/// The id of `key` (addresses, then the truncation flag) in `seen`, sending it if new (the
+/// last stack recorded was compared with it during the walk: see [`capture`]).
 fn intern(seen: &mut Seen, key: &[u64]) -> u32 {
-    if let Some((last, id)) = &seen.last
-        && **last == *key
-    {
-        return *id;
-    }
     if let Some((k, &id)) = seen.ids.get_key_value(key) {
         seen.last = Some((Rc::clone(k), id));
         return id;
@@ -237,7 +255,8 @@ mod tests {
         // thread's stack.
         unsafe {
             let out = &mut *(out as *mut [u64] as *mut [MaybeUninit<u64>]);
-            walk(fp, low, high, out)
+            let (n, cut, _) = walk(fp, low, high, out, &[]);
+            (n, cut)
         }
     }
 
@@ -266,6 +285,69 @@ mod tests {
         assert_eq!(got, (2, true), "cut at the cap, the chain going on");
         let got = walk_in(addr(&b, 2), lo, hi, &mut out[..4]);
         assert_eq!(got, (4, false), "the 4th frame ends the chain: not cut");
+    }
+
+    /// The walk tells whether what it wrote equals the last stack's addresses, frame by frame:
+    /// `capture` reuses the last stack's id on that alone (with the lengths and cut flags).
+    #[test]
+    fn the_walk_compares_with_the_last_stack_as_it_goes() {
+        let mut b = Buf([0; 64]);
+        chain(&mut b, &[2, 8, 20, 40]);
+        let (lo, hi) = bounds(&b);
+        let mut out = [MaybeUninit::<u64>::uninit(); 8];
+        let mut run = |last: &[u64]| {
+            // SAFETY: the bounds are `b`'s own.
+            let (n, cut, same) = unsafe { walk(addr(&b, 2), lo, hi, &mut out, last) };
+            assert_eq!((n, cut), (4, false));
+            same
+        };
+        assert!(run(&[0x1000, 0x1001, 0x1002, 0x1003]));
+        assert!(!run(&[0x1000, 0x1001, 0x1102, 0x1003]), "one frame differs");
+        assert!(!run(&[0x1000, 0x1001, 0x1002]), "the last stack is shorter");
+        assert!(!run(&[]), "no last stack");
+        // A longer last stack agrees on the frames walked: `capture` compares the lengths.
+        assert!(run(&[0x1000, 0x1001, 0x1002, 0x1003, 0x1004]));
+    }
+
+    /// An allocation site reached by two callers: the same first frame, the same depth.
+    #[inline(never)]
+    fn site() -> u32 {
+        capture(Here::now(), 6)
+    }
+
+    #[inline(never)]
+    fn via_a() -> u32 {
+        std::hint::black_box(site()) + std::hint::black_box(0)
+    }
+
+    #[inline(never)]
+    fn via_b() -> u32 {
+        std::hint::black_box(site()) * std::hint::black_box(1)
+    }
+
+    /// `site` through `via_a` or `via_b`, from one call site (so that only those frames
+    /// differ).
+    #[inline(never)]
+    fn through(a: bool) -> u32 {
+        if std::hint::black_box(a) {
+            via_a()
+        } else {
+            via_b()
+        }
+    }
+
+    /// Two stacks of one length and one first frame that differ in a caller get two ids; the
+    /// same stack again gets its id back, whether or not it was the last one recorded.
+    #[test]
+    fn stacks_that_differ_in_one_caller_are_two_stacks() {
+        let ids: Vec<u32> = [true, true, false, true]
+            .into_iter()
+            .map(|a| std::hint::black_box(through(a)))
+            .collect();
+        assert_ne!(ids[0], 0, "no stack taken (frame pointers?)");
+        assert_eq!(ids[0], ids[1], "the same stack twice");
+        assert_ne!(ids[0], ids[2], "via_a and via_b have one stack id");
+        assert_eq!(ids[0], ids[3], "the first stack again after another");
     }
 
     #[test]
