@@ -13,7 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{memtrack, s, text};
+use common::{memtrack, s, svg_doc, text};
 use memtrack::{Metric, Reader, SiteComparison, Sites, Symbolizer, TrackerOptions, record_command};
 use memtrack_test_support::fixtures;
 use memtrack_test_support::{Need, TRACKER, requires, run, run_ok};
@@ -187,11 +187,7 @@ fn moved_code_has_no_site_deltas() {
         assert!(out.status.success(), "{t}");
         assert!(t.contains("(0 of "), "{metric}: a stack changed: {t}");
         let body = std::fs::read_to_string(&svg).unwrap();
-        let opt = roxmltree::ParsingOptions {
-            allow_dtd: true,
-            ..roxmltree::ParsingOptions::default()
-        };
-        let doc = roxmltree::Document::parse_with_options(&body, opt).unwrap();
+        let doc = svg_doc(&body);
         // Every frame's box white (inferno's "unchanged"); none red or blue.
         let coloured: Vec<&str> = doc
             .descendants()

@@ -26,7 +26,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{memtrack, s, text};
+use common::{memtrack, s, svg_doc, text};
 use memtrack::{
     Backend, Encoder, EncoderOptions, Event, EventKind, Frame, Metadata, Module, ModuleId, Stack,
     StackId,
@@ -391,15 +391,6 @@ fn flamegraph_synth() {
         let all = format!("all ({} bytes, 100%)", group(total));
         assert!(texts.iter().any(|t| *t == all), "no {all:?}");
     }
-}
-
-/// The SVG parsed as XML (inferno's has flamegraph.pl's DOCTYPE).
-fn svg_doc(body: &str) -> roxmltree::Document<'_> {
-    let opt = roxmltree::ParsingOptions {
-        allow_dtd: true,
-        ..roxmltree::ParsingOptions::default()
-    };
-    roxmltree::Document::parse_with_options(body, opt).expect("well-formed SVG")
 }
 
 /// `n` with inferno's thousands separators.

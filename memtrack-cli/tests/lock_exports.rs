@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{memtrack, s, text};
+use common::{memtrack, s, svg_doc, text};
 use memtrack_test_support::{TRACKER, requires, run_sequential};
 use serde_json::Value;
 
@@ -233,15 +233,6 @@ fn flamegraph_of_waits() {
         svg.contains("no thread waited for a lock of these classes"),
         "{svg}"
     );
-}
-
-/// `body` parsed as XML (inferno's SVG has a DOCTYPE).
-fn svg_doc(body: &str) -> roxmltree::Document<'_> {
-    let opt = roxmltree::ParsingOptions {
-        allow_dtd: true,
-        ..roxmltree::ParsingOptions::default()
-    };
-    roxmltree::Document::parse_with_options(body, opt).expect("well-formed SVG")
 }
 
 fn main() {

@@ -33,3 +33,12 @@ pub fn synth(path: &Path, events: u64, seed: u64) -> PathBuf {
     assert!(out.status.success(), "{}", text(&out));
     path.to_path_buf()
 }
+
+/// An SVG parsed as XML (inferno's flame graphs carry flamegraph.pl's DOCTYPE).
+pub fn svg_doc(body: &str) -> roxmltree::Document<'_> {
+    let opt = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..roxmltree::ParsingOptions::default()
+    };
+    roxmltree::Document::parse_with_options(body, opt).expect("well-formed SVG")
+}
