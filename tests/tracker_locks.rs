@@ -433,37 +433,8 @@ fn an_uncontended_mutex_is_no_wait() {
 /// events: the recording counts them, and its lock waits are refused, never paired.
 fn lost_switches_refuse_the_result() {
     let dir = tempfile::tempdir().unwrap();
-    let tracker = Tracker::attach(
-        std::process::id(),
-        &TrackerOptions::new().ringbuf_bytes(4096),
-    )
-    .expect("load and attach");
     let path = dir.path().join("tiny.memtrack");
-    let file = std::fs::File::create(&path).unwrap();
-    let meta = Metadata::now(std::process::id(), Backend::Ebpf).with_name("tiny");
-    let rec = tracker
-        .start_with(
-            file,
-            &meta,
-            EncoderOptions::new(),
-            2,
-            Capture::new(Scope::Process).lock_waits(true),
-        )
-        .unwrap();
-    let handles: Vec<_> = (0..8)
-        .map(|_| {
-            std::thread::spawn(|| {
-                for _ in 0..300 {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
-    let recorded = rec.stop().unwrap();
-    assert!(recorded.lost_events > 0, "4800 sleeps lost nothing");
+    memtrack_test_support::record_lost_switches(&path);
     let reader = Reader::open(&path).unwrap();
     let err = memtrack::lock_waits(&reader, &mut Symbolizer::new()).expect_err("refused");
     assert!(

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use memtrack_test_support::{TRACKER, requires, run};
+use memtrack_test_support::{TRACKER, record_lost_switches, requires, run};
 
 fn memtrack() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memtrack"))
@@ -73,41 +73,9 @@ fn a_recording_without_switches_is_refused() {
 /// thousands of switches): `memtrack locks` refuses it (exit 1) and so does `memtrack compare`
 /// (exit 2), each saying events were lost.
 fn a_recording_that_lost_switches_is_refused() {
-    use memtrack::{Backend, Capture, EncoderOptions, Metadata, Scope, Tracker, TrackerOptions};
-    use std::time::Duration;
-
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lost.memtrack");
-    let tracker = Tracker::attach(
-        std::process::id(),
-        &TrackerOptions::new().ringbuf_bytes(4096),
-    )
-    .expect("load and attach");
-    let meta = Metadata::now(std::process::id(), Backend::Ebpf).with_name("lost");
-    let rec = tracker
-        .start_with(
-            std::fs::File::create(&file).unwrap(),
-            &meta,
-            EncoderOptions::new(),
-            2,
-            Capture::new(Scope::Process).lock_waits(true),
-        )
-        .unwrap();
-    let sleepers: Vec<_> = (0..8)
-        .map(|_| {
-            std::thread::spawn(|| {
-                for _ in 0..300 {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-            })
-        })
-        .collect();
-    for s in sleepers {
-        s.join().unwrap();
-    }
-    let recorded = rec.stop().unwrap();
-    assert!(recorded.lost_events > 0, "4800 sleeps lost nothing");
-    drop(tracker);
+    record_lost_switches(&file);
 
     let out = memtrack().arg("locks").arg(&file).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -542,3 +542,41 @@ pub fn take_turns(threads: usize, holds: u32, hold: std::time::Duration) {
         h.join().unwrap();
     }
 }
+
+/// Records this process's lock waits into `path` through a ring buffer too small for them
+/// (4 KiB: 64 events, drained every 10 ms) while 8 threads sleep 300 × 50 µs each, so that
+/// switches are lost; asserts that some were, and returns how many events the recording lost.
+/// The tests that a lossy lock-wait recording is refused start from it.
+pub fn record_lost_switches(path: &Path) -> u64 {
+    use memtrack::{Backend, Capture, EncoderOptions, Metadata, Scope, Tracker, TrackerOptions};
+    let tracker = Tracker::attach(
+        std::process::id(),
+        &TrackerOptions::new().ringbuf_bytes(4096),
+    )
+    .expect("load and attach");
+    let meta = Metadata::now(std::process::id(), Backend::Ebpf).with_name("lost-switches");
+    let rec = tracker
+        .start_with(
+            File::create(path).unwrap(),
+            &meta,
+            EncoderOptions::new(),
+            2,
+            Capture::new(Scope::Process).lock_waits(true),
+        )
+        .unwrap();
+    let sleepers: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(|| {
+                for _ in 0..300 {
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+            })
+        })
+        .collect();
+    for s in sleepers {
+        s.join().unwrap();
+    }
+    let recorded = rec.stop().unwrap();
+    assert!(recorded.lost_events > 0, "4800 sleeps lost nothing");
+    recorded.lost_events
+}
