@@ -58,6 +58,30 @@ fn off_cpu(events: &[Event]) -> HashMap<u32, Vec<(Event, u64)>> {
     waits
 }
 
+/// Runs `work` in a session that records lock waits (named `name`; its scope: this thread and
+/// the threads it spawns), and returns what `work` returned with the recording's lock waits.
+fn session_waits<T>(name: &str, work: impl FnOnce() -> T) -> (T, memtrack::LockWaits) {
+    let dir = tempfile::tempdir().unwrap();
+    let session = memtrack::SessionBuilder::new(name)
+        .output_dir(dir.path())
+        .quiet(true)
+        .lock_waits(true)
+        .start()
+        .unwrap();
+    let path = session.path().unwrap().to_path_buf();
+    let out = work();
+    session.finish().unwrap();
+    let reader = Reader::open(&path).unwrap();
+    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
+    (out, waits)
+}
+
+/// Whether a time memtrack recorded, `got`, agrees with the program's own measure, `want`:
+/// within 5 % or 1 ms, whichever is larger.
+fn agrees(got: u64, want: u64) -> bool {
+    got.abs_diff(want) <= (want / 20).max(1_000_000)
+}
+
 /// A thread sleeping 20 × 10 ms is off the CPU, voluntarily, for at least 200 ms and at most
 /// the time it measured around its sleeps; a thread blocked on a contended `std::sync::Mutex`
 /// leaves with a stack through std's `lock_contended`, and its wait matches its own measure of
@@ -149,9 +173,8 @@ fn sleeps_and_mutex_waits_are_exact_intervals_with_stacks() {
         }
     }
     let measured = locked.as_nanos() as u64;
-    let tolerance = (measured / 20).max(1_000_000);
     assert!(
-        in_lock.abs_diff(measured) <= tolerance && measured >= 50_000_000,
+        agrees(in_lock, measured) && measured >= 50_000_000,
         "waiter off the CPU in lock_contended {in_lock} ns, it measured {measured} ns in lock()"
     );
 
@@ -160,7 +183,7 @@ fn sleeps_and_mutex_waits_are_exact_intervals_with_stacks() {
     let of = |tid| waits.threads.iter().find(|t| t.tid == tid).unwrap();
     let w = of(waiter);
     assert!(
-        w.mutex_wait_ns.abs_diff(measured) <= tolerance,
+        agrees(w.mutex_wait_ns, measured),
         "mutex_wait_ns {} vs {measured} measured",
         w.mutex_wait_ns
     );
@@ -175,7 +198,7 @@ fn sleeps_and_mutex_waits_are_exact_intervals_with_stacks() {
     // pointers, so its own frames may be missing from the chain: not asserted).
     let site = &waits.sites[0];
     assert_eq!(site.class, memtrack::WaitClass::Mutex);
-    assert!(site.wait_ns.abs_diff(measured) <= tolerance, "{site:?}");
+    assert!(agrees(site.wait_ns, measured), "{site:?}");
     assert!(
         site.frames.iter().all(|f| !f.contains("std::sync")),
         "the code that wanted the lock: {:?}",
@@ -219,55 +242,48 @@ enum MutexKind {
 /// holding it for 2 ms at a time and measuring its own time in `lock()`: a session's
 /// `mutex_wait_ns` per thread agrees within 5 % or 1 ms.
 fn mutex_waits_match_what_the_threads_measure(threads: usize, kind: MutexKind) {
-    let dir = tempfile::tempdir().unwrap();
-    let session = memtrack::SessionBuilder::new(format!("mutex-{kind:?}-{threads}"))
-        .output_dir(dir.path())
-        .quiet(true)
-        .lock_waits(true)
-        .start()
-        .unwrap();
-    let path = session.path().unwrap().to_path_buf();
-    let m = Arc::new(Mutex::new(0u64));
-    let pl = Arc::new(parking_lot::Mutex::new(0u64));
-    let start = Arc::new(Barrier::new(threads));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let (m, pl, start) = (Arc::clone(&m), Arc::clone(&pl), Arc::clone(&start));
-            std::thread::spawn(move || {
-                start.wait();
-                let mut waited = Duration::ZERO;
-                for _ in 0..20 {
-                    let t = Instant::now();
-                    match kind {
-                        MutexKind::Std => {
-                            let mut g = m.lock().unwrap();
-                            waited += t.elapsed();
-                            *g += 1;
-                            std::thread::sleep(Duration::from_millis(2));
-                        }
-                        MutexKind::ParkingLot => {
-                            let mut g = pl.lock();
-                            waited += t.elapsed();
-                            *g += 1;
-                            std::thread::sleep(Duration::from_millis(2));
+    let (measured, waits) = session_waits(&format!("mutex-{kind:?}-{threads}"), || {
+        let m = Arc::new(Mutex::new(0u64));
+        let pl = Arc::new(parking_lot::Mutex::new(0u64));
+        let start = Arc::new(Barrier::new(threads));
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (m, pl, start) = (Arc::clone(&m), Arc::clone(&pl), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    let mut waited = Duration::ZERO;
+                    for _ in 0..20 {
+                        let t = Instant::now();
+                        match kind {
+                            MutexKind::Std => {
+                                let mut g = m.lock().unwrap();
+                                waited += t.elapsed();
+                                *g += 1;
+                                std::thread::sleep(Duration::from_millis(2));
+                            }
+                            MutexKind::ParkingLot => {
+                                let mut g = pl.lock();
+                                waited += t.elapsed();
+                                *g += 1;
+                                std::thread::sleep(Duration::from_millis(2));
+                            }
                         }
                     }
-                }
-                (gettid(), waited)
+                    (gettid(), waited)
+                })
             })
-        })
-        .collect();
-    let measured: Vec<(u32, Duration)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    session.finish().unwrap();
-    let reader = Reader::open(&path).unwrap();
-    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<(u32, Duration)>>()
+    });
     let mut total = 0;
     for (tid, d) in measured {
         let t = waits.threads.iter().find(|t| t.tid == tid).unwrap();
         let want = d.as_nanos() as u64;
-        let tolerance = (want / 20).max(1_000_000);
         assert!(
-            t.mutex_wait_ns.abs_diff(want) <= tolerance,
+            agrees(t.mutex_wait_ns, want),
             "thread {tid}: mutex_wait_ns {} ns, it measured {want} ns in lock() ({threads} threads, {kind:?})",
             t.mutex_wait_ns
         );
@@ -283,29 +299,23 @@ fn mutex_waits_match_what_the_threads_measure(threads: usize, kind: MutexKind) {
 /// Threads sleeping 10 ms × 100: `sleep_ns` ≈ 1 s each (at least 1 s, at most what they
 /// measured around their sleeps), no mutex wait.
 fn sleeps_are_sleep() {
-    let dir = tempfile::tempdir().unwrap();
-    let session = memtrack::SessionBuilder::new("sleeps")
-        .output_dir(dir.path())
-        .quiet(true)
-        .lock_waits(true)
-        .start()
-        .unwrap();
-    let path = session.path().unwrap().to_path_buf();
-    let handles: Vec<_> = (0..2)
-        .map(|_| {
-            std::thread::spawn(|| {
-                let t = Instant::now();
-                for _ in 0..100 {
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                (gettid(), t.elapsed())
+    let (measured, waits) = session_waits("sleeps", || {
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let t = Instant::now();
+                    for _ in 0..100 {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    (gettid(), t.elapsed())
+                })
             })
-        })
-        .collect();
-    let measured: Vec<(u32, Duration)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    session.finish().unwrap();
-    let reader = Reader::open(&path).unwrap();
-    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<(u32, Duration)>>()
+    });
     for (tid, d) in measured {
         let t = waits.threads.iter().find(|t| t.tid == tid).unwrap();
         assert!(
@@ -321,64 +331,55 @@ fn sleeps_are_sleep() {
 /// reader holds it 1 ms at a time, and every thread measures its own time in `write()` /
 /// `read()`: `rwlock_wait_ns` per thread agrees within 5 % or 1 ms.
 fn rwlock_waits_match_what_the_threads_measure() {
-    let dir = tempfile::tempdir().unwrap();
-    let session = memtrack::SessionBuilder::new("rwlock")
-        .output_dir(dir.path())
-        .quiet(true)
-        .lock_waits(true)
-        .start()
-        .unwrap();
-    let path = session.path().unwrap().to_path_buf();
-    let rw = Arc::new(std::sync::RwLock::new(0u64));
-    // No start barrier: it is a Mutex + Condvar, whose waits would be mutex waits. Twenty
-    // rounds of each take 20 ms or more, far longer than spawning the others.
-    let readers = 3;
-    let writer = {
-        let rw = Arc::clone(&rw);
-        std::thread::spawn(move || {
-            let mut waited = Duration::ZERO;
-            for _ in 0..20 {
-                let t = Instant::now();
-                let mut g = rw.write().unwrap();
-                waited += t.elapsed();
-                *g += 1;
-                std::thread::sleep(Duration::from_millis(2));
-                drop(g);
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            (gettid(), waited)
-        })
-    };
-    let handles: Vec<_> = (0..readers)
-        .map(|_| {
+    let (measured, waits) = session_waits("rwlock", || {
+        let rw = Arc::new(std::sync::RwLock::new(0u64));
+        // No start barrier: it is a Mutex + Condvar, whose waits would be mutex waits. Twenty
+        // rounds of each take 20 ms or more, far longer than spawning the others.
+        let readers = 3;
+        let writer = {
             let rw = Arc::clone(&rw);
             std::thread::spawn(move || {
                 let mut waited = Duration::ZERO;
                 for _ in 0..20 {
                     let t = Instant::now();
-                    let g = rw.read().unwrap();
+                    let mut g = rw.write().unwrap();
                     waited += t.elapsed();
-                    std::hint::black_box(*g);
-                    std::thread::sleep(Duration::from_millis(1));
+                    *g += 1;
+                    std::thread::sleep(Duration::from_millis(2));
                     drop(g);
+                    std::thread::sleep(Duration::from_millis(1));
                 }
                 (gettid(), waited)
             })
-        })
-        .collect();
-    let mut measured: Vec<(u32, Duration)> =
-        handles.into_iter().map(|h| h.join().unwrap()).collect();
-    measured.push(writer.join().unwrap());
-    session.finish().unwrap();
-    let reader = Reader::open(&path).unwrap();
-    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
+        };
+        let handles: Vec<_> = (0..readers)
+            .map(|_| {
+                let rw = Arc::clone(&rw);
+                std::thread::spawn(move || {
+                    let mut waited = Duration::ZERO;
+                    for _ in 0..20 {
+                        let t = Instant::now();
+                        let g = rw.read().unwrap();
+                        waited += t.elapsed();
+                        std::hint::black_box(*g);
+                        std::thread::sleep(Duration::from_millis(1));
+                        drop(g);
+                    }
+                    (gettid(), waited)
+                })
+            })
+            .collect();
+        let mut measured: Vec<(u32, Duration)> =
+            handles.into_iter().map(|h| h.join().unwrap()).collect();
+        measured.push(writer.join().unwrap());
+        measured
+    });
     let mut total = 0;
     for (tid, d) in measured {
         let t = waits.threads.iter().find(|t| t.tid == tid).unwrap();
         let want = d.as_nanos() as u64;
-        let tolerance = (want / 20).max(1_000_000);
         assert!(
-            t.rwlock_wait_ns.abs_diff(want) <= tolerance,
+            agrees(t.rwlock_wait_ns, want),
             "thread {tid}: rwlock_wait_ns {} ns, it measured {want} ns in read()/write()",
             t.rwlock_wait_ns
         );
@@ -394,30 +395,21 @@ fn rwlock_waits_match_what_the_threads_measure() {
 /// One thread locking and unlocking an uncontended `std::sync::Mutex` in a loop: it never
 /// waits for it (`mutex_wait_ns` under 1 % of its CPU time).
 fn an_uncontended_mutex_is_no_wait() {
-    let dir = tempfile::tempdir().unwrap();
-    let session = memtrack::SessionBuilder::new("uncontended")
-        .output_dir(dir.path())
-        .quiet(true)
-        .lock_waits(true)
-        .start()
-        .unwrap();
-    let path = session.path().unwrap().to_path_buf();
-    let tid = std::thread::spawn(|| {
-        let m = Mutex::new(0u64);
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_millis(200) {
-            for _ in 0..1000 {
-                *m.lock().unwrap() += 1;
+    let (tid, waits) = session_waits("uncontended", || {
+        std::thread::spawn(|| {
+            let m = Mutex::new(0u64);
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(200) {
+                for _ in 0..1000 {
+                    *m.lock().unwrap() += 1;
+                }
             }
-        }
-        std::hint::black_box(m);
-        gettid()
-    })
-    .join()
-    .unwrap();
-    session.finish().unwrap();
-    let reader = Reader::open(&path).unwrap();
-    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
+            std::hint::black_box(m);
+            gettid()
+        })
+        .join()
+        .unwrap()
+    });
     let t = waits.threads.iter().find(|t| t.tid == tid).unwrap();
     // 200 ms of wall time; on a loaded machine much of it preempted.
     assert!(t.cpu_ns >= 20_000_000, "it ran: {t:?}");
