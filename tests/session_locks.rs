@@ -41,23 +41,26 @@ fn the_report_carries_the_artifacts_lock_waits() {
     assert_eq!(*w, again);
     let t = w.totals();
     let sum = |f: fn(&memtrack::ThreadWaits) -> u64| w.threads.iter().map(f).sum::<u64>();
-    assert_eq!(t.mutex_wait_ns, sum(|t| t.mutex_wait_ns));
-    assert_eq!(t.condvar_wait_ns, sum(|t| t.condvar_wait_ns));
-    assert_eq!(t.sleep_ns, sum(|t| t.sleep_ns));
-    assert_eq!(t.preempted_ns, sum(|t| t.preempted_ns));
-    assert_eq!(t.cpu_ns, sum(|t| t.cpu_ns));
+    assert_eq!(t.times.mutex_wait_ns, sum(|t| t.times.mutex_wait_ns));
+    assert_eq!(t.times.condvar_wait_ns, sum(|t| t.times.condvar_wait_ns));
+    assert_eq!(t.times.sleep_ns, sum(|t| t.times.sleep_ns));
+    assert_eq!(t.times.preempted_ns, sum(|t| t.times.preempted_ns));
+    assert_eq!(t.times.cpu_ns, sum(|t| t.times.cpu_ns));
     assert_eq!(t.threads, w.threads.len() as u64);
     // 4 threads × 10 holds of 2 ms: the others wait for each.
-    assert!(t.mutex_wait_ns >= 10 * 2_000_000, "{t:?}");
+    assert!(t.times.mutex_wait_ns >= 10 * 2_000_000, "{t:?}");
     let line = report.summary_line();
     let want = format!(
         "; lock waits of {} threads: mutex {:.1} ms, ",
         t.threads,
-        t.mutex_wait_ns as f64 / 1e6
+        t.times.mutex_wait_ns as f64 / 1e6
     );
     assert!(line.contains(&want), "{line}\nwants {want}");
     assert!(
-        line.contains(&format!("; on CPU {:.1} ms; scope:", t.cpu_ns as f64 / 1e6)),
+        line.contains(&format!(
+            "; on CPU {:.1} ms; scope:",
+            t.times.cpu_ns as f64 / 1e6
+        )),
         "{line}"
     );
 }
@@ -68,18 +71,18 @@ fn an_in_memory_session_gives_them_too() {
     let report = contended(|| SessionBuilder::new("in-memory").in_memory(true), 3);
     assert!(report.path.is_none());
     let w = waits(&report);
-    assert!(w.totals().mutex_wait_ns >= 10 * 2_000_000);
+    assert!(w.totals().times.mutex_wait_ns >= 10 * 2_000_000);
     for t in &w.threads {
-        let all = t.mutex_wait_ns
-            + t.rwlock_wait_ns
-            + t.condvar_wait_ns
-            + t.glibc_lock_wait_ns
-            + t.other_futex_wait_ns
-            + t.io_wait_ns
-            + t.sleep_ns
-            + t.other_off_cpu_ns
-            + t.preempted_ns
-            + t.cpu_ns;
+        let all = t.times.mutex_wait_ns
+            + t.times.rwlock_wait_ns
+            + t.times.condvar_wait_ns
+            + t.times.glibc_lock_wait_ns
+            + t.times.other_futex_wait_ns
+            + t.times.io_wait_ns
+            + t.times.sleep_ns
+            + t.times.other_off_cpu_ns
+            + t.times.preempted_ns
+            + t.times.cpu_ns;
         assert_eq!(all, w.window_ns, "{t:?}");
     }
 }
@@ -116,7 +119,7 @@ fn the_attribute_asks_for_lock_waits() {
     };
     with_locks();
     let w = read("attr-locks").expect("lock waits");
-    assert!(w.totals().sleep_ns >= 5_000_000, "{:?}", w.totals());
+    assert!(w.totals().times.sleep_ns >= 5_000_000, "{:?}", w.totals());
     without();
     assert!(matches!(
         read("attr-plain"),

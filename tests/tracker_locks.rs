@@ -183,17 +183,17 @@ fn sleeps_and_mutex_waits_are_exact_intervals_with_stacks() {
     let of = |tid| waits.threads.iter().find(|t| t.tid == tid).unwrap();
     let w = of(waiter);
     assert!(
-        agrees(w.mutex_wait_ns, measured),
+        agrees(w.times.mutex_wait_ns, measured),
         "mutex_wait_ns {} vs {measured} measured",
-        w.mutex_wait_ns
+        w.times.mutex_wait_ns
     );
     let s = of(sleeper);
     assert!(
-        s.sleep_ns >= 200_000_000 && s.sleep_ns <= slept.as_nanos() as u64,
+        s.times.sleep_ns >= 200_000_000 && s.times.sleep_ns <= slept.as_nanos() as u64,
         "sleep_ns {} vs 20 × 10 ms in {slept:?}",
-        s.sleep_ns
+        s.times.sleep_ns
     );
-    assert_eq!(s.mutex_wait_ns, 0);
+    assert_eq!(s.times.mutex_wait_ns, 0);
     // The one contended site, above std's lock wrappers (this test is built without frame
     // pointers, so its own frames may be missing from the chain: not asserted).
     let site = &waits.sites[0];
@@ -283,9 +283,9 @@ fn mutex_waits_match_what_the_threads_measure(threads: usize, kind: MutexKind) {
         let t = waits.threads.iter().find(|t| t.tid == tid).unwrap();
         let want = d.as_nanos() as u64;
         assert!(
-            agrees(t.mutex_wait_ns, want),
+            agrees(t.times.mutex_wait_ns, want),
             "thread {tid}: mutex_wait_ns {} ns, it measured {want} ns in lock() ({threads} threads, {kind:?})",
-            t.mutex_wait_ns
+            t.times.mutex_wait_ns
         );
         total += want;
     }
@@ -319,11 +319,11 @@ fn sleeps_are_sleep() {
     for (tid, d) in measured {
         let t = waits.threads.iter().find(|t| t.tid == tid).unwrap();
         assert!(
-            t.sleep_ns >= 1_000_000_000 && t.sleep_ns <= d.as_nanos() as u64,
+            t.times.sleep_ns >= 1_000_000_000 && t.times.sleep_ns <= d.as_nanos() as u64,
             "thread {tid}: sleep_ns {} ns, it slept 100 × 10 ms in {d:?}",
-            t.sleep_ns
+            t.times.sleep_ns
         );
-        assert_eq!(t.mutex_wait_ns, 0);
+        assert_eq!(t.times.mutex_wait_ns, 0);
     }
 }
 
@@ -379,11 +379,11 @@ fn rwlock_waits_match_what_the_threads_measure() {
         let t = waits.threads.iter().find(|t| t.tid == tid).unwrap();
         let want = d.as_nanos() as u64;
         assert!(
-            agrees(t.rwlock_wait_ns, want),
+            agrees(t.times.rwlock_wait_ns, want),
             "thread {tid}: rwlock_wait_ns {} ns, it measured {want} ns in read()/write()",
-            t.rwlock_wait_ns
+            t.times.rwlock_wait_ns
         );
-        assert_eq!(t.mutex_wait_ns, 0, "{t:?}");
+        assert_eq!(t.times.mutex_wait_ns, 0, "{t:?}");
         total += want;
     }
     assert!(
@@ -412,12 +412,12 @@ fn an_uncontended_mutex_is_no_wait() {
     });
     let t = waits.threads.iter().find(|t| t.tid == tid).unwrap();
     // 200 ms of wall time; on a loaded machine much of it preempted.
-    assert!(t.cpu_ns >= 20_000_000, "it ran: {t:?}");
+    assert!(t.times.cpu_ns >= 20_000_000, "it ran: {t:?}");
     assert!(
-        t.mutex_wait_ns * 100 < t.cpu_ns,
+        t.times.mutex_wait_ns * 100 < t.times.cpu_ns,
         "mutex_wait_ns {} of {} ns on the CPU",
-        t.mutex_wait_ns,
-        t.cpu_ns
+        t.times.mutex_wait_ns,
+        t.times.cpu_ns
     );
 }
 

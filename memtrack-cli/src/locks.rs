@@ -52,16 +52,16 @@ fn text(w: &LockWaits) -> String {
             } else {
                 t.tid.to_string()
             },
-            ms(t.mutex_wait_ns),
-            ms(t.rwlock_wait_ns),
-            ms(t.condvar_wait_ns),
-            ms(t.glibc_lock_wait_ns),
-            ms(t.other_futex_wait_ns),
-            ms(t.io_wait_ns),
-            ms(t.sleep_ns),
-            ms(t.other_off_cpu_ns),
-            ms(t.preempted_ns),
-            ms(t.cpu_ns),
+            ms(t.times.mutex_wait_ns),
+            ms(t.times.rwlock_wait_ns),
+            ms(t.times.condvar_wait_ns),
+            ms(t.times.glibc_lock_wait_ns),
+            ms(t.times.other_futex_wait_ns),
+            ms(t.times.io_wait_ns),
+            ms(t.times.sleep_ns),
+            ms(t.times.other_off_cpu_ns),
+            ms(t.times.preempted_ns),
+            ms(t.times.cpu_ns),
             format!("{:.3}", t.mutex_wait_per_cpu),
         ]);
     }
@@ -191,19 +191,11 @@ pub(crate) fn class_frame(c: WaitClass) -> String {
 /// stacks add up to (in µs).
 pub(crate) fn total_ns(w: &LockWaits, classes: &[LockClass]) -> u64 {
     let wanted: Vec<WaitClass> = classes.iter().map(|c| c.class()).collect();
-    w.threads
+    w.totals()
+        .times
+        .by_class()
         .iter()
-        .map(|t| {
-            wanted
-                .iter()
-                .map(|c| match c {
-                    WaitClass::Mutex => t.mutex_wait_ns,
-                    WaitClass::RwLock => t.rwlock_wait_ns,
-                    WaitClass::Condvar => t.condvar_wait_ns,
-                    WaitClass::GlibcLock => t.glibc_lock_wait_ns,
-                    _ => 0,
-                })
-                .sum::<u64>()
-        })
+        .filter(|(c, _)| wanted.contains(c))
+        .map(|(_, ns)| ns)
         .sum()
 }

@@ -111,7 +111,8 @@ pub use locks::classify;
 #[cfg(feature = "symbolize")]
 pub use locks::lock_waits;
 pub use locks::{
-    LockWaits, LockWaitsError, Pattern, RULES, Rule, ThreadWaits, WaitClass, WaitSite, WaitTotals,
+    LockWaits, LockWaitsError, Pattern, RULES, Rule, ThreadWaits, WaitClass, WaitSite, WaitTimes,
+    WaitTotals,
 };
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;

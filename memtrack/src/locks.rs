@@ -204,14 +204,12 @@ pub fn classify(preempted: bool, functions: &[&str]) -> (WaitClass, Option<usize
     (WaitClass::OtherOffCpu, None)
 }
 
-/// One thread's time, by why it was off the CPU (nanoseconds).
-#[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
+/// Time by why it was off the CPU, and on it (nanoseconds): one thread's
+/// ([`ThreadWaits::times`]) or every thread's summed ([`WaitTotals::times`]). Its fields are
+/// the JSON keys of both (flattened into them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[non_exhaustive]
-pub struct ThreadWaits {
-    /// Process id.
-    pub pid: u32,
-    /// Thread id.
-    pub tid: u32,
+pub struct WaitTimes {
     /// Waiting for a mutex (std, parking_lot).
     pub mutex_wait_ns: u64,
     /// Waiting for a read-write lock (std, parking_lot).
@@ -232,16 +230,12 @@ pub struct ThreadWaits {
     pub preempted_ns: u64,
     /// On a CPU.
     pub cpu_ns: u64,
-    /// `mutex_wait_ns / cpu_ns` (0 when it had no CPU time).
-    pub mutex_wait_per_cpu: f64,
-    /// It had no event in the window: asleep throughout (all of it in `other_off_cpu_ns`).
-    pub idle: bool,
 }
 
-impl ThreadWaits {
-    #[cfg(feature = "symbolize")]
-    fn add(&mut self, class: WaitClass, ns: u64) {
-        let slot = match class {
+impl WaitTimes {
+    /// The time of `class`.
+    fn slot(&mut self, class: WaitClass) -> &mut u64 {
+        match class {
             WaitClass::Mutex => &mut self.mutex_wait_ns,
             WaitClass::RwLock => &mut self.rwlock_wait_ns,
             WaitClass::Condvar => &mut self.condvar_wait_ns,
@@ -251,9 +245,52 @@ impl ThreadWaits {
             WaitClass::Sleep => &mut self.sleep_ns,
             WaitClass::OtherOffCpu => &mut self.other_off_cpu_ns,
             WaitClass::Preempted => &mut self.preempted_ns,
-        };
-        *slot += ns;
+        }
     }
+
+    /// Each class's time, in the order of [`WaitClass`] (the order of the fields).
+    pub fn by_class(&self) -> [(WaitClass, u64); 9] {
+        // `slot` is the one map of class to field; it needs a place it may write (a copy).
+        let mut t = *self;
+        [
+            WaitClass::Mutex,
+            WaitClass::RwLock,
+            WaitClass::Condvar,
+            WaitClass::GlibcLock,
+            WaitClass::OtherFutex,
+            WaitClass::Io,
+            WaitClass::Sleep,
+            WaitClass::OtherOffCpu,
+            WaitClass::Preempted,
+        ]
+        .map(|c| (c, *t.slot(c)))
+    }
+}
+
+impl std::ops::AddAssign for WaitTimes {
+    fn add_assign(&mut self, other: WaitTimes) {
+        for (class, ns) in other.by_class() {
+            *self.slot(class) += ns;
+        }
+        self.cpu_ns += other.cpu_ns;
+    }
+}
+
+/// One thread's time, by why it was off the CPU.
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
+#[non_exhaustive]
+pub struct ThreadWaits {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Its time by class, and on a CPU.
+    #[serde(flatten)]
+    pub times: WaitTimes,
+    /// `mutex_wait_ns / cpu_ns` (0 when it had no CPU time).
+    pub mutex_wait_per_cpu: f64,
+    /// It had no event in the window: asleep throughout (all of it in `other_off_cpu_ns`).
+    pub idle: bool,
 }
 
 /// A contended call site: the code that wanted a lock (the stack above the lock call), with
@@ -289,52 +326,17 @@ pub struct LockWaits {
     pub sites: Vec<WaitSite>,
 }
 
-/// The lock waits of every thread of a recording, summed (nanoseconds): what a session's
-/// `Report` and summary line carry ([`LockWaits::totals`]). The same intervals as
-/// [`LockWaits::threads`], so each field is the sum of that field over them.
+/// The lock waits of every thread of a recording, summed: what a session's `Report` and
+/// summary line carry ([`LockWaits::totals`]). The same intervals as [`LockWaits::threads`],
+/// so each time is the sum of that time over them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[non_exhaustive]
 pub struct WaitTotals {
     /// Threads seen (idle ones included).
     pub threads: u64,
-    /// Waiting for a mutex (std, parking_lot).
-    pub mutex_wait_ns: u64,
-    /// Waiting for a read-write lock (std, parking_lot).
-    pub rwlock_wait_ns: u64,
-    /// Waiting on a condition variable.
-    pub condvar_wait_ns: u64,
-    /// Waiting for one of glibc's internal locks.
-    pub glibc_lock_wait_ns: u64,
-    /// Waiting on another futex.
-    pub other_futex_wait_ns: u64,
-    /// Waiting for I/O or polling.
-    pub io_wait_ns: u64,
-    /// Sleeping.
-    pub sleep_ns: u64,
-    /// Off the CPU for another reason, or for a wait begun before the recording.
-    pub other_off_cpu_ns: u64,
-    /// Preempted (runnable, not waiting).
-    pub preempted_ns: u64,
-    /// On a CPU.
-    pub cpu_ns: u64,
-}
-
-impl WaitTotals {
-    /// Each class's total with its name as in [`WaitClass::name`], in the order of
-    /// [`WaitClass`].
-    pub fn by_class(&self) -> [(WaitClass, u64); 9] {
-        [
-            (WaitClass::Mutex, self.mutex_wait_ns),
-            (WaitClass::RwLock, self.rwlock_wait_ns),
-            (WaitClass::Condvar, self.condvar_wait_ns),
-            (WaitClass::GlibcLock, self.glibc_lock_wait_ns),
-            (WaitClass::OtherFutex, self.other_futex_wait_ns),
-            (WaitClass::Io, self.io_wait_ns),
-            (WaitClass::Sleep, self.sleep_ns),
-            (WaitClass::OtherOffCpu, self.other_off_cpu_ns),
-            (WaitClass::Preempted, self.preempted_ns),
-        ]
-    }
+    /// Their times summed.
+    #[serde(flatten)]
+    pub times: WaitTimes,
 }
 
 impl LockWaits {
@@ -343,16 +345,7 @@ impl LockWaits {
         let mut t = WaitTotals::default();
         for w in &self.threads {
             t.threads += 1;
-            t.mutex_wait_ns += w.mutex_wait_ns;
-            t.rwlock_wait_ns += w.rwlock_wait_ns;
-            t.condvar_wait_ns += w.condvar_wait_ns;
-            t.glibc_lock_wait_ns += w.glibc_lock_wait_ns;
-            t.other_futex_wait_ns += w.other_futex_wait_ns;
-            t.io_wait_ns += w.io_wait_ns;
-            t.sleep_ns += w.sleep_ns;
-            t.other_off_cpu_ns += w.other_off_cpu_ns;
-            t.preempted_ns += w.preempted_ns;
-            t.cpu_ns += w.cpu_ns;
+            t.times += w.times;
         }
         t
     }
@@ -469,9 +462,12 @@ pub(crate) fn lock_waits_of(
             let mut w = ThreadWaits {
                 pid: t.pid,
                 tid: t.tid,
-                cpu_ns: t.cpu_ns,
+                times: WaitTimes {
+                    cpu_ns: t.cpu_ns,
+                    other_off_cpu_ns: t.before_first_switch_in_ns,
+                    ..WaitTimes::default()
+                },
                 idle: t.idle,
-                other_off_cpu_ns: t.before_first_switch_in_ns,
                 ..ThreadWaits::default()
             };
             for i in &t.intervals {
@@ -480,7 +476,7 @@ pub(crate) fn lock_waits_of(
                     .map(|v| v.iter().map(String::as_str).collect())
                     .unwrap_or_default();
                 let (class, at) = classify(i.preempted, &fns);
-                w.add(class, i.ns());
+                *w.times.slot(class) += i.ns();
                 let is_lock = matches!(
                     class,
                     WaitClass::Mutex
@@ -495,8 +491,8 @@ pub(crate) fn lock_waits_of(
                     s.1 += 1;
                 }
             }
-            if w.cpu_ns > 0 {
-                w.mutex_wait_per_cpu = w.mutex_wait_ns as f64 / w.cpu_ns as f64;
+            if w.times.cpu_ns > 0 {
+                w.mutex_wait_per_cpu = w.times.mutex_wait_ns as f64 / w.times.cpu_ns as f64;
             }
             w
         })

@@ -181,6 +181,7 @@ impl Report {
             Some(Ok(w)) => {
                 let t = w.totals();
                 let classes: Vec<String> = t
+                    .times
                     .by_class()
                     .iter()
                     .filter(|(c, ns)| *ns > 0 || *c == WaitClass::Mutex)
@@ -190,7 +191,7 @@ impl Report {
                     "; lock waits of {}: {}; on CPU {}",
                     human::plural(t.threads, "thread", "threads"),
                     classes.join(", "),
-                    ms(t.cpu_ns)
+                    ms(t.times.cpu_ns)
                 )
             }
         }
@@ -314,15 +315,18 @@ mod tests {
     /// (mutex always), then the time on a CPU; one whose waits cannot be given says why.
     #[test]
     fn summary_line_carries_lock_wait_totals() {
-        use crate::locks::ThreadWaits;
+        use crate::locks::{ThreadWaits, WaitTimes};
         let mut r = report(2, 0, 0);
         assert!(!r.summary_line().contains("lock waits"));
         let thread = |tid, mutex, sleep, cpu| ThreadWaits {
             pid: 1,
             tid,
-            mutex_wait_ns: mutex,
-            sleep_ns: sleep,
-            cpu_ns: cpu,
+            times: WaitTimes {
+                mutex_wait_ns: mutex,
+                sleep_ns: sleep,
+                cpu_ns: cpu,
+                ..WaitTimes::default()
+            },
             ..ThreadWaits::default()
         };
         let waits = LockWaits {
@@ -335,7 +339,12 @@ mod tests {
         };
         let t = waits.totals();
         assert_eq!(
-            (t.threads, t.mutex_wait_ns, t.sleep_ns, t.cpu_ns),
+            (
+                t.threads,
+                t.times.mutex_wait_ns,
+                t.times.sleep_ns,
+                t.times.cpu_ns
+            ),
             (2, 41_250_000, 20_000_000, 81_000_000)
         );
         r.lock_waits = Some(Ok(waits));
