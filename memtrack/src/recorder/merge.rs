@@ -18,6 +18,12 @@ use crate::event::{Event, EventKind, KindTag};
 use crate::stack::StackId;
 use crate::tracker::{Defined, StackTable};
 
+/// Slots emitted a chunk at a time: both passes of [`Pending::emit`] (stack ids, then events)
+/// run over one chunk before the next, so that the second reads the slots from the L1 cache
+/// that the first brought them into (the buffer holds `LAG_NS` of slots, megabytes, which
+/// the cache has long evicted by the time they are emitted).
+const CHUNK: usize = 256;
+
 /// A drained slot and the thread that wrote it.
 #[derive(Clone, Copy)]
 struct Drained {
@@ -97,7 +103,7 @@ impl Pending {
         };
         let (table, defined) = &mut *stacks;
         let pid = self.pid;
-        for part in [front, back] {
+        for part in [front, back].into_iter().flat_map(|p| p.chunks_mut(CHUNK)) {
             // The recording's stack ids first (a stack is defined in `enc` at its first use,
             // before any event naming it is pushed), then the events a slice at a time.
             for d in part.iter_mut() {
@@ -199,6 +205,101 @@ mod tests {
                 Event::new(5, 1, 2, EventKind::Free { addr: 0x2000 }),
             ]
         );
+    }
+
+    /// Slots of more than one chunk, across the deque's wrap (its front and back halves), keep
+    /// their order and each its own stack: the two passes of `emit` run a chunk at a time, and
+    /// an event must carry the stack of its own slot, defined before the event.
+    #[test]
+    fn emits_many_chunks_with_their_stacks() {
+        let mut table = StackTable::new(Default::default(), false);
+        // Process-wide ids 1..=3: stacks of code addresses of this binary (an address outside
+        // every mapping would end its stack), one function each.
+        let code = [
+            raw as *const () as u64,
+            Pending::new as *const () as u64,
+            event_kind as *const () as u64,
+        ];
+        for (id, at) in (1..=3u32).zip(code) {
+            let h = memtrack_bpf::RawStack {
+                ts: 0,
+                pid: std::process::id(),
+                id,
+                record: memtrack_bpf::RECORD_STACK,
+                nframes: 1,
+                flags: 0,
+                reserved: 0,
+            };
+            assert!(table.add(&h, [at].into_iter()));
+        }
+        let mut stacks = (table, Defined::default());
+        let meta = Metadata::now(1, Backend::Alloc);
+        let opts = EncoderOptions::new().workers(1).frame_events(1000);
+        let mut enc = Encoder::new(Vec::new(), &meta, opts).unwrap();
+        let mut p = Pending::new(1);
+        let slot = |i: u64| Raw {
+            // Every fourth slot has no stack; first used in the order 3, 2, 1, so that the
+            // recording's ids (1, 2, 3 by first use) are not the process-wide ones.
+            stack: if i % 4 == 3 { 0 } else { 3 - (i % 3) as u32 },
+            ..raw(i, KindTag::Malloc, 0x10_0000 + i * 16)
+        };
+        let mut next = 0u64;
+        // Fill, emit most, fill again: the deque wraps, and the next emit spans both halves.
+        for _ in 0..3 * CHUNK + 7 {
+            assert!(p.push(7, &slot(next)));
+            next += 1;
+        }
+        p.sort_from(0);
+        p.emit(2 * CHUNK + 5, |t| t, &mut enc, &mut stacks).unwrap();
+        let before = p.len();
+        for _ in 0..4 * CHUNK + 3 {
+            assert!(p.push(7, &slot(next)));
+            next += 1;
+        }
+        p.sort_from(before);
+        assert!(!p.slots.as_slices().1.is_empty(), "the deque wrapped");
+        p.emit(p.len(), |t| t, &mut enc, &mut stacks).unwrap();
+        let (bytes, written) = enc.finish_into(0).unwrap();
+        assert_eq!(written.events, next);
+        let r = Reader::from_bytes(bytes).unwrap();
+        // The first frame's offset of each event's stack, by the process-wide id of its slot.
+        let mut offsets: [Vec<u64>; 3] = Default::default();
+        for (i, e) in r.events().enumerate() {
+            let e = e.unwrap();
+            let i = i as u64;
+            assert_eq!((e.ts, e.tid), (i, 7));
+            assert_eq!(
+                e.kind,
+                EventKind::Malloc {
+                    addr: 0x10_0000 + i * 16,
+                    size: 8
+                }
+            );
+            let want = slot(i).stack;
+            if want == 0 {
+                assert!(e.stack.is_none(), "event {i}");
+            } else {
+                offsets[want as usize - 1].push(r.stack(e.stack).unwrap().frames[0].offset);
+            }
+        }
+        // Every slot's event has its own stack: one offset per process-wide id, and the three
+        // as far apart as the functions they name (one mapping of this binary).
+        let one: Vec<u64> = offsets
+            .iter()
+            .map(|o| {
+                assert!(!o.is_empty() && o.iter().all(|x| *x == o[0]), "{o:?}");
+                o[0]
+            })
+            .collect();
+        for k in 1..3 {
+            assert_eq!(
+                one[k].wrapping_sub(one[0]),
+                code[k].wrapping_sub(code[0]),
+                "stack {}",
+                k + 1
+            );
+        }
+        assert_eq!(r.stacks().unwrap().stacks().len(), 3);
     }
 
     /// Two threads' runs merge in timestamp order (ties keep drain order), the horizon holds
