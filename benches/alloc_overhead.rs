@@ -1,10 +1,13 @@
 //! Marginal cost of the allocator backend per event, on an allocation-heavy workload: a
 //! 64-slot ring of blocks of varying sizes (8..1032 bytes), N = 2,000,000 alloc+free pairs.
-//! Four configurations side by side: untracked (`System` directly), `memtrack::Allocator`
-//! with no session, with a session recording (the allocator backend) without call stacks, and
-//! with a session recording 20-frame call stacks (the workload runs STACK_FRAMES deep).
-//! Targets: ≤ 1 ns/event with no session, ≤ 20 ns/event recording, end to end; stacks ≤ 40
-//! ns/event more. Stacks need frame pointers: run it with
+//! Five configurations side by side: untracked (`System` directly), `memtrack::Allocator`
+//! with no session, with a session recording (the allocator backend) without call stacks,
+//! with a session recording 20-frame call stacks (the workload runs NEST frames deep), and the
+//! same with the allocations made through five functions in turn (five stacks in rotation,
+//! more than the recorder keeps to find a stack again: every allocation walks and looks up its
+//! stack, the recorder's worst case).
+//! Targets: ≤ 1 ns/event with no session, ≤ 20 ns/event recording, ≤ 40 ns/event recording
+//! 20-frame stacks, end to end (issues 13 and 14). Stacks need frame pointers: run it with
 //! `RUSTFLAGS="-C force-frame-pointers=yes"` (it prints the frames the stacks really had).
 //!
 //! How it avoids flattering itself:
@@ -34,9 +37,9 @@ static GLOBAL: Allocator = Allocator::system();
 const N: usize = 2_000_000;
 const ROUNDS: usize = 7;
 /// The depth at which every configuration runs the workload: frames of `nested` under `main`,
-/// so that a recorded stack has 20 frames with the runtime's below `main` and the wrapper's
-/// own frame (checked from the artifact when the bench ends).
-const NEST: u32 = 12;
+/// so that a recorded stack has 20 frames with the runtime's below `main`, the workload's, its
+/// `via_*` call and the wrapper's own frame (checked from the artifact when the bench ends).
+const NEST: u32 = 10;
 
 /// Runs `f` under `depth` more frames of its own (frame pointers make each one a frame).
 #[inline(never)]
@@ -49,8 +52,29 @@ fn nested<R>(depth: u32, f: &mut dyn FnMut() -> R) -> R {
     }
 }
 
-/// `n` alloc+free pairs through `a`: 2n events.
-fn workload(a: &dyn GlobalAlloc, n: usize) {
+/// Functions alike but for their name, that make the workload's allocation: allocations
+/// through them in turn have stacks that start at the same frame pointer and differ in one
+/// caller. Five in turn are more than the allocator recorder keeps to find a stack again
+/// (`recorder/walk.rs`): every allocation walks its stack and looks it up (its worst case).
+macro_rules! via {
+    ($($name:ident $k:literal),*) => {
+        $(
+            #[inline(never)]
+            fn $name(a: &dyn GlobalAlloc, layout: Layout) -> *mut u8 {
+                // A constant of its own, so that the compiler does not merge them into one.
+                black_box($k);
+                // SAFETY: non-zero size.
+                black_box(unsafe { a.alloc(layout) })
+            }
+        )*
+        const VIA: &[fn(&dyn GlobalAlloc, Layout) -> *mut u8] = &[$($name),*];
+    };
+}
+via!(via_0 0, via_1 1, via_2 2, via_3 3, via_4 4);
+
+/// `n` alloc+free pairs through `a`: 2n events, allocated through `via_0`, or through each
+/// of [`VIA`] in turn.
+fn workload(a: &dyn GlobalAlloc, n: usize, in_turn: bool) {
     let mut ring: [(*mut u8, Layout); 64] = [(std::ptr::null_mut(), Layout::new::<u8>()); 64];
     let mut x: u32 = 12345;
     for i in 0..n {
@@ -62,9 +86,9 @@ fn workload(a: &dyn GlobalAlloc, n: usize) {
             unsafe { a.dealloc(slot.0, slot.1) };
         }
         let layout = Layout::from_size_align(size, 8).expect("layout");
-        // SAFETY: non-zero size.
-        *slot = (unsafe { a.alloc(layout) }, layout);
-        black_box(slot.0);
+        let via = if in_turn { VIA[i % VIA.len()] } else { VIA[0] };
+        let p = black_box(via)(a, layout);
+        *slot = (p, layout);
     }
     for (p, l) in ring {
         if !p.is_null() {
@@ -111,10 +135,21 @@ fn session_with(dir: &std::path::Path, name: &str, stack_depth: u32) -> Session 
 /// A session around `workload(n)`, timed from the first allocation to the end of `finish`;
 /// fails on a lost event or a missed allocation.
 fn recorded(dir: &std::path::Path, wrapper: &Allocator, n: usize, stacks: u32) -> (f64, f64) {
+    recorded_with(dir, wrapper, n, stacks, false)
+}
+
+/// [`recorded`], the workload allocating through the functions of [`VIA`] in turn if `in_turn`.
+fn recorded_with(
+    dir: &std::path::Path,
+    wrapper: &Allocator,
+    n: usize,
+    stacks: u32,
+    in_turn: bool,
+) -> (f64, f64) {
     let s = session_with(dir, "alloc_overhead", stacks);
     let mut report = None;
     let t = timed(|| {
-        nested(NEST, &mut || workload(wrapper, n));
+        nested(NEST, &mut || workload(wrapper, n, in_turn));
         report = Some(s.finish().expect("finish"));
     });
     let r = report.expect("finished");
@@ -138,24 +173,26 @@ fn main() {
     let wrapper = Allocator::system();
     let dir = tempfile::tempdir().expect("tempdir");
     // Warm-up: a heap grown to the workload's size, the session machinery loaded once.
-    workload(&System, N / 10);
-    workload(&wrapper, N / 10);
+    workload(&System, N / 10, false);
+    workload(&wrapper, N / 10, false);
     recorded(dir.path(), &wrapper, N / 10, 0);
     recorded(dir.path(), &wrapper, N / 10, 64);
+    recorded_with(dir.path(), &wrapper, N / 10, 64, true);
     // Sized up front: the vectors must not grow while a session records.
-    let mut wall: [Vec<f64>; 5] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
-    let mut cpu: [Vec<f64>; 5] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
+    let mut wall: [Vec<f64>; 6] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
+    let mut cpu: [Vec<f64>; 6] = std::array::from_fn(|_| Vec::with_capacity(ROUNDS));
     for round in 0..ROUNDS {
-        let mut order = [0, 1, 2, 3, 4];
+        let mut order = [0, 1, 2, 3, 4, 5];
         if round % 2 == 1 {
             order.reverse();
         }
         for config in order {
             let (w, c) = match config {
-                0 => timed(|| nested(NEST, &mut || workload(&System, N))),
-                1 => timed(|| nested(NEST, &mut || workload(&wrapper, N))),
+                0 => timed(|| nested(NEST, &mut || workload(&System, N, false))),
+                1 => timed(|| nested(NEST, &mut || workload(&wrapper, N, false))),
                 2 => recorded(dir.path(), &wrapper, N, 0),
                 3 => recorded(dir.path(), &wrapper, N, 64),
+                4 => recorded_with(dir.path(), &wrapper, N, 64, true),
                 // The fixed cost of a session's `finish` (no events), subtracted from 2's.
                 _ => recorded(dir.path(), &wrapper, 0, 0),
             };
@@ -163,8 +200,8 @@ fn main() {
             cpu[config].push(c);
         }
     }
-    let [u, i, r, rs, e] = wall.map(median);
-    let [cu, ci, cr, crs, ce] = cpu.map(median);
+    let [u, i, r, rs, rt, e] = wall.map(median);
+    let [cu, ci, cr, crs, crt, ce] = cpu.map(median);
     let pairs = N as f64;
     let events = 2.0 * pairs;
     println!(
@@ -194,10 +231,19 @@ fn main() {
         (crs - ce - cu) / events
     );
     println!(
-        "  call stacks' marginal cost: {:+.2} ns/event wall, {:+.2} ns/event CPU ({})",
+        "  + call stacks, five in turn    {:12.2}   {:+17.2}   {:+.2}",
+        (rt - e) / pairs,
+        (rt - e - u) / events,
+        (crt - ce - cu) / events
+    );
+    println!(
+        "  call stacks' marginal cost: {:+.2} ns/event wall, {:+.2} ns/event CPU ({}); five \
+         stacks in turn (every allocation walks its stack): {:+.2} wall, {:+.2} CPU",
         (rs - r) / events,
         (crs - cr) / events,
-        stack_shape(dir.path(), &wrapper)
+        stack_shape(dir.path(), &wrapper),
+        (rt - r) / events,
+        (crt - cr) / events,
     );
     println!(
         "  (an empty session's finish: {:.2} ms wall, {:.2} ms CPU, subtracted above)",
@@ -211,7 +257,7 @@ fn main() {
 /// without frame pointers they are short, and the figure above is not the 20-frame one.
 fn stack_shape(dir: &std::path::Path, wrapper: &Allocator) -> String {
     let s = session_with(dir, "alloc_overhead_stacks", 64);
-    nested(NEST, &mut || workload(wrapper, 1000));
+    nested(NEST, &mut || workload(wrapper, 1000, false));
     let r = s.finish().expect("finish");
     let path = r.path.expect("an artifact");
     let reader = memtrack::Reader::open(&path).expect("reading the artifact");
@@ -236,13 +282,13 @@ fn burst(dir: &std::path::Path, wrapper: &Allocator) {
     const BURSTS: usize = 200;
     let (mut bu, mut br) = (Vec::with_capacity(BURSTS), Vec::with_capacity(BURSTS));
     let s = session(dir, "alloc_overhead_burst");
-    workload(&System, BURST);
-    workload(wrapper, BURST);
+    workload(&System, BURST, false);
+    workload(wrapper, BURST, false);
     for i in 0..BURSTS {
         // Let the collector drain the ring between bursts, then warm the cache again.
         std::thread::sleep(Duration::from_millis(3));
-        workload(&System, BURST);
-        let one = |a: &dyn GlobalAlloc| timed(|| workload(a, BURST)).0;
+        workload(&System, BURST, false);
+        let one = |a: &dyn GlobalAlloc| timed(|| workload(a, BURST, false)).0;
         if i % 2 == 0 {
             bu.push(one(&System));
             br.push(one(wrapper));

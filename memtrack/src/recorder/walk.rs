@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! record(alloc, rip and rbp of the allocator's wrapper): rip is the first frame
+//!   one of the thread's last 4 walks started at this rip and rbp, and every frame it read
+//!   still holds what it read (independent loads)? → its id, no walk
 //!   walk: [rbp+8] return address, [rbp] the caller's rbp, while rbp is in the thread's stack,
-//!         16-byte aligned and strictly growing, at most STACK_DEPTH frames
+//!         16-byte aligned and strictly growing, at most STACK_DEPTH frames (kept as a trace)
 //!   per-thread map: addresses → id  ── new: NEW_STACKS (id, addresses) ──▶ collector
 //!   Raw.stack = id                                                   ModuleMap → Frames → intern
 //! ```
@@ -16,7 +18,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
-use std::rc::Rc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -91,12 +92,63 @@ fn thread_bounds() -> (u64, u64) {
     })
 }
 
+/// What a walk read: the address of each frame it read and the two words it found there
+/// (`[next fp, return address]`), in order, at most [`STACK_MAX`] + 1 of them (the frames of a
+/// full stack and the one whose return address 0 ended it).
+pub(crate) struct Trace {
+    len: usize,
+    frames: [u64; TRACE_MAX],
+    words: [[u64; 2]; TRACE_MAX],
+}
+
+const TRACE_MAX: usize = STACK_MAX as usize + 1;
+
+impl Trace {
+    fn new() -> Box<Trace> {
+        Box::new(Trace {
+            len: 0,
+            frames: [0; TRACE_MAX],
+            words: [[0; 2]; TRACE_MAX],
+        })
+    }
+
+    /// Whether every frame this trace read still holds the words it read there. If so, a walk
+    /// from the same frame pointer with the same cap returns what it returned then: each of
+    /// its decisions depends only on the frame pointer it is at, the two words it reads there,
+    /// the count so far, the cap and the thread's stack bounds. The addresses are known
+    /// beforehand, so the loads are independent of each other, where the walk's each wait on
+    /// the one before.
+    ///
+    /// # Safety
+    /// Every frame of the trace must be readable: true of a trace of the calling thread's own
+    /// walk (the walk read them; a thread's stack stays mapped while it lives).
+    #[inline(always)]
+    unsafe fn still_holds(&self) -> bool {
+        let (frames, words) = (&self.frames[..self.len], &self.words[..self.len]);
+        let Some((&first, rest)) = frames.split_first() else {
+            return true;
+        };
+        // The innermost frame alone first: two stacks that start at one frame pointer mostly
+        // differ there (another call site in the same function), and a thread that allocates
+        // at several places in turn checks each of its recent walks.
+        // SAFETY: by the contract, `first` was read by this thread's walk: readable.
+        if unsafe { *(first as *const [u64; 2]) } != words[0] {
+            return false;
+        }
+        let mut same = true;
+        for (&at, want) in rest.iter().zip(&words[1..]) {
+            // SAFETY: as `first`.
+            let got = unsafe { *(at as *const [u64; 2]) };
+            same &= got == *want;
+        }
+        same
+    }
+}
+
 /// Walks the frame-pointer chain from `fp` into `out` (return addresses, innermost first);
-/// returns how many it wrote (`out[..n]`, now initialised), whether it stopped at
-/// `out.len()` with the chain going on, and whether `out[..n]` equals `last[..n]` (a return
-/// address is never 0, so a `last` shorter than `n` differs). The comparison rides along: each
-/// frame's address waits on the load of the one before it, and the compare fits in that wait,
-/// where comparing afterwards was a `memcmp` of the whole stack per allocation.
+/// returns how many it wrote (`out[..n]`, now initialised) and whether it stopped at
+/// `out.len()` with the chain going on. Every frame it reads goes into `trace`, for
+/// [`Trace::still_holds`].
 /// Reads only the words `[fp, fp + 16)` of frames inside `[low, high)`, 16-byte aligned, each
 /// above the last: any other frame pointer (a broken chain, the outermost frame's 0) ends it.
 ///
@@ -107,84 +159,131 @@ pub(crate) unsafe fn walk(
     low: u64,
     high: u64,
     out: &mut [MaybeUninit<u64>],
-    last: &[u64],
-) -> (usize, bool, bool) {
+    trace: &mut Trace,
+) -> (usize, bool) {
     let valid =
         |fp: u64| fp >= low && fp.checked_add(16).is_some_and(|e| e <= high) && fp % 16 == 0;
+    // `out` is at most STACK_MAX long: the reads (one more at most) fit in the trace.
+    let cap = out.len().min(STACK_MAX as usize);
+    let out = &mut out[..cap];
     let mut n = 0;
-    let mut same = true;
+    trace.len = 0;
     while valid(fp) {
         if n == out.len() {
-            return (n, true, same);
+            return (n, true);
         }
         // SAFETY: `valid(fp)`: both words lie inside `[low, high)`, readable by the contract.
         let (next, ret) = unsafe { (*(fp as *const u64), *((fp + 8) as *const u64)) };
+        trace.frames[n] = fp;
+        trace.words[n] = [next, ret];
+        trace.len = n + 1;
         if ret == 0 {
             break;
         }
         out[n].write(ret);
-        same &= last.get(n).copied().unwrap_or(0) == ret;
         n += 1;
         if next <= fp {
             break;
         }
         fp = next;
     }
-    (n, false, same)
+    (n, false)
 }
 
 /// The id of the calling thread's stack at `at` (the allocator wrapper's), at most `depth`
 /// frames (≥ 1): `at.ip`, then the return addresses walked from `at.fp`; a stack new to this
 /// thread is sent to the collector first. 0 (no stack) during the thread's teardown (its map is
 /// gone).
+///
+/// An allocation in a loop has the stack of an allocation a few before it: if it starts where
+/// one of the thread's last [`RECENT`] walks started (instruction and frame pointer, same cap)
+/// and every frame that walk read still holds what it held ([`Trace::still_holds`]), it is
+/// that walk's stack, found without walking or hashing it.
 #[inline(never)]
 pub(crate) fn capture(at: Here, depth: u32) -> u32 {
-    let (low, high) = thread_bounds();
-    // Not zeroed: 1 KiB of stores on every allocation (the walk writes what is read).
-    let mut buf = [MaybeUninit::<u64>::uninit(); STACK_MAX as usize + 1];
     let depth = depth.clamp(1, STACK_MAX) as usize;
-    buf[0].write(at.ip);
     SEEN.try_with(|seen| {
         let mut seen = seen.borrow_mut();
-        // The last stack's return addresses, compared during the walk, if its first frame
-        // is this one (a key is the first frame, the return addresses, the cut flag).
-        let last = match &seen.last {
-            Some((key, id)) if key[0] == at.ip => {
-                Some((&key[1..key.len() - 1], key[key.len() - 1], *id))
+        let seen = &mut *seen;
+        // The walk that answered last first: a loop with one stack checks one.
+        for k in 0..RECENT {
+            let i = (seen.answered + k) % RECENT;
+            let w = &seen.recent[i];
+            let starts_here = w.id != 0 && (w.ip, w.fp, w.depth) == (at.ip, at.fp, depth);
+            // SAFETY: the trace is of this thread's own walk.
+            if starts_here && unsafe { w.trace.still_holds() } {
+                seen.answered = i;
+                return w.id;
             }
-            _ => None,
-        };
-        let (last_addrs, last_cut, last_id) = last.unwrap_or((&[], u64::MAX, 0));
-        // SAFETY: `[low, high)` is this thread's own stack (or empty).
-        let (n, truncated, same) =
-            unsafe { walk(at.fp, low, high, &mut buf[1..depth], last_addrs) };
-        if same && n == last_addrs.len() && truncated as u64 == last_cut {
-            return last_id;
         }
+        let (low, high) = thread_bounds();
+        // Not zeroed: 1 KiB of stores on every allocation (the walk writes what is read).
+        let mut buf = [MaybeUninit::<u64>::uninit(); STACK_MAX as usize + 1];
+        buf[0].write(at.ip);
+        // The oldest walk's place.
+        let i = seen.replace;
+        seen.replace = (i + 1) % RECENT;
+        let w = &mut seen.recent[i];
+        w.id = 0;
+        // SAFETY: `[low, high)` is this thread's own stack (or empty).
+        let (n, truncated) = unsafe { walk(at.fp, low, high, &mut buf[1..depth], &mut w.trace) };
         let n = n + 1;
         buf[n].write(truncated as u64);
         // SAFETY: `buf[0]`, the `n - 1` words the walk wrote after it and `buf[n]` are written.
         let key: &[u64] = unsafe { &*(&buf[..=n] as *const [MaybeUninit<u64>] as *const [u64]) };
-        intern(&mut seen, key)
+        let id = intern(&mut seen.ids, key);
+        let w = &mut seen.recent[i];
+        (w.ip, w.fp, w.depth, w.id) = (at.ip, at.fp, depth, id);
+        seen.answered = i;
+        id
     })
     .unwrap_or(0)
 }
 
+/// The walks a thread keeps to find a stack again without walking it (see [`capture`]): a loop
+/// that allocates at up to this many places in turn walks each once.
+const RECENT: usize = 4;
+
 /// A thread's stacks: return addresses, then 1 if the walk was cut at the depth cap, else 0
-/// (never a return address) → id.
-#[derive(Default)]
+/// (never a return address) → id; and its last walks.
 struct Seen {
-    ids: FxHashMap<Rc<[u64]>, u32>,
-    /// The last stack recorded and its id: an allocation in a loop has its predecessor's
-    /// stack, and comparing with it is cheaper than hashing it (one multiply per frame).
-    last: Option<(Rc<[u64]>, u32)>,
+    ids: FxHashMap<Box<[u64]>, u32>,
+    recent: [Walked; RECENT],
+    /// The walk that answered the last capture (checked first).
+    answered: usize,
+    /// The walk the next one replaces (the oldest).
+    replace: usize,
 }
 
-/// The id of `key` (addresses, then the truncation flag) in `seen`, sending it if new (the
-/// last stack recorded was compared with it during the walk: see [`capture`]).
-fn intern(seen: &mut Seen, key: &[u64]) -> u32 {
-    if let Some((k, &id)) = seen.ids.get_key_value(key) {
-        seen.last = Some((Rc::clone(k), id));
+/// A walk: where it started, with which cap, what it read, the id of its stack (0: none).
+struct Walked {
+    ip: u64,
+    fp: u64,
+    depth: usize,
+    id: u32,
+    trace: Box<Trace>,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Seen {
+            ids: FxHashMap::default(),
+            recent: std::array::from_fn(|_| Walked {
+                ip: 0,
+                fp: 0,
+                depth: 0,
+                id: 0,
+                trace: Trace::new(),
+            }),
+            answered: 0,
+            replace: 0,
+        }
+    }
+}
+
+/// The id of `key` (addresses, then the truncation flag) in `ids`, sending it if new.
+fn intern(ids: &mut FxHashMap<Box<[u64]>, u32>, key: &[u64]) -> u32 {
+    if let Some(&id) = ids.get(key) {
         return id;
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -197,9 +296,7 @@ fn intern(seen: &mut Seen, key: &[u64]) -> u32 {
             truncated: flag[0] != 0,
             addrs: addrs.into(),
         });
-    let key: Rc<[u64]> = key.into();
-    seen.ids.insert(Rc::clone(&key), id);
-    seen.last = Some((key, id));
+    ids.insert(key.into(), id);
     id
 }
 
@@ -255,8 +352,7 @@ mod tests {
         // thread's stack.
         unsafe {
             let out = &mut *(out as *mut [u64] as *mut [MaybeUninit<u64>]);
-            let (n, cut, _) = walk(fp, low, high, out, &[]);
-            (n, cut)
+            walk(fp, low, high, out, &mut Trace::new())
         }
     }
 
@@ -287,26 +383,64 @@ mod tests {
         assert_eq!(got, (4, false), "the 4th frame ends the chain: not cut");
     }
 
-    /// The walk tells whether what it wrote equals the last stack's addresses, frame by frame:
-    /// `capture` reuses the last stack's id on that alone (with the lengths and cut flags).
+    /// A walk's trace holds while every word it read is unchanged: a changed return address,
+    /// frame pointer, or the word that ended the chain each make it fail.
     #[test]
-    fn the_walk_compares_with_the_last_stack_as_it_goes() {
+    fn a_trace_holds_until_a_word_it_read_changes() {
         let mut b = Buf([0; 64]);
         chain(&mut b, &[2, 8, 20, 40]);
         let (lo, hi) = bounds(&b);
         let mut out = [MaybeUninit::<u64>::uninit(); 8];
-        let mut run = |last: &[u64]| {
-            // SAFETY: the bounds are `b`'s own.
-            let (n, cut, same) = unsafe { walk(addr(&b, 2), lo, hi, &mut out, last) };
-            assert_eq!((n, cut), (4, false));
-            same
+        let mut trace = Trace::new();
+        let holds = |_: &Buf, t: &Trace| {
+            // SAFETY: the trace's frames are in `b`, alive throughout.
+            unsafe { t.still_holds() }
         };
-        assert!(run(&[0x1000, 0x1001, 0x1002, 0x1003]));
-        assert!(!run(&[0x1000, 0x1001, 0x1102, 0x1003]), "one frame differs");
-        assert!(!run(&[0x1000, 0x1001, 0x1002]), "the last stack is shorter");
-        assert!(!run(&[]), "no last stack");
-        // A longer last stack agrees on the frames walked: `capture` compares the lengths.
-        assert!(run(&[0x1000, 0x1001, 0x1002, 0x1003, 0x1004]));
+        assert_eq!(
+            // SAFETY: the bounds are `b`'s own.
+            unsafe { walk(addr(&b, 2), lo, hi, &mut out, &mut trace) },
+            (4, false)
+        );
+        assert_eq!(trace.len, 4);
+        assert_eq!(trace.frames[..4], [2, 8, 20, 40].map(|i| addr(&b, i)));
+        assert!(holds(&b, &trace));
+        for (word, what) in [
+            (21, "a return address"),
+            (8, "a frame pointer"),
+            (40, "the 0 that ended the chain"),
+        ] {
+            let was = b.0[word];
+            b.0[word] = addr(&b, 50);
+            assert!(!holds(&b, &trace), "{what} changed");
+            b.0[word] = was;
+            assert!(holds(&b, &trace), "{what} restored");
+        }
+        // A word outside the frames read (past the end of the chain) does not matter.
+        b.0[50] = 7;
+        assert!(holds(&b, &trace));
+        // The frame whose return address 0 ended the walk was read: it is in the trace.
+        b.0[41] = 0;
+        assert_eq!(
+            // SAFETY: the bounds are `b`'s own.
+            unsafe { walk(addr(&b, 2), lo, hi, &mut out, &mut trace) },
+            (3, false)
+        );
+        assert_eq!(trace.len, 4, "frame 40 read, return address 0: not a frame");
+        b.0[41] = 0x1003;
+        assert!(
+            !holds(&b, &trace),
+            "the return address that ended the walk changed"
+        );
+        b.0[41] = 0;
+        // Cut at the cap: the frames past it were not read.
+        assert_eq!(
+            // SAFETY: the bounds are `b`'s own.
+            unsafe { walk(addr(&b, 2), lo, hi, &mut out[..2], &mut trace) },
+            (2, true)
+        );
+        assert_eq!(trace.len, 2);
+        b.0[21] = 0x5000;
+        assert!(holds(&b, &trace));
     }
 
     /// An allocation site reached by two callers: the same first frame, the same depth.
@@ -389,8 +523,8 @@ mod tests {
         assert_eq!(walk_in(0, lo, hi, &mut out), (0, false));
     }
 
-    /// 1 M allocations from 3 sites in turn (the last-stack shortcut misses every time): 3
-    /// stack records, each sent once; then one site repeated (it hits) keeps its id.
+    /// 1 M allocations from 3 sites in turn: 3 stack records, each sent once; then one site
+    /// repeated keeps its id.
     #[test]
     fn each_distinct_stack_is_sent_once() {
         let mut seen = Seen::default();
@@ -402,7 +536,7 @@ mod tests {
         let before = NEXT_ID.load(Ordering::Relaxed);
         let mut ids = [0u32; 3];
         for i in 0..1_000_000 {
-            let id = intern(&mut seen, sites[i % 3]);
+            let id = intern(&mut seen.ids, sites[i % 3]);
             if i < 3 {
                 ids[i] = id;
             } else {
@@ -411,7 +545,7 @@ mod tests {
         }
         assert_eq!(seen.ids.len(), 3);
         for _ in 0..3 {
-            assert_eq!(intern(&mut seen, sites[1]), ids[1]);
+            assert_eq!(intern(&mut seen.ids, sites[1]), ids[1]);
         }
         assert_eq!(seen.ids.len(), 3);
         let sent: Vec<_> = take_new_stacks()
