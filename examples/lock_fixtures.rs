@@ -4,10 +4,12 @@
 //! way while recorded with lock waits (eBPF, needs root or CAP_BPF + CAP_PERFMON), and the
 //! symbolized stack of its longest off-CPU interval is written to
 //! `tests/fixtures/locks/<name>.txt`, one function per line, innermost first, after `#` lines
-//! saying how it was made.
+//! saying how it was made. A release build's stacks differ (inlined slow paths, whose frames
+//! have only their DWARF names): they go to `tests/fixtures/locks/release/`.
 //!
 //! ```text
 //! cargo run --example lock_fixtures [-- OUT_DIR]
+//! cargo run --release --example lock_fixtures -- tests/fixtures/locks/release
 //! ```
 
 use std::io::Write;
@@ -350,9 +352,10 @@ fn main() {
         writeln!(
             w,
             "# A {} ms off-CPU interval's stack (innermost first), recorded by\n\
-             # `cargo run --example lock_fixtures` (examples/lock_fixtures.rs, scenario `{name}`)\n\
+             # `cargo run{} --example lock_fixtures` (examples/lock_fixtures.rs, scenario `{name}`)\n\
              # on Linux {} with glibc {glibc}, symbolized by memtrack's Symbolizer.",
             longest.ns() / 1_000_000,
+            if cfg!(debug_assertions) { "" } else { " --release" },
             kernel.trim()
         )
         .unwrap();

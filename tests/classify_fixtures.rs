@@ -1,6 +1,8 @@
 //! `classify` on real stacks: each file of `tests/fixtures/locks/` is the symbolized stack of
 //! one recorded wait (written by `cargo run --example lock_fixtures`, which says in the file
-//! how), and must get its class, matched at the frame that names the way of waiting.
+//! how), and must get its class, matched at the frame that names the way of waiting. The same
+//! waits recorded from a release build, whose inlined slow paths symbolize otherwise, are in
+//! `tests/fixtures/locks/release/`.
 
 use memtrack::{WaitClass, classify};
 
@@ -10,13 +12,13 @@ const CASES: &[(&str, WaitClass, &str)] = &[
     ("std_rwlock_read", WaitClass::RwLock, "read_contended"),
     ("std_rwlock_write", WaitClass::RwLock, "write_contended"),
     ("std_condvar", WaitClass::Condvar, "Condvar"),
-    ("parking_lot_mutex", WaitClass::Mutex, "RawMutex::lock_slow"),
+    ("parking_lot_mutex", WaitClass::Mutex, "lock_slow"),
     (
         "parking_lot_rwlock_read",
         WaitClass::RwLock,
         "lock_shared_slow",
     ),
-    ("parking_lot_condvar", WaitClass::Condvar, "Condvar"),
+    ("parking_lot_condvar", WaitClass::Condvar, "condvar::"),
     (
         "glibc_stdio_lock",
         WaitClass::GlibcLock,
@@ -27,6 +29,9 @@ const CASES: &[(&str, WaitClass, &str)] = &[
     ("poll", WaitClass::Io, "poll"),
     ("sleep", WaitClass::Sleep, "nanosleep"),
 ];
+
+/// The fixture directories: a debug build's stacks, a release build's.
+const BUILDS: [&str; 2] = ["", "release/"];
 
 fn functions(name: &str) -> Vec<String> {
     let path = format!(
@@ -42,7 +47,11 @@ fn functions(name: &str) -> Vec<String> {
 
 #[test]
 fn recorded_stacks_get_their_class() {
-    for &(name, want, at) in CASES {
+    for (build, &(name, want, at)) in BUILDS
+        .iter()
+        .flat_map(|b| CASES.iter().map(move |c| (b, c)))
+    {
+        let name = &format!("{build}{name}");
         let fns = functions(name);
         let refs: Vec<&str> = fns.iter().map(String::as_str).collect();
         let (class, i) = classify(false, &refs);
@@ -59,8 +68,11 @@ fn recorded_stacks_get_their_class() {
 /// The same stacks left the CPU preempted: not a wait, whatever they hold.
 #[test]
 fn a_preempted_stack_is_preempted() {
-    for &(name, _, _) in CASES {
-        let fns = functions(name);
+    for (build, &(name, _, _)) in BUILDS
+        .iter()
+        .flat_map(|b| CASES.iter().map(move |c| (b, c)))
+    {
+        let fns = functions(&format!("{build}{name}"));
         let refs: Vec<&str> = fns.iter().map(String::as_str).collect();
         assert_eq!(
             classify(true, &refs),
@@ -75,25 +87,40 @@ fn a_preempted_stack_is_preempted() {
 /// its futex frames replaced by glibc's yield wrapper as symbolized.
 #[test]
 fn a_yield_in_a_lock_slow_path_is_the_lock() {
-    let fns = functions("parking_lot_mutex");
-    let from = fns.iter().position(|f| f.contains("lock_slow")).unwrap();
-    let mut refs: Vec<&str> = vec!["__GI___sched_yield", "std::thread::yield_now"];
-    refs.extend(fns[from..].iter().map(String::as_str));
-    assert_eq!(classify(true, &refs).0, WaitClass::Mutex, "{refs:?}");
-    // Preempted anywhere else (not in sched_yield): preempted.
-    assert_eq!(classify(true, &refs[1..]).0, WaitClass::Preempted);
+    for build in BUILDS {
+        let fns = functions(&format!("{build}parking_lot_mutex"));
+        // From the slow path out: in a release build the frame of `lock_slow` (inlined) is
+        // named without its path.
+        let from = fns.iter().rposition(|f| f.contains("lock_slow")).unwrap();
+        let mut refs: Vec<&str> = vec!["__GI___sched_yield", "std::thread::yield_now"];
+        refs.extend(fns[from..].iter().map(String::as_str));
+        assert_eq!(
+            classify(true, &refs).0,
+            WaitClass::Mutex,
+            "{build}: {refs:?}"
+        );
+        // Preempted anywhere else (not in sched_yield): preempted.
+        assert_eq!(classify(true, &refs[1..]).0, WaitClass::Preempted);
+    }
 }
 
 /// Every fixture is listed above (a new one is not left untested).
 #[test]
 fn every_fixture_is_a_case() {
-    let dir = format!("{}/tests/fixtures/locks", env!("CARGO_MANIFEST_DIR"));
-    let mut files: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    files.sort();
-    let mut cases: Vec<String> = CASES.iter().map(|c| format!("{}.txt", c.0)).collect();
-    cases.sort();
-    assert_eq!(files, cases);
+    for build in BUILDS {
+        let dir = format!(
+            "{}/tests/fixtures/locks/{build}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| e.file_type().unwrap().is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        let mut cases: Vec<String> = CASES.iter().map(|c| format!("{}.txt", c.0)).collect();
+        cases.sort();
+        assert_eq!(files, cases, "{dir}");
+    }
 }

@@ -127,10 +127,17 @@ pub const RULES: &[Rule] = &[
     lock(&["RwLock", "::read_contended"], WaitClass::RwLock),
     lock(&["RwLock", "::write_contended"], WaitClass::RwLock),
     lock(&["Condvar", "::wait"], WaitClass::Condvar),
-    // parking_lot: `#[cold]` slow paths, separate functions.
-    lock(&["parking_lot", "RawMutex", "lock_slow"], WaitClass::Mutex),
-    lock(&["parking_lot", "RawRwLock", "_slow"], WaitClass::RwLock),
-    lock(&["parking_lot", "Condvar", "wait"], WaitClass::Condvar),
+    // parking_lot: `#[cold]` slow paths, separate functions in a debug build. In a release
+    // build they are inlined, and an inlined frame has only its DWARF name, without its path
+    // (`lock_slow`): the path is then in the generic arguments of the frames inlined into
+    // them (`park<parking_lot::raw_mutex::{impl#3}::lock_slow::{closure_env#0}, …>`), and
+    // the spin before parking yields under lock_api's `lock<parking_lot::raw_mutex::RawMutex,
+    // T>` alone.
+    lock(&["parking_lot::raw_mutex", "lock_slow"], WaitClass::Mutex),
+    lock(&["<parking_lot::raw_mutex::RawMutex"], WaitClass::Mutex),
+    lock(&["parking_lot::raw_rwlock", "_slow"], WaitClass::RwLock),
+    lock(&["<parking_lot::raw_rwlock::RawRwLock"], WaitClass::RwLock),
+    lock(&["parking_lot::condvar", "wait"], WaitClass::Condvar),
     // glibc's internal locks (malloc arenas, stdio).
     lock(&["__lll_lock_wait_private"], WaitClass::GlibcLock),
     generic(Pattern::Contains(&["futex"]), WaitClass::OtherFutex),
@@ -612,6 +619,67 @@ mod tests {
         for (f, want) in rows {
             assert_eq!(class(&["syscall", park, f]), want, "{f}");
         }
+        // A release build: the slow paths inlined, their frames named without their paths,
+        // which only the generic arguments of the frames inlined into them carry.
+        // `futex_wait` and `park` inlined: their frames' names as DWARF gives them.
+        let (futex, short_park) = ("futex_wait", "park");
+        let rows = [
+            (
+                vec![
+                    "park<parking_lot::raw_mutex::{impl#3}::lock_slow::{closure_env#0}>",
+                    "lock_slow",
+                    "lock",
+                    "lock<parking_lot::raw_mutex::RawMutex, i32>",
+                ],
+                WaitClass::Mutex,
+            ),
+            (
+                vec![
+                    "park<parking_lot::raw_rwlock::{impl#10}::lock_common::{closure_env#0}\
+                     <parking_lot::raw_rwlock::{impl#10}::lock_shared_slow::{closure_env#0}>>",
+                    "lock_common<parking_lot::raw_rwlock::{impl#10}::lock_shared_slow>",
+                    "lock_shared_slow",
+                ],
+                WaitClass::RwLock,
+            ),
+            (
+                vec![
+                    "park<parking_lot::condvar::{impl#1}::wait_until_internal::{closure_env#0}>",
+                    "wait_until_internal",
+                    "wait<bool>",
+                ],
+                WaitClass::Condvar,
+            ),
+        ];
+        for (frames, want) in rows {
+            let stack: Vec<&str> = ["syscall", futex, short_park]
+                .into_iter()
+                .chain(frames)
+                .collect();
+            assert_eq!(class(&stack), want, "{stack:?}");
+        }
+        // The spin before parking yields under lock_api's generic `lock`/`read`/`write`.
+        for (f, want) in [
+            (
+                "lock<parking_lot::raw_mutex::RawMutex, u64>",
+                WaitClass::Mutex,
+            ),
+            (
+                "read<parking_lot::raw_rwlock::RawRwLock, u64>",
+                WaitClass::RwLock,
+            ),
+            (
+                "write<parking_lot::raw_rwlock::RawRwLock, u64>",
+                WaitClass::RwLock,
+            ),
+        ] {
+            assert_eq!(class(&["__GI___sched_yield", "lock", f]), want, "{f}");
+        }
+        // The short names alone say nothing of whose they are.
+        assert_eq!(
+            class(&["syscall", futex, "lock_slow", "lock"]),
+            WaitClass::OtherFutex
+        );
         // parking_lot_core's park alone (a primitive of its own): another futex.
         assert_eq!(class(&["syscall", park]), WaitClass::OtherFutex);
     }
