@@ -224,6 +224,8 @@ pub(crate) fn capture(at: Here, depth: u32) -> u32 {
         let i = seen.replace;
         seen.replace = (i + 1) % RECENT;
         let w = &mut seen.recent[i];
+        // Its trace is about to be another walk's: no id until it has this one's (a panic in
+        // between must not leave the new trace answering with the old id).
         w.id = 0;
         // SAFETY: `[low, high)` is this thread's own stack (or empty).
         let (n, truncated) = unsafe { walk(at.fp, low, high, &mut buf[1..depth], &mut w.trace) };
@@ -392,6 +394,8 @@ mod tests {
         let (lo, hi) = bounds(&b);
         let mut out = [MaybeUninit::<u64>::uninit(); 8];
         let mut trace = Trace::new();
+        // Takes `b` to borrow it: the trace reads it through addresses, which the compiler
+        // does not see (it would call the writes to `b` below dead).
         let holds = |_: &Buf, t: &Trace| {
             // SAFETY: the trace's frames are in `b`, alive throughout.
             unsafe { t.still_holds() }
