@@ -238,7 +238,7 @@ fn start_claimed<W: Write + Send + 'static>(
     // scope, and whatever an earlier session left in the rings is dropped.
     super::OUT_OF_SCOPE.store(0, Ordering::Relaxed);
     super::join_scope(generation);
-    drain_all(epoch as u8, |_, _| {});
+    drain_all(|_, _| {});
     super::LOST.store(0, Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
     let snapshot = Arc::new(Snapshot::default());
@@ -366,20 +366,16 @@ impl<W: Write + Send + 'static> Drop for AllocRecording<W> {
     }
 }
 
-/// Drains every ring and the overflow, calling `f(tid, raw)` for the events of `epoch`;
-/// forgets closed rings once drained. Generic, not `dyn`: called once per event, the closure
-/// must inline (a dynamic call per event cost the collector ~45 instructions per event).
-fn drain_all(epoch: u8, mut f: impl FnMut(u32, &Raw)) {
+/// Drains every ring and the overflow, calling `f(tid, run)` with runs of slots in the order
+/// each thread wrote them (slots of other epochs than the caller's included: `f` filters);
+/// forgets closed rings once drained.
+fn drain_all(mut f: impl FnMut(u32, &[Raw])) {
     let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     reg.retain(|ring| {
         // Read `closed` first: a ring seen closed has no write after this drain.
         let closed = ring.closed.load(Ordering::Acquire);
         let f = &mut f;
-        ring.drain(|r| {
-            if r.epoch == epoch {
-                f(ring.tid, r)
-            }
-        });
+        ring.drain(|run| f(ring.tid, run));
         if ring.waiting.swap(false, Ordering::SeqCst)
             && let Some(t) = ring.thread.get()
         {
@@ -390,9 +386,7 @@ fn drain_all(epoch: u8, mut f: impl FnMut(u32, &Raw)) {
     drop(reg);
     let overflow = std::mem::take(&mut *OVERFLOW.lock().unwrap_or_else(|e| e.into_inner()));
     for (tid, r) in &overflow {
-        if r.epoch == epoch {
-            f(*tid, r);
-        }
+        f(*tid, std::slice::from_ref(r));
     }
 }
 
@@ -468,7 +462,8 @@ fn collect_with<W: Write + Send + 'static>(
     counts: &mut StackCounts,
 ) -> Result<()> {
     // Events drained but younger than the lag, in timestamp order.
-    let mut pending = Pending::new(pid);
+    // The depth is set before the collector starts and stays for the whole recording.
+    let mut pending = Pending::new(pid, super::walk::STACK_DEPTH.load(Ordering::Relaxed) != 0);
     loop {
         let last = stop.load(Ordering::Acquire);
         if last {
@@ -481,11 +476,7 @@ fn collect_with<W: Write + Send + 'static>(
         }
         let before = pending.len();
         let mut unknown = 0;
-        drain_all(epoch, |tid, r| {
-            if !pending.push(tid, r) {
-                unknown += 1;
-            }
-        });
+        drain_all(|tid, run| unknown += pending.push_run(tid, epoch, run));
         // Never silently another kind: the session reports it lost, so its numbers say they
         // are incomplete and cannot serve as a baseline.
         if unknown > 0 {

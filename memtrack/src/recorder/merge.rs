@@ -36,15 +36,19 @@ struct Drained {
 /// [`Pending::emit`] gives the recording's.
 pub(super) struct Pending {
     pid: u32,
+    /// Whether the recording takes call stacks: without them no slot of its epoch has one,
+    /// and [`Pending::emit`] skips the pass that gives stacks their ids.
+    stacks: bool,
     /// A deque: the emitted front is popped without moving the rest (up to `LAG_NS` of slots).
     slots: VecDeque<Drained>,
 }
 
 impl Pending {
-    /// An empty buffer for the slots of process `pid`.
-    pub(super) fn new(pid: u32) -> Self {
+    /// An empty buffer for the slots of process `pid`, of a recording with call stacks or not.
+    pub(super) fn new(pid: u32, stacks: bool) -> Self {
         Pending {
             pid,
+            stacks,
             slots: VecDeque::new(),
         }
     }
@@ -63,6 +67,29 @@ impl Pending {
         }
         self.slots.push_back(Drained { raw: *r, tid });
         true
+    }
+
+    /// Appends the slots of `run`, written in this order by thread `tid`, that belong to the
+    /// recording `epoch` (a ring can still hold an earlier recording's); returns how many of
+    /// them were of a kind this build does not know (see [`Pending::push`]).
+    ///
+    /// The common run (every slot this recording's, of a known kind) is checked in one pass
+    /// and copied in one `extend`, which reserves room once instead of per slot.
+    #[inline]
+    pub(super) fn push_run(&mut self, tid: u32, epoch: u8, run: &[Raw]) -> u64 {
+        if run
+            .iter()
+            .all(|r| r.epoch == epoch && KindTag::from_u8(r.kind).is_some())
+        {
+            self.slots
+                .extend(run.iter().map(|&raw| Drained { raw, tid }));
+            return 0;
+        }
+        let mut unknown = 0;
+        for r in run.iter().filter(|r| r.epoch == epoch) {
+            unknown += u64::from(!self.push(tid, r));
+        }
+        unknown
     }
 
     /// Puts the slots in timestamp order, given that the first `before` already were and
@@ -94,6 +121,23 @@ impl Pending {
         enc: &mut Encoder<W>,
         stacks: &mut (StackTable, Defined),
     ) -> Result<(), EncodeError> {
+        if self.stacks {
+            self.emit_with::<true, W>(n, to_ns, enc, stacks)
+        } else {
+            self.emit_with::<false, W>(n, to_ns, enc, stacks)
+        }
+    }
+
+    /// [`Pending::emit`]; without `STACKS` every event has [`StackId::NONE`] and the stack
+    /// pass is skipped (6 of the collector's instructions per event, callgrind).
+    #[inline(always)]
+    fn emit_with<const STACKS: bool, W: Write + Send + 'static>(
+        &mut self,
+        n: usize,
+        to_ns: impl Fn(u64) -> u64,
+        enc: &mut Encoder<W>,
+        stacks: &mut (StackTable, Defined),
+    ) -> Result<(), EncodeError> {
         let (front, back) = self.slots.as_mut_slices();
         let (front, back) = if n <= front.len() {
             (&mut front[..n], &mut back[..0])
@@ -106,15 +150,17 @@ impl Pending {
         for part in [front, back].into_iter().flat_map(|p| p.chunks_mut(CHUNK)) {
             // The recording's stack ids first (a stack is defined in `enc` at its first use,
             // before any event naming it is pushed), then the events a slice at a time.
-            for d in part.iter_mut() {
-                if d.raw.stack != 0 {
-                    let ev = Event::new(0, pid, d.tid, event_kind(&d.raw));
-                    d.raw.stack = defined.attach(table, ev, d.raw.stack, enc)?.stack.0;
+            if STACKS {
+                for d in part.iter_mut() {
+                    if d.raw.stack != 0 {
+                        let ev = Event::new(0, pid, d.tid, event_kind(&d.raw));
+                        d.raw.stack = defined.attach(table, ev, d.raw.stack, enc)?.stack.0;
+                    }
                 }
             }
             enc.extend_mapped(part, |d| {
                 Event::new(to_ns(d.raw.tsc), pid, d.tid, event_kind(&d.raw))
-                    .with_stack(StackId(d.raw.stack))
+                    .with_stack(StackId(if STACKS { d.raw.stack } else { 0 }))
             })?;
         }
         self.slots.drain(..n);
@@ -165,7 +211,7 @@ mod tests {
             kind: 0,
             epoch: 0,
         };
-        let mut p = Pending::new(1);
+        let mut p = Pending::new(1, false);
         for kind in [0, KindTag::ALL.len() as u8 + 1, u8::MAX] {
             assert!(!p.push(2, &Raw { kind, ..r }), "kind {kind}");
         }
@@ -207,6 +253,49 @@ mod tests {
         );
     }
 
+    /// A run keeps its recording's slots in order and counts those of unknown kinds, whether
+    /// it is copied whole (every slot this recording's, of a known kind) or slot by slot.
+    #[test]
+    fn a_run_keeps_its_recordings_slots_in_order() {
+        let slot = |tsc: u64, kind: u8, epoch: u8| Raw {
+            kind,
+            epoch,
+            ..raw(tsc, KindTag::Malloc, 0x1000 + tsc)
+        };
+        let (malloc, free) = (KindTag::Malloc as u8, KindTag::Free as u8);
+        let clean = [slot(1, malloc, 3), slot(2, free, 3), slot(3, malloc, 3)];
+        let mixed = [
+            slot(4, malloc, 2),
+            slot(5, free, 3),
+            slot(6, 0, 3),
+            slot(7, u8::MAX, 2),
+            slot(8, malloc, 3),
+        ];
+        // Known kinds, one of them an earlier recording's.
+        let stale = [slot(9, malloc, 2), slot(10, free, 3)];
+        let mut p = Pending::new(1, false);
+        assert_eq!(p.push_run(9, 3, &clean), 0);
+        // One unknown kind of this recording; the other is an earlier recording's: skipped.
+        assert_eq!(p.push_run(9, 3, &mixed), 1);
+        assert_eq!(p.push_run(9, 3, &stale), 0);
+        let got: Vec<(u64, u8, u32)> = p
+            .slots
+            .iter()
+            .map(|d| (d.raw.tsc, d.raw.kind, d.tid))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, malloc, 9),
+                (2, free, 9),
+                (3, malloc, 9),
+                (5, free, 9),
+                (8, malloc, 9),
+                (10, free, 9)
+            ]
+        );
+    }
+
     /// Slots of more than one chunk, across the deque's wrap (its front and back halves), keep
     /// their order and each its own stack: the two passes of `emit` run a chunk at a time, and
     /// an event must carry the stack of its own slot, defined before the event.
@@ -236,7 +325,7 @@ mod tests {
         let meta = Metadata::now(1, Backend::Alloc);
         let opts = EncoderOptions::new().workers(1).frame_events(1000);
         let mut enc = Encoder::new(Vec::new(), &meta, opts).unwrap();
-        let mut p = Pending::new(1);
+        let mut p = Pending::new(1, true);
         let slot = |i: u64| Raw {
             // Every fourth slot has no stack; first used in the order 3, 2, 1, so that the
             // recording's ids (1, 2, 3 by first use) are not the process-wide ones.
@@ -307,7 +396,7 @@ mod tests {
     /// single pushes would, and an unknown kind is refused.
     #[test]
     fn merges_converts_and_emits_in_order() {
-        let mut p = Pending::new(1);
+        let mut p = Pending::new(1, false);
         assert!(!p.push(
             5,
             &Raw {
