@@ -251,6 +251,32 @@ fn main() {
         ce / 1e6
     );
     burst(dir.path(), &wrapper);
+    tsc_read();
+}
+
+/// What this machine's time-stamp counter read costs: every event pays one (its timestamp),
+/// on the measured thread, and it moves with the machine (7.4 ns back to back on one day's
+/// host, 19–21 on another's: README, "Recording cost"), so the figures above are read beside it.
+fn tsc_read() {
+    const READS: u32 = 1_000_000;
+    let mut runs: Vec<f64> = (0..21)
+        .map(|_| {
+            let t = Instant::now();
+            let mut sum = 0u64;
+            for _ in 0..READS {
+                // SAFETY: rdtsc exists on every x86-64 CPU.
+                sum = sum.wrapping_add(unsafe { core::arch::x86_64::_rdtsc() });
+            }
+            black_box(sum);
+            t.elapsed().as_nanos() as f64 / f64::from(READS)
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    println!(
+        "  this machine's TSC read (one per event, on the measured thread): {:.2} ns back to back \
+         (median of 21 × {READS})",
+        runs[runs.len() / 2]
+    );
 }
 
 /// The stacks a recording of the workload at the benched depth really has (from its artifact):
