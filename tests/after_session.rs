@@ -6,24 +6,34 @@
 //! Compares a malloc/free loop's time before any session, after a finished session, after a
 //! nested pair, and after a counting guard, in the same run (the uprobe cost here moves 2×
 //! between days: only ratios within one run mean anything). With probes left attached the loop
-//! is 25–100× slower; the bound allows 2× for noise on a shared machine. Needs
-//! CAP_BPF + CAP_PERFMON: without them the tests are reported as ignored, with why.
+//! is 25–100× slower (58–71× on 2026-12-01); the bound, [`MAX_RATIO`], is 5×: the same loop
+//! with no probe at all measured up to 2.1× its own earlier time on a noisy host (the fastest
+//! of 7 runs then, of 15 now), which a 2× bound failed 2 runs in 5. Needs CAP_BPF +
+//! CAP_PERFMON: without them the tests are reported as ignored, with why.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-/// The fastest of 7 runs of 20,000 malloc(64)+free pairs.
+/// How much slower than before any session the loop may be after one: attached probes make
+/// it 25–100× slower, noise on a shared machine up to ~2×.
+const MAX_RATIO: f64 = 5.0;
+
+/// Runs of the loop, and its malloc(64)+free pairs per run.
+const RUNS: u64 = 15;
+const PAIRS: u64 = 20_000;
+
+/// The fastest of [`RUNS`] runs of [`PAIRS`] malloc(64)+free pairs.
 fn malloc_loop() -> Duration {
-    (0..7)
+    (0..RUNS)
         .map(|_| {
             let t = Instant::now();
-            for _ in 0..20_000 {
+            for _ in 0..PAIRS {
                 black_box(Vec::<u8>::with_capacity(black_box(64)));
             }
             t.elapsed()
         })
         .min()
-        .expect("7 runs")
+        .expect("15 runs")
 }
 
 /// The loop's time before any session of the process (set by the first test, which runs first).
@@ -49,8 +59,13 @@ fn no_cost_after_a_session() {
         .expect("session");
     let during = malloc_loop();
     let report = s.finish().expect("finish");
-    // 7 × 20,000 in the measured loop, plus whatever the timing itself allocates (nothing).
-    assert_eq!(report.allocations(), 140_000, "{}", report.summary_line());
+    // RUNS × PAIRS in the measured loop, plus whatever the timing itself allocates (nothing).
+    assert_eq!(
+        report.allocations(),
+        RUNS * PAIRS,
+        "{}",
+        report.summary_line()
+    );
     let after = malloc_loop();
     println!(
         "malloc+free loop: before {before:?}, during {during:?} ({:.1}×), after {after:?} ({:.2}×)",
@@ -59,18 +74,18 @@ fn no_cost_after_a_session() {
     );
     // The loop is measurably slower while recording: the measurement can see probes.
     assert!(
-        ratio(during, before) > 5.0,
+        ratio(during, before) > 2.0 * MAX_RATIO,
         "recording should cost this loop (before {before:?}, during {during:?})"
     );
     assert!(
-        ratio(after, before) < 2.0,
+        ratio(after, before) < MAX_RATIO,
         "after the session the loop takes {after:?}, before it {before:?}: the probes stayed attached"
     );
     // Still true a while later (nothing re-attaches in the background).
     std::thread::sleep(Duration::from_millis(200));
     let later = malloc_loop();
     assert!(
-        ratio(later, before) < 2.0,
+        ratio(later, before) < MAX_RATIO,
         "later {later:?}, before {before:?}"
     );
 }
@@ -87,7 +102,7 @@ fn no_cost_after_back_to_back_sessions() {
     let after = malloc_loop();
     println!("after 3 back-to-back sessions: {after:?} vs {before:?}");
     assert!(
-        ratio(after, before) < 2.0,
+        ratio(after, before) < MAX_RATIO,
         "after {after:?}, before {before:?}"
     );
 }
@@ -105,7 +120,7 @@ fn no_cost_after_counting() {
     let after = malloc_loop();
     println!("after a counting guard: {after:?} vs {before:?}");
     assert!(
-        ratio(after, before) < 2.0,
+        ratio(after, before) < MAX_RATIO,
         "after {after:?}, before {before:?}"
     );
 }
