@@ -811,7 +811,8 @@ fn main() {
 /// Held shared by every test, exclusively by `ten_million_events_none_lost`: a burst of 10 M
 /// events as fast as a C loop makes them checks that memtrack keeps up with it, which on 2
 /// cores it cannot be asked to do while another test's program and recording take one of
-/// them. In the CI run of 58a2a87 (2026-12-01, on a host whose uprobes cost 2× the day
-/// before's) it ran beside the others and lost 47,606 events (counted, as they must be: the
-/// 8 MiB ring overflowed while the poller was behind); run alone it passed 3 runs of 3.
+/// them. In a clean-clone CI run (2026-12-01 11:30 UTC, on a host whose uprobes cost up to
+/// 2× what they had cost at 05:10 that day) it ran beside the others and lost 47,606 events
+/// (counted, as they must be: the 8 MiB ring overflowed while the poller was behind); run
+/// alone it passed 3 runs of 3.
 static ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());
