@@ -33,6 +33,15 @@ const CASES: &[(&str, WaitClass, &str)] = &[
 /// The fixture directories: a debug build's stacks, a release build's.
 const BUILDS: [&str; 2] = ["", "release/"];
 
+/// Every case of every build: (the fixture's name under `locks/`, class, frame string).
+fn cases() -> impl Iterator<Item = (String, WaitClass, &'static str)> {
+    BUILDS.iter().flat_map(|build| {
+        CASES
+            .iter()
+            .map(move |&(name, want, at)| (format!("{build}{name}"), want, at))
+    })
+}
+
 fn functions(name: &str) -> Vec<String> {
     let path = format!(
         "{}/tests/fixtures/locks/{name}.txt",
@@ -47,12 +56,8 @@ fn functions(name: &str) -> Vec<String> {
 
 #[test]
 fn recorded_stacks_get_their_class() {
-    for (build, &(name, want, at)) in BUILDS
-        .iter()
-        .flat_map(|b| CASES.iter().map(move |c| (b, c)))
-    {
-        let name = &format!("{build}{name}");
-        let fns = functions(name);
+    for (name, want, at) in cases() {
+        let fns = functions(&name);
         let refs: Vec<&str> = fns.iter().map(String::as_str).collect();
         let (class, i) = classify(false, &refs);
         assert_eq!(class, want, "{name}: {refs:?}");
@@ -68,11 +73,8 @@ fn recorded_stacks_get_their_class() {
 /// The same stacks left the CPU preempted: not a wait, whatever they hold.
 #[test]
 fn a_preempted_stack_is_preempted() {
-    for (build, &(name, _, _)) in BUILDS
-        .iter()
-        .flat_map(|b| CASES.iter().map(move |c| (b, c)))
-    {
-        let fns = functions(&format!("{build}{name}"));
+    for (name, _, _) in cases() {
+        let fns = functions(&name);
         let refs: Vec<&str> = fns.iter().map(String::as_str).collect();
         assert_eq!(
             classify(true, &refs),

@@ -786,26 +786,27 @@ fn main() {
     let mut trials: Vec<Trial> = tests
         .iter()
         .map(|&(name, f)| {
-            if name == "ten_million_events_none_lost" {
-                requires(name, NEEDS, move || {
-                    let _alone = ALONE.write().unwrap_or_else(|e| e.into_inner());
-                    f()
-                })
-            } else {
-                requires(name, NEEDS, move || {
-                    let _beside = ALONE.read().unwrap_or_else(|e| e.into_inner());
-                    f()
-                })
-            }
+            let exclusive = name == "ten_million_events_none_lost";
+            requires(name, NEEDS, move || with_alone(exclusive, f))
         })
         .collect();
     trials.extend(ALLOCATOR_APIS.iter().map(|api| {
         requires(api.name, api.needs, move || {
-            let _beside = ALONE.read().unwrap_or_else(|e| e.into_inner());
-            allocator_api(api)
+            with_alone(false, || allocator_api(api))
         })
     }));
     memtrack_test_support::run(trials);
+}
+
+/// Runs `f` holding [`ALONE`], exclusively or shared.
+fn with_alone(exclusive: bool, f: impl FnOnce()) {
+    if exclusive {
+        let _alone = ALONE.write().unwrap_or_else(|e| e.into_inner());
+        f()
+    } else {
+        let _beside = ALONE.read().unwrap_or_else(|e| e.into_inner());
+        f()
+    }
 }
 
 /// Held shared by every test, exclusively by `ten_million_events_none_lost`: a burst of 10 M
