@@ -259,7 +259,8 @@ fn main() {
 /// host, 19–21 on another's: README, "Recording cost"), so the figures above are read beside it.
 fn tsc_read() {
     const READS: u32 = 1_000_000;
-    let mut runs: Vec<f64> = (0..21)
+    const RUNS: usize = 21;
+    let mut runs: Vec<f64> = (0..RUNS)
         .map(|_| {
             let t = Instant::now();
             let mut sum = 0u64;
@@ -274,7 +275,7 @@ fn tsc_read() {
     runs.sort_by(f64::total_cmp);
     println!(
         "  this machine's TSC read (one per event, on the measured thread): {:.2} ns back to back \
-         (median of 21 × {READS})",
+         (median of {RUNS} × {READS})",
         runs[runs.len() / 2]
     );
 }
