@@ -16,11 +16,12 @@
 //! that calls it (`--collect-atstart=no --toggle-collect=memtrack_ir_measured`); for scope
 //! `process` it counts every thread of the process (memtrack's own threads do part of the work).
 
-use std::alloc::{GlobalAlloc, Layout};
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use memtrack::__private::active_session;
 use memtrack::__private::hotpath::{FrameEncoder, alloc_undrained, bpf_record_to_event};
 use memtrack::{
     Allocator, Analyzer, Backend, BackendChoice, Encoder, EncoderOptions, Event, EventKind,
@@ -100,6 +101,24 @@ const OPS: &[Op] = &[
         large: 293 * BURST as u64,
         about: "alloc + free through memtrack::Allocator, session recording: the measured thread's work; per pair",
         run: alloc_record,
+    },
+    Op {
+        name: "alloc_idle",
+        scope: "thread",
+        unit: BURST as u64,
+        small: 98 * BURST as u64,
+        large: 293 * BURST as u64,
+        about: "alloc + free through memtrack::Allocator, no session: what the wrapper adds when idle is this minus alloc_system; per pair",
+        run: alloc_idle,
+    },
+    Op {
+        name: "alloc_system",
+        scope: "thread",
+        unit: BURST as u64,
+        small: 98 * BURST as u64,
+        large: 293 * BURST as u64,
+        about: "alloc + free through std's System directly, alloc_idle's loop: the baseline of the wrapper's idle cost; per pair",
+        run: alloc_system,
     },
     Op {
         name: "alloc_session",
@@ -285,9 +304,13 @@ fn bpf_convert(reps: u64, m: &mut Measure) -> u64 {
     sum
 }
 
-/// `pairs` alloc+free pairs through the global allocator (sizes 8..1032 bytes, a 64-slot ring
-/// of live blocks); the ring is empty again at the end.
-fn churn(state: &mut (u32, [(*mut u8, Layout); 64], usize), pairs: usize) {
+/// `pairs` alloc+free pairs through `alloc` (sizes 8..1032 bytes, a 64-slot ring of live
+/// blocks); the ring is empty again at the end.
+fn churn(
+    alloc: &impl GlobalAlloc,
+    state: &mut (u32, [(*mut u8, Layout); 64], usize),
+    pairs: usize,
+) {
     let (x, ring, i) = state;
     for _ in 0..pairs {
         *x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
@@ -296,23 +319,36 @@ fn churn(state: &mut (u32, [(*mut u8, Layout); 64], usize), pairs: usize) {
         *i += 1;
         if !slot.0.is_null() {
             // SAFETY: allocated below with this layout by the same allocator.
-            unsafe { GLOBAL.dealloc(slot.0, slot.1) };
+            unsafe { alloc.dealloc(slot.0, slot.1) };
         }
         let layout = Layout::from_size_align(size, 8).expect("layout");
         // SAFETY: non-zero size.
-        *slot = (unsafe { GLOBAL.alloc(layout) }, layout);
+        *slot = (unsafe { alloc.alloc(layout) }, layout);
         black_box(slot.0);
     }
 }
 
-fn free_all(ring: &mut [(*mut u8, Layout); 64]) {
+/// Frees what [`churn`] left in the ring; returns how many blocks it held (non-null: each
+/// allocation succeeded).
+fn free_all(alloc: &impl GlobalAlloc, ring: &mut [(*mut u8, Layout); 64]) -> u64 {
+    let mut held = 0;
     for (p, l) in ring.iter_mut() {
         if !p.is_null() {
-            // SAFETY: allocated by `churn` with this layout.
-            unsafe { GLOBAL.dealloc(*p, *l) };
+            // SAFETY: allocated by `churn` with this layout through `alloc`.
+            unsafe { alloc.dealloc(*p, *l) };
             *p = std::ptr::null_mut();
+            held += 1;
         }
     }
+    held
+}
+
+fn churn_state() -> (u32, [(*mut u8, Layout); 64], usize) {
+    (
+        12345u32,
+        [(std::ptr::null_mut(), Layout::new::<u8>()); 64],
+        0,
+    )
 }
 
 fn session(name: &str) -> memtrack::Session {
@@ -338,32 +374,46 @@ fn finish(s: memtrack::Session, pairs: u64) -> u64 {
 }
 
 fn alloc_record(reps: u64, m: &mut Measure) -> u64 {
-    let mut state = (
-        12345u32,
-        [(std::ptr::null_mut(), Layout::new::<u8>()); 64],
-        0,
-    );
+    let mut state = churn_state();
     let s = session("hotpaths_alloc_record");
     for _ in 0..reps {
         // The collector drains between bursts: the measured thread never waits for room.
         while alloc_undrained() > 0 {
             std::thread::sleep(Duration::from_micros(200));
         }
-        m.call(|| churn(&mut state, BURST));
+        m.call(|| churn(&GLOBAL, &mut state, BURST));
     }
-    free_all(&mut state.1);
+    free_all(&GLOBAL, &mut state.1);
     finish(s, reps * BURST as u64)
 }
 
+/// `alloc_record`'s bursts with no session: the wrapper's one relaxed load per call (and its
+/// installed flag) over `alloc_system`.
+fn alloc_idle(reps: u64, m: &mut Measure) -> u64 {
+    if let Some(name) = active_session() {
+        panic!("alloc_idle measures the allocator with no session, and {name:?} runs");
+    }
+    let mut state = churn_state();
+    for _ in 0..reps {
+        m.call(|| churn(&GLOBAL, &mut state, BURST));
+    }
+    free_all(&GLOBAL, &mut state.1)
+}
+
+/// `alloc_idle`'s bursts through std's `System`, which the wrapper forwards to.
+fn alloc_system(reps: u64, m: &mut Measure) -> u64 {
+    let mut state = churn_state();
+    for _ in 0..reps {
+        m.call(|| churn(&System, &mut state, BURST));
+    }
+    free_all(&System, &mut state.1)
+}
+
 fn alloc_session(reps: u64, m: &mut Measure) -> u64 {
-    let mut state = (
-        12345u32,
-        [(std::ptr::null_mut(), Layout::new::<u8>()); 64],
-        0,
-    );
+    let mut state = churn_state();
     let s = session("hotpaths_alloc_session");
-    m.call(|| churn(&mut state, reps as usize * BURST));
-    free_all(&mut state.1);
+    m.call(|| churn(&GLOBAL, &mut state, reps as usize * BURST));
+    free_all(&GLOBAL, &mut state.1);
     finish(s, reps * BURST as u64)
 }
 
