@@ -98,19 +98,24 @@ impl Recording {
     }
 }
 
-/// The functions of `got` from the first one not inlined (the function that called the
-/// allocator), as `(name, inlined)`, must begin with `want` (a name matches with or without
-/// generic arguments).
+/// The functions of `got` from the fixture's first one, as `(name, inlined)`, must begin with
+/// `want` (a name matches with or without generic arguments).
 fn assert_chain(got: &[(String, bool)], want: &[(&str, bool)]) {
-    // The frames before are the allocator's own code inlined into the allocating function
-    // (memtrack's wrapper, `alloc::alloc`, `Vec::with_capacity`...): all inlined.
+    // The frames before are the allocator's own code (memtrack's wrapper, `alloc::alloc`,
+    // `Vec::with_capacity`...), each named. Which of them the compiler inlines into the
+    // allocating function is its choice, not the recorder's: a change of the wrapper's body
+    // once made it call `RawVecInner::try_allocate_in` instead of inlining it.
     let first = got
         .iter()
         .position(|(name, _)| name.starts_with("alloc_stacks::"))
         .unwrap_or_else(|| panic!("no frame of the fixture in {got:#?}"));
+    let library = ["memtrack::", "alloc::", "core::", "std::", "__rustc::"];
     assert!(
-        got[..first].iter().all(|(_, inlined)| *inlined),
-        "a called frame before the fixture's: {got:#?}"
+        got[..first].iter().all(|(name, _)| {
+            let name = name.trim_start_matches('<');
+            library.iter().any(|l| name.starts_with(l))
+        }),
+        "a frame before the fixture's that is not the allocator's: {got:#?}"
     );
     let names: Vec<(String, bool)> = got[first..first + want.len().min(got.len() - first)]
         .iter()
