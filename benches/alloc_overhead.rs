@@ -260,7 +260,7 @@ fn main() {
 fn tsc_read() {
     const READS: u32 = 1_000_000;
     const RUNS: usize = 21;
-    let mut runs: Vec<f64> = (0..RUNS)
+    let runs: Vec<f64> = (0..RUNS)
         .map(|_| {
             let t = Instant::now();
             let mut sum = 0u64;
@@ -272,11 +272,10 @@ fn tsc_read() {
             t.elapsed().as_nanos() as f64 / f64::from(READS)
         })
         .collect();
-    runs.sort_by(f64::total_cmp);
     println!(
         "  this machine's TSC read (one per event, on the measured thread): {:.2} ns back to back \
          (median of {RUNS} × {READS})",
-        runs[runs.len() / 2]
+        median(runs)
     );
 }
 
