@@ -387,26 +387,28 @@ fn alloc_record(reps: u64, m: &mut Measure) -> u64 {
     finish(s, reps * BURST as u64)
 }
 
-/// `alloc_record`'s bursts with no session: the wrapper's one relaxed load per call (and its
-/// installed flag) over `alloc_system`.
+/// `alloc_record`'s bursts with no session: the wrapper's one relaxed load per call over
+/// `alloc_system`.
 fn alloc_idle(reps: u64, m: &mut Measure) -> u64 {
     if let Some(name) = active_session() {
         panic!("alloc_idle measures the allocator with no session, and {name:?} runs");
     }
-    let mut state = churn_state();
-    for _ in 0..reps {
-        m.call(|| churn(&GLOBAL, &mut state, BURST));
-    }
-    free_all(&GLOBAL, &mut state.1)
+    bursts(&GLOBAL, reps, m)
 }
 
 /// `alloc_idle`'s bursts through std's `System`, which the wrapper forwards to.
 fn alloc_system(reps: u64, m: &mut Measure) -> u64 {
+    bursts(&System, reps, m)
+}
+
+/// `reps` measured bursts of [`churn`] through `alloc`, back to back; returns what
+/// [`free_all`] freed.
+fn bursts(alloc: &impl GlobalAlloc, reps: u64, m: &mut Measure) -> u64 {
     let mut state = churn_state();
     for _ in 0..reps {
-        m.call(|| churn(&System, &mut state, BURST));
+        m.call(|| churn(alloc, &mut state, BURST));
     }
-    free_all(&System, &mut state.1)
+    free_all(alloc, &mut state.1)
 }
 
 fn alloc_session(reps: u64, m: &mut Measure) -> u64 {
