@@ -808,7 +808,7 @@ fn record(
         + out.unfollowed_processes;
     if uncovered > 0 {
         eprintln!(
-            "memtrack: warning: {} not covered: the totals are not the whole command's, and              the file is refused as a baseline (verify and compare fail)",
+            "memtrack: warning: {} not covered: the totals are not the whole command's, and the file is refused as a baseline (verify and compare fail)",
             human::plural(uncovered, "process was", "processes were")
         );
     }

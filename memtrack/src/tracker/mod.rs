@@ -156,7 +156,7 @@ impl TrackerOptions {
         }
         if self.raw_syscalls && !self.syscalls {
             return Err(TrackerError::InvalidOption(
-                "raw syscalls are a way of recording syscalls, which are switched off: drop                  one of the two options"
+                "raw syscalls are a way of recording syscalls, which are switched off: drop one of the two options"
                     .into(),
             ));
         }
