@@ -751,25 +751,23 @@ fn record(
         .map_err(|e| writing(e, file.path()))?;
     let written = file.commit()?;
     let t = &out.recorded.written.totals;
-    let short = out.recorded.short_stacks;
     eprintln!(
         "memtrack: {}, {} allocated in total; peak live heap {}; still live at the end: {} \
-         ({}); {} lost{} -> {}",
+         ({}); {} lost -> {}",
         human::plural(t.allocations, "allocation", "allocations"),
         human::bytes(t.bytes_allocated),
         human::bytes(t.peak_live_bytes),
         human::plural(t.live_blocks_at_end, "block", "blocks"),
         human::bytes(t.live_bytes_at_end),
         human::plural(out.recorded.lost_events, "event", "events"),
-        if short > 0 {
-            format!("; {} with short call stacks", human::count(short))
-        } else {
-            String::new()
-        },
         written.display()
     );
-    if short > 0 {
-        eprintln!("memtrack: {}", human::short_stacks_note(short));
+    if let Some(note) = human::short_stacks_note(
+        out.recorded.short_stacks,
+        out.recorded.short_stacks_in_libc,
+        t.allocations,
+    ) {
+        eprintln!("memtrack: {note}");
     }
     if t.blocks_discarded_at_exec > 0 {
         eprintln!(

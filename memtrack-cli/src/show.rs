@@ -39,6 +39,10 @@ pub struct ShowReport {
     /// there are none or the file has no trailer to say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub short_stacks: Option<u64>,
+    /// Of `short_stacks`, those whose call site is in the C library (see
+    /// `Final::short_stacks_in_libc`); absent when there are none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub short_stacks_in_libc: Option<u64>,
     /// Events decoded.
     pub events: u64,
     /// Events by kind.
@@ -360,6 +364,7 @@ impl ShowReport {
             file_bytes: reader.file_bytes(),
             lost_events: reader.final_metadata().map(|f| f.lost_events),
             short_stacks: fin.map(|f| f.short_stacks).filter(|&n| n > 0),
+            short_stacks_in_libc: fin.map(|f| f.short_stacks_in_libc).filter(|&n| n > 0),
             events: t.events,
             kinds: t.kinds,
             allocations: t.allocations,
@@ -470,7 +475,20 @@ pub fn text(r: &ShowReport) -> String {
             })
     );
     if let Some(n) = r.short_stacks {
-        let _ = writeln!(o, "  call stacks   {}", human::short_stacks_note(n));
+        let in_libc = r.short_stacks_in_libc.unwrap_or(0);
+        let line = human::short_stacks_note(n, in_libc, r.allocations).unwrap_or_else(|| {
+            format!(
+                "{} of {} allocations have call stacks that stop early{}",
+                human::count(n),
+                human::count(r.allocations),
+                if in_libc > 0 {
+                    format!(" ({} made by the C library)", human::count(in_libc))
+                } else {
+                    String::new()
+                }
+            )
+        });
+        let _ = writeln!(o, "  call stacks   {line}");
     }
     if let (Some(n), Some(p)) = (r.iterations, &r.per_iteration) {
         let _ = writeln!(

@@ -86,6 +86,20 @@ impl Run {
 
     /// Heap allocations whose stack stops early, counted from the artifact alone.
     fn short_stacks(&self) -> u64 {
+        self.short_stacks_where(|_| true)
+    }
+
+    /// Of those, the ones whose call site is in glibc or its loader, from the artifact alone.
+    fn short_stacks_in_libc(&self) -> u64 {
+        self.short_stacks_where(|s| {
+            s.frames[0].module != ModuleId::UNKNOWN && {
+                let path = self.module(s.frames[0].module).0;
+                path.ends_with("/libc.so.6") || path.ends_with("/ld-linux-x86-64.so.2")
+            }
+        })
+    }
+
+    fn short_stacks_where(&self, keep: impl Fn(&Stack) -> bool) -> u64 {
         self.events
             .iter()
             .filter(|e| {
@@ -98,8 +112,9 @@ impl Run {
                 ) && !e.stack.is_none()
                     && {
                         let s = self.stack(e.stack);
-                        s.frames.len() <= 1
-                            || s.frames.iter().any(|f| f.module == ModuleId::UNKNOWN)
+                        (s.frames.len() <= 1
+                            || s.frames.iter().any(|f| f.module == ModuleId::UNKNOWN))
+                            && keep(s)
                     }
             })
             .count() as u64
@@ -215,6 +230,8 @@ fn c_without_frame_pointers_is_reported_short() {
     assert!(run.fin.short_stacks >= C_CHAIN.count);
     assert_eq!(run.fin.short_stacks, run.short_stacks());
     assert_eq!(run.out.recorded.short_stacks, run.fin.short_stacks);
+    assert_eq!(run.fin.short_stacks_in_libc, run.short_stacks_in_libc());
+    assert!(run.fin.short_stacks - run.fin.short_stacks_in_libc >= C_CHAIN.count);
     // `show` says how many, and the fix.
     let exe_cli = env!("CARGO_BIN_EXE_memtrack");
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir.path())
@@ -225,11 +242,11 @@ fn c_without_frame_pointers_is_reported_short() {
     files.sort();
     let show = run_ok(Command::new(exe_cli).arg("show").arg(&files[0]));
     let text = String::from_utf8(show.stdout).unwrap();
-    let n = memtrack::human::count(run.fin.short_stacks);
+    let n = memtrack::human::count(run.fin.short_stacks - run.fin.short_stacks_in_libc);
+    let all = memtrack::human::count(run.fin.totals.allocations);
     assert!(
-        text.contains(&format!(
-            "call stacks   {n} allocations have call stacks that stop early"
-        )) && text.contains("RUSTFLAGS=\"-C force-frame-pointers=yes\"")
+        text.contains(&format!("call stacks   {n} of {all} allocations ("))
+            && text.contains("RUSTFLAGS=\"-C force-frame-pointers=yes\"")
             && text.contains("-fno-omit-frame-pointer"),
         "{text}"
     );
@@ -283,6 +300,28 @@ fn a_dlopened_librarys_allocations_have_frames_in_it() {
             (exe, "main".to_owned())
         ],
         "{got:?}"
+    );
+    // The fixture is built with frame pointers: its short stacks are those of the loader's
+    // own allocations (dlopen), which the trailer counts apart and no note warns of.
+    assert!(
+        run.fin.short_stacks > 0,
+        "the loader's allocations stop early"
+    );
+    assert_eq!(run.fin.short_stacks, run.short_stacks());
+    assert_eq!(run.fin.short_stacks_in_libc, run.short_stacks_in_libc());
+    assert_eq!(run.fin.short_stacks_in_libc, run.fin.short_stacks);
+    assert_eq!(
+        run.out.recorded.short_stacks_in_libc,
+        run.fin.short_stacks_in_libc
+    );
+    let allocations = run.fin.totals.allocations;
+    assert_eq!(
+        memtrack::human::short_stacks_note(
+            run.fin.short_stacks,
+            run.fin.short_stacks_in_libc,
+            allocations
+        ),
+        None
     );
 }
 

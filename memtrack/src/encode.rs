@@ -201,6 +201,7 @@ struct Trailer {
     processes: Vec<ProcessInfo>,
     unfollowed_processes: u64,
     short_stacks: u64,
+    short_stacks_in_libc: u64,
 }
 
 struct WriterResult<W> {
@@ -271,6 +272,7 @@ pub struct Encoder<W: Write + Send + 'static> {
     processes: Vec<ProcessInfo>,
     unfollowed_processes: u64,
     short_stacks: u64,
+    short_stacks_in_libc: u64,
     frame_events: usize,
     tx: Option<SyncSender<Msg>>,
     recycle: Receiver<Vec<Event>>,
@@ -328,6 +330,7 @@ impl<W: Write + Send + 'static> Encoder<W> {
             processes: Vec::new(),
             unfollowed_processes: 0,
             short_stacks: 0,
+            short_stacks_in_libc: 0,
             frame_events: opts.frame_events,
             tx: Some(tx),
             recycle,
@@ -469,10 +472,11 @@ impl<W: Write + Send + 'static> Encoder<W> {
         self.unfollowed_processes = unfollowed;
     }
 
-    /// Stores in the trailer how many events have a call stack that stops early (see
-    /// [`Final::short_stacks`]).
-    pub fn set_short_stacks(&mut self, n: u64) {
+    /// Stores in the trailer how many events have a call stack that stops early, and how many
+    /// of those the C library made (see [`Final::short_stacks`]).
+    pub fn set_short_stacks(&mut self, n: u64, in_libc: u64) {
         self.short_stacks = n;
+        self.short_stacks_in_libc = in_libc;
     }
 
     /// Writes the last partial frame and the trailer (with `lost_events`, the number of events
@@ -497,6 +501,7 @@ impl<W: Write + Send + 'static> Encoder<W> {
                 processes: std::mem::take(&mut self.processes),
                 unfollowed_processes: self.unfollowed_processes,
                 short_stacks: self.short_stacks,
+                short_stacks_in_libc: self.short_stacks_in_libc,
             }))
             .map_err(|_| Error::Stopped)
         });
@@ -641,6 +646,7 @@ fn writer_loop<W: Write + Send>(
         processes: trailer.processes,
         unfollowed_processes: trailer.unfollowed_processes,
         short_stacks: trailer.short_stacks,
+        short_stacks_in_libc: trailer.short_stacks_in_libc,
     };
     let (frame_count, events) = (frames.frames(), frames.events());
     let (out, bytes) = frames.finish(&fin)?;

@@ -74,24 +74,51 @@ pub fn table<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String 
     out
 }
 
-/// What `record`'s summary and `show` say of `n` heap allocations whose call stack stops early
-/// (the artifact trailer's `short_stacks`): what it means and how to fix it.
-pub fn short_stacks_note(n: u64) -> String {
-    format!(
-        "{} call stacks that stop early (no caller beyond the allocation site, or a frame \
-         outside the mapped code): the code on the way was built without frame pointers (an \
-         allocation inside a C library built without them, such as glibc's stdio, stays \
-         short). Rust: \
-         build with RUSTFLAGS=\"-C force-frame-pointers=yes\", or put \
-         `[build] rustflags = [\"-C\", \"force-frame-pointers=yes\"]` in .cargo/config.toml; \
-         C and C++: compile with -fno-omit-frame-pointer",
-        plural(n, "allocation has", "allocations have")
-    )
+/// The one line said of `short` heap allocations (of `allocations`) whose call stack stops
+/// early, `in_libc` of them made by the C library for itself: how to fix it, or `None` when
+/// those a rebuild can fix are under 1 % of the allocations (a few short stacks change no
+/// call site's figures, and the C library's own stay short whatever is rebuilt).
+pub fn short_stacks_note(short: u64, in_libc: u64, allocations: u64) -> Option<String> {
+    let fixable = short.saturating_sub(in_libc);
+    if fixable == 0 || fixable.saturating_mul(100) < allocations {
+        return None;
+    }
+    Some(format!(
+        "{} of {} allocations ({:.1} %) have call stacks that stop early: build with frame \
+         pointers (Rust: RUSTFLAGS=\"-C force-frame-pointers=yes\"; C and C++: \
+         -fno-omit-frame-pointer)",
+        count(fixable),
+        count(allocations),
+        fixable as f64 * 100.0 / allocations.max(1) as f64
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_stacks_are_noted_from_one_percent_outside_the_c_library() {
+        // Glibc's stdio buffers in a large recording: nothing to fix.
+        assert_eq!(short_stacks_note(29, 29, 730_851), None);
+        assert_eq!(short_stacks_note(0, 0, 10), None);
+        // Under 1 % of the allocations.
+        assert_eq!(short_stacks_note(99, 0, 10_000), None);
+        // Only the ones outside the C library count.
+        assert_eq!(short_stacks_note(150, 51, 10_000), None);
+        let note = short_stacks_note(150, 50, 10_000).expect("1 % is noted");
+        assert!(
+            note.starts_with("100 of 10,000 allocations (1.0 %) have call stacks"),
+            "{note}"
+        );
+        assert!(!note.contains('\n') && !note.contains("  "), "{note}");
+        assert!(note.contains("-fno-omit-frame-pointer"), "{note}");
+        assert!(
+            short_stacks_note(3, 0, 3)
+                .unwrap()
+                .starts_with("3 of 3 allocations (100.0 %)")
+        );
+    }
 
     #[test]
     fn formats() {

@@ -52,8 +52,12 @@ pub struct Report {
     /// Heap allocations whose call stack stops early: no frame beyond the allocation site, or
     /// a frame outside the mapped code (code built without frame pointers; also in the
     /// artifact's trailer, [`Final::short_stacks`](crate::Final::short_stacks)). The summary
-    /// line counts them; [`human::short_stacks_note`] says how to fix it.
+    /// line says how to fix it when they are a significant share
+    /// ([`Report::short_stacks_note`]).
     pub short_stacks: u64,
+    /// Of [`Report::short_stacks`], those whose call site is in the C library (its own
+    /// allocations, such as stdio buffers: no rebuild of the program gives them callers).
+    pub short_stacks_in_libc: u64,
     /// The session's lock waits, when it recorded them ([`Report::lock_waits`]).
     pub(crate) lock_waits: Option<Result<LockWaits, Arc<LockWaitsError>>>,
 }
@@ -153,14 +157,7 @@ impl Report {
             human::plural(t.live_blocks_at_end, "block", "blocks"),
             human::bytes(t.live_bytes_at_end),
             lost,
-            (if self.short_stacks > 0 {
-                format!(
-                    "; {} with short call stacks",
-                    human::count(self.short_stacks)
-                )
-            } else {
-                String::new()
-            }) + &self.lock_waits_summary(),
+            self.lock_waits_summary(),
             scope,
             self.where_written()
         ) + if self.backend == Backend::Alloc {
@@ -168,6 +165,17 @@ impl Report {
         } else {
             ""
         }
+    }
+
+    /// The one line that says how to give the short call stacks their callers, when those a
+    /// rebuild with frame pointers can fix are at least 1 % of the allocations
+    /// ([`human::short_stacks_note`]).
+    pub fn short_stacks_note(&self) -> Option<String> {
+        human::short_stacks_note(
+            self.short_stacks,
+            self.short_stacks_in_libc,
+            self.totals.allocations,
+        )
     }
 
     /// The summary line's part on lock waits (empty when not recorded): `; lock waits of 4
@@ -273,6 +281,7 @@ mod tests {
             out_of_scope: 0,
             iterations: None,
             short_stacks: 0,
+            short_stacks_in_libc: 0,
             lock_waits: None,
         }
     }
@@ -301,14 +310,24 @@ mod tests {
             "{}",
             r.summary_line()
         );
-        // Short call stacks are counted (for both recorders: the number is the trailer's).
-        r.short_stacks = 1234;
+        // Short call stacks are not the summary line's: its own note says them, once.
+        r.short_stacks = 2;
+        assert!(!r.summary_line().contains("short"), "{}", r.summary_line());
+    }
+
+    /// The short stacks' note is the rule of `human::short_stacks_note` over the report's own
+    /// counts: the C library's short stacks are left out of the share.
+    #[test]
+    fn short_stacks_note_is_the_reports_share() {
+        let mut r = report(200, 0, 0);
+        r.short_stacks = 2;
         assert!(
-            r.summary_line()
-                .contains("; no events lost; 1,234 with short call stacks; scope:"),
-            "{}",
-            r.summary_line()
+            r.short_stacks_note()
+                .unwrap()
+                .starts_with("2 of 200 allocations (1.0 %)")
         );
+        r.short_stacks_in_libc = 1;
+        assert_eq!(r.short_stacks_note(), None);
     }
 
     /// A session that recorded lock waits says their totals: the classes with any time

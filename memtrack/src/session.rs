@@ -531,6 +531,8 @@ impl Active {
                     unfollowed_processes: 0,
                     stacks: counts.stacks,
                     short_stacks: counts.short_stacks,
+                    // The Rust allocator's callers are Rust code, never the C library.
+                    short_stacks_in_libc: 0,
                     truncated_stacks: counts.truncated_stacks,
                     // Stacks are told apart by their whole addresses, each thread remembering
                     // every one it sent: no collisions, nothing sent twice.
@@ -659,6 +661,7 @@ impl Session {
                 // In the artifact's trailer (`memtrack show` reports them).
                 stacks: _,
                 short_stacks,
+                short_stacks_in_libc,
                 truncated_stacks: _,
                 stack_collisions: _,
                 stacks_not_remembered: _,
@@ -685,6 +688,7 @@ impl Session {
                 out_of_scope,
                 iterations: self.iterations,
                 short_stacks,
+                short_stacks_in_libc,
                 lock_waits,
             })
         });
@@ -695,11 +699,8 @@ impl Session {
             && !self.quiet
         {
             eprintln!("{}", report.summary_line());
-            if report.short_stacks > 0 {
-                eprintln!(
-                    "memtrack: {}",
-                    crate::human::short_stacks_note(report.short_stacks)
-                );
+            if let Some(note) = report.short_stacks_note() {
+                eprintln!("memtrack: {note}");
             }
         }
         result.and_then(|report| enforce(&self.limits, report))
@@ -854,6 +855,7 @@ mod tests {
             out_of_scope: 0,
             iterations: None,
             short_stacks: 0,
+            short_stacks_in_libc: 0,
             lock_waits: None,
         };
         assert!(enforce(&Limits::new().max_allocations(2), r.clone()).is_ok());

@@ -154,6 +154,11 @@ pub struct Final {
     /// Their sites are known, their callers are not. Since format 1.5.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub short_stacks: u64,
+    /// Of [`Final::short_stacks`], those whose call site is in the C library or its loader
+    /// (what it allocates for itself: no rebuild of the program gives them callers). Absent
+    /// when 0, and from files written before it was counted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub short_stacks_in_libc: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

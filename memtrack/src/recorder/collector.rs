@@ -353,7 +353,7 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
         if let Some(n) = self.iterations {
             encoder.set_iterations(n);
         }
-        encoder.set_short_stacks(counts.short_stacks);
+        encoder.set_short_stacks(counts.short_stacks, 0);
         Ok((encoder.finish(lost)?, lost, counts))
     }
 }

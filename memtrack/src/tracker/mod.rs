@@ -842,6 +842,9 @@ pub struct Recorded {
     /// or a frame outside the mapped code (built without frame pointers; also in the
     /// artifact's trailer, [`Final::short_stacks`](crate::Final::short_stacks)).
     pub short_stacks: u64,
+    /// Of [`Recorded::short_stacks`], those whose call site is in the C library (its own
+    /// allocations: no rebuild of the program gives them callers).
+    pub short_stacks_in_libc: u64,
     /// Stacks cut at [`TrackerOptions::stack_depth`] frames.
     pub truncated_stacks: u64,
     /// Stacks whose first hash matched another stack's: sent again under an id of their own
@@ -916,7 +919,8 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             // Records the poller could not decode (a mismatched object) are lost too.
             + drained.malformed;
         let push_error = drained.push_error.take();
-        let short_stacks = drained.short_stacks;
+        let (short_stacks, short_stacks_in_libc) =
+            (drained.short_stacks, drained.short_stacks_in_libc);
         let encoder = drained.encoder::<W>().ok_or(TrackerError::Internal(
             "the poller returned another recording's encoder",
         ))?;
@@ -926,7 +930,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         }
         let unfollowed = stats.unfollowed.wrapping_sub(self.unfollowed_at_start);
         encoder.set_processes(std::mem::take(&mut self.processes), unfollowed);
-        encoder.set_short_stacks(short_stacks);
+        encoder.set_short_stacks(short_stacks, short_stacks_in_libc);
         let written = encoder.finish(lost_events)?;
         if let Some(e) = push_error {
             return Err(e.into());
@@ -938,6 +942,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             unfollowed_processes: unfollowed,
             stacks: stats.stacks.wrapping_sub(self.stats_at_start.stacks),
             short_stacks,
+            short_stacks_in_libc,
             truncated_stacks: stats
                 .stacks_truncated
                 .wrapping_sub(self.stats_at_start.stacks_truncated),

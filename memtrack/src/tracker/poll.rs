@@ -101,6 +101,8 @@ pub(crate) struct Drained {
     pub(crate) malformed: u64,
     /// Heap allocation events whose call stack stops early.
     pub(crate) short_stacks: u64,
+    /// Of those, the ones whose call site is in the C library.
+    pub(crate) short_stacks_in_libc: u64,
 }
 
 impl Drained {
@@ -452,6 +454,7 @@ fn run(
             push_error: a.push_error,
             malformed: a.malformed + a.defined.unknown,
             short_stacks: a.defined.short_stacks,
+            short_stacks_in_libc: a.defined.short_stacks_in_libc,
         }));
     }
 }

@@ -30,6 +30,8 @@ pub(crate) struct StackTable {
     by_bpf: Vec<StackId>,
     /// Per global id (index id − 1): whether the stack stops early ([`stops_early`]).
     short: Vec<bool>,
+    /// Per global id: whether its call site (innermost frame) is in the C library.
+    in_libc: Vec<bool>,
     /// Whether an `Exec` event starts a new image in the module map (no tracer does it at its
     /// exec stop: an in-process or `--no-follow` recording).
     images_from_events: bool,
@@ -39,6 +41,17 @@ pub(crate) struct StackTable {
 /// every executable mapping (a chain broken by code without frame pointers).
 pub(crate) fn stops_early(frames: &[Frame]) -> bool {
     frames.len() <= 1 || frames.iter().any(|f| f.module == ModuleId::UNKNOWN)
+}
+
+/// Whether `path` is the C library or its dynamic loader (glibc, musl), which distributions
+/// build without frame pointers: what they allocate for themselves (stdio buffers, thread
+/// set-up) has a short stack that no rebuild of the program fixes.
+fn is_c_library(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.starts_with("libc.so")
+        || name.starts_with("libc-") && name.ends_with(".so")
+        || name.starts_with("ld-linux")
+        || name.starts_with("ld-musl")
 }
 
 /// A heap allocation (the malloc family): the events whose short stacks are counted. A mapping
@@ -58,6 +71,7 @@ impl StackTable {
             interner: StackInterner::new(),
             by_bpf: Vec::new(),
             short: Vec::new(),
+            in_libc: Vec::new(),
             images_from_events,
         }
     }
@@ -69,11 +83,15 @@ impl StackTable {
             return false;
         }
         let addrs: Vec<u64> = addrs.collect();
-        let frames = self
-            .modules
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .frames(h.pid, h.ts, &addrs, true);
+        let (frames, in_libc) = {
+            let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            let frames = modules.frames(h.pid, h.ts, &addrs, true);
+            let in_libc = frames
+                .first()
+                .and_then(|f| modules.module(f.module))
+                .is_some_and(|m| is_c_library(&m.path));
+            (frames, in_libc)
+        };
         let short = stops_early(&frames);
         let (id, new) = self.interner.intern(Stack {
             frames,
@@ -81,6 +99,7 @@ impl StackTable {
         });
         if new {
             self.short.push(short);
+            self.in_libc.push(in_libc);
         }
         let i = h.id as usize;
         if self.by_bpf.len() <= i {
@@ -119,6 +138,8 @@ pub(crate) struct Defined {
     next_module: u32,
     /// Allocation events whose stack stops early.
     pub(crate) short_stacks: u64,
+    /// Of those, the ones whose call site is in the C library.
+    pub(crate) short_stacks_in_libc: u64,
     /// Events naming a stack id no record defined (a mismatched object): counted as malformed.
     pub(crate) unknown: u64,
 }
@@ -144,6 +165,7 @@ impl Defined {
         let g = global.0 as usize - 1;
         if is_heap_allocation(&ev) && table.short[g] {
             self.short_stacks += 1;
+            self.short_stacks_in_libc += u64::from(table.in_libc[g]);
         }
         if self.stacks.len() <= g {
             self.stacks.resize(g + 1, StackId::NONE);
