@@ -35,16 +35,6 @@ pub(crate) struct LimitArgs {
 }
 
 impl LimitArgs {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.max_allocations.is_none()
-            && self.allocations.is_none()
-            && self.min_allocations.is_none()
-            && self.max_blocks.is_none()
-            && self.max_bytes.is_none()
-            && self.max_peak.is_none()
-            && self.no_leaks.is_none()
-    }
-
     /// Takes `meta` if it is a limit (`Ok(true)`); `Ok(false)` leaves it to the other options.
     fn take(&mut self, meta: &Meta) -> syn::Result<bool> {
         let key = meta.path();

@@ -2,19 +2,24 @@
 //!
 //! ```ignore
 //! fn f(args) -> R {
-//!     let __memtrack_guard =
-//!         ::memtrack::__private::start(NAME, OUTPUT, BACKEND, SCOPE, IN_MEMORY, LOCKS, FAIL);
+//!     let __memtrack_guard = ::memtrack::__private::start(
+//!         NAME,
+//!         ::memtrack::Limits::new().max_allocations(N)…,
+//!         |s: ::memtrack::SessionBuilder| s.output_dir(OUTPUT).backend(BACKEND)…,
+//!         FAIL,
+//!     );
 //!     BODY_STATEMENTS
 //! }
 //! ```
+//! Every option is a call of the public, typed API (`Limits`, `SessionBuilder`,
+//! `BackendChoice`, `Scope`); the guard only holds the session for the body's duration.
 //! The guard is the first local, so it is dropped last: after every local of the body and
 //! during unwinding from a panic. The return value is moved out before that, so whatever the
 //! caller later does with it is not counted. The body's statements are spliced into the
 //! function's block (not nested as a block of their own), so a body such as `{ 42 }` does not
 //! become `{ let g = …; { 42 } }`, which warns `unused_braces` in the user's crate.
 //!
-//! With limits, the guard comes from `start_limited(NAME, OUTPUT, BACKEND, SCOPE, IN_MEMORY,
-//! LOCKS, FAIL, Limits::new().max_bytes(N)…)` and its drop fails on a violated limit. `FAIL` is a closure that panics,
+//! With limits, the guard's drop fails on a violated limit. `FAIL` is a closure that panics,
 //! generated here with the span of the function's name: the panic happens in the guard's
 //! `Drop` (where `#[track_caller]` does not reach), but its location is the user's function,
 //! not memtrack's source.
@@ -52,71 +57,71 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> TokenStream {
             #krate::__private::fn_path(::core::any::type_name_of_val(&__memtrack_here))
         }},
     };
-    let output = match args.output {
-        Some(o) => quote!(::core::option::Option::Some(#o)),
-        None => quote!(::core::option::Option::None),
-    };
-    let backend = match args.backend {
-        Some(b) => quote!(::core::option::Option::Some(#b)),
-        None => quote!(::core::option::Option::None),
-    };
-    let scope = match args.scope {
-        Some(s) => quote!(::core::option::Option::Some(#s)),
-        None => quote!(::core::option::Option::None),
-    };
-    let in_memory = match args.in_memory {
-        Some(span) => quote_spanned!(span=> true),
-        None => quote!(false),
-    };
-    let locks = match args.locks {
-        Some(span) => quote_spanned!(span=> true),
-        None => quote!(false),
-    };
+    // The attribute's options as the builder's own calls, each keeping the span of the
+    // user's option; the spellings were checked in `attr`.
+    let output = args
+        .output
+        .map(|o| quote_spanned!(o.span()=> .output_dir(#o)));
+    let backend = args.backend.map(|b| {
+        let variant = match b.value().as_str() {
+            "ebpf" => quote_spanned!(b.span()=> Ebpf),
+            "alloc" => quote_spanned!(b.span()=> Alloc),
+            _ => quote_spanned!(b.span()=> Auto),
+        };
+        quote_spanned!(b.span()=> .backend(#krate::BackendChoice::#variant))
+    });
+    let scope = args.scope.map(|s| {
+        let variant = match s.value().as_str() {
+            "process" => quote_spanned!(s.span()=> Process),
+            _ => quote_spanned!(s.span()=> Threads),
+        };
+        quote_spanned!(s.span()=> .scope(#krate::Scope::#variant))
+    });
+    let in_memory = args
+        .in_memory
+        .map(|span| quote_spanned!(span=> .in_memory(true)));
+    let locks = args
+        .locks
+        .map(|span| quote_spanned!(span=> .lock_waits(true)));
     // The location a failure reports: `panic!` spanned at the function's name.
     let fn_span = item.sig.ident.span();
     let fail = quote_spanned! {fn_span=>
         |__memtrack_message: ::std::string::String| ::core::panic!("{}", __memtrack_message)
     };
-    let start = if args.limits.is_empty() {
-        quote!(#krate::__private::start(#name, #output, #backend, #scope, #in_memory, #locks, #fail))
-    } else {
-        let l = &args.limits;
-        // Each value keeps the span of the user's literal.
-        let value = |(n, span): (u64, proc_macro2::Span)| {
-            let mut lit = Literal::u64_suffixed(n);
-            lit.set_span(span);
-            lit
-        };
-        let max_allocations = l
-            .max_allocations
-            .map(value)
-            .map(|n| quote!(.max_allocations(#n)));
-        let allocations = l
-            .allocations
-            .map(value)
-            .map(|n| quote!(.expect_allocations(#n)));
-        let min_allocations = l
-            .min_allocations
-            .map(value)
-            .map(|n| quote!(.min_allocations(#n)));
-        let max_blocks = l.max_blocks.map(value).map(|n| quote!(.max_blocks(#n)));
-        let max_bytes = l.max_bytes.map(value).map(|n| quote!(.max_bytes(#n)));
-        let max_peak = l.max_peak.map(value).map(|n| quote!(.max_peak(#n)));
-        let no_leaks = l.no_leaks.map(|span| quote_spanned!(span=> .no_leaks()));
-        quote! {
-            #krate::__private::start_limited(
-                #name,
-                #output,
-                #backend,
-                #scope,
-                #in_memory,
-                #locks,
-                #fail,
-                #krate::__private::Limits::new()
-                    #max_allocations #allocations #min_allocations #max_bytes #max_peak
-                    #max_blocks #no_leaks,
-            )
-        }
+    let l = &args.limits;
+    // Each value keeps the span of the user's literal.
+    let value = |(n, span): (u64, proc_macro2::Span)| {
+        let mut lit = Literal::u64_suffixed(n);
+        lit.set_span(span);
+        lit
+    };
+    let max_allocations = l
+        .max_allocations
+        .map(value)
+        .map(|n| quote!(.max_allocations(#n)));
+    let allocations = l
+        .allocations
+        .map(value)
+        .map(|n| quote!(.expect_allocations(#n)));
+    let min_allocations = l
+        .min_allocations
+        .map(value)
+        .map(|n| quote!(.min_allocations(#n)));
+    let max_blocks = l.max_blocks.map(value).map(|n| quote!(.max_blocks(#n)));
+    let max_bytes = l.max_bytes.map(value).map(|n| quote!(.max_bytes(#n)));
+    let max_peak = l.max_peak.map(value).map(|n| quote!(.max_peak(#n)));
+    let no_leaks = l.no_leaks.map(|span| quote_spanned!(span=> .no_leaks()));
+    let start = quote! {
+        #krate::__private::start(
+            #name,
+            #krate::Limits::new()
+                #max_allocations #allocations #min_allocations #max_bytes #max_peak
+                #max_blocks #no_leaks,
+            |__memtrack_session: #krate::SessionBuilder| {
+                __memtrack_session #output #backend #scope #in_memory #locks
+            },
+            #fail,
+        )
     };
     let guard: syn::Stmt = match syn::parse2(quote! { let __memtrack_guard = #start; }) {
         Ok(s) => s,

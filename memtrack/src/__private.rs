@@ -1,6 +1,6 @@
 //! What `#[memtrack]` expands to. Not public API: no SemVer guarantees.
 
-pub use crate::limits::Limits;
+use crate::limits::Limits;
 use crate::session::{Session, SessionBuilder};
 
 /// The guard a `#[memtrack]` function holds for the duration of its body; dropping it
@@ -16,52 +16,33 @@ pub struct Guard {
     fail: fn(String),
 }
 
-/// Starts the session of a `#[memtrack]` function, after any session running in this process
-/// ends (so parallel tests take turns). Never panics: if recording cannot start, it says why
-/// on stderr and the function runs unrecorded. Called inside a session that records this
-/// thread (a `#[memtrack]` function calling another), it joins that session: the inner
-/// function's allocations are the outer session's, and it writes no artifact of its own.
+/// Starts the session of a `#[memtrack]` function: `SessionBuilder::new(name)` with `limits`,
+/// then `options` (the attribute's other options, as the builder's own calls), after any
+/// session running in this process ends (so parallel tests take turns). Called inside a
+/// session that records this thread (a `#[memtrack]` function calling another), it joins that
+/// session without calling `options` or allocating: the inner function's allocations are the
+/// outer session's, and it writes no artifact of its own.
+///
+/// Without limits it never panics: if recording cannot start, it says why on stderr and the
+/// function runs unrecorded. With limits, when the guard is dropped a violated limit panics
+/// with the measured numbers (so a `#[test]` fails), unless the thread is already panicking
+/// (then it is printed on stderr: a second panic would abort). Limits that cannot be checked
+/// fail too, never pass silently: if recording cannot start, this panics with the reason;
+/// nested in a session that records this thread, its limits could only be checked against
+/// the outer session's numbers, so it panics saying so. Every panic goes through `fail`, so
+/// that its location is the user's function.
 pub fn start(
     name: &str,
-    output: Option<&str>,
-    backend: Option<&str>,
-    scope: Option<&str>,
-    in_memory: bool,
-    locks: bool,
-    fail: fn(String),
-) -> Guard {
-    start_limited(
-        name,
-        output,
-        backend,
-        scope,
-        in_memory,
-        locks,
-        fail,
-        Limits::new(),
-    )
-}
-
-/// [`start`] for a `#[memtrack(max_allocations = …, …)]` function: when the guard is dropped,
-/// a violated limit panics with the measured numbers (so a `#[test]` fails), unless the thread
-/// is already panicking (then it is printed on stderr: a second panic would abort). Limits
-/// that cannot be checked fail too, never pass silently: if recording cannot start, this
-/// panics with the reason instead of running the function unrecorded. Nested in a session
-/// that records this thread, its limits could only be checked against the outer session's
-/// numbers, so it panics saying so (put the limits on the outer function, or call this one
-/// outside it). Every panic goes through `fail`, so that its location is the user's function.
-/// `locks`: also record lock waits (`#[memtrack(locks)]`).
-#[allow(clippy::too_many_arguments)] // the attribute's options, in its order
-pub fn start_limited(
-    name: &str,
-    output: Option<&str>,
-    backend: Option<&str>,
-    scope: Option<&str>,
-    in_memory: bool,
-    locks: bool,
-    fail: fn(String),
     limits: Limits,
+    options: impl FnOnce(SessionBuilder) -> SessionBuilder,
+    fail: fn(String),
 ) -> Guard {
+    let unrecorded = |limited_name| Guard {
+        session: None,
+        limits,
+        limited_name,
+        fail,
+    };
     // Nested: join the running session, allocating nothing (it counts this thread).
     if crate::session::recorded_here() {
         if !limits.is_empty() {
@@ -76,27 +57,9 @@ pub fn start_limited(
                 ),
             );
         }
-        return Guard {
-            session: None,
-            limits,
-            limited_name: None,
-            fail,
-        };
+        return unrecorded(None);
     }
-    let mut b = SessionBuilder::new(name)
-        .limits(limits)
-        .in_memory(in_memory)
-        .lock_waits(locks);
-    if let Some(dir) = output {
-        b = b.output_dir(dir);
-    }
-    // The attribute checked the spellings at compile time.
-    if let Some(choice) = backend.and_then(|s| crate::BackendChoice::parse(s).ok()) {
-        b = b.backend(choice);
-    }
-    if let Some(scope) = scope.and_then(crate::Scope::parse) {
-        b = b.scope(scope);
-    }
+    let b = options(SessionBuilder::new(name).limits(limits));
     let limited_name = (!limits.is_empty()).then(|| name.to_string());
     match b.start_waiting() {
         Ok(s) => Guard {
@@ -111,43 +74,23 @@ pub fn start_limited(
                 fail,
                 format!("memtrack: {name}: the limits ({limits}) cannot be checked: {e}"),
             );
-            Guard {
-                session: None,
-                limits,
-                limited_name: None,
-                fail,
-            }
+            unrecorded(None)
         }
-        Err(crate::Error::NestedSession { .. }) => Guard {
-            session: None,
-            limits,
-            limited_name: None,
-            fail,
-        },
+        Err(crate::Error::NestedSession { .. }) => unrecorded(None),
         Err(e) if !limits.is_empty() => {
             fail_with(
                 fail,
                 format!(
                     "memtrack: {name}: the limits ({limits}) cannot be checked: recording did not \
-                 start: {e}. Fix that, or remove the limits (a #[memtrack] function without \
-                 limits runs unrecorded when recording cannot start)"
+                     start: {e}. Fix that, or remove the limits (a #[memtrack] function without \
+                     limits runs unrecorded when recording cannot start)"
                 ),
             );
-            Guard {
-                session: None,
-                limits,
-                limited_name,
-                fail,
-            }
+            unrecorded(limited_name)
         }
         Err(e) => {
             eprintln!("memtrack: {name}: not recorded: {e}");
-            Guard {
-                session: None,
-                limits,
-                limited_name,
-                fail,
-            }
+            unrecorded(limited_name)
         }
     }
 }
