@@ -70,8 +70,8 @@ fn parse(data: &[u8]) -> object::read::Result<Parsed<'_>> {
 
 impl Elf {
     /// Maps the file at `path` and validates it. Nothing but the headers is read here; the
-    /// symbol tables are read by [`Elf::functions`] (reading all 36 MB of a release binary with
-    /// line tables took 23–78 ms of a cold eBPF session's start here; its tables are a few MB).
+    /// symbol tables are read by [`Elf::functions`] (a release binary with line tables is tens
+    /// of MB, its symbol tables a few: reading it whole would slow a cold session's start).
     pub fn open(path: &Path) -> Result<Self> {
         let io = |source| Error::Io {
             path: path.to_owned(),

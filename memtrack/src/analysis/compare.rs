@@ -392,7 +392,7 @@ mod tests {
         assert_eq!(t(".25%"), Ok(2_500));
         assert_eq!(t("0%"), Ok(0));
         assert_eq!(t("12.3456%"), Ok(123_456));
-        // A bare number is refused (issue 12, item 11): 0.05 meant as 5 % would gate 100×
+        // A bare number is refused: 0.05 meant as 5 % would gate 100×
         // stricter than intended.
         let bare = t("0.05").unwrap_err();
         assert!(bare.contains("the % sign is required"), "{bare}");

@@ -304,7 +304,7 @@ impl Analyzer {
 
     /// Whether a process's block table has outgrown a core's cache, so that a slice of events
     /// is worth [`prefetch`](Self::prefetch)ing (asked once per slice: a smaller table stays
-    /// cached, and the prefetches would only add instructions, +14 % of `decode_analyze`'s).
+    /// cached, and the prefetches would only add instructions).
     pub(super) fn heap_outgrows_cache(&self) -> bool {
         self.procs
             .iter()
@@ -332,8 +332,7 @@ impl Analyzer {
 
     /// Feeds one event, and its allocation (if it makes one) to `sizes`: what
     /// [`SizeHistogram::update`] counts, without matching the event's kind a second time
-    /// (the encoder's writer; with `Timeline::push` skipping unchanged mapped bytes, its
-    /// thread went 178 → 167 instructions per event of hotpaths `alloc_session`, callgrind).
+    /// (the encoder's writer thread).
     #[inline(always)]
     pub(crate) fn update_sized(&mut self, e: &Event, sizes: &mut SizeHistogram) {
         self.update_with(e, sizes);
@@ -416,8 +415,8 @@ impl Analyzer {
         }
     }
 
-    /// Always inlined: the compiler's choice changed with unrelated code (an outlined call
-    /// cost the encoder's writer 11.5 instructions per event, callgrind).
+    /// Always inlined: left to the compiler, the choice changes with unrelated code, and an
+    /// outlined call per allocation is a cost of the encoder's writer.
     #[inline(always)]
     fn alloc(
         t: &mut Totals,

@@ -240,10 +240,8 @@ impl SiteAnalyzer {
     /// order, after feeding them: what `show --top`, the exports and `compare` read a recording
     /// with.
     ///
-    /// The analysis stays on one thread, beside the decoding: running the totals and the site
-    /// accounting of a frame on two threads (the sites a frame behind, told where the peak
-    /// rose) cost 14 % more CPU for a copy of every frame and the hand-offs, and on this
-    /// shared 2-core machine under load that made `show --top 20` slower, not faster.
+    /// The analysis stays on one thread, beside the decoding: splitting the totals and the
+    /// site accounting over two threads costs a copy of every frame and the hand-offs.
     pub fn read(
         reader: &Reader,
         mut per_frame: impl FnMut(&[Event]) + Send,

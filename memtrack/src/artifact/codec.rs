@@ -30,8 +30,7 @@ const VARINT_LEN: [u8; 65] = {
 fn prefix_varint(v: u64) -> ([u8; 9], usize) {
     let mut b = [0u8; 9];
     if v < 1 << 56 {
-        // A table instead of `div_ceil(7)`: the division by 7 was ~10 instructions per value,
-        // ~40 per event of the encoder (callgrind).
+        // A table, not `div_ceil(7)`: a division per value is the encoder's largest cost.
         let n = VARINT_LEN[(v | 1).leading_zeros() as usize] as usize;
         let w = (v << n) | (1 << (n - 1));
         b[..8].copy_from_slice(&w.to_le_bytes());
@@ -59,8 +58,8 @@ impl OutCol {
         }
     }
 
-    /// One prefix varint (see [`prefix_varint`]), written as a single 8-byte store: building
-    /// the 9-byte array first and copying it cost ~25 instructions per event (callgrind).
+    /// One prefix varint (see [`prefix_varint`]), written as a single 8-byte store, not built
+    /// as a 9-byte array and copied.
     /// The caller must have reserved room for this value ([`OutCol::reserve`]): a value more
     /// than reserved panics.
     #[inline(always)]
@@ -103,8 +102,7 @@ struct Runs {
     /// The open run's value: the base of the next run's delta (0 before the first run).
     value: u32,
     /// The open run's value widened, or `u64::MAX` while no run is open (no `u32` equals it):
-    /// continuing a run is one compare (with `run > 0` as well it was ~7 instructions per
-    /// column and event of the encoder, callgrind).
+    /// continuing a run is one compare, with no `run > 0` test per column and event.
     open: u64,
     run: u64,
 }
@@ -710,8 +708,8 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
     }
 }
 
-/// Takes the column's name, not the column: `&self` passed to this outlined function cost the
-/// decode loop 3 instructions per event (callgrind, hotpaths `decode`: 225.0 → 222.0).
+/// Takes the column's name, not the column: passing `&self` to this outlined function keeps
+/// the column in memory across the decode loop.
 #[cold]
 fn overrun(column: &str) -> DecodeError {
     format!("{column} column ends inside a value")
@@ -727,10 +725,9 @@ fn empty_run(column: &str) -> DecodeError {
 /// `padded` is the payload followed by at least [`PAD`] bytes (of any value).
 /// `stacks`: the frame has [`FLAG_STACKS`].
 ///
-/// Never inlined: called once per frame, so inlining gains nothing, and whether LLVM inlined it
-/// into its caller (a thread-local's closure) depended on how unrelated code of the crate fell
-/// into codegen units; inlined, its loop cost ~8.6 instructions more per event in the ir-gate's
-/// decode (229.7 vs 221.0 Ir/op) after a change in the allocator recorder.
+/// Never inlined: called once per frame, so inlining gains nothing, and left to LLVM, whether
+/// it is inlined (and its loop compiled worse) depends on how unrelated code falls into codegen
+/// units; the ir-gate's `decode` holds it.
 #[inline(never)]
 pub(crate) fn decode_events(
     padded: &[u8],

@@ -27,8 +27,8 @@
 //!   the artifact as the eBPF recorder does. Frees carry none. Needs frame pointers in the
 //!   program (`-C force-frame-pointers=yes`; Rust's std has them).
 //! - **Before `main` and with no session**: the wrapper only forwards (one relaxed load of the
-//!   switch per call: 4 instructions per event over `System`, ir-gate `alloc_idle` minus
-//!   `alloc_system`). The process's first allocation through it takes the recording call once,
+//!   switch per call; the ir-gate's `alloc_idle` over `alloc_system` gates it). The process's
+//!   first allocation through it takes the recording call once,
 //!   to learn that it is installed ([`LEARN`]).
 //! - **Lifecycle**: idle → starting → recording → stopping → idle, one state behind one lock
 //!   in `recorder/lifecycle.rs`; the switch and session word the hot path reads are its view,
@@ -80,9 +80,7 @@ struct HotPath;
 
 impl View for HotPath {
     /// Never inlined: the statics are then referenced only from this module's code, where the
-    /// hot path reads them with one RIP-relative load each. Inlined into the lifecycle's
-    /// module, the session word became an external symbol read through the GOT: +2
-    /// instructions per alloc+free pair in the ir-gate's alloc_record (340.07 vs 338.07).
+    /// hot path reads them with one RIP-relative load each, not through the GOT.
     #[inline(never)]
     fn publish(&self, switch: u32, session: Option<u64>) {
         if let Some(word) = session {
@@ -234,8 +232,8 @@ impl Ring {
     /// Producer side: appends `raw`, waiting for the collector while the ring is full. Looks
     /// at the collector's `tail` only every so often (at most every RING/8 pushes), and wakes
     /// the collector at most that often, once the ring is a quarter full.
-    /// `make` is called once there is room, and its slot is built in place: a `Raw` built
-    /// first and copied cost the recording call 5 instructions per event (78 → 73, callgrind).
+    /// `make` is called once there is room, and its slot is built in place (a `Raw` built
+    /// first and copied costs the recording call a copy per event).
     #[inline(always)]
     fn push(&self, make: impl FnOnce() -> Raw) {
         let head = self.head.0.load(Ordering::Relaxed);
@@ -510,9 +508,8 @@ fn learn_installed() {
 }
 
 /// [`record`]'s push of an allocation with its call stack. Kept out of `record`: a call to
-/// the walk there made `record` keep its arguments across it (spilled to the stack), which cost
-/// the recording call without stacks 20 instructions per alloc+free pair (ir-gate
-/// alloc_record 328.07 → 348.08).
+/// the walk there makes `record` keep its arguments across it (spilled to the stack), which
+/// the recording call without stacks would pay too.
 #[inline(never)]
 fn push_with_stack(
     kind_align: u32,

@@ -15,7 +15,7 @@
 //! A [`Turn`] is the running session's claim: dropping it without [`Turn::end`] (a panic
 //! between start and finish) ends the turn too, so a panicking session still returns to idle.
 //! The hold is whatever keeps a finished session's recorder warm for the next one (the eBPF
-//! probes: attaching and detaching them costs ~10 + ~50 ms); it is dropped when no session
+//! probes: attaching and detaching them costs tens of ms); it is dropped when no session
 //! waits for it. Lock order: this lock, then the tracker's (never the reverse).
 
 use std::sync::{Condvar, Mutex, MutexGuard};

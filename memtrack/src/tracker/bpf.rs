@@ -43,8 +43,8 @@ pub(crate) struct Bpf {
     /// every context switch on the machine, so never longer).
     switch_link: Mutex<Option<Link>>,
     /// The lock-wait program, loaded by the first recording that asks for lock waits (its
-    /// verification alone took 40 ms, most of a cold start that records none): a second
-    /// instance of the object with only that program, sharing every map of `obj`.
+    /// verification is most of a cold start, which a recording without them need not pay): a
+    /// second instance of the object with only that program, sharing every map of `obj`.
     switch_obj: once_cell::sync::OnceCell<Object>,
     /// The threads closing the links of earlier recordings, oldest first (finished ones are
     /// pruned at the next detach or attach).
@@ -74,7 +74,7 @@ struct Following {
     /// however many processes map it (`None`: no allocator sites, not ELF).
     sites: Mutex<HashMap<FileId, Option<Arc<FileSites>>>>,
     /// Links of processes that ended, closed on a thread of their own (each close waits for
-    /// an RCU grace period, ~50 ms here: the tracer must not).
+    /// an RCU grace period, tens of ms: the tracer must not).
     closer: Mutex<Option<std::sync::mpsc::Sender<Vec<Link>>>>,
     closer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -145,8 +145,8 @@ struct Attached {
     /// The uprobe links while they are attached (`live`); empty otherwise.
     links: Vec<Link>,
     /// Whether the probes are attached now: while recording or counting, never otherwise (an
-    /// attached uprobe traps on every call even when its program returns at once: a tight
-    /// allocation loop ran 100x slower after a session when they stayed attached).
+    /// attached uprobe traps on every call even when its program returns at once; the
+    /// `after_session` test holds it).
     live: bool,
     /// (device, inode) of every file examined, so a file mapped twice is probed once.
     probed: HashSet<(u64, u64)>,
@@ -212,8 +212,8 @@ impl Bpf {
             }
         }
         // Programs no recording of this tracker can use are not loaded: the verifier is most
-        // of a cold start (strace -T here: mt_switch 40 ms, mt_sys_exit 7, mt_ret 24). The
-        // lock-wait program is loaded on first use ([`Bpf::attach_switch`]).
+        // of a cold start. The lock-wait program is loaded on first use
+        // ([`Bpf::attach_switch`]).
         for mut prog in open.progs_mut() {
             let name = prog.name().to_string_lossy();
             let needed = match &*name {
@@ -482,11 +482,7 @@ impl Bpf {
             return Ok(());
         }
         // The links being closed in the background must be gone first: a site probed by an
-        // old and a new link at once would record every call twice. (Not waiting, with the
-        // links numbered in their cookies and hits through old numbers ignored, made a
-        // back-to-back start 1 ms instead of 40-70, but the next session's threads then
-        // started while the last one's were still exiting, and what a spawn allocates
-        // depends on that: tests/parallel_limits passed 2 runs of 10 instead of 10.)
+        // old and a new link at once would record every call twice.
         let t0 = Instant::now();
         let reapers = std::mem::take(&mut *lock(&self.reapers));
         for t in reapers {
@@ -521,7 +517,7 @@ impl Bpf {
     }
 
     /// Detaches every probe in the background and returns at once: closing a link removes
-    /// its breakpoints first, then waits ~50 ms (measured here) for an RCU grace period that
+    /// its breakpoints first, then waits for an RCU grace period (tens of ms) that
     /// costs the process nothing, so a session need not wait for it. The next
     /// [`Bpf::attach_probes`] waits for the closes to end.
     pub(crate) fn detach_probes_in_background(&self) {
@@ -549,8 +545,8 @@ impl Bpf {
     }
 
     /// The uprobe_multi links of one file for process `pid`: one per program and file
-    /// (closing a link waits ~130 ms for the kernel to synchronise, measured here; a link per
-    /// site made `record` of a C++ program take seconds to detach).
+    /// (closing a link waits for the kernel to synchronise, so a link per site would make
+    /// detaching from a C++ program take seconds).
     fn link_file_for(&self, file: &ProbedFile, pid: u32) -> Result<Vec<Link>> {
         let mut links = Vec::with_capacity(2);
         for (program, sites, ret) in [

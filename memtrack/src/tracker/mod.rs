@@ -15,8 +15,8 @@
 //!
 //! Nothing stays attached between recordings (or [`Counting`] guards): an attached uprobe
 //! traps into the kernel on every call even when its program returns at once, so a process
-//! that kept its probes after a session ran its allocation loops 25–100× slower for the rest
-//! of its life. The loaded object, the probe sites and the ring buffer's mapping are kept.
+//! that kept its probes would pay for them for the rest of its life (`tests/after_session`).
+//! The loaded object, the probe sites and the ring buffer's mapping are kept.
 //!
 //! Uprobes are attached with the target's pid, never -1: other processes pay nothing for them.
 //! mmap, munmap, mremap and brk are recorded by default through uprobes on libc's wrappers
@@ -58,12 +58,9 @@ pub(crate) use poll::record_to_event;
 use poll::{Poller, PollerRecording};
 pub(crate) use stacks::{Defined, StackTable};
 
-/// Default ring buffer: 8 MiB (128 Ki events of 64 bytes in flight). Sized from the measured
-/// ceiling of the probes here, ~730,000 events/s (~46 MB/s) with two threads allocating on a
-/// 2-core machine: 8 MiB holds ~180 ms of it, 18 drain periods, and lost nothing with a busy
-/// loop competing for the cores (1 MiB, the size for two periods, lost 13,801 of 4 M events).
-/// Its pages are mapped twice and all resident: `record -- /bin/true` was 529 MB resident
-/// with 256 MiB, 21 MB with 8 MiB.
+/// Default ring buffer: 8 MiB (128 Ki events of 64 bytes in flight), some 18 drain periods
+/// at the probes' ceiling rate on two cores: room for a poller delayed by a busy machine. Its
+/// pages are mapped twice and all resident, so a larger default costs every recording memory.
 pub const DEFAULT_RINGBUF_BYTES: u64 = 8 << 20;
 
 /// Settings fixed when a [`Tracker`] loads.

@@ -127,8 +127,7 @@ enum Cmd {
 }
 
 /// An eventfd the poller waits on beside the ring buffer, so that a stopping recording wakes
-/// it at once: waiting out the rest of a 10 ms drain period made every session's finish
-/// 10-12 ms.
+/// it at once instead of after the rest of a drain period.
 struct Waker(OwnedFd);
 
 impl Waker {
@@ -208,8 +207,8 @@ impl Wait {
 }
 
 /// The poller thread of a tracker: started once, it keeps the ring buffer mapped for the
-/// tracker's lifetime (mapping and unmapping 256 MiB took ~40 ms of every session) and drains
-/// it into the current recording's encoder.
+/// tracker's lifetime (mapping a large ring costs tens of ms, not to be paid per session) and
+/// drains it into the current recording's encoder.
 pub(crate) struct Poller {
     cmds: Mutex<SyncSender<Cmd>>,
     waker: Arc<Waker>,
