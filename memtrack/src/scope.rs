@@ -24,16 +24,22 @@ pub enum Scope {
     Process,
 }
 
-impl Scope {
+impl std::str::FromStr for Scope {
+    type Err = crate::Error;
+
     /// Parses `threads` or `process` (the `scope` option of `#[memtrack]`).
-    pub fn parse(s: &str) -> Option<Self> {
+    fn from_str(s: &str) -> crate::Result<Self> {
         match s.trim() {
-            "threads" => Some(Scope::Threads),
-            "process" => Some(Scope::Process),
-            _ => None,
+            "threads" => Ok(Scope::Threads),
+            "process" => Ok(Scope::Process),
+            other => Err(crate::Error::InvalidOption(format!(
+                "unknown scope {other:?}: expected \"threads\" or \"process\""
+            ))),
         }
     }
+}
 
+impl Scope {
     /// The option's spelling: `threads` or `process`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -50,5 +56,22 @@ impl fmt::Display for Scope {
             Scope::Threads => "this thread and the threads it spawned",
             Scope::Process => "whole process",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scope_names_parse_back_and_typos_say_the_choices() {
+        for s in [Scope::Threads, Scope::Process] {
+            assert_eq!(s.as_str().parse::<Scope>().unwrap(), s);
+        }
+        let msg = "proces".parse::<Scope>().unwrap_err().to_string();
+        assert!(
+            msg.contains("\"proces\"") && msg.contains("\"threads\""),
+            "{msg}"
+        );
     }
 }

@@ -80,10 +80,12 @@ pub enum BackendChoice {
     Alloc,
 }
 
-impl BackendChoice {
+impl std::str::FromStr for BackendChoice {
+    type Err = Error;
+
     /// Parses `auto`, `ebpf` or `alloc` (the `backend` option of `#[memtrack]` and the
-    /// `MEMTRACK_BACKEND` variable).
-    pub fn parse(s: &str) -> Result<Self> {
+    /// `MEMTRACK_BACKEND` variable); blank is `auto`.
+    fn from_str(s: &str) -> Result<Self> {
         match s.trim() {
             "auto" | "" => Ok(BackendChoice::Auto),
             "ebpf" => Ok(BackendChoice::Ebpf),
@@ -117,7 +119,7 @@ fn resolve_backend(choice: Option<BackendChoice>) -> Result<Backend> {
     let choice = match choice {
         Some(b) => b,
         None => match std::env::var("MEMTRACK_BACKEND") {
-            Ok(v) => BackendChoice::parse(&v)?,
+            Ok(v) => v.parse()?,
             Err(_) => BackendChoice::Auto,
         },
     };
@@ -825,10 +827,16 @@ mod tests {
 
     #[test]
     fn backend_names_parse_and_typos_say_the_choices() {
-        assert_eq!(BackendChoice::parse("alloc").unwrap(), BackendChoice::Alloc);
-        assert_eq!(BackendChoice::parse(" ebpf ").unwrap(), BackendChoice::Ebpf);
-        assert_eq!(BackendChoice::parse("").unwrap(), BackendChoice::Auto);
-        let msg = BackendChoice::parse("dtrace").unwrap_err().to_string();
+        assert_eq!(
+            "alloc".parse::<BackendChoice>().unwrap(),
+            BackendChoice::Alloc
+        );
+        assert_eq!(
+            " ebpf ".parse::<BackendChoice>().unwrap(),
+            BackendChoice::Ebpf
+        );
+        assert_eq!("".parse::<BackendChoice>().unwrap(), BackendChoice::Auto);
+        let msg = "dtrace".parse::<BackendChoice>().unwrap_err().to_string();
         assert!(
             msg.contains("\"dtrace\"") && msg.contains("\"alloc\""),
             "{msg}"
