@@ -286,7 +286,7 @@ fn stack_shape(dir: &std::path::Path, wrapper: &Allocator) -> String {
     nested(NEST, &mut || workload(wrapper, 1000, false));
     let r = s.finish().expect("finish");
     let path = r.path.expect("an artifact");
-    let reader = memtrack::Reader::open(&path).expect("reading the artifact");
+    let reader = memtrack::artifact::Reader::open(&path).expect("reading the artifact");
     let table = reader.stacks().expect("its stack table");
     let frames: Vec<usize> = table.stacks().map(|(_, s)| s.frames.len()).collect();
     format!(

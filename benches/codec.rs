@@ -10,7 +10,8 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use memtrack::{
-    Analyzer, Backend, Encoder, EncoderOptions, Event, Metadata, Reader, Synth, SynthOptions,
+    analysis::Analyzer, artifact::Backend, artifact::Metadata, artifact::Reader, encode::Encoder,
+    encode::EncoderOptions, event::Event, synth::Synth, synth::SynthOptions,
 };
 
 const EVENTS: usize = 1_000_000;

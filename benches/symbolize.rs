@@ -27,7 +27,7 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use memtrack::{Frame, Module, ModuleId, Stack, Symbolizer};
+use memtrack::{stack::Frame, stack::Module, stack::ModuleId, stack::Stack, symbolize::Symbolizer};
 use memtrack_test_support::fixtures;
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 

@@ -16,7 +16,7 @@ use std::io::Write;
 use std::sync::{Arc, Barrier, Condvar, Mutex, RwLock};
 use std::time::Duration;
 
-use memtrack::{OffCpuBuilder, Reader, SessionBuilder, Symbolizer};
+use memtrack::{SessionBuilder, analysis::OffCpuBuilder, artifact::Reader, symbolize::Symbolizer};
 
 const HOLD: Duration = Duration::from_millis(50);
 

@@ -13,7 +13,7 @@
 //! - `open`: libbpf parses the embedded object; `load`: maps created, programs verified and
 //!   loaded (split by the second process: `maps only` loads the object with no program);
 //!   `scan`: the mapped ELF files' symbol tables read and every probe placed
-//!   ([`memtrack::StartupTimes`]);
+//!   ([`memtrack::tracker::StartupTimes`]);
 //! - `tracker`: all of the above as a session's first call pays it (`Tracker::global`);
 //! - `start`: `SessionBuilder::start` once the tracker is loaded, of which `attach wait`
 //!   (the previous probes' background detach) and `attach` (creating the links);
@@ -25,7 +25,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use memtrack::{SessionBuilder, StartupTimes, Tracker, TrackerOptions};
+use memtrack::{SessionBuilder, tracker::StartupTimes, tracker::Tracker, tracker::TrackerOptions};
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -111,7 +111,7 @@ fn child_split() {
                     .expect("rodata")
                     .copy_from_slice(&cfg.to_bytes());
             } else if name == memtrack_bpf::MAP_EVENTS {
-                m.set_max_entries(memtrack::DEFAULT_RINGBUF_BYTES as u32)
+                m.set_max_entries(memtrack::tracker::DEFAULT_RINGBUF_BYTES as u32)
                     .expect("ring buffer size");
             }
         }

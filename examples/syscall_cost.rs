@@ -12,7 +12,7 @@ use std::ffi::OsString;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use memtrack::{TrackerOptions, record_command};
+use memtrack::{tracker::TrackerOptions, tracker::record_command};
 
 /// The unrelated process: `CALLS` getppid syscalls, then ns per call on stdout.
 fn syscall_loop(calls: u64) {

@@ -14,7 +14,10 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use memtrack::{Backend, EncoderOptions, Metadata, Recorded, Tracker, TrackerOptions};
+use memtrack::{
+    artifact::Backend, artifact::Metadata, encode::EncoderOptions, tracker::Recorded,
+    tracker::Tracker, tracker::TrackerOptions,
+};
 
 /// A failed file, a tracker error or a run that lost events, each with its message.
 type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;

@@ -109,7 +109,8 @@ fn no_cost_after_back_to_back_sessions() {
 
 fn no_cost_after_counting() {
     let before = pristine();
-    let tracker = memtrack::Tracker::global(&memtrack::TrackerOptions::new()).expect("tracker");
+    let tracker = memtrack::tracker::Tracker::global(&memtrack::tracker::TrackerOptions::new())
+        .expect("tracker");
     let c0 = tracker.counters().expect("counters");
     {
         let _counting = tracker.counting().expect("counting");

@@ -8,7 +8,10 @@
 use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
 use std::hint::black_box;
 
-use memtrack::{Backend, BackendChoice, Event, EventKind, Reader, SessionBuilder, memtrack};
+use memtrack::{
+    BackendChoice, SessionBuilder, artifact::Backend, artifact::Reader, event::Event,
+    event::EventKind, memtrack,
+};
 use memtrack_test_support::{TRACKER, lacking, test, three_blocks};
 
 #[global_allocator]
@@ -37,7 +40,7 @@ fn exact_counts() {
     let t = &r.totals;
     assert_eq!((t.allocations, t.bytes_allocated), (3, 1164), "{t:?}");
     assert_eq!((t.frees, t.bytes_freed, t.live_blocks_at_end), (3, 1164, 0));
-    assert_eq!(t.kinds.get(memtrack::KindTag::Calloc), 1);
+    assert_eq!(t.kinds.get(memtrack::event::KindTag::Calloc), 1);
     assert_eq!((r.lost_events, r.backend), (0, Backend::Alloc));
     // The report carries the size histogram and the timeline, computed while streaming.
     let sizes: Vec<(u64, u64, u64, u64)> = r
@@ -237,7 +240,7 @@ fn criterion_measurement_counts() {
 
 /// One criterion `--profile-time` run of a routine making exactly one 64-byte allocation per
 /// iteration, under memtrack's `Profiler`; returns the artifact's totals and iterations.
-fn profile_once(seconds: f64, copy_to: &str) -> (memtrack::Totals, Option<u64>) {
+fn profile_once(seconds: f64, copy_to: &str) -> (memtrack::analysis::Totals, Option<u64>) {
     use memtrack::criterion::{Profiler, iteration};
     let dir = std::path::PathBuf::from(std::env::var_os("MEMTRACK_DIR").unwrap());
     let out = tempfile::tempdir().unwrap();
@@ -259,7 +262,10 @@ fn profile_once(seconds: f64, copy_to: &str) -> (memtrack::Totals, Option<u64>) 
 /// Issue 9, defect 4: criterion picks a different number of iterations each run, so totals of
 /// the same code differ (`-37.50% improved`); per iteration they are the same.
 fn profiler_runs_of_the_same_code_compare_unchanged() {
-    use memtrack::{Benchmark, Comparison, Metric, Threshold, Verdict};
+    use memtrack::{
+        analysis::Benchmark, analysis::Comparison, analysis::Metric, analysis::Threshold,
+        analysis::Verdict,
+    };
     // SAFETY: the environment is only read by this single thread.
     unsafe { std::env::set_var("MEMTRACK_BACKEND", "alloc") };
     // Criterion warms up for 1 s (doubling the iterations per batch), then runs one batch of
@@ -279,7 +285,7 @@ fn profiler_runs_of_the_same_code_compare_unchanged() {
             (it + 1, 64 * it + 8, 64 + 8)
         );
     }
-    let bench = |t: memtrack::Totals, it| {
+    let bench = |t: memtrack::analysis::Totals, it| {
         Benchmark::new("alloc_profiled", "x.memtrack", t).with_iterations(Some(it))
     };
     let c = Comparison::new(

@@ -4,7 +4,7 @@
 //! waits recorded from a release build, whose inlined slow paths symbolize otherwise, are in
 //! `tests/fixtures/locks/release/`.
 
-use memtrack::{WaitClass, classify};
+use memtrack::{locks::WaitClass, locks::classify};
 
 /// (fixture, class, a string of the frame the class must be matched at)
 const CASES: &[(&str, WaitClass, &str)] = &[

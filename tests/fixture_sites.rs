@@ -15,7 +15,8 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use memtrack::{
-    Event, EventKind, Reader, Sites, StackId, Symbolizer, TrackerOptions, record_command,
+    analysis::Sites, artifact::Reader, event::Event, event::EventKind, stack::StackId,
+    symbolize::Symbolizer, tracker::TrackerOptions, tracker::record_command,
 };
 use memtrack_test_support::fixtures::{self, MARK_BEGIN, MARK_END, Site};
 use memtrack_test_support::{Need, TRACKER, Trial, requires};

@@ -3,8 +3,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use memtrack::{
-    Backend, Completeness, Encoder, EncoderOptions, Event, EventKind, FormatError as Error, Frame,
-    Metadata, Module, ModuleId, Reader, Stack, StackId, Synth, SynthOptions, VERSION_MINOR,
+    artifact::Backend, artifact::Completeness, artifact::FormatError as Error, artifact::Metadata,
+    artifact::Reader, artifact::VERSION_MINOR, encode::Encoder, encode::EncoderOptions,
+    event::Event, event::EventKind, stack::Frame, stack::Module, stack::ModuleId, stack::Stack,
+    stack::StackId, synth::Synth, synth::SynthOptions,
 };
 use proptest::prelude::*;
 

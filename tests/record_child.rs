@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use memtrack::{CommandOptions, TrackerOptions, record_command_with};
+use memtrack::{tracker::CommandOptions, tracker::TrackerOptions, tracker::record_command_with};
 use memtrack_test_support::{TRACKER, missing, test};
 
 /// An artifact writer that refuses every write, as a full disk does: the encoder fails on the

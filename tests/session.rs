@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 
-use memtrack::{Event, EventKind, Reader, Totals, memtrack};
+use memtrack::{analysis::Totals, artifact::Reader, event::Event, event::EventKind, memtrack};
 use memtrack_test_support::{Cap, Need, TRACKER, requires, test, three_blocks};
 
 fn dir() -> PathBuf {
@@ -18,7 +18,10 @@ fn dir() -> PathBuf {
 
 fn read(name: &str) -> (Reader, Vec<Event>) {
     let r = Reader::open(dir().join(format!("{name}.memtrack"))).expect("artifact");
-    assert_eq!(r.completeness(), &memtrack::Completeness::Complete);
+    assert_eq!(
+        r.completeness(),
+        &memtrack::artifact::Completeness::Complete
+    );
     let evs = r.events().collect::<Result<_, _>>().expect("decode");
     (r, evs)
 }
@@ -50,7 +53,7 @@ fn exact_counts_and_nothing_outside() {
     assert_eq!(t.bytes_allocated, 1164);
     assert_eq!((t.frees, t.bytes_freed), (3, 1164));
     assert_eq!((t.live_blocks_at_end, t.peak_live_bytes), (0, 1164));
-    assert_eq!(t.kinds.get(memtrack::KindTag::Calloc), 1);
+    assert_eq!(t.kinds.get(memtrack::event::KindTag::Calloc), 1);
 }
 
 /// The returned block is allocated inside and freed by the caller, outside.
@@ -451,7 +454,7 @@ fn allocator_backend_without_the_allocator_is_refused() {
         msg.contains("#[global_allocator]") && msg.contains("memtrack::Allocator::system()"),
         "{msg}"
     );
-    assert!(!memtrack::allocator_installed());
+    assert!(!memtrack::recorder::allocator_installed());
 }
 
 /// Two allocations, then a `#[memtrack]` function with three: it joins this session.

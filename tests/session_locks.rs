@@ -1,5 +1,5 @@
 //! A session's [`Report`](memtrack::Report) and summary line carry its lock waits when it
-//! recorded them ([`SessionBuilder::lock_waits`]): the same numbers as `memtrack::lock_waits`
+//! recorded them ([`SessionBuilder::lock_waits`]): the same numbers as `memtrack::locks::lock_waits`
 //! of its artifact, and for an in-memory session numbers that add up per thread to the window.
 //!
 //! Tests run one at a time on the main thread (`harness = false`): the tracker is
@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
-use memtrack::{LockWaits, LockWaitsError, Reader, Report, SessionBuilder, Symbolizer};
+use memtrack::{
+    Report, SessionBuilder, artifact::Reader, locks::LockWaits, locks::LockWaitsError,
+    symbolize::Symbolizer,
+};
 
 /// Runs `threads` threads taking turns on one mutex (10 holds of 2 ms each) in a session
 /// built by `builder`; any refusal of its lock waits fails the test.
@@ -27,7 +30,7 @@ fn waits(report: &Report) -> &LockWaits {
     report.lock_waits().unwrap().unwrap()
 }
 
-/// The report's lock waits are `memtrack::lock_waits` of its artifact, thread for thread and
+/// The report's lock waits are `memtrack::locks::lock_waits` of its artifact, thread for thread and
 /// site for site; its totals are their sums; the summary line prints them.
 fn the_report_carries_the_artifacts_lock_waits() {
     let dir = tempfile::tempdir().unwrap();
@@ -37,10 +40,10 @@ fn the_report_carries_the_artifacts_lock_waits() {
     );
     let w = waits(&report);
     let reader = Reader::open(report.path.as_ref().unwrap()).unwrap();
-    let again = memtrack::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
+    let again = memtrack::locks::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
     assert_eq!(*w, again);
     let t = w.totals();
-    let sum = |f: fn(&memtrack::ThreadWaits) -> u64| w.threads.iter().map(f).sum::<u64>();
+    let sum = |f: fn(&memtrack::locks::ThreadWaits) -> u64| w.threads.iter().map(f).sum::<u64>();
     assert_eq!(t.times.mutex_wait_ns, sum(|t| t.times.mutex_wait_ns));
     assert_eq!(t.times.condvar_wait_ns, sum(|t| t.times.condvar_wait_ns));
     assert_eq!(t.times.sleep_ns, sum(|t| t.times.sleep_ns));
@@ -101,7 +104,7 @@ fn none_unless_asked_for() {
     assert!(!report.summary_line().contains("lock waits"));
 }
 
-/// `#[memtrack(locks)]` records lock waits (its artifact has the switches `memtrack::lock_waits`
+/// `#[memtrack(locks)]` records lock waits (its artifact has the switches `memtrack::locks::lock_waits`
 /// reads); the same function without `locks` records none.
 fn the_attribute_asks_for_lock_waits() {
     #[memtrack::memtrack(locks, name = "attr-locks", output = "target/session_locks")]
@@ -115,7 +118,7 @@ fn the_attribute_asks_for_lock_waits() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/session_locks");
     let read = |name: &str| {
         let reader = Reader::open(dir.join(format!("{name}.memtrack"))).unwrap();
-        memtrack::lock_waits(&reader, &mut Symbolizer::new())
+        memtrack::locks::lock_waits(&reader, &mut Symbolizer::new())
     };
     with_locks();
     let w = read("attr-locks").expect("lock waits");

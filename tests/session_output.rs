@@ -10,7 +10,7 @@
 use std::fs;
 use std::path::Path;
 
-use memtrack::{BackendChoice, Error, OutputError, Reader, SessionBuilder};
+use memtrack::{BackendChoice, Error, SessionBuilder, artifact::OutputError, artifact::Reader};
 use memtrack_test_support::{Cap, Need};
 
 #[global_allocator]
@@ -64,7 +64,10 @@ fn sessions_write_through_a_random_temporary_name() {
             .is_symlink()
     );
     let r = Reader::open(&path).unwrap();
-    assert_eq!(r.completeness(), &memtrack::Completeness::Complete);
+    assert_eq!(
+        r.completeness(),
+        &memtrack::artifact::Completeness::Complete
+    );
 }
 
 /// `Report::sites` reads the session's artifact: the allocator recorder captures a call stack
@@ -84,7 +87,7 @@ fn report_sites_are_read_from_the_artifact() {
     assert!(sites.no_stack().is_none(), "an allocation without a stack");
     let t = &report.totals;
     assert!(t.allocations >= 10, "{}", t.allocations);
-    let sum = |f: fn(&memtrack::Site) -> u64| sites.sites.iter().map(f).sum::<u64>();
+    let sum = |f: fn(&memtrack::analysis::Site) -> u64| sites.sites.iter().map(f).sum::<u64>();
     assert_eq!(
         (sum(|s| s.blocks), sum(|s| s.bytes)),
         (t.allocations, t.bytes_allocated)

@@ -1,4 +1,4 @@
-//! Call sites (`memtrack::Sites`): each site's numbers against a count this test makes itself
+//! Call sites (`memtrack::analysis::Sites`): each site's numbers against a count this test makes itself
 //! from the events it generated, the naive way (a copy of every site's live numbers at each new
 //! peak), on the `synth` model with stacks and on a hand-made trace of several processes with
 //! an exec, replaced blocks and frees of unknown blocks.
@@ -6,8 +6,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use memtrack::{
-    Backend, Encoder, EncoderOptions, Event, EventKind, Metadata, Reader, Site, SiteAnalyzer,
-    SiteOrder, Sites, StackId, Synth, SynthOptions,
+    analysis::Site, analysis::SiteAnalyzer, analysis::SiteOrder, analysis::Sites,
+    artifact::Backend, artifact::Metadata, artifact::Reader, encode::Encoder,
+    encode::EncoderOptions, event::Event, event::EventKind, stack::StackId, synth::Synth,
+    synth::SynthOptions,
 };
 
 /// Per site: blocks, bytes, and live blocks and bytes now.
@@ -144,8 +146,8 @@ fn encode(events: &[Event]) -> Reader {
     // Tables are not needed for the numbers, but a file naming undefined stacks is not one a
     // recorder writes: define them.
     enc.define_module(
-        memtrack::ModuleId(1),
-        memtrack::Module {
+        memtrack::stack::ModuleId(1),
+        memtrack::stack::Module {
             path: "/bin/t".into(),
             build_id: None,
         },
@@ -155,13 +157,13 @@ fn encode(events: &[Event]) -> Reader {
     ids.sort();
     ids.dedup();
     for id in ids.into_iter().filter(|i| !i.is_none()) {
-        let frames = vec![memtrack::Frame {
-            module: memtrack::ModuleId(1),
+        let frames = vec![memtrack::stack::Frame {
+            module: memtrack::stack::ModuleId(1),
             offset: id.0 as u64,
         }];
         enc.define_stack(
             id,
-            memtrack::Stack {
+            memtrack::stack::Stack {
                 frames,
                 truncated: false,
             },

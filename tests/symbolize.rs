@@ -1,4 +1,4 @@
-//! `memtrack::Symbolizer` on real binaries: the fixtures with known call chains
+//! `memtrack::symbolize::Symbolizer` on real binaries: the fixtures with known call chains
 //! (memtrack-test-support's `fixtures`), built here, run, and symbolized after they exited.
 //!
 //! The offsets come from what the running fixture printed (addresses it took, turned into file
@@ -11,7 +11,10 @@
 
 use std::path::Path;
 
-use memtrack::{Frame, Module, ModuleId, ModuleStatus, Stack, SymFrame, Symbolizer};
+use memtrack::{
+    stack::Frame, stack::Module, stack::ModuleId, stack::Stack, symbolize::ModuleStatus,
+    symbolize::SymFrame, symbolize::Symbolizer,
+};
 use memtrack_test_support::fixtures::{self, Printed, line_of};
 use memtrack_test_support::{Need, Trial, requires, run_ok};
 use object::{Object, ObjectSegment, ObjectSymbol};

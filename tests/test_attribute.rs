@@ -9,7 +9,7 @@
 use std::hint::black_box;
 use std::path::Path;
 
-use memtrack::{Reader, memtrack};
+use memtrack::{artifact::Reader, memtrack};
 
 #[global_allocator]
 static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
@@ -86,12 +86,15 @@ fn sessions_of_parallel_tests_take_turns() {
     for n in 0..3u64 {
         let path = dir.join(format!("turns_{n}.memtrack"));
         let r = Reader::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(r.completeness(), &memtrack::Completeness::Complete);
+        assert_eq!(
+            r.completeness(),
+            &memtrack::artifact::Completeness::Complete
+        );
         assert_eq!(
             r.metadata().name.as_deref(),
             Some(format!("turns_{n}").as_str())
         );
-        let events: Vec<memtrack::Event> = r.events().collect::<Result<_, _>>().unwrap();
+        let events: Vec<memtrack::event::Event> = r.events().collect::<Result<_, _>>().unwrap();
         // Counted from the events, not by memtrack's analysis: exactly this function's
         // blocks, none of the other two sessions' (sizes 1000..=1002), and the name's copy.
         let counted = memtrack_test_support::count(&events);

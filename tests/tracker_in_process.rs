@@ -7,7 +7,8 @@
 //! with why.
 
 use memtrack::{
-    Backend, EncoderOptions, Event, EventKind, Metadata, Reader, Tracker, TrackerOptions,
+    artifact::Backend, artifact::Metadata, artifact::Reader, encode::EncoderOptions, event::Event,
+    event::EventKind, tracker::Tracker, tracker::TrackerOptions,
 };
 
 fn gettid() -> u32 {

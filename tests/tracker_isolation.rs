@@ -13,7 +13,8 @@ use std::os::fd::FromRawFd;
 use std::process::{Command, Stdio};
 
 use memtrack::{
-    Backend, EncoderOptions, Event, EventKind, Metadata, Reader, Tracker, TrackerOptions,
+    artifact::Backend, artifact::Metadata, artifact::Reader, encode::EncoderOptions, event::Event,
+    event::EventKind, tracker::Tracker, tracker::TrackerOptions,
 };
 
 /// The size the foreign processes allocate, and the one this process allocates.

@@ -11,8 +11,9 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use memtrack::{
-    Backend, Capture, EncoderOptions, Event, EventKind, Metadata, Reader, Scope, Symbolizer,
-    Tracker, TrackerOptions,
+    Scope, artifact::Backend, artifact::Metadata, artifact::Reader, encode::EncoderOptions,
+    event::Event, event::EventKind, symbolize::Symbolizer, tracker::Capture, tracker::Tracker,
+    tracker::TrackerOptions,
 };
 
 fn gettid() -> u32 {
@@ -60,7 +61,7 @@ fn off_cpu(events: &[Event]) -> HashMap<u32, Vec<(Event, u64)>> {
 
 /// Runs `work` in a session that records lock waits (named `name`; its scope: this thread and
 /// the threads it spawns), and returns what `work` returned with the recording's lock waits.
-fn session_waits<T>(name: &str, work: impl FnOnce() -> T) -> (T, memtrack::LockWaits) {
+fn session_waits<T>(name: &str, work: impl FnOnce() -> T) -> (T, memtrack::locks::LockWaits) {
     let dir = tempfile::tempdir().unwrap();
     let session = memtrack::SessionBuilder::new(name)
         .output_dir(dir.path())
@@ -72,7 +73,7 @@ fn session_waits<T>(name: &str, work: impl FnOnce() -> T) -> (T, memtrack::LockW
     let out = work();
     session.finish().unwrap();
     let reader = Reader::open(&path).unwrap();
-    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
+    let waits = memtrack::locks::lock_waits(&reader, &mut Symbolizer::new()).unwrap();
     (out, waits)
 }
 
@@ -95,11 +96,15 @@ fn sleeps_and_mutex_waits_are_exact_intervals_with_stacks() {
     let capture = Capture::new(Scope::Process).lock_waits(true);
     let reader = record(dir.path(), capture, || {
         let s = std::thread::spawn(|| {
-            let (t, from) = (Instant::now(), memtrack::monotonic_ns());
+            let (t, from) = (Instant::now(), memtrack::artifact::monotonic_ns());
             for _ in 0..20 {
                 std::thread::sleep(Duration::from_millis(10));
             }
-            (gettid(), t.elapsed(), (from, memtrack::monotonic_ns()))
+            (
+                gettid(),
+                t.elapsed(),
+                (from, memtrack::artifact::monotonic_ns()),
+            )
         });
         let m = Arc::new(Mutex::new(0u64));
         let ready = Arc::new(Barrier::new(2));
@@ -188,7 +193,7 @@ fn sleeps_and_mutex_waits_are_exact_intervals_with_stacks() {
     );
 
     // The classified result agrees: the waiter's mutex wait, the sleeper's sleep.
-    let waits = memtrack::lock_waits(&reader, &mut sym).unwrap();
+    let waits = memtrack::locks::lock_waits(&reader, &mut sym).unwrap();
     let of = |tid| waits.threads.iter().find(|t| t.tid == tid).unwrap();
     let w = of(waiter);
     assert!(
@@ -206,7 +211,7 @@ fn sleeps_and_mutex_waits_are_exact_intervals_with_stacks() {
     // The one contended site, above std's lock wrappers (this test is built without frame
     // pointers, so its own frames may be missing from the chain: not asserted).
     let site = &waits.sites[0];
-    assert_eq!(site.class, memtrack::WaitClass::Mutex);
+    assert_eq!(site.class, memtrack::locks::WaitClass::Mutex);
     assert!(agrees(site.wait_ns, measured), "{site:?}");
     assert!(
         site.frames.iter().all(|f| !f.contains("std::sync")),
@@ -437,9 +442,10 @@ fn lost_switches_refuse_the_result() {
     let path = dir.path().join("tiny.memtrack");
     memtrack_test_support::record_lost_switches(&path);
     let reader = Reader::open(&path).unwrap();
-    let err = memtrack::lock_waits(&reader, &mut Symbolizer::new()).expect_err("refused");
+    let err = memtrack::locks::lock_waits(&reader, &mut Symbolizer::new()).expect_err("refused");
     assert!(
-        matches!(err, memtrack::LockWaitsError::NotWhole(_)) && err.to_string().contains("lost"),
+        matches!(err, memtrack::locks::LockWaitsError::NotWhole(_))
+            && err.to_string().contains("lost"),
         "{err}"
     );
 }

@@ -10,7 +10,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use memtrack::{Event, EventKind, Reader, TrackerOptions, record_command};
+use memtrack::{
+    artifact::Reader, event::Event, event::EventKind, tracker::TrackerOptions,
+    tracker::record_command,
+};
 use memtrack_test_support::{Need, TRACKER, Trial, requires};
 
 // Below glibc's mmap threshold: the markers stay on the heap and add no syscalls.
@@ -679,7 +682,7 @@ fn thread_exit_cache_flush_is_not_counted_as_frees() {
         &TrackerOptions::new(),
     );
     assert_eq!(run.exit_code, 0);
-    let mut a = memtrack::Analyzer::new();
+    let mut a = memtrack::analysis::Analyzer::new();
     a.update_all(&run.events);
     let t = a.totals();
     assert_eq!(t.allocator_internal_frees, 4, "{t:?}");
@@ -702,7 +705,7 @@ fn exec_ends_the_images_heap() {
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
     let totals = |run: &Run| {
-        let mut a = memtrack::Analyzer::new();
+        let mut a = memtrack::analysis::Analyzer::new();
         a.update_all(&run.events);
         a.totals()
     };
@@ -727,7 +730,7 @@ fn exec_ends_the_images_heap() {
     assert_eq!(execs[0], 0, "the command's own exec comes first");
     assert!(execs.iter().all(|&i| via_sh.events[i].pid == via_sh.pid));
     // What the shell left live at the exec, replayed independently of the Exec handling.
-    let mut shell = memtrack::Analyzer::new();
+    let mut shell = memtrack::analysis::Analyzer::new();
     shell.update_all(&via_sh.events[..execs[1]]);
     let shell = shell.totals();
     assert!(shell.live_blocks_at_end > 0, "the shell allocated nothing?");

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 use memtrack::__private::active_session;
 use memtrack::__private::hotpath::{FrameEncoder, alloc_undrained, bpf_record_to_event};
 use memtrack::{
-    Allocator, Analyzer, Backend, BackendChoice, Encoder, EncoderOptions, Event, EventKind,
-    Metadata, Reader, SessionBuilder, SizeHistogram, Synth, SynthOptions,
+    Allocator, BackendChoice, SessionBuilder, analysis::Analyzer, analysis::SizeHistogram,
+    artifact::Backend, artifact::Metadata, artifact::Reader, encode::Encoder,
+    encode::EncoderOptions, event::Event, event::EventKind, synth::Synth, synth::SynthOptions,
 };
 use memtrack_bpf::{RawEvent, kind};
 

@@ -7,10 +7,10 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(reader) = memtrack::Reader::from_bytes(data.to_vec()) else {
+    let Ok(reader) = memtrack::artifact::Reader::from_bytes(data.to_vec()) else {
         return;
     };
-    let mut analyzer = memtrack::Analyzer::new();
+    let mut analyzer = memtrack::analysis::Analyzer::new();
     for ev in reader.events() {
         match ev {
             Ok(ev) => analyzer.update(&ev),

@@ -107,7 +107,7 @@ macro_rules! abi_kinds {
         $variant:ident = $tag:literal, $abi:ident, $name:literal, $role:ident { $($field:ident),* };
     )*) => {
         /// `MT_KIND_*` of `memtrack.h`, derived from [`for_each_kind!`](crate::for_each_kind):
-        /// the same numbers as `memtrack::KindTag`.
+        /// the same numbers as `memtrack::event::KindTag`.
         pub mod kind {
             $(
                 #[doc = concat!("`MT_KIND_", stringify!($abi), "`: `", $name, "`.")]

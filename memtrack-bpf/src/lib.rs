@@ -13,7 +13,7 @@
 //! ```text
 //! ELF file ──probe_sites──▶ [ProbeSite {symbol, entry, offset, ret}]
 //!                                    │ (memtrack: one uprobe_multi link per file, pid-scoped)
-//! OBJECT ──load(RawConfig)──▶ programs ──RawEvent ring buffer──▶ memtrack::Event
+//! OBJECT ──load(RawConfig)──▶ programs ──RawEvent ring buffer──▶ memtrack::event::Event
 //! ```
 
 mod abi;

@@ -1,17 +1,18 @@
 //! The call sites of a recording as every picture and export of them needs them: each site's
-//! numbers ([`memtrack::Site`]), its stack symbolized once by [`memtrack::Symbolizer`], and
+//! numbers ([`memtrack::analysis::Site`]), its stack symbolized once by [`memtrack::symbolize::Symbolizer`], and
 //! each frame's name and module class. `memtrack flamegraph` and every `memtrack export`
 //! format are renderings of one [`CallSites`].
 //!
 //! Here, in the presentation layer, rather than in the library: only the command's renderers
-//! use it (a [`memtrack::Report`] user has [`memtrack::Sites`] and [`memtrack::Symbolizer`]),
+//! use it (a [`memtrack::Report`] user has [`memtrack::analysis::Sites`] and [`memtrack::symbolize::Symbolizer`]),
 //! and the library would otherwise need the renderers' choices (frame names, classes) in its
 //! API.
 
 use std::path::Path;
 
 use memtrack::{
-    Reader, Site, SiteAnalyzer, SiteOrder, Sites, Stack, StackId, SymFrame, Symbolizer, human,
+    analysis::Site, analysis::SiteAnalyzer, analysis::SiteOrder, analysis::Sites, artifact::Reader,
+    human, stack::Stack, stack::StackId, symbolize::SymFrame, symbolize::Symbolizer,
 };
 use std::collections::HashMap;
 
@@ -29,7 +30,7 @@ pub enum Metric {
 }
 
 impl Metric {
-    /// The order of [`memtrack::Sites`] of the same meaning.
+    /// The order of [`memtrack::analysis::Sites`] of the same meaning.
     pub fn order(self) -> SiteOrder {
         match self {
             Metric::Bytes => SiteOrder::Bytes,
@@ -274,7 +275,7 @@ impl CallSites {
 pub fn locations<'m>(
     stack: &Stack,
     frames: Vec<Vec<SymFrame>>,
-    path: impl Fn(memtrack::ModuleId) -> Option<&'m String>,
+    path: impl Fn(memtrack::stack::ModuleId) -> Option<&'m String>,
 ) -> Vec<Location> {
     stack
         .frames

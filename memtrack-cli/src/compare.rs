@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use memtrack::{
-    Attribution, Benchmark, Comparison, Completeness, Metric, Reader, SiteAnalyzer, SiteComparison,
-    SiteKey, Sites, Symbolizer, Threshold, Verdict,
+    analysis::Attribution, analysis::Benchmark, analysis::Comparison, analysis::Metric,
+    analysis::SiteAnalyzer, analysis::Sites, analysis::Threshold, analysis::Verdict,
+    artifact::Completeness, artifact::Reader, symbolize::SiteComparison, symbolize::SiteKey,
+    symbolize::Symbolizer,
 };
 
 mod render;
@@ -322,7 +324,7 @@ fn attribute(
              record`, which keeps --stack-depth {} frames by default) from binaries built with \
              frame pointers (-fno-omit-frame-pointer, or RUSTFLAGS=\"-C force-frame-pointers=yes\")",
             without_stacks.join(", "),
-            memtrack::DEFAULT_STACK_DEPTH
+            memtrack::tracker::DEFAULT_STACK_DEPTH
         );
     }
     Ok(out)

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use fxprof_processed_profile as fx;
-use memtrack::{EventKind, Output, Reader, StackId, human};
+use memtrack::{artifact::Output, artifact::Reader, event::EventKind, human, stack::StackId};
 use serde_json::json;
 
 use crate::callsites::{CallSites, Class, Metric, NO_STACK, locations};
@@ -276,9 +276,9 @@ fn fx_stack(
     thread: fx::ThreadHandle,
     cats: &HashMap<Class, fx::CategoryPairHandle>,
     cs: &mut CallSites,
-    recorded: Option<&memtrack::Stack>,
+    recorded: Option<&memtrack::stack::Stack>,
     id: StackId,
-    table: &memtrack::StackTable,
+    table: &memtrack::artifact::StackTable,
 ) -> Option<fx::StackHandle> {
     let names: Vec<(String, Class)> = match (cs.site(id), recorded) {
         (Some(site), _) => site.names(),
@@ -289,7 +289,7 @@ fn fx_stack(
                 .pop()
                 .unwrap_or_default();
             let site = crate::callsites::CallSite {
-                site: memtrack::Site::default(),
+                site: memtrack::analysis::Site::default(),
                 locations: locations(stack, frames, |m| table.module(m).map(|m| &m.path)),
                 truncated: stack.truncated,
             };

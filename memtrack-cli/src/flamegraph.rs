@@ -11,7 +11,8 @@ use std::process::ExitCode;
 
 use inferno::flamegraph::{self, Options, color::Color, color::PaletteMap};
 use memtrack::{
-    Completeness, KeyFrame, KeyedSites, Output, Reader, SiteComparison, SiteKey, Symbolizer, human,
+    artifact::Completeness, artifact::Output, artifact::Reader, human, symbolize::KeyFrame,
+    symbolize::KeyedSites, symbolize::SiteComparison, symbolize::SiteKey, symbolize::Symbolizer,
 };
 
 use crate::callsites::{CallSites, Class, Metric, NO_STACK, TRUNCATED};
@@ -277,7 +278,7 @@ fn write_svg<T>(
 }
 
 /// The frames' names of the keyed sites of a differential flame graph. Sites of the two
-/// recordings match as [`memtrack::site_keys`] matches them (compare's attribution too): by
+/// recordings match as [`memtrack::symbolize::site_keys`] matches them (compare's attribution too): by
 /// [`KeyFrame`], a named frame by its function and source file, never line or address (code
 /// that moved between the builds still matches); an unnamed frame by module, build id and
 /// offset, and not at all without a build id. A frame is named as its key displays

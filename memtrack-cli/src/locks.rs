@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
-use memtrack::{LockWaits, Reader, Symbolizer, WaitClass, human};
+use memtrack::{
+    artifact::Reader, human, locks::LockWaits, locks::WaitClass, symbolize::Symbolizer,
+};
 
 pub(crate) fn run(path: &Path, json: bool, top: usize) -> memtrack::Result<ExitCode> {
     let mut waits = read(path)?;
@@ -96,7 +98,7 @@ fn text(w: &LockWaits) -> String {
 }
 
 /// `--class` of `flamegraph --locks` and `export --format folded --locks`: which lock waits
-/// (the classes of [`memtrack::WaitSite`]; names as in `locks --json`).
+/// (the classes of [`memtrack::locks::WaitSite`]; names as in `locks --json`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LockClass {
     /// std's and parking_lot's mutexes.
@@ -138,7 +140,7 @@ pub(crate) fn read(file: &Path) -> memtrack::Result<LockWaits> {
 /// [`read`], with the recording's name (the file's path if it has none).
 pub(crate) fn read_with_name(file: &Path) -> memtrack::Result<(LockWaits, String)> {
     let reader = Reader::open(file)?;
-    let waits = memtrack::lock_waits(&reader, &mut Symbolizer::new())?;
+    let waits = memtrack::locks::lock_waits(&reader, &mut Symbolizer::new())?;
     let name = reader.metadata().name.clone();
     Ok((waits, name.unwrap_or_else(|| file.display().to_string())))
 }

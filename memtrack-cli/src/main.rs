@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use memtrack::{
-    Analyzer, Backend, Completeness, Encoder, EncoderOptions, Metadata, Output, Reader, Synth,
-    SynthOptions, Totals, human,
+    analysis::Analyzer, analysis::Totals, artifact::Backend, artifact::Completeness,
+    artifact::Metadata, artifact::Output, artifact::Reader, encode::Encoder,
+    encode::EncoderOptions, human, synth::Synth, synth::SynthOptions,
 };
 
 mod callsites;
@@ -33,7 +34,7 @@ struct Cli {
     cmd: Cmd,
 }
 
-/// `show --by`: the orders of `memtrack::SiteOrder`.
+/// `show --by`: the orders of `memtrack::analysis::SiteOrder`.
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum By {
     Bytes,
@@ -43,12 +44,12 @@ enum By {
 }
 
 impl By {
-    fn order(self) -> memtrack::SiteOrder {
+    fn order(self) -> memtrack::analysis::SiteOrder {
         match self {
-            By::Bytes => memtrack::SiteOrder::Bytes,
-            By::Allocations => memtrack::SiteOrder::Allocations,
-            By::Peak => memtrack::SiteOrder::Peak,
-            By::Leaked => memtrack::SiteOrder::Leaked,
+            By::Bytes => memtrack::analysis::SiteOrder::Bytes,
+            By::Allocations => memtrack::analysis::SiteOrder::Allocations,
+            By::Peak => memtrack::analysis::SiteOrder::Peak,
+            By::Leaked => memtrack::analysis::SiteOrder::Leaked,
         }
     }
 }
@@ -97,8 +98,8 @@ enum Cmd {
         /// Growth allowed before a metric counts as regressed, with its % sign (`3%`, `0.5%`;
         /// a bare number is refused). Growth from 0 is always a regression; any shrinking is an
         /// improvement.
-        #[arg(long, default_value = "3%", value_parser = |s: &str| s.parse::<memtrack::Threshold>())]
-        threshold: memtrack::Threshold,
+        #[arg(long, default_value = "3%", value_parser = |s: &str| s.parse::<memtrack::analysis::Threshold>())]
+        threshold: memtrack::analysis::Threshold,
         /// Which metric to gate on.
         #[arg(long, value_enum, default_value_t = compare::MetricArg::All)]
         metric: compare::MetricArg,
@@ -215,7 +216,7 @@ enum Cmd {
         user: Option<String>,
         /// Ring buffer size in MiB (a power of two from 1 to 1024); raise it if events are
         /// lost. Resident memory is about twice this (the pages are mapped twice).
-        #[arg(long, default_value_t = memtrack::DEFAULT_RINGBUF_BYTES >> 20, value_parser = ringbuf_mib)]
+        #[arg(long, default_value_t = memtrack::tracker::DEFAULT_RINGBUF_BYTES >> 20, value_parser = ringbuf_mib)]
         ringbuf_mib: u64,
         /// Do not record mmap/munmap/mremap/brk at all. By default they are recorded through
         /// libc's wrappers, for the command only (no cost to other processes).
@@ -236,7 +237,7 @@ enum Cmd {
         /// are walked by frame pointers: build the code with them (Rust:
         /// RUSTFLAGS="-C force-frame-pointers=yes"; C/C++: -fno-omit-frame-pointer) or its
         /// stacks stop early (the summary says how many).
-        #[arg(long, value_name = "N", default_value_t = memtrack::DEFAULT_STACK_DEPTH, value_parser = stack_depth)]
+        #[arg(long, value_name = "N", default_value_t = memtrack::tracker::DEFAULT_STACK_DEPTH, value_parser = stack_depth)]
         stack_depth: u32,
         /// Also record lock waits: every context switch of the command's threads, with the
         /// stack each left the CPU in (read them with `memtrack locks FILE`). Its tracepoint
@@ -383,7 +384,7 @@ fn lock_classes(class: &[locks::LockClass]) -> &[locks::LockClass] {
 /// (as `timeout` and `env` do): 127 the command was not found, 126 it cannot be executed, 2 bad
 /// usage (an option's value), 125 memtrack failed (privileges, the output file, the tracker).
 fn record_error_code(e: &memtrack::Error) -> u8 {
-    use memtrack::TrackerError as T;
+    use memtrack::tracker::TrackerError as T;
     match e {
         memtrack::Error::InvalidOption(_)
         | memtrack::Error::Tracker(T::InvalidOption(_) | T::UnknownUser { .. }) => 2,
@@ -392,7 +393,7 @@ fn record_error_code(e: &memtrack::Error) -> u8 {
             T::ObjectMismatch(_)
             | T::PollerDied
             | T::Internal(_)
-            | T::Encode(memtrack::EncodeError::InvalidOption(_)),
+            | T::Encode(memtrack::encode::EncodeError::InvalidOption(_)),
         ) => 2,
         memtrack::Error::Tracker(T::CommandNotFound { .. }) => 127,
         memtrack::Error::Tracker(T::NotExecutable { .. }) => 126,
@@ -477,7 +478,10 @@ pub(crate) fn out(text: &str) -> memtrack::Result<()> {
 
 /// `e` with the output file named, for errors of an encoder writing to `path`.
 fn writing(e: impl Into<memtrack::Error>, path: &Path) -> memtrack::Error {
-    use memtrack::{EncodeError as En, Error as E, FormatError as F, TrackerError as T};
+    use memtrack::{
+        Error as E, artifact::FormatError as F, encode::EncodeError as En,
+        tracker::TrackerError as T,
+    };
     match e.into() {
         E::Encode(En::Format(F::Io { what, source }))
         | E::Tracker(T::Encode(En::Format(F::Io { what, source }))) => E::Io {
@@ -548,7 +552,7 @@ fn show(
     path: &Path,
     json: bool,
     threads: bool,
-    top: Option<(usize, memtrack::SiteOrder)>,
+    top: Option<(usize, memtrack::analysis::SiteOrder)>,
 ) -> memtrack::Result<ExitCode> {
     let reader = Reader::open(path)?;
     let recovered = warn_if_recovered(&reader);
@@ -715,7 +719,7 @@ fn record(
             output.display()
         )));
     }
-    let opts = memtrack::TrackerOptions::new()
+    let opts = memtrack::tracker::TrackerOptions::new()
         .ringbuf_bytes(ringbuf_mib.saturating_mul(1 << 20))
         .syscalls(syscalls)
         .raw_syscalls(raw_syscalls)
@@ -736,7 +740,7 @@ fn record(
             p.display()
         );
     }
-    let mut child = memtrack::CommandOptions::new()
+    let mut child = memtrack::tracker::CommandOptions::new()
         .follow(follow)
         .lock_waits(lock_waits);
     if let Some(u) = user {
@@ -747,7 +751,7 @@ fn record(
     // artifact as it was. A memtrack killed meanwhile leaves the frames it wrote in
     // `<output>.XXXXXX.partial`.
     let file = Output::create(output)?;
-    let out = memtrack::record_command_with(command, file.writer()?, &opts, &child)
+    let out = memtrack::tracker::record_command_with(command, file.writer()?, &opts, &child)
         .map_err(|e| writing(e, file.path()))?;
     let written = file.commit()?;
     let t = &out.recorded.written.totals;

@@ -10,7 +10,10 @@ use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
-use memtrack::{Analyzer, Column, Extremes, Output, Reader, Timeline, Totals, human};
+use memtrack::{
+    analysis::Analyzer, analysis::Column, analysis::Extremes, analysis::Timeline, analysis::Totals,
+    artifact::Output, artifact::Reader, human,
+};
 use plotters::backend::SVGBackend;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};

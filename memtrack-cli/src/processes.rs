@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use memtrack::{Final, ProcessInfo, ProcessTotals, human};
+use memtrack::{analysis::ProcessTotals, artifact::Final, artifact::ProcessInfo, human};
 
 /// Why a recording is not whole because of processes it did not cover, or `None`.
 pub fn not_whole(fin: &Final) -> Option<String> {

@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use memtrack::Reader;
+use memtrack::artifact::Reader;
 
 /// Below this many events an artifact is read in well under a second (10 M events decode and
 /// aggregate in ~0.4 s on 2 shared cores here): no bar.

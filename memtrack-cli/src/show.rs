@@ -9,8 +9,10 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use memtrack::{
-    Analyzer, Backend, KindCounts, KindTag, Metadata, ModuleStatus, Reader, Site, SiteAnalyzer,
-    SiteOrder, SizeClass, SizeHistogram, Stack, SymFrame, Symbolizer, Totals, human,
+    analysis::Analyzer, analysis::KindCounts, analysis::Site, analysis::SiteAnalyzer,
+    analysis::SiteOrder, analysis::SizeClass, analysis::SizeHistogram, analysis::Totals,
+    artifact::Backend, artifact::Metadata, artifact::Reader, event::KindTag, human, stack::Stack,
+    symbolize::ModuleStatus, symbolize::SymFrame, symbolize::Symbolizer,
 };
 use serde::Serialize;
 

@@ -1,6 +1,6 @@
 //! The human tables of `memtrack show`: allocations by size class, and per thread.
 
-use memtrack::{SizeClass, human};
+use memtrack::{analysis::SizeClass, human};
 
 use crate::show::{ShowReport, ThreadRow};
 

@@ -12,7 +12,10 @@
 
 use std::path::Path;
 
-use memtrack::{Event, EventKind, Final, Module, ModuleId, Reader, Stack, StackId, Symbolizer};
+use memtrack::{
+    artifact::Final, artifact::Reader, event::Event, event::EventKind, stack::Module,
+    stack::ModuleId, stack::Stack, stack::StackId, symbolize::Symbolizer,
+};
 use memtrack_test_support::fixtures;
 use memtrack_test_support::{Need, requires, run};
 

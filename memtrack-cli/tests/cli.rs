@@ -5,7 +5,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{memtrack, text};
-use memtrack::{Event, EventKind, Synth, SynthOptions};
+use memtrack::{event::Event, event::EventKind, synth::Synth, synth::SynthOptions};
 
 /// A 3-thread synth artifact `t.memtrack` in `dir`.
 fn synth(dir: &Path, events: u64, seed: u64) -> PathBuf {
@@ -44,7 +44,7 @@ fn show_json_reports_exact_totals() {
     assert_eq!(v["threads"], 3);
     assert_eq!(v["file_bytes"], std::fs::metadata(&path).unwrap().len());
     // The context-switch kinds are keys only when recorded (lock waits); these are not.
-    let kinds: u64 = memtrack::KindTag::ALL
+    let kinds: u64 = memtrack::event::KindTag::ALL
         .iter()
         .filter(|k| !k.is_switch())
         .map(|k| v["kinds"][k.name()].as_u64().expect("every kind is a key"))
@@ -66,7 +66,7 @@ fn verify_passes_a_sound_file_and_names_the_first_bad_frame() {
     assert!(text(&out).starts_with("OK "), "{}", text(&out));
 
     let bytes = std::fs::read(&path).unwrap();
-    let r = memtrack::Reader::open(&path).unwrap();
+    let r = memtrack::artifact::Reader::open(&path).unwrap();
     let f1 = r.frames()[1];
 
     // A flipped bit in frame 1's payload.
@@ -125,7 +125,7 @@ fn bad_input_gets_a_clear_error() {
     assert!(
         text(&out).contains(&format!(
             "version 9.{} is not supported",
-            memtrack::VERSION_MINOR
+            memtrack::artifact::VERSION_MINOR
         )),
         "{}",
         text(&out)

@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 
 use common::{alloc_free_pairs, memtrack, s, synth, text, write};
-use memtrack::{Event, EventKind};
+use memtrack::{event::Event, event::EventKind};
 
 fn code(out: &std::process::Output) -> i32 {
     out.status.code().expect("exited normally")
@@ -373,7 +373,9 @@ fn lossy_incomplete_and_corrupt_inputs_are_refused() {
 
 /// `n` alloc/free pairs of 64 B written as a criterion Profiler would: with `iterations`.
 fn profiled(dir: &Path, file: &str, pairs: u64, iterations: Option<u64>) -> std::path::PathBuf {
-    use memtrack::{Backend, Encoder, EncoderOptions, Metadata};
+    use memtrack::{
+        artifact::Backend, artifact::Metadata, encode::Encoder, encode::EncoderOptions,
+    };
     let path = dir.join(file);
     let meta = Metadata::now(7, Backend::Other).with_name("parse");
     let f = std::fs::File::create(&path).unwrap();
@@ -419,7 +421,7 @@ fn profiler_artifacts_compare_per_iteration() {
     );
     let show = memtrack(&["show", "--json", s(&head)]);
     let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
-    let version = format!("1.{}", memtrack::VERSION_MINOR);
+    let version = format!("1.{}", memtrack::artifact::VERSION_MINOR);
     assert_eq!(
         (v["iterations"].as_u64(), v["format_version"].as_str()),
         (Some(300), Some(version.as_str()))

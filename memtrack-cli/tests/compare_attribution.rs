@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{memtrack, s, svg_doc, text};
-use memtrack::{Metric, Reader, SiteComparison, Sites, Symbolizer, TrackerOptions, record_command};
+use memtrack::{
+    analysis::Metric, analysis::Sites, artifact::Reader, symbolize::SiteComparison,
+    symbolize::Symbolizer, tracker::TrackerOptions, tracker::record_command,
+};
 use memtrack_test_support::fixtures;
 use memtrack_test_support::{Need, TRACKER, requires, run, run_ok};
 

@@ -28,8 +28,8 @@ use std::process::Command;
 
 use common::{memtrack, s, svg_doc, text};
 use memtrack::{
-    Backend, Encoder, EncoderOptions, Event, EventKind, Frame, Metadata, Module, ModuleId, Stack,
-    StackId,
+    artifact::Backend, artifact::Metadata, encode::Encoder, encode::EncoderOptions, event::Event,
+    event::EventKind, stack::Frame, stack::Module, stack::ModuleId, stack::Stack, stack::StackId,
 };
 use memtrack_test_support::fixtures::{self, line_of};
 use memtrack_test_support::{Need, Trial, requires, test};
@@ -839,7 +839,7 @@ fn flamegraph_diff_refusals() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
-/// `flamegraph --diff` matches frames as `compare`'s attribution does (`memtrack::site_keys`):
+/// `flamegraph --diff` matches frames as `compare`'s attribution does (`memtrack::symbolize::site_keys`):
 /// an unnamed frame (`module+0xOFFSET`, its file gone) matches the same offset of a module of
 /// the same build id (white: unchanged), never one of another build id or of a module without
 /// one (the head's frame is then new, red, and the base's not drawn).

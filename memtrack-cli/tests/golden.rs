@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 
 use common::{alloc_free_pairs, memtrack, s, text};
 use memtrack::{
-    Backend, Encoder, EncoderOptions, Event, EventKind, Frame, Metadata, Module, ModuleId, Stack,
-    StackId, human,
+    artifact::Backend, artifact::Metadata, encode::Encoder, encode::EncoderOptions, event::Event,
+    event::EventKind, human, stack::Frame, stack::Module, stack::ModuleId, stack::Stack,
+    stack::StackId,
 };
 
 /// Writes `events` to `dir/file` as a finished artifact with fixed metadata (start times,

@@ -237,8 +237,11 @@ fn special_files_are_written_in_place_or_refused_never_replaced() {
     let out = memtrack(&["synth", "--events", "1000", "-o", s(&fifo)]);
     assert!(out.status.success(), "{}", text(&out));
     let bytes = reader.join().unwrap();
-    let r = memtrack::Reader::from_bytes(bytes).unwrap();
-    assert_eq!(r.completeness(), &memtrack::Completeness::Complete);
+    let r = memtrack::artifact::Reader::from_bytes(bytes).unwrap();
+    assert_eq!(
+        r.completeness(),
+        &memtrack::artifact::Completeness::Complete
+    );
     assert!(fs::metadata(&fifo).unwrap().file_type().is_fifo());
 
     // A directory is refused with the reason.

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 
 use common::{memtrack, s, synth, text, write};
-use memtrack::{Event, EventKind};
+use memtrack::{event::Event, event::EventKind};
 
 const HEAP: &str = "#0000FF";
 const MAPPED: &str = "#E67800";

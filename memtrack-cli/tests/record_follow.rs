@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use memtrack::{
-    Analyzer, CommandOptions, Event, EventKind, Final, ProcessTotals, Reader, RecordOutcome,
-    TrackerOptions, record_command_with,
+    analysis::Analyzer, analysis::ProcessTotals, artifact::Final, artifact::Reader, event::Event,
+    event::EventKind, tracker::CommandOptions, tracker::RecordOutcome, tracker::TrackerOptions,
+    tracker::record_command_with,
 };
 use memtrack_test_support::{Need, TRACKER, requires};
 
@@ -258,7 +259,7 @@ fn a_trees_totals_are_the_sum_of_its_processes_recorded_alone() {
     let mut an = Analyzer::new();
     an.update_all(&images);
     let per = an.per_process();
-    let key = |t: &memtrack::Totals| {
+    let key = |t: &memtrack::analysis::Totals| {
         (
             t.allocations,
             t.bytes_allocated,

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use memtrack::{
-    CommandOptions, Event, EventKind, Final, Frame, ModuleId, Reader, RecordOutcome, Stack,
-    StackId, TrackerOptions, record_command_with,
+    artifact::Final, artifact::Reader, event::Event, event::EventKind, stack::Frame,
+    stack::ModuleId, stack::Stack, stack::StackId, tracker::CommandOptions, tracker::RecordOutcome,
+    tracker::TrackerOptions, tracker::record_command_with,
 };
 use memtrack_bpf::Elf;
 use memtrack_test_support::fixtures::{self, C_CHAIN, DL_ALLOC};

@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::{memtrack, s, synth, text, write};
-use memtrack::{Event, EventKind, Synth, SynthOptions};
+use memtrack::{event::Event, event::EventKind, synth::Synth, synth::SynthOptions};
 
 /// Per thread, counted straight from the model's events: (events, allocations).
 fn model_counts(events: usize, seed: u64) -> BTreeMap<u64, (u64, u64)> {

@@ -13,8 +13,8 @@ mod common;
 
 use common::{memtrack, s, text};
 use memtrack::{
-    Backend, Encoder, EncoderOptions, Event, EventKind, Frame, Metadata, Module, ModuleId, Stack,
-    StackId,
+    artifact::Backend, artifact::Metadata, encode::Encoder, encode::EncoderOptions, event::Event,
+    event::EventKind, stack::Frame, stack::Module, stack::ModuleId, stack::Stack, stack::StackId,
 };
 use memtrack_test_support::fixtures::{self, line_of};
 use memtrack_test_support::{Need, requires};

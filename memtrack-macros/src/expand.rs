@@ -4,8 +4,8 @@
 //! fn f(args) -> R {
 //!     let __memtrack_guard = ::memtrack::__private::start(
 //!         NAME,
-//!         ::memtrack::Limits::new().max_allocations(N)…,
-//!         |s: ::memtrack::SessionBuilder| s.output_dir(OUTPUT).backend(BACKEND)…,
+//!         ::memtrack::Limits::new().max_allocations(N), // and the other limits
+//!         |s: ::memtrack::SessionBuilder| s.output_dir(OUTPUT).backend(BACKEND), // and so on
 //!         FAIL,
 //!     );
 //!     BODY_STATEMENTS

@@ -22,7 +22,10 @@ use std::process::Output;
 
 use libtest_mimic::{Arguments, Completion};
 pub use libtest_mimic::{Failed, Trial};
-use memtrack::{Backend, Encoder, EncoderOptions, Event, EventKind, Metadata};
+use memtrack::{
+    artifact::Backend, artifact::Metadata, encode::Encoder, encode::EncoderOptions, event::Event,
+    event::EventKind,
+};
 
 pub mod fixtures;
 
@@ -320,7 +323,7 @@ pub fn check_sequential_sessions(start: impl Fn(&str) -> memtrack::Session) {
         );
         assert_eq!(report.lost_events, 0);
         let path = report.path.as_ref().expect("written to a file");
-        let events: Vec<Event> = memtrack::Reader::open(path)
+        let events: Vec<Event> = memtrack::artifact::Reader::open(path)
             .expect("artifact")
             .events()
             .collect::<Result<_, _>>()
@@ -548,7 +551,10 @@ pub fn take_turns(threads: usize, holds: u32, hold: std::time::Duration) {
 /// switches are lost; asserts that some were, and returns how many events the recording lost.
 /// The tests that a lossy lock-wait recording is refused start from it.
 pub fn record_lost_switches(path: &Path) -> u64 {
-    use memtrack::{Backend, Capture, EncoderOptions, Metadata, Scope, Tracker, TrackerOptions};
+    use memtrack::{
+        Scope, artifact::Backend, artifact::Metadata, encode::EncoderOptions, tracker::Capture,
+        tracker::Tracker, tracker::TrackerOptions,
+    };
     let tracker = Tracker::attach(
         std::process::id(),
         &TrackerOptions::new().ringbuf_bytes(4096),

@@ -12,7 +12,7 @@
 //!
 //! ## Writing and reading an artifact
 //! ```
-//! use memtrack::{Backend, Encoder, EncoderOptions, Event, EventKind, Metadata, Reader};
+//! use memtrack::{artifact::Backend, encode::Encoder, encode::EncoderOptions, event::Event, event::EventKind, artifact::Metadata, artifact::Reader};
 //!
 //! let meta = Metadata::now(42, Backend::Other).with_name("example");
 //! let mut enc = Encoder::new(Vec::new(), &meta, EncoderOptions::new().workers(1))?;
@@ -28,7 +28,7 @@
 //! ```
 //!
 //! The accounting rules of the totals (what counts as an allocation, how `realloc` counts, what
-//! the peak is) are in [`analysis`](Analyzer).
+//! the peak is) are in [`analysis`](analysis::Analyzer).
 //!
 //! ## Layers
 //! The modules form layers that point one way: each names only its own layer and those below
@@ -69,68 +69,37 @@ compile_error!(
 
 #[doc(hidden)]
 pub mod __private;
-mod analysis;
-mod artifact;
+pub mod analysis;
+pub mod artifact;
 #[cfg(feature = "criterion")]
 pub mod criterion;
-mod encode;
+pub mod encode;
 mod error;
-mod event;
+pub mod event;
 pub mod human;
-mod limits;
-mod locks;
-mod modules;
-mod recorder;
+pub mod limits;
+pub mod locks;
+pub mod modules;
+pub mod recorder;
 mod report;
 mod scope;
 mod session;
-mod stack;
+pub mod stack;
 #[cfg(feature = "symbolize")]
-mod symbolize;
+pub mod symbolize;
 #[cfg(feature = "synth")]
-mod synth;
+pub mod synth;
 mod totals;
-mod tracker;
+pub mod tracker;
 
-pub use analysis::{Analyzer, KindCounts, ProcessTotals, Stats, ThreadTotals, Totals};
-pub use analysis::{Attribution, SiteDelta, attribute};
-pub use analysis::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
-pub use analysis::{Column, Extremes, InvalidTimeline, SizeClass, SizeHistogram, Timeline};
-pub use analysis::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
-pub use analysis::{Site, SiteAnalyzer, SiteOrder, Sites};
-pub use artifact::{Backend, Completeness, Final, FrameInfo, Metadata, ProcessInfo, Reader};
-pub use artifact::{Definitions, StackTable};
-pub use artifact::{FormatError, Output, OutputError};
-pub use artifact::{VERSION_MAJOR, VERSION_MINOR, monotonic_ns};
-pub use encode::default_workers;
-pub use encode::{EncodeError, Encoder, EncoderOptions, TIMELINE_COLUMNS, ThreadHook, Written};
+// The front door: what a user of the attribute and of sessions names. Everything else is in
+// the public modules above, one per layer.
+pub use analysis::Stats;
 pub use error::{Error, Result};
-pub use event::{Event, EventKind, Heap, KindTag};
-pub use limits::{InvalidLimits, Limits, Violation};
-pub use locks::classify;
-#[cfg(feature = "symbolize")]
-pub use locks::lock_waits;
-pub use locks::{
-    LockWaits, LockWaitsError, Pattern, RULES, Rule, ThreadWaits, WaitClass, WaitSite, WaitTimes,
-    WaitTotals,
-};
+pub use limits::{Limits, Violation};
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;
-pub use modules::{ModuleMap, StackInterner};
-pub use recorder::{Allocator, RecorderError, allocator_installed, in_session};
+pub use recorder::{Allocator, in_session};
 pub use report::Report;
-pub use scope::Scope;
+pub use scope::{InvalidScope, Scope};
 pub use session::{BackendChoice, Session, SessionBuilder, start};
-pub use stack::{Frame, Module, ModuleId, Stack, StackId};
-#[cfg(feature = "symbolize")]
-pub use symbolize::{
-    KeyFrame, KeyedSites, ModuleStatus, SiteComparison, SiteKey, SymFrame, Symbolizer, site_keys,
-};
-#[cfg(feature = "synth")]
-pub use synth::{Synth, SynthOptions};
-pub use tracker::DEFAULT_STACK_DEPTH;
-pub use tracker::{
-    Capture, Counters, Counting, DEFAULT_RINGBUF_BYTES, Recorded, Recording, StartupTimes, Tracker,
-};
-pub use tracker::{CommandOptions, RecordOutcome, record_command, record_command_with};
-pub use tracker::{TrackerError, TrackerOptions};

@@ -10,21 +10,21 @@ use crate::human;
 /// Set with `#[memtrack(max_allocations = N, max_bytes = B, max_peak = P, max_blocks = K,
 /// no_leaks)]` (or `allocations = N`, `min_allocations = N`) or the same methods on
 /// `SessionBuilder`, and checked against the session's totals (and lost events) when it ends.
-/// The numbers are the report's (the accounting rules of [`Totals`](crate::Totals)):
-/// - `max_allocations`: [`Totals::allocations`](crate::Totals::allocations), successful calls
+/// The numbers are the report's (the accounting rules of [`Totals`]):
+/// - `max_allocations`: [`Totals::allocations`](crate::analysis::Totals::allocations), successful calls
 ///   returning a heap block (a `realloc` is one allocation);
 /// - `allocations = N` (an expectation, [`Limits::expect_allocations`]): exactly `N` of them,
 ///   for tests that pin a count; `min_allocations`: at least `N` (e.g. that a cache was
 ///   bypassed). `allocations` cannot be combined with the other two, and `min_allocations`
 ///   may not exceed `max_allocations` (a compile error on the attribute,
 ///   `Error::InvalidOption` from the builder's `start`);
-/// - `max_bytes`: [`Totals::bytes_allocated`](crate::Totals::bytes_allocated), the sum of the
+/// - `max_bytes`: [`Totals::bytes_allocated`](crate::analysis::Totals::bytes_allocated), the sum of the
 ///   sizes of those allocations (bytes allocated in total, not net of frees);
-/// - `max_peak`: [`Totals::peak_live_bytes`](crate::Totals::peak_live_bytes), the maximum of
+/// - `max_peak`: [`Totals::peak_live_bytes`](crate::analysis::Totals::peak_live_bytes), the maximum of
 ///   live heap bytes (blocks allocated during the session and not yet freed);
-/// - `max_blocks`: [`Totals::peak_live_blocks`](crate::Totals::peak_live_blocks), the most
+/// - `max_blocks`: [`Totals::peak_live_blocks`](crate::analysis::Totals::peak_live_blocks), the most
 ///   heap blocks live at once;
-/// - `no_leaks`: [`Totals::live_blocks_at_end`](crate::Totals::live_blocks_at_end) is 0: every
+/// - `no_leaks`: [`Totals::live_blocks_at_end`](crate::analysis::Totals::live_blocks_at_end) is 0: every
 ///   heap block allocated during the session was freed by its end. Heap only: mapped regions
 ///   (`mmap`) are not counted, and a value a `#[memtrack]` function returns is still live when
 ///   its session ends (the caller frees it), so it counts.

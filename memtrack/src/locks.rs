@@ -1,5 +1,5 @@
 //! Lock waits: each off-CPU interval of a recording of lock waits
-//! ([`OffCpu`](crate::OffCpu)), classified by its symbolized stack, summed per thread, and the
+//! ([`OffCpu`](crate::analysis::OffCpu)), classified by its symbolized stack, summed per thread, and the
 //! contended call sites weighted by wait time.
 //!
 //! The classification is one table, [`RULES`]: read it top to bottom. A lock row (std's

@@ -25,7 +25,7 @@ pub struct Report {
     /// tabulates), computed while streaming.
     pub sizes: Vec<SizeClass>,
     /// Live heap and mapped bytes over the session, downsampled to
-    /// [`TIMELINE_COLUMNS`](crate::TIMELINE_COLUMNS) columns without losing extremes (the
+    /// [`TIMELINE_COLUMNS`](crate::encode::TIMELINE_COLUMNS) columns without losing extremes (the
     /// column holding the peak has it as its `heap.max`), computed while streaming.
     pub timeline: Timeline,
     /// Events lost because the ring buffer was full: non-zero means the numbers are incomplete.
@@ -51,7 +51,7 @@ pub struct Report {
     pub iterations: Option<u64>,
     /// Heap allocations whose call stack stops early: no frame beyond the allocation site, or
     /// a frame outside the mapped code (code built without frame pointers; also in the
-    /// artifact's trailer, [`Final::short_stacks`](crate::Final::short_stacks)). The summary
+    /// artifact's trailer, [`Final::short_stacks`](crate::artifact::Final::short_stacks)). The summary
     /// line says how to fix it when they are a significant share
     /// ([`Report::short_stacks_note`]).
     pub short_stacks: u64,
@@ -222,15 +222,15 @@ impl Report {
 impl Report {
     /// The call sites of this session compared with those of `base` (an earlier session of the
     /// same benchmark, maybe of another build), read from both artifacts and symbolized
-    /// (feature `symbolize`): [`SiteComparison::attribution`](crate::SiteComparison::attribution) ranks the site deltas of a
+    /// (feature `symbolize`): [`SiteComparison::attribution`](crate::symbolize::SiteComparison::attribution) ranks the site deltas of a
     /// metric. Sites match across builds by their frames' functions and source files, never by
-    /// address or line ([`KeyFrame`](crate::KeyFrame)). `None` when either session was in memory (no artifact to
+    /// address or line ([`KeyFrame`](crate::symbolize::KeyFrame)). `None` when either session was in memory (no artifact to
     /// read).
     ///
     /// ```no_run
-    /// use memtrack::{Metric, Report};
+    /// use memtrack::{analysis::Metric, Report};
     ///
-    /// # fn f(base: &Report, head: &Report) -> Result<(), memtrack::FormatError> {
+    /// # fn f(base: &Report, head: &Report) -> Result<(), memtrack::artifact::FormatError> {
     /// let cmp = head.compare_sites(base).expect("both sessions wrote artifacts")?;
     /// let a = cmp.attribution(Metric::Bytes);
     /// for d in &a.sites {
@@ -409,9 +409,9 @@ mod site_tests {
     use std::path::Path;
 
     use super::*;
-    use crate::Metadata;
     use crate::analysis::Metric;
     use crate::artifact::Backend;
+    use crate::artifact::Metadata;
     use crate::encode::{Encoder, EncoderOptions};
     use crate::event::{Event, EventKind};
     use crate::stack::{Frame, Module, ModuleId, Stack, StackId};

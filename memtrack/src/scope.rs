@@ -24,17 +24,20 @@ pub enum Scope {
     Process,
 }
 
+/// A scope spelling that is neither `threads` nor `process`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown scope {0:?}: expected \"threads\" or \"process\"")]
+pub struct InvalidScope(pub String);
+
 impl std::str::FromStr for Scope {
-    type Err = crate::Error;
+    type Err = InvalidScope;
 
     /// Parses `threads` or `process` (the `scope` option of `#[memtrack]`).
-    fn from_str(s: &str) -> crate::Result<Self> {
+    fn from_str(s: &str) -> Result<Self, InvalidScope> {
         match s.trim() {
             "threads" => Ok(Scope::Threads),
             "process" => Ok(Scope::Process),
-            other => Err(crate::Error::InvalidOption(format!(
-                "unknown scope {other:?}: expected \"threads\" or \"process\""
-            ))),
+            other => Err(InvalidScope(other.to_string())),
         }
     }
 }

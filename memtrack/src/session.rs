@@ -10,7 +10,7 @@
 //! Dropping a [`Session`] without [`Session::finish`] (early return, panic) finishes it too and
 //! prints the summary line (or the error) on stderr; `process::exit` and `mem::forget` skip
 //! that, leaving only the temporary file `<name>.memtrack.XXXXXX.partial` (random characters,
-//! see [`Output`](crate::Output); [`Session::partial_path`] names it), whose complete frames
+//! see [`Output`](crate::artifact::Output); [`Session::partial_path`] names it), whose complete frames
 //! `memtrack show` recovers.
 //!
 //! Sessions of one process take turns: `Idle → Running(name) → HandingOff(probes) → Running`
@@ -168,7 +168,7 @@ impl SessionBuilder {
     }
 
     /// Also record lock waits (default: no): every context switch of the recorded threads,
-    /// with the stack each thread left the CPU in, for `memtrack::lock_waits` (feature `symbolize`; or
+    /// with the stack each thread left the CPU in, for `memtrack::locks::lock_waits` (feature `symbolize`; or
     /// `memtrack locks FILE`). The report carries them ([`Report::lock_waits`]) and the
     /// summary line their totals; computing them reads the session's events again when it
     /// finishes (an in-memory session keeps its compressed artifact in memory for that).
@@ -202,7 +202,7 @@ impl SessionBuilder {
     }
 
     /// Ring buffer size in MiB, a power of two (default 8:
-    /// [`DEFAULT_RINGBUF_BYTES`](crate::DEFAULT_RINGBUF_BYTES)). Only the first session of a
+    /// [`DEFAULT_RINGBUF_BYTES`](crate::tracker::DEFAULT_RINGBUF_BYTES)). Only the first session of a
     /// process sets it: the tracker is loaded once.
     pub fn ringbuf_mib(mut self, mib: u64) -> Self {
         self.ringbuf_bytes = Some(mib << 20);
@@ -597,7 +597,7 @@ impl Session {
     }
 
     /// Declares that the session covers `n` iterations of a measured routine: the artifact
-    /// stores `n` ([`Final::iterations`](crate::Final::iterations)), and the summary line,
+    /// stores `n` ([`Final::iterations`](crate::artifact::Final::iterations)), and the summary line,
     /// `memtrack show` and `memtrack compare` give allocations and bytes per iteration, which
     /// stay comparable when the number of iterations varies from run to run (criterion's
     /// `memtrack::criterion::Profiler` does this). Call it before
@@ -848,7 +848,7 @@ mod tests {
         let r = Report {
             name: "parse".into(),
             path: None,
-            totals: crate::Totals {
+            totals: crate::analysis::Totals {
                 allocations: 2,
                 ..Default::default()
             },
@@ -857,7 +857,7 @@ mod tests {
             events: 0,
             artifact_bytes: 0,
             sizes: Vec::new(),
-            timeline: crate::Timeline::growing(1).unwrap(),
+            timeline: crate::analysis::Timeline::growing(1).unwrap(),
             backend: Backend::Ebpf,
             scope: Scope::Threads,
             out_of_scope: 0,

@@ -1,7 +1,7 @@
 //! Call stacks: where an allocation was made.
 //!
 //! A recording holds a table of distinct [`Stack`]s and a table of [`Module`]s (the files the
-//! code of those stacks was loaded from). An [`Event`](crate::Event) names its stack by
+//! code of those stacks was loaded from). An [`Event`](crate::event::Event) names its stack by
 //! [`StackId`]; a stack's [`Frame`]s name their module by [`ModuleId`] and a *file offset* in
 //! it, so a stack can be symbolized after the process exited, from the files alone.
 //!

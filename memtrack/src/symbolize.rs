@@ -183,7 +183,7 @@ struct ModuleCache {
 /// sharing frames cost one lookup per distinct frame.
 ///
 /// ```no_run
-/// use memtrack::{Module, Symbolizer};
+/// use memtrack::{stack::Module, symbolize::Symbolizer};
 ///
 /// let mut sym = Symbolizer::new();
 /// let libc = Module { path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(), build_id: None };
@@ -548,7 +548,7 @@ impl fmt::Display for SiteKey {
     }
 }
 
-/// The sites of one recording keyed for [`attribute`](crate::attribute): [`site_keys`]'s result.
+/// The sites of one recording keyed for [`attribute`](crate::analysis::attribute): [`site_keys`]'s result.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct KeyedSites {
@@ -659,10 +659,10 @@ impl SiteComparison {
     }
 
     /// The sites ranked by their contribution to the change of `metric` from the base to the
-    /// head ([`attribute`](crate::attribute) of the keyed sites): base, head and delta of
+    /// head ([`attribute`](crate::analysis::attribute) of the keyed sites): base, head and delta of
     /// each, new and vanished sites included.
     pub fn attribution(&self, metric: Metric) -> Attribution<SiteKey> {
-        crate::attribute(metric, &self.base.sites, &self.head.sites)
+        crate::analysis::attribute(metric, &self.base.sites, &self.head.sites)
     }
 
     /// The modules of either side whose frames could not be named (path, why), each once.

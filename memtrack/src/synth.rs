@@ -263,13 +263,13 @@ impl Synth {
     }
 
     /// The modules of the stacks (empty but [`Synth::with_stacks`]): define them in the
-    /// encoder ([`Encoder::define_module`](crate::Encoder::define_module)) before the stacks.
+    /// encoder ([`Encoder::define_module`](crate::encode::Encoder::define_module)) before the stacks.
     pub fn modules(&self) -> &[(ModuleId, Module)] {
         self.sites.as_ref().map_or(&[], |s| &s.modules)
     }
 
     /// Every stack the events may name, by id (empty but [`Synth::with_stacks`]): define
-    /// them ([`Encoder::define_stack`](crate::Encoder::define_stack)) before the events.
+    /// them ([`Encoder::define_stack`](crate::encode::Encoder::define_stack)) before the events.
     pub fn stacks(&self) -> &[(StackId, Stack)] {
         self.sites.as_ref().map_or(&[], |s| &s.stacks)
     }

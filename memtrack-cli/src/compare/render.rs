@@ -2,7 +2,10 @@
 //! markdown for a CI job summary, and JSON with exact values. The numbers and verdicts are the
 //! library's [`Comparison`]; only their presentation is here.
 
-use memtrack::{Benchmark, Comparison, Metric, Row, SiteDelta, SiteKey, Verdict, human};
+use memtrack::{
+    analysis::Benchmark, analysis::Comparison, analysis::Metric, analysis::Row,
+    analysis::SiteDelta, analysis::Verdict, human, symbolize::SiteKey,
+};
 
 use super::Attributed;
 
@@ -429,7 +432,7 @@ fn md_escape(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use memtrack::{Analyzer, Event, EventKind, Threshold};
+    use memtrack::{analysis::Analyzer, analysis::Threshold, event::Event, event::EventKind};
 
     use super::*;
 

@@ -232,7 +232,7 @@ impl Benchmark {
     }
 
     /// The same benchmark, its totals covering `iterations` iterations (from the artifact's
-    /// [`Final::iterations`](crate::Final::iterations)); `None` for plain totals.
+    /// [`Final::iterations`](crate::artifact::Final::iterations)); `None` for plain totals.
     pub fn with_iterations(mut self, iterations: Option<u64>) -> Self {
         self.iterations = iterations;
         self

@@ -23,13 +23,13 @@
 //! - **Call stacks**: an allocation's stack is its wrapper's instruction pointer, then a
 //!   bounded frame-pointer walk (`recorder/walk.rs`; the session's `stack_depth`, default 64
 //!   frames, 0 for none), each distinct stack sent once per thread to the collector, which
-//!   resolves it with the [`ModuleMap`](crate::ModuleMap) of this process and defines it in
+//!   resolves it with the [`ModuleMap`](crate::modules::ModuleMap) of this process and defines it in
 //!   the artifact as the eBPF recorder does. Frees carry none. Needs frame pointers in the
 //!   program (`-C force-frame-pointers=yes`; Rust's std has them).
 //! - **Before `main` and with no session**: the wrapper only forwards (one relaxed load of the
 //!   switch per call; the ir-gate's `alloc_idle` over `alloc_system` gates it). The process's
 //!   first allocation through it takes the recording call once,
-//!   to learn that it is installed ([`LEARN`]).
+//!   to learn that it is installed (`LEARN`).
 //! - **Lifecycle**: idle → starting → recording → stopping → idle, one state behind one lock
 //!   in `recorder/lifecycle.rs`; the switch and session word the hot path reads are its view,
 //!   written only by its transitions.
@@ -145,7 +145,7 @@ impl<A> Allocator<A> {
     }
 }
 
-/// One recorded call, as the producer writes it (converted to an [`Event`](crate::Event) by
+/// One recorded call, as the producer writes it (converted to an [`Event`](crate::event::Event) by
 /// the collector, which knows the thread).
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Raw {

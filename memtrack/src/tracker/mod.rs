@@ -120,7 +120,7 @@ impl TrackerOptions {
 
     /// Frames kept of each allocation's call stack (default [`DEFAULT_STACK_DEPTH`], at most
     /// 127, the kernel's `perf_event_max_stack`); 0 records no stacks. A deeper stack is cut
-    /// and marked [`Stack::truncated`](crate::Stack::truncated). Stacks are walked by frame
+    /// and marked [`Stack::truncated`](crate::stack::Stack::truncated). Stacks are walked by frame
     /// pointers: code built without them (Rust's default for your crates: build with
     /// `RUSTFLAGS="-C force-frame-pointers=yes"`) gives stacks that stop early, counted in
     /// [`Recorded::short_stacks`].
@@ -738,8 +738,8 @@ pub struct Capture {
     /// Which threads are recorded.
     pub scope: Scope,
     /// Whether every context switch of the recorded threads is recorded
-    /// ([`EventKind::SwitchOut`](crate::EventKind::SwitchOut) with the leaving thread's stack,
-    /// [`EventKind::SwitchIn`](crate::EventKind::SwitchIn)), for lock waits. Its
+    /// ([`EventKind::SwitchOut`](crate::event::EventKind::SwitchOut) with the leaving thread's stack,
+    /// [`EventKind::SwitchIn`](crate::event::EventKind::SwitchIn)), for lock waits. Its
     /// `tp_btf/sched_switch` program runs for every context switch on the machine while
     /// such a recording runs, and is detached when it stops.
     pub lock_waits: bool,
@@ -837,7 +837,7 @@ pub struct Recorded {
     pub stacks: u64,
     /// Heap allocations whose call stack stops early: no frame beyond the allocator's caller,
     /// or a frame outside the mapped code (built without frame pointers; also in the
-    /// artifact's trailer, [`Final::short_stacks`](crate::Final::short_stacks)).
+    /// artifact's trailer, [`Final::short_stacks`](crate::artifact::Final::short_stacks)).
     pub short_stacks: u64,
     /// Of [`Recorded::short_stacks`], those whose call site is in the C library (its own
     /// allocations: no rebuild of the program gives them callers).
@@ -866,13 +866,13 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
     }
 
     /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine
-    /// (see [`Final::iterations`](crate::Final::iterations)).
+    /// (see [`Final::iterations`](crate::artifact::Final::iterations)).
     pub fn set_iterations(&mut self, n: u64) {
         self.iterations = Some(n);
     }
 
     /// Stores in the artifact's trailer the processes a recording followed (see
-    /// [`Final::processes`](crate::Final::processes)).
+    /// [`Final::processes`](crate::artifact::Final::processes)).
     pub(crate) fn set_processes(&mut self, processes: Vec<ProcessInfo>) {
         self.processes = processes;
     }
