@@ -1,8 +1,9 @@
 //! `memtrack record` as a privilege boundary (issue 10): the command never gains privileges
 //! through memtrack, whether memtrack holds capabilities from file capabilities or ambient
-//! ones, or runs as root (then the command runs as root unless `--user` says otherwise); a
-//! setuid program the command starts gains nothing; a planted symlink never redirects the
-//! artifact; a setuid install of memtrack is refused.
+//! ones, or runs as root (then the command runs as root unless `--user` says otherwise); with
+//! file capabilities, run by a user, memtrack follows the command's whole tree; a setuid
+//! program the command starts gains nothing and is not followed; a planted symlink never
+//! redirects the artifact; a setuid install of memtrack is refused.
 //!
 //! The command under test prints its own `/proc/self/status` lines (it is `grep`), so the
 //! capability sets checked are the recorded process's own.
@@ -163,12 +164,16 @@ fn as_root_the_command_runs_as_root_unless_user_says_otherwise() {
     assert!(!dir.path().join("x.memtrack").exists());
 }
 
-/// `setpriv` options that run a program as nobody.
-const NOBODY: [&str; 4] = [
+/// Runs a program as nobody, as from a user's shell. setpriv itself still holds root's
+/// capabilities when it executes (it keeps them to apply its options): a program with file
+/// capabilities it executes directly gains none the kernel counts as new and stays dumpable,
+/// unlike one a user starts. Through `env` (no capabilities), memtrack starts as a user's does.
+const NOBODY: [&str; 5] = [
     "setpriv",
     "--reuid=65534",
     "--regid=65534",
     "--clear-groups",
+    "/usr/bin/env",
 ];
 
 /// A copy of memtrack with file capabilities (`setcap cap_bpf,cap_perfmon+ep`) in `dir`.
@@ -220,6 +225,72 @@ fn file_capabilities_of_memtrack_never_reach_the_command() {
     );
 }
 
+/// The README's setup (file capabilities, run by a user) with the default following: memtrack
+/// may trace the command before its exec, records every process of the tree, and none of them
+/// gets a capability.
+fn file_capabilities_follow_the_whole_tree_without_giving_it_any() {
+    let dir = shared_dir();
+    let filecaps = filecaps_memtrack(dir.path());
+    let art = dir.path().join("tree.memtrack");
+    // grep, a child of the shell, prints its own status lines and the shell's.
+    let script = format!("/bin/grep -E '{STATUS}' /proc/self/status /proc/$$/status; /bin/true");
+    let o = Command::new(NOBODY[0])
+        .args(&NOBODY[1..])
+        .arg(&filecaps)
+        .args(["record", "-o", s(&art), "--", "/bin/sh", "-c", &script])
+        .run_exec();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // "/proc/self/status:CapEff:\t0…" (grep's) and "/proc/PID/status:CapEff:\t0…" (the shell's).
+    let out = String::from_utf8_lossy(&o.stdout);
+    let mut by_file: BTreeMap<&str, String> = BTreeMap::new();
+    for (file, kv) in out.lines().filter_map(|l| l.split_once("status:")) {
+        let lines = by_file.entry(file).or_default();
+        lines.push_str(kv);
+        lines.push('\n');
+    }
+    assert_eq!(by_file.len(), 2, "{out}");
+    for (file, lines) in &by_file {
+        let st = status(lines);
+        assert!(
+            st["Uid"].split_whitespace().all(|u| u == "65534"),
+            "{file}: {out}"
+        );
+        for k in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
+            assert_eq!(caps(&st, k), 0, "{file}{k}: {out}");
+        }
+        assert_eq!(st["NoNewPrivs"], "1", "{file}: {out}");
+    }
+
+    // Every process recorded from its first instruction: verify refuses a recording that
+    // left one out.
+    verified(&filecaps, &art);
+    let show = Command::new(&filecaps)
+        .args(["show", "--json", s(&art)])
+        .run_exec();
+    let v: serde_json::Value = serde_json::from_slice(&show.stdout).expect("show --json");
+    assert_eq!(v["uncovered_processes"], 0, "{v}");
+    let ps: Vec<(String, serde_json::Value)> = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["command"][0].as_str().unwrap().to_string(),
+                p["exit_code"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ps,
+        [
+            ("/bin/sh".to_string(), 0.into()),
+            ("/bin/grep".to_string(), 0.into()),
+            ("/bin/true".to_string(), 0.into()),
+        ],
+        "{v}"
+    );
+}
+
 /// Ambient capabilities handed to a plain copy (`setpriv --ambient-caps`), which memtrack
 /// passed on to the command as they were before.
 fn ambient_capabilities_of_memtrack_never_reach_the_command() {
@@ -237,7 +308,8 @@ fn ambient_capabilities_of_memtrack_never_reach_the_command() {
 }
 
 /// A setuid-root program started by the command gains nothing (no_new_privs): memtrack,
-/// holding capabilities but not root, never observes a root program.
+/// holding capabilities but not root, never observes a root program, and stops following at
+/// its exec.
 fn a_setuid_program_the_command_starts_gains_nothing() {
     let dir = shared_dir();
     let filecaps = filecaps_memtrack(dir.path());
@@ -271,6 +343,12 @@ fn a_setuid_program_the_command_starts_gains_nothing() {
         text(&o)
     );
     assert!(text(&o).contains("is setuid or setgid"), "{}", text(&o));
+    // Followed up to its exec of the setuid program, and not beyond.
+    assert!(
+        text(&o).contains("a setuid or setgid program, which is never followed"),
+        "{}",
+        text(&o)
+    );
 }
 
 fn a_setuid_install_of_memtrack_is_refused() {
@@ -375,6 +453,12 @@ fn main() {
             "file_capabilities_of_memtrack_never_reach_the_command",
             FILE_CAPS,
             file_capabilities_of_memtrack_never_reach_the_command,
+        ),
+        // Gives a copy file capabilities and records a shell's tree, following it, as nobody.
+        requires(
+            "file_capabilities_follow_the_whole_tree_without_giving_it_any",
+            FILE_CAPS,
+            file_capabilities_follow_the_whole_tree_without_giving_it_any,
         ),
         // Hands ambient capabilities to nobody.
         requires(

@@ -1,13 +1,14 @@
 //! `memtrack record -- CMD`: run a command with the tracker attached from its first
 //! instruction, and (by default) every process it starts from theirs.
 //!
-//! The child is forked and waits on a pipe before `execve`. Following (the default), a tracer
-//! thread seizes it with ptrace and probes every process of the tree before it runs (see
-//! `follow.rs`). With [`CommandOptions::follow`] off, the parent attaches the uprobes (for the
-//! child's pid) to the command's executable and every library the dynamic loader will map for
-//! it, switches recording on, and only then lets the child exec; a `dlopen`ed library with its
-//! own allocator is then found by rescanning /proc/PID/maps every 20 ms while the command runs
-//! (its calls before that are missed), and the processes it starts are counted, not recorded.
+//! The child is forked, sets up its credentials and waits on a pipe before `execve`.
+//! Following (the default), a tracer thread seizes it with ptrace and probes every process of
+//! the tree before it runs (see `follow.rs`). With [`CommandOptions::follow`] off, the parent
+//! attaches the uprobes (for the child's pid) to the command's executable and every library
+//! the dynamic loader will map for it, switches recording on, and only then lets the child
+//! exec; a `dlopen`ed library with its own allocator is then found by rescanning
+//! /proc/PID/maps every 20 ms while the command runs (its calls before that are missed), and
+//! the processes it starts are counted, not recorded.
 //!
 //! The command never gains privileges through memtrack. Between fork and exec the child
 //! clears its ambient and inheritable capabilities (the ones memtrack may hold through file
@@ -15,6 +16,10 @@
 //! [`CommandOptions::user`] if one is given, and sets `PR_SET_NO_NEW_PRIVS` whenever it will
 //! not run as root, so that a setuid or setgid program it executes runs without gaining
 //! privileges and memtrack never observes a more privileged program than the one it started.
+//! A memtrack that gained capabilities at its exec is not dumpable, nor its forked child, and
+//! ptrace needs a dumpable tracee: following, the child of such a memtrack (not root) makes
+//! itself dumpable until it is seized, still holding memtrack's capabilities and blocking every
+//! signal, so that no process less privileged than memtrack can read it (see `child_side`).
 //! A followed process that executes a setuid or setgid program, or whose credentials change at
 //! an exec, is no longer followed (counted as not covered).
 //!
@@ -115,6 +120,9 @@ struct Credentials {
     switch: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)>,
     /// Set `PR_SET_NO_NEW_PRIVS` (the command will not run as root).
     no_new_privs: bool,
+    /// Make the child traceable by memtrack until its exec (see `child_side`): following, as a
+    /// user holding the tracker's capabilities but not CAP_SYS_PTRACE.
+    traceable: bool,
 }
 
 /// A step of [`Credentials::apply`] that failed, and its errno.
@@ -124,6 +132,8 @@ const STEP_EXEC: libc::c_int = 0;
 const STEP_USER: libc::c_int = 1;
 const STEP_CAPS: libc::c_int = 2;
 const STEP_NNP: libc::c_int = 3;
+/// Not a failure: every step before the exec is done, the child waits for its go.
+const STEP_READY: libc::c_int = 4;
 
 /// Linux's capability ABI, version 3 (64 capability bits in two 32-bit words).
 #[repr(C)]
@@ -139,6 +149,25 @@ struct CapData {
     inheritable: u32,
 }
 const CAP_V3: u32 = 0x2008_0522;
+const CAP_SYS_ADMIN: u64 = 1 << 21;
+const CAP_SYS_PTRACE: u64 = 1 << 19;
+/// CAP_PERFMON (38) and CAP_BPF (39): what the tracker needs, unless CAP_SYS_ADMIN.
+const TRACKER_CAPS: u64 = (1 << 38) | (1 << 39);
+
+/// This process's (effective, permitted) capability sets.
+fn own_caps() -> std::io::Result<(u64, u64)> {
+    let mut hdr = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget of this process into a header and two data words of the V3 ABI.
+    if unsafe { libc::syscall(libc::SYS_capget, &raw mut hdr, data.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let set = |f: fn(&CapData) -> u32| u64::from(f(&data[0])) | (u64::from(f(&data[1])) << 32);
+    Ok((set(|d| d.effective), set(|d| d.permitted)))
+}
 
 fn errno() -> libc::c_int {
     // SAFETY: reading this thread's errno.
@@ -166,10 +195,21 @@ impl Credentials {
         }
         let switch = pw.as_ref().map(|p| (p.uid, p.gid, p.groups.clone()));
         let runs_as = switch.as_ref().map_or(euid, |s| s.0);
+        // Following needs the child traceable by memtrack (see `child_side`): only while it
+        // keeps the tracker's capabilities until its exec, as ptrace then lets in only
+        // processes that hold them too. Root and CAP_SYS_PTRACE need nothing.
+        let traceable = opts.follow
+            && switch.is_none()
+            && euid != 0
+            && own_caps().is_ok_and(|(eff, prm)| {
+                eff & CAP_SYS_PTRACE == 0
+                    && (prm & TRACKER_CAPS == TRACKER_CAPS || prm & CAP_SYS_ADMIN != 0)
+            });
         Ok((
             Credentials {
                 switch,
                 no_new_privs: runs_as != 0,
+                traceable,
             },
             pw,
         ))
@@ -580,8 +620,14 @@ struct Child {
 }
 
 impl Child {
-    /// Forks the child that, once released, sets up `creds` and executes `exec`.
-    fn spawn(exec: &Exec, creds: &Credentials, program: &OsStr) -> Result<Self, TrackerError> {
+    /// Forks the child that sets up `creds` and, once released, executes `exec`; returns once
+    /// it is ready (its credentials set up: it may be seized), or why it failed.
+    fn spawn(
+        exec: &Exec,
+        creds: &Credentials,
+        program: &OsStr,
+        user: Option<&Passwd>,
+    ) -> Result<Self, TrackerError> {
         let (go_rx, go_tx) = pipe()?;
         let (err_rx, err_tx) = pipe()?;
         let (go, err) = (go_rx.as_raw_fd(), err_tx.as_raw_fd());
@@ -602,32 +648,50 @@ impl Child {
         // The child's ends, closed here: a read of `err` then ends when the child execs (its
         // copy is close-on-exec) or exits.
         drop((go_rx, err_tx));
-        Ok(Child {
+        // From here, an error return kills and reaps it (Drop).
+        let child = Child {
             pid: pid as u32,
             go: Some(go_tx),
             err: Some(err_rx),
             reaped: false,
-        })
+        };
+        match child.report() {
+            Some((STEP_READY, _)) => Ok(child),
+            Some(failed) => Err(creds.error(program, user, failed)),
+            None => Err(TrackerError::Spawn {
+                command: program.to_string_lossy().into_owned(),
+                source: std::io::Error::other("its process ended before its exec"),
+            }),
+        }
     }
 
-    /// Lets the child exec (one byte on the go pipe) and learns whether it did: the step
-    /// and errno it reports if setting up its credentials or `execve` failed, else `None`.
+    /// The next report of the child on the `err` pipe: `None` once it has executed the
+    /// command (the pipe is close-on-exec) or exited.
+    fn report(&self) -> Option<Failed> {
+        let err = self.err.as_ref()?;
+        let mut msg: [libc::c_int; 2] = [0; 2];
+        loop {
+            // SAFETY: reading at most size_of_val(&msg) bytes into `msg`.
+            let n =
+                unsafe { libc::read(err.as_raw_fd(), msg.as_mut_ptr().cast(), size_of_val(&msg)) };
+            if n < 0 && errno() == libc::EINTR {
+                continue;
+            }
+            // The child writes each report whole, in one write of less than PIPE_BUF bytes.
+            return (n == size_of_val(&msg) as isize).then_some((msg[0], msg[1]));
+        }
+    }
+
+    /// Lets the child exec (one byte on the go pipe) and learns whether it did: the errno
+    /// of its failed `execve` (as a failed step), else `None`.
     fn release(&mut self) -> Option<Failed> {
         if let Some(go) = self.go.take() {
             // SAFETY: writing one byte from a valid buffer to our pipe (closed when dropped).
             unsafe { libc::write(go.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
         }
-        let err = self.err.take()?;
-        let mut failed: [libc::c_int; 2] = [0; 2];
-        // SAFETY: reading at most size_of_val(&failed) bytes into `failed`.
-        let n = unsafe {
-            libc::read(
-                err.as_raw_fd(),
-                failed.as_mut_ptr().cast(),
-                size_of_val(&failed),
-            )
-        };
-        (n == size_of_val(&failed) as isize).then_some((failed[0], failed[1]))
+        let failed = self.report();
+        self.err = None;
+        failed
     }
 
     /// Waits for the child to exit and reaps it: its wait status, or `None` if it was not
@@ -691,8 +755,8 @@ impl Drop for Child {
     }
 }
 
-/// The forked child: waits for the parent's go, sets up `creds` and executes `exec`; reports
-/// a failed step on `err` and exits 127.
+/// The forked child: sets up `creds`, reports it is ready on `err`, waits for the parent's go
+/// and executes `exec`; reports a failed step on `err` instead and exits 127.
 ///
 /// # Safety
 /// Runs in a forked child of a multi-threaded process: only async-signal-safe calls, on memory
@@ -707,12 +771,39 @@ unsafe fn child_side(
 ) -> ! {
     // SAFETY: see the function's contract.
     unsafe {
+        let report = |msg: [libc::c_int; 2]| {
+            libc::write(err, msg.as_ptr().cast(), size_of_val(&msg));
+        };
         // Never outlive memtrack unobserved: SIGKILL when it dies (even by SIGKILL). If it
         // died before this line, the parent is already someone else.
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
         if libc::getppid() != parent {
             libc::_exit(127);
         }
+        // Rust ignores SIGPIPE and exec keeps ignored signals: give the command the
+        // default, as std::process::Command does.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        if let Err((step, e)) = creds.apply() {
+            report([step, e]);
+            libc::_exit(127);
+        }
+        // Changing credentials cleared the parent-death signal: set it again.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        // A memtrack that gained capabilities at its exec is not dumpable, nor its forked child,
+        // and without CAP_SYS_PTRACE ptrace attaches only to a dumpable process. Dumpable until
+        // it is seized, the child still holds memtrack's capabilities (ptrace, and /proc's
+        // memory, fd and environment files, let in only processes that hold them too) and
+        // blocks every signal (none makes it dump core); its exec then sets the command's
+        // dumpability as for any program of the user.
+        let mut mask: libc::sigset_t = std::mem::zeroed();
+        let traceable = creds.traceable && libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) != 1;
+        if traceable {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::sigprocmask(libc::SIG_SETMASK, &all, &mut mask);
+            libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
+        }
+        report([STEP_READY, 0]);
         let mut b = 0u8;
         loop {
             let n = libc::read(go, (&raw mut b).cast(), 1);
@@ -723,19 +814,14 @@ unsafe fn child_side(
                 libc::_exit(127);
             }
         }
-        // Rust ignores SIGPIPE and exec keeps ignored signals: give the command the
-        // default, as std::process::Command does.
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        let failed = match creds.apply() {
-            Ok(()) => {
-                // Changing credentials cleared the parent-death signal: set it again.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-                libc::execve(exec.path.as_ptr(), exec.argv.as_ptr(), exec.envp.as_ptr());
-                [STEP_EXEC, *libc::__errno_location()]
-            }
-            Err((step, e)) => [step, e],
-        };
-        libc::write(err, failed.as_ptr().cast(), size_of_val(&failed));
+        if traceable {
+            // Seized now (ptrace checks only when attaching): not dumpable again before a
+            // signal that came meanwhile is delivered.
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+            libc::sigprocmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
+        }
+        libc::execve(exec.path.as_ptr(), exec.argv.as_ptr(), exec.envp.as_ptr());
+        report([STEP_EXEC, *libc::__errno_location()]);
         libc::_exit(127);
     }
 }
@@ -821,7 +907,7 @@ pub fn record_command_with(
 ) -> Result<RecordOutcome, TrackerError> {
     let plan = Plan::new(command, opts, child)?;
     // From here, every return (or panic) before the command is reaped kills and reaps it.
-    let mut cmd = Child::spawn(&plan.exec, &plan.creds, plan.program)?;
+    let mut cmd = Child::spawn(&plan.exec, &plan.creds, plan.program, plan.user.as_ref())?;
     let tracker = plan.attach(cmd.pid, opts)?;
     let capture = super::Capture::new(crate::scope::Scope::Process).lock_waits(child.lock_waits);
     let recording = tracker.start_with(
