@@ -27,7 +27,8 @@ use ::criterion::measurement::{Measurement, ValueFormatter};
 
 use crate::error::Result;
 use crate::human;
-use crate::session::{Counter, Session, SessionBuilder};
+use crate::recording::Counter;
+use crate::session::{Session, SessionBuilder, counter};
 
 /// Calls of [`iteration`] since the profiler last started a benchmark.
 static ITERATIONS: AtomicU64 = AtomicU64::new(0);
@@ -107,14 +108,14 @@ pub struct BytesAllocated(Counter);
 impl Allocations {
     /// Starts counting with the backend sessions would use (the error says what is missing).
     pub fn new() -> Result<Self> {
-        Counter::new().map(Allocations)
+        counter().map(Allocations)
     }
 }
 
 impl BytesAllocated {
     /// Starts counting with the backend sessions would use (the error says what is missing).
     pub fn new() -> Result<Self> {
-        Counter::new().map(BytesAllocated)
+        counter().map(BytesAllocated)
     }
 }
 

@@ -122,6 +122,15 @@ impl std::fmt::Debug for Error {
 }
 
 /// Contradictory limits are an invalid option of the session (as documented on `start`).
+impl From<crate::recording::RecordingError> for Error {
+    fn from(e: crate::recording::RecordingError) -> Self {
+        match e {
+            crate::recording::RecordingError::Tracker(e) => Error::Tracker(e),
+            crate::recording::RecordingError::Recorder(e) => Error::Recorder(e),
+        }
+    }
+}
+
 impl From<crate::limits::InvalidLimits> for Error {
     fn from(e: crate::limits::InvalidLimits) -> Self {
         Error::InvalidOption(e.0)

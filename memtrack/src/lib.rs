@@ -81,6 +81,7 @@ pub mod limits;
 pub mod locks;
 pub mod modules;
 pub mod recorder;
+mod recording;
 mod report;
 mod scope;
 mod session;

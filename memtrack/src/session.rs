@@ -21,22 +21,21 @@ mod lifecycle;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::analysis::Stats;
 use crate::artifact::{Backend, Metadata, Output};
-use crate::encode::EncoderOptions;
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::locks::{LockWaits, LockWaitsError};
-use crate::recorder::{AllocRecording, allocator_installed};
+use crate::recorder::allocator_installed;
+#[cfg(feature = "criterion")]
+use crate::recording::Counter;
+use crate::recording::{Options, Recorder, Recording};
 use crate::report::Report;
 use crate::scope::Scope;
-#[cfg(feature = "criterion")]
-use crate::tracker::Counting;
-use crate::tracker::{ProbeHold, Recorded, Recording, Tracker, TrackerOptions};
+use crate::tracker::{ProbeHold, Recorded, Tracker};
 use lifecycle::{Lifecycle, Refused, Turn};
 
 /// The sessions of this process take turns (each recorder records one session at a time); a
@@ -367,15 +366,14 @@ impl SessionBuilder {
             ));
         }
         let backend = backend?;
-        let tracker = if backend == Backend::Ebpf {
-            let mut topts = TrackerOptions::new().stack_depth(self.stack_depth);
-            if let Some(b) = self.ringbuf_bytes {
-                topts = topts.ringbuf_bytes(b);
-            }
-            Some(Tracker::global(&topts)?)
-        } else {
-            None
+        let options = Options {
+            scope: self.scope,
+            stack_depth: self.stack_depth,
+            workers: self.workers,
+            lock_waits: self.lock_waits,
+            ringbuf_bytes: self.ringbuf_bytes,
         };
+        let recorder = Recorder::ready(backend, &options)?;
         // An in-memory session that records lock waits keeps its artifact in memory until it
         // finishes: the waits are computed from it, as from a file.
         let memory = (self.in_memory && self.lock_waits).then(|| Arc::new(Mutex::new(Vec::new())));
@@ -413,32 +411,9 @@ impl SessionBuilder {
             lock_waits: self.lock_waits.then_some(memory),
         };
         // Recording starts last: nothing here may allocate or free after it (the metadata is
-        // kept in the session and freed after recording stops).
-        let scope = self.scope;
-        let capture = crate::tracker::Capture::new(scope).lock_waits(self.lock_waits);
-        let started = match tracker {
-            Some(t) => t
-                .start_with(
-                    file,
-                    &session.meta,
-                    EncoderOptions::new(),
-                    self.workers,
-                    capture,
-                )
-                .map(Active::Ebpf)
-                .map_err(Error::from),
-            None => crate::recorder::start_recording(
-                file,
-                &session.meta,
-                self.workers,
-                scope,
-                self.stack_depth,
-            )
-            .map(Active::Alloc)
-            .map_err(Error::from),
-        };
-        // On error, dropping the session's `Output` removes the temporary file.
-        session.recording = Some(started?);
+        // kept in the session and freed after recording stops). On error, dropping the
+        // session's `Output` removes the temporary file.
+        session.recording = Some(recorder.start(file, &session.meta, &options)?);
         session.started = Instant::now();
         Ok(session)
     }
@@ -456,7 +431,7 @@ pub struct Session {
     limits: Limits,
     scope: Scope,
     started: Instant,
-    recording: Option<Active>,
+    recording: Option<Recording<Out>>,
     meta: Metadata,
     iterations: Option<u64>,
     /// This session's turn in [`SESSIONS`]; ended when the recording has stopped.
@@ -501,47 +476,6 @@ impl Write for Out {
         match self {
             Out::File(f) => f.flush(),
             Out::Discard | Out::Memory(_) => Ok(()),
-        }
-    }
-}
-
-/// The recorder a session runs.
-enum Active {
-    Ebpf(Recording<'static, Out>),
-    Alloc(AllocRecording<Out>),
-}
-
-impl Active {
-    fn set_iterations(&mut self, n: u64) {
-        match self {
-            Active::Ebpf(r) => r.set_iterations(n),
-            Active::Alloc(r) => r.set_iterations(n),
-        }
-    }
-
-    /// Stops recording and finishes the artifact.
-    fn stop(self) -> Result<Recorded> {
-        match self {
-            Active::Ebpf(r) => Ok(r.stop()?),
-            // The allocator backend waits for room instead of dropping events.
-            Active::Alloc(r) => {
-                let (written, lost_events, counts) = r.stop()?;
-                Ok(Recorded {
-                    written,
-                    lost_events,
-                    out_of_scope: crate::recorder::OUT_OF_SCOPE.load(Ordering::Relaxed),
-                    unfollowed_processes: 0,
-                    stacks: counts.stacks,
-                    short_stacks: counts.short_stacks,
-                    // The Rust allocator's callers are Rust code, never the C library.
-                    short_stacks_in_libc: 0,
-                    truncated_stacks: counts.truncated_stacks,
-                    // Stacks are told apart by their whole addresses, each thread remembering
-                    // every one it sent: no collisions, nothing sent twice.
-                    stack_collisions: 0,
-                    stacks_not_remembered: 0,
-                })
-            }
         }
     }
 }
@@ -622,8 +556,7 @@ impl Session {
     /// each call ends the artifact's current frame, so call it between phases, not per event.
     pub fn stats(&self) -> Result<Stats> {
         match &self.recording {
-            Some(Active::Ebpf(r)) => Ok(r.stats()?),
-            Some(Active::Alloc(r)) => Ok(r.stats()?),
+            Some(r) => Ok(r.stats()?),
             None => Err(Error::SessionFinished),
         }
     }
@@ -647,13 +580,13 @@ impl Session {
         }
         // A session waiting for its turn gets the attached probes (kept by `hold`).
         let hold = match &self.turn {
-            Some(turn) if matches!(recording, Active::Ebpf(_)) && turn.awaited() => {
+            Some(turn) if recording.is_ebpf() && turn.awaited() => {
                 Tracker::loaded().and_then(|t| t.hold().ok())
             }
             _ => None,
         };
         let output = self.output.take();
-        let result = recording.stop().and_then(|recorded| {
+        let result = recording.stop().map_err(Error::from).and_then(|recorded| {
             let Recorded {
                 written,
                 lost_events,
@@ -732,49 +665,20 @@ impl Drop for Session {
     }
 }
 
-/// Keeps a backend counting while it exists (what criterion's measurements read): the BPF
-/// program's counters, or the allocator backend's (chosen as for sessions:
-/// `$MEMTRACK_BACKEND`, else `auto`). Counts only, records no event.
+/// Starts counting with the backend sessions would use (`$MEMTRACK_BACKEND`, else `auto`):
+/// what criterion's measurements read. The error says what is missing.
 #[cfg(feature = "criterion")]
-pub(crate) enum Counter {
-    Ebpf {
-        tracker: &'static Tracker,
-        _counting: Counting<'static>,
-    },
-    Alloc(crate::recorder::CountingGuard),
-}
-
-#[cfg(feature = "criterion")]
-impl Counter {
-    /// Starts counting with the backend sessions would use (the error says what is missing).
-    pub(crate) fn new() -> Result<Self> {
-        Ok(match resolve_backend(None)? {
-            Backend::Alloc => Counter::Alloc(crate::recorder::start_counting()),
-            _ => {
-                let tracker = Tracker::global(&TrackerOptions::new())?;
-                Counter::Ebpf {
-                    tracker,
-                    _counting: tracker.counting()?,
-                }
-            }
-        })
-    }
-
-    /// (allocations, bytes allocated) so far.
-    pub(crate) fn read(&self) -> (u64, u64) {
-        match self {
-            // A failed map read is a broken BPF setup, not a measurement: there is no sane
-            // value to return, and criterion's trait has no error path.
-            Counter::Ebpf { tracker, .. } => {
-                let c = tracker.counters().expect("reading memtrack's BPF counters");
-                (c.allocations, c.bytes_allocated)
-            }
-            Counter::Alloc(_) => {
-                let (allocs, bytes, _) = crate::recorder::counters();
-                (allocs, bytes)
-            }
-        }
-    }
+pub(crate) fn counter() -> Result<Counter> {
+    let backend = resolve_backend(None)?;
+    let options = Options {
+        scope: Scope::Process,
+        // The tracker loads once per process: with the defaults, as for a session.
+        stack_depth: crate::tracker::DEFAULT_STACK_DEPTH,
+        workers: 1,
+        lock_waits: false,
+        ringbuf_bytes: None,
+    };
+    Ok(Counter::start(Recorder::ready(backend, &options)?)?)
 }
 
 /// A file name from a session name: `::` becomes `.`, path separators and anything else

@@ -14,6 +14,7 @@ use crate::artifact::{Metadata, monotonic_ns};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
 use crate::event::RawRecord;
 use crate::modules::ModuleMap;
+use crate::recording::Recorded;
 use crate::scope::Scope;
 use crate::tracker::{Defined, StackTable};
 
@@ -112,9 +113,9 @@ fn invariant_tsc() -> bool {
 /// by the collector during one.
 static STACKS: Mutex<Option<StackTable>> = Mutex::new(None);
 
-/// What a recording learnt of call stacks (see [`Recorded`](crate::tracker::Recorded)).
+/// What a recording learnt of call stacks (see [`Recorded`]).
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct StackCounts {
+struct StackCounts {
     /// Distinct stacks first sent during the recording.
     pub stacks: u64,
     /// Heap allocations whose stack stops early (the trailer's `short_stacks`).
@@ -311,11 +312,26 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
         self.iterations = Some(n);
     }
 
-    /// Stops recording, drains every ring and finishes the artifact; also returns the number
-    /// of events lost (only if the collector failed while a thread waited for room) and what
-    /// the recording learnt of call stacks.
-    pub(crate) fn stop(mut self) -> Result<(Written, u64, StackCounts)> {
-        self.stop_inner()
+    /// Stops recording, drains every ring and finishes the artifact. Events are lost only if
+    /// the collector failed while a thread waited for room (the recorder waits for room
+    /// instead of dropping events).
+    pub(crate) fn stop(mut self) -> Result<Recorded> {
+        let (written, lost_events, counts) = self.stop_inner()?;
+        Ok(Recorded {
+            written,
+            lost_events,
+            out_of_scope: super::OUT_OF_SCOPE.load(Ordering::Relaxed),
+            unfollowed_processes: 0,
+            stacks: counts.stacks,
+            short_stacks: counts.short_stacks,
+            // The Rust allocator's callers are Rust code, never the C library.
+            short_stacks_in_libc: 0,
+            truncated_stacks: counts.truncated_stacks,
+            // Stacks are told apart by their whole addresses, each thread remembering every
+            // one it sent: no collisions, nothing sent twice.
+            stack_collisions: 0,
+            stacks_not_remembered: 0,
+        })
     }
 
     /// Tells the collector to drain what is left and end, and joins it: its encoder (or why

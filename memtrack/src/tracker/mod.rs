@@ -44,12 +44,13 @@ use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
 
+pub use crate::recording::Recorded;
 pub use error::TrackerError;
 pub use record::{CommandOptions, RecordOutcome, record_command, record_command_with};
 
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, ProcessInfo};
-use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
+use crate::encode::{Encoder, EncoderOptions, Snapshot};
 use crate::modules::ModuleMap;
 use crate::scope::Scope;
 use bpf::{Bpf, Syscalls, exclude_tid, gettid, mapped_objects};
@@ -817,39 +818,6 @@ pub struct Recording<'t, W: Write + Send + 'static> {
     iterations: Option<u64>,
     processes: Vec<ProcessInfo>,
     _out: PhantomData<fn() -> W>,
-}
-
-/// What a recording wrote.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Recorded {
-    /// The artifact's frames, events, bytes and totals.
-    pub written: Written,
-    /// Events lost because the ring buffer was full (also in the artifact's trailer).
-    pub lost_events: u64,
-    /// Allocation and free calls of threads outside a thread-scoped recording's scope, not
-    /// recorded (0 for a process-wide recording).
-    pub out_of_scope: u64,
-    /// Processes the recorded process started and that were not followed (`record
-    /// --no-follow`; also in the artifact's trailer).
-    pub unfollowed_processes: u64,
-    /// Distinct call stacks the program sent during the recording.
-    pub stacks: u64,
-    /// Heap allocations whose call stack stops early: no frame beyond the allocator's caller,
-    /// or a frame outside the mapped code (built without frame pointers; also in the
-    /// artifact's trailer, [`Final::short_stacks`](crate::artifact::Final::short_stacks)).
-    pub short_stacks: u64,
-    /// Of [`Recorded::short_stacks`], those whose call site is in the C library (its own
-    /// allocations: no rebuild of the program gives them callers).
-    pub short_stacks_in_libc: u64,
-    /// Stacks cut at [`TrackerOptions::stack_depth`] frames.
-    pub truncated_stacks: u64,
-    /// Stacks whose first hash matched another stack's: sent again under an id of their own
-    /// (never confused with the other; only more ring-buffer traffic).
-    pub stack_collisions: u64,
-    /// New stacks the program could not remember (its map of sent stacks was full): sent
-    /// again each time they recur (nothing lost; more ring-buffer traffic).
-    pub stacks_not_remembered: u64,
 }
 
 impl<W: Write + Send + 'static> Recording<'_, W> {
