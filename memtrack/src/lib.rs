@@ -77,6 +77,7 @@ pub mod encode;
 mod error;
 pub mod event;
 pub mod human;
+mod lifecycle;
 pub mod limits;
 pub mod locks;
 pub mod modules;

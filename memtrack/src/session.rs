@@ -13,7 +13,7 @@
 //! see [`Output`](crate::artifact::Output); [`Session::partial_path`] names it), whose complete frames
 //! `memtrack show` recovers.
 //!
-//! Sessions of one process take turns: `Idle → Running(name) → HandingOff(probes) → Running`
+//! Sessions of one process take turns: `Idle → Recording(name) → HandingOff(probes) → Recording`
 //! or `→ Idle`, one state behind one lock, in `session/lifecycle.rs`.
 
 mod lifecycle;

@@ -26,6 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::Thread;
 
 use super::collector::Clock;
+use crate::lifecycle::{Stage, WrongStage};
 use crate::scope::Scope;
 
 /// Switch bits of the view: [`STREAM`] records events, [`COUNT`] only keeps the global counters.
@@ -53,13 +54,18 @@ pub(super) enum Phase {
 }
 
 impl Phase {
-    fn name(&self) -> &'static str {
+    /// The stage this phase is, in the names every lifecycle uses.
+    fn stage(&self) -> Stage {
         match self {
-            Phase::Idle => "idle",
-            Phase::Starting { .. } => "starting",
-            Phase::Recording { .. } => "recording",
-            Phase::Stopping => "stopping",
+            Phase::Idle => Stage::Idle,
+            Phase::Starting { .. } => Stage::Starting,
+            Phase::Recording { .. } => Stage::Recording,
+            Phase::Stopping => Stage::Stopping,
         }
+    }
+
+    fn name(&self) -> &'static str {
+        self.stage().name()
     }
 }
 
@@ -107,11 +113,8 @@ impl State {
 pub(super) enum Refused {
     /// A recording was asked for while one starts, records or stops (named).
     Busy(&'static str),
-    /// `transition` needs another phase than the one the recorder is in (`phase`).
-    Invalid {
-        transition: &'static str,
-        phase: &'static str,
-    },
+    /// A transition needs another phase than the one the recorder is in.
+    Invalid(WrongStage),
     /// `count_end` without a matching `count_begin`.
     #[cfg(any(test, feature = "criterion"))]
     NotCounting,
@@ -121,7 +124,7 @@ impl From<Refused> for super::RecorderError {
     fn from(r: Refused) -> Self {
         match r {
             Refused::Busy(_) => super::RecorderError::AlreadyRecording,
-            Refused::Invalid { transition, .. } => super::RecorderError::Internal(transition),
+            Refused::Invalid(w) => super::RecorderError::Internal(w.transition),
             #[cfg(any(test, feature = "criterion"))]
             Refused::NotCounting => super::RecorderError::Internal("count_end while not counting"),
         }
@@ -312,10 +315,10 @@ impl<V: View> Lifecycle<V> {
     }
 
     fn invalid(&self, st: &State, transition: &'static str) -> Refused {
-        Refused::Invalid {
+        Refused::Invalid(WrongStage {
             transition,
-            phase: st.phase.name(),
-        }
+            stage: st.phase.stage(),
+        })
     }
 
     #[cfg(test)]
@@ -434,33 +437,33 @@ mod tests {
     #[test]
     fn transitions_from_the_wrong_phase_are_refused_and_change_nothing() {
         let l = lifecycle();
-        let invalid = |transition, phase| Refused::Invalid { transition, phase };
-        assert_eq!(l.stop(), Err(invalid("stop", "idle")));
-        assert_eq!(l.finish(None), Err(invalid("finish", "idle")));
-        assert_eq!(l.abandon(None), Err(invalid("abandon", "idle")));
+        let invalid = |transition, stage| Refused::Invalid(WrongStage { transition, stage });
+        assert_eq!(l.stop(), Err(invalid("stop", Stage::Idle)));
+        assert_eq!(l.finish(None), Err(invalid("finish", Stage::Idle)));
+        assert_eq!(l.abandon(None), Err(invalid("abandon", Stage::Idle)));
         assert_eq!(
             l.switch_on(std::thread::current()),
-            Err(invalid("switch_on", "idle"))
+            Err(invalid("switch_on", Stage::Idle))
         );
         assert_eq!(
             l.collector_failed(),
-            Err(invalid("collector_failed", "idle"))
+            Err(invalid("collector_failed", Stage::Idle))
         );
         assert_eq!(l.phase(), "idle");
 
         l.claim(Scope::Process).unwrap();
-        assert_eq!(l.stop(), Err(invalid("stop", "starting")));
-        assert_eq!(l.finish(None), Err(invalid("finish", "starting")));
+        assert_eq!(l.stop(), Err(invalid("stop", Stage::Starting)));
+        assert_eq!(l.finish(None), Err(invalid("finish", Stage::Starting)));
         l.switch_on(std::thread::current()).unwrap();
         assert_eq!(
             l.switch_on(std::thread::current()),
-            Err(invalid("switch_on", "recording"))
+            Err(invalid("switch_on", Stage::Recording))
         );
-        assert_eq!(l.finish(None), Err(invalid("finish", "recording")));
-        assert_eq!(l.abandon(None), Err(invalid("abandon", "recording")));
+        assert_eq!(l.finish(None), Err(invalid("finish", Stage::Recording)));
+        assert_eq!(l.abandon(None), Err(invalid("abandon", Stage::Recording)));
         assert_eq!(l.phase(), "recording(1, 0)");
         assert_eq!(switch(&l), STREAM);
-        let e = super::super::RecorderError::from(invalid("finish", "recording"));
+        let e = super::super::RecorderError::from(invalid("finish", Stage::Recording));
         assert!(e.to_string().contains("unexpected state (finish)"), "{e}");
     }
 
@@ -478,10 +481,10 @@ mod tests {
         );
         assert_eq!(
             l.collector_failed(),
-            Err(Refused::Invalid {
+            Err(Refused::Invalid(WrongStage {
                 transition: "collector_failed",
-                phase: "stopping"
-            })
+                stage: Stage::Stopping
+            }))
         );
         l.stop().unwrap();
         l.finish(None).unwrap();

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!                begin(name)                          Turn::end(None), or no one waiting
-//!   Idle ─────────────────────────▶ Running(name) ──────────────────────────────────▶ Idle
+//!   Idle ─────────────────────────▶ Recording(name) ──────────────────────────────────▶ Idle
 //!     ▲                              │   ▲   │ begin(..) while running: refused, nested,
 //!     │                              │   │   └─ or (wait) counted in `waiting` until it ends
 //!     │      Turn::end(Some(hold))   │   │
@@ -26,7 +26,7 @@ pub(crate) enum Phase<H> {
     /// No session runs; nothing is held.
     Idle,
     /// The session of this name runs.
-    Running(String),
+    Recording(String),
     /// A session ended while others waited and left `H` for the next one to take.
     HandingOff(H),
 }
@@ -70,7 +70,7 @@ impl<H> Lifecycle<H> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Idle or HandingOff → Running(`name`), returning the turn and what the previous session
+    /// Idle or HandingOff → Recording(`name`), returning the turn and what the previous session
     /// handed over (keep it until the new session has started). While another session runs:
     /// refused, or with `wait`, counted as waiting until it ends, unless `recorded_here` says
     /// the running session records the calling thread (a nested start).
@@ -81,7 +81,7 @@ impl<H> Lifecycle<H> {
         recorded_here: impl Fn() -> bool,
     ) -> Result<(Turn<'_, H>, Option<H>), Refused> {
         let mut st = self.lock();
-        if let Phase::Running(active) = &st.phase {
+        if let Phase::Recording(active) = &st.phase {
             if !wait {
                 return Err(Refused::Active(active.clone()));
             }
@@ -89,14 +89,14 @@ impl<H> Lifecycle<H> {
                 return Err(Refused::Nested(active.clone()));
             }
             st.waiting += 1;
-            while matches!(st.phase, Phase::Running(_)) {
+            while matches!(st.phase, Phase::Recording(_)) {
                 st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
             }
             st.waiting -= 1;
         }
-        let held = match std::mem::replace(&mut st.phase, Phase::Running(name.to_owned())) {
+        let held = match std::mem::replace(&mut st.phase, Phase::Recording(name.to_owned())) {
             Phase::HandingOff(h) => Some(h),
-            Phase::Idle | Phase::Running(_) => None,
+            Phase::Idle | Phase::Recording(_) => None,
         };
         Ok((Turn { lifecycle: self }, held))
     }
@@ -104,17 +104,17 @@ impl<H> Lifecycle<H> {
     /// The name of the running session, if any.
     pub(crate) fn running(&self) -> Option<String> {
         match &self.lock().phase {
-            Phase::Running(name) => Some(name.clone()),
+            Phase::Recording(name) => Some(name.clone()),
             Phase::Idle | Phase::HandingOff(_) => None,
         }
     }
 
     /// Whether a session runs (allocates nothing, unlike [`Lifecycle::running`]).
     pub(crate) fn is_running(&self) -> bool {
-        matches!(self.lock().phase, Phase::Running(_))
+        matches!(self.lock().phase, Phase::Recording(_))
     }
 
-    /// Running → Idle, or → HandingOff(`hold`) if a session waits for its turn. A hold no one
+    /// Recording → Idle, or → HandingOff(`hold`) if a session waits for its turn. A hold no one
     /// waits for is dropped before the lock is released, so that no session can begin (and
     /// attach the probes) before it is gone.
     fn end(&self, hold: Option<H>) {
@@ -134,7 +134,7 @@ impl<H> Lifecycle<H> {
     fn phase(&self) -> String {
         match &self.lock().phase {
             Phase::Idle => "idle".into(),
-            Phase::Running(name) => format!("running({name})"),
+            Phase::Recording(name) => format!("running({name})"),
             Phase::HandingOff(_) => "handing-off".into(),
         }
     }

@@ -197,3 +197,10 @@ impl std::fmt::Debug for TrackerError {
         std::fmt::Display::fmt(self, f)
     }
 }
+
+impl From<crate::lifecycle::WrongStage> for TrackerError {
+    /// A transition of the tracker's lifecycle from the wrong stage: a bug of memtrack's.
+    fn from(e: crate::lifecycle::WrongStage) -> Self {
+        TrackerError::Internal(e.transition)
+    }
+}

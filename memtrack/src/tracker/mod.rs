@@ -51,6 +51,7 @@ pub use record::{CommandOptions, RecordOutcome, record_command, record_command_w
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, ProcessInfo};
 use crate::encode::{Encoder, EncoderOptions, Snapshot};
+use crate::lifecycle::Stage;
 use crate::modules::ModuleMap;
 use crate::scope::Scope;
 use bpf::{Bpf, Syscalls, exclude_tid, gettid, mapped_objects};
@@ -228,26 +229,7 @@ struct SwitchState {
     /// [`ProbeHold`] guards alive.
     holds: usize,
     /// The one recording a tracker runs at a time.
-    stream: Stream,
-}
-
-/// Where the tracker's one recording is:
-///
-/// ```text
-/// Off ─claim─▶ Starting ─started─▶ On ─draining─▶ Draining ─release─▶ Off
-///                  └───────────── release (the start failed) ───────────▶ Off
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stream {
-    /// No recording: a start may claim the stream.
-    Off,
-    /// A start claimed it and is setting up (encoder, poller, probes); nothing is recorded yet.
-    Starting,
-    /// Recording: the switch's stream bit is on.
-    On,
-    /// Stopped: the stream bit is off and the poller drains the ring buffer's tail. A new
-    /// start is still refused, so that it cannot take the events of this one.
-    Draining,
+    stage: Stage,
 }
 
 impl SwitchState {
@@ -257,40 +239,42 @@ impl SwitchState {
             sw: RawSwitch::default(),
             counting: 0,
             holds: 0,
-            stream: Stream::Off,
+            stage: Stage::Idle,
         }
     }
 
     fn needs_probes(&self) -> bool {
-        self.counting > 0 || self.holds > 0 || self.stream == Stream::On
+        self.counting > 0 || self.holds > 0 || self.stage == Stage::Recording
     }
 
-    /// Off → Starting; a second recording is refused.
+    /// Idle → Starting; a second recording (another caller of [`Tracker::start_with`]) is
+    /// refused.
     fn claim(&mut self) -> Result<(), TrackerError> {
-        if self.stream != Stream::Off {
-            return Err(TrackerError::AlreadyRecording);
-        }
-        self.stream = Stream::Starting;
+        self.stage
+            .step("claim", &[Stage::Idle], Stage::Starting)
+            .map_err(|_| TrackerError::AlreadyRecording)
+    }
+
+    /// Starting → Recording, with the switch `sw` written.
+    fn started(&mut self, sw: RawSwitch) -> Result<(), TrackerError> {
+        self.stage
+            .step("started", &[Stage::Starting], Stage::Recording)?;
+        self.sw = sw;
         Ok(())
     }
 
-    /// Starting → On, with the switch `sw` written.
-    fn started(&mut self, sw: RawSwitch) {
-        debug_assert_eq!(self.stream, Stream::Starting);
-        self.sw = sw;
-        self.stream = Stream::On;
+    /// Recording → Stopping (the switch's stream bit is off, or failed to go off).
+    fn stop(&mut self) -> Result<(), TrackerError> {
+        Ok(self
+            .stage
+            .step("stop", &[Stage::Recording], Stage::Stopping)?)
     }
 
-    /// On → Draining (the switch's stream bit is off, or failed to go off).
-    fn draining(&mut self) {
-        debug_assert_eq!(self.stream, Stream::On);
-        self.stream = Stream::Draining;
-    }
-
-    /// Starting (a failed start) or Draining (a finished stop) → Off.
-    fn release(&mut self) {
-        debug_assert!(matches!(self.stream, Stream::Starting | Stream::Draining));
-        self.stream = Stream::Off;
+    /// Starting (a failed start) or Stopping (a finished stop) → Idle.
+    fn finish(&mut self) -> Result<(), TrackerError> {
+        Ok(self
+            .stage
+            .step("finish", &[Stage::Starting, Stage::Stopping], Stage::Idle)?)
     }
 }
 
@@ -351,7 +335,7 @@ impl Tracker {
     /// a process-wide one; `false` if none runs).
     pub(crate) fn current_thread_in_scope(&self) -> Result<bool, TrackerError> {
         let st = self.state();
-        if st.stream != Stream::On {
+        if st.stage != Stage::Recording {
             return Ok(false);
         }
         if st.sw.scope == memtrack_bpf::SCOPE_PROCESS {
@@ -588,7 +572,8 @@ impl Tracker {
         self.state().claim()?;
         let result = self.start_inner(out, meta, opts, workers, capture);
         if result.is_err() {
-            self.state().release();
+            // Starting → Idle cannot be refused: the claim above holds the stage.
+            let _ = self.state().finish();
         }
         result
     }
@@ -684,7 +669,7 @@ impl Tracker {
             self.detach_after_recording(&st);
             return Err(e);
         }
-        st.started(sw);
+        st.started(sw)?;
         Ok(Recording {
             tracker: self,
             poller: Some(poller),
@@ -865,15 +850,14 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
             if off.is_ok() {
                 st.sw = sw;
             }
-            st.draining();
-            off
+            off.and(st.stop())
         };
         let drained = poller.finish();
         {
             let mut st = t.state();
             t.detach_after_recording(&st);
-            st.release();
-        }
+            st.finish()
+        }?;
         off?;
         let mut drained = drained?;
         let stats = t.bpf.stats()?;
@@ -949,15 +933,24 @@ mod tests {
             generation: 1,
             ..RawSwitch::default()
         };
-        st.started(sw);
+        // Stopping or finishing a recording that has not started is refused, and changes nothing.
+        assert!(matches!(st.stop(), Err(TrackerError::Internal("stop"))));
+        st.started(sw).unwrap();
         assert_eq!(st.sw.generation, 1);
         assert!(st.needs_probes());
         assert!(matches!(st.claim(), Err(TrackerError::AlreadyRecording)));
-        st.draining();
-        // Draining: the probes may go, but the next recording waits for the tail.
+        assert!(matches!(
+            st.started(sw),
+            Err(TrackerError::Internal("started"))
+        ));
+        assert!(matches!(st.finish(), Err(TrackerError::Internal("finish"))));
+        st.stop().unwrap();
+        // Stopping: the probes may go, but the next recording waits for the tail.
         assert!(!st.needs_probes());
         assert!(matches!(st.claim(), Err(TrackerError::AlreadyRecording)));
-        st.release();
+        assert!(matches!(st.stop(), Err(TrackerError::Internal("stop"))));
+        st.finish().unwrap();
+        assert_eq!(st.stage, Stage::Idle);
         st.claim().unwrap();
     }
 
@@ -965,8 +958,8 @@ mod tests {
     fn a_failed_start_frees_the_stream() {
         let mut st = state();
         st.claim().unwrap();
-        st.release();
-        assert_eq!(st.stream, Stream::Off);
+        st.finish().unwrap();
+        assert_eq!(st.stage, Stage::Idle);
         st.claim().unwrap();
     }
 
