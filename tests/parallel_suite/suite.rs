@@ -31,8 +31,12 @@ fn allocate(n: usize, size: usize) {
 fn session(name: &str, body: impl FnOnce()) -> Report {
     let s = SessionBuilder::new(name)
         .backend(BACKEND)
-        // Cargo's per-target scratch directory, not a fixed name in the shared /tmp.
-        .output_dir(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("parallel-suite"))
+        // Cargo's scratch directory, not a fixed name in the shared /tmp; one per binary, since
+        // the spawning tests read their artifacts back and both binaries name sessions alike.
+        .output_dir(
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(concat!("parallel-suite-", env!("CARGO_CRATE_NAME"))),
+        )
         .quiet(true)
         .start_waiting()
         .expect("session starts");
