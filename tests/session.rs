@@ -575,6 +575,33 @@ fn a_thread_outside_the_scope_waits_its_turn() {
     assert_eq!(first.allocations(), 0, "{}", first.summary_line());
 }
 
+/// A thread stack of a size no exited thread's stack has (16 MiB: glibc reuses a cached stack
+/// up to 4× the size asked for, and every other thread here has std's 2 MiB) is mapped by
+/// `pthread_create`, which allocates its TLS vector in the dynamic linker: one block, still
+/// live after the join (glibc caches it with the stack). The same spawn again reuses that
+/// stack and allocates none. The spawning tests of `parallel_limits` count these apart.
+fn a_new_thread_stack_allocates_its_tls_once() {
+    let spawn_join = |name: &str| {
+        let s = memtrack::SessionBuilder::new(name)
+            .quiet(true)
+            .start()
+            .unwrap();
+        std::thread::Builder::new()
+            .stack_size(16 << 20)
+            .spawn(|| black_box(Vec::<u8>::with_capacity(100)))
+            .expect("spawn")
+            .join()
+            .expect("join");
+        s.finish().expect("finish")
+    };
+    let mapped = spawn_join("tls_new_stack");
+    let dep = memtrack_test_support::process_dependent(&mapped);
+    assert_eq!((dep.tls, dep.tls_live), (1, 1), "{}", mapped.summary_line());
+    let reused = spawn_join("tls_cached_stack");
+    let dep = memtrack_test_support::process_dependent(&reused);
+    assert_eq!((dep.tls, dep.tls_live), (0, 0), "{}", reused.summary_line());
+}
+
 /// A mid-session snapshot counts what came before it, exactly, and costs no allocation.
 fn stats_mid_session() {
     memtrack_test_support::check_stats_mid_session(
@@ -693,6 +720,11 @@ fn main() {
             a_thread_outside_the_scope_waits_its_turn,
         ),
         requires("stats_mid_session", &[TRACKER], stats_mid_session),
+        requires(
+            "a_new_thread_stack_allocates_its_tls_once",
+            &[TRACKER],
+            a_new_thread_stack_allocates_its_tls_once,
+        ),
     ];
     memtrack_test_support::run_sequential(tests);
 }

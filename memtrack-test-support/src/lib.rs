@@ -586,3 +586,115 @@ pub fn record_lost_switches(path: &Path) -> u64 {
     assert!(recorded.lost_events > 0, "4800 sleeps lost nothing");
     recorded.lost_events
 }
+
+/// A session's allocations whose number its code does not fix, because it depends on the other
+/// threads of the process, by call site (read from the session's artifact).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessDependent {
+    /// glibc's thread-local storage vector of a newly mapped thread stack (the innermost frame
+    /// is in the dynamic linker: `allocate_dtv`, one `calloc` per new stack): `pthread_create`
+    /// maps a stack only when no exited thread's stack is free for reuse.
+    pub tls: u64,
+    /// Of `tls`, blocks live at the session's end (glibc keeps them with the cached stack).
+    pub tls_live: u64,
+    /// Nodes of std's map of every live thread's stack guard (a `BTreeMap` in
+    /// `stack_overflow::thread_info`): a starting thread allocates one only when its entry
+    /// overflows a node, which depends on how many threads of the process are alive.
+    pub thread_registry: u64,
+}
+
+impl ProcessDependent {
+    /// Every one of them.
+    pub fn allocations(&self) -> u64 {
+        self.tls + self.thread_registry
+    }
+}
+
+/// [`ProcessDependent`] of a session, from its artifact's call sites.
+///
+/// # Panics
+/// If the session wrote no artifact (`in_memory`), or it cannot be read.
+pub fn process_dependent(r: &memtrack::Report) -> ProcessDependent {
+    use memtrack::{Module, Reader, Sites};
+    let path = r.path.as_ref().expect("a session that writes its artifact");
+    let reader = Reader::open(path).expect("the session's artifact reads");
+    let sites = Sites::read(&reader).expect("its sites read");
+    let table = reader.stacks().expect("its stack table reads");
+    let in_linker = |m: &Module| {
+        let name = Path::new(&m.path).file_name().and_then(|n| n.to_str());
+        name.is_some_and(|n| n.starts_with("ld-linux") || n == "ld.so")
+    };
+    let mut counts = ProcessDependent::default();
+    let mut rest = Stacks::default();
+    let mut blocks = Vec::new();
+    for site in sites.sites.iter().filter(|s| !s.stack.is_none()) {
+        let stack = reader.stack(site.stack).expect("a recorded site's stack");
+        let innermost = stack.frames.first().and_then(|f| table.module(f.module));
+        if innermost.is_some_and(in_linker) {
+            counts.tls += site.blocks;
+            counts.tls_live += site.blocks_at_end;
+            continue;
+        }
+        for f in &stack.frames {
+            if let Some(m) = table.module(f.module) {
+                rest.modules.insert(f.module, m.clone());
+            }
+        }
+        rest.stacks.push(stack.clone());
+        blocks.push(site.blocks);
+    }
+    let registry = in_thread_registry(rest);
+    counts.thread_registry = blocks
+        .iter()
+        .zip(registry)
+        .filter(|&(_, r)| r)
+        .map(|(b, _)| b)
+        .sum();
+    counts
+}
+
+/// Stacks to symbolize, with their modules.
+#[derive(Default)]
+struct Stacks {
+    stacks: Vec<memtrack::Stack>,
+    modules: std::collections::HashMap<memtrack::ModuleId, memtrack::Module>,
+}
+
+/// Per stack, whether a frame is std's insert into its map of threads' stack guards.
+/// Symbolized on one thread for the process (a `Symbolizer` is not `Send`), so that the test
+/// binary's debug information, most of the cost, is read once.
+fn in_thread_registry(stacks: Stacks) -> Vec<bool> {
+    use std::sync::mpsc::{Sender, channel};
+    use std::sync::{Mutex, OnceLock};
+    type Request = (Stacks, Sender<Vec<bool>>);
+    static SYMBOLIZER: OnceLock<Mutex<Sender<Request>>> = OnceLock::new();
+    let to = SYMBOLIZER.get_or_init(|| {
+        let (to, from) = channel::<Request>();
+        std::thread::Builder::new()
+            .name("symbolizer".into())
+            .spawn(move || {
+                let mut sym = memtrack::Symbolizer::new();
+                for (Stacks { stacks, modules }, reply) in from {
+                    let refs: Vec<_> = stacks.iter().collect();
+                    let named = sym.symbolize_stacks(&refs, |id| modules.get(&id));
+                    let found = named.iter().map(|frames| {
+                        frames.iter().flatten().any(|f| {
+                            f.function.as_deref().is_some_and(|n| {
+                                n.ends_with("stack_overflow::thread_info::set_current_info")
+                            })
+                        })
+                    });
+                    let _ = reply.send(found.collect());
+                }
+            })
+            .expect("spawn the symbolizer");
+        Mutex::new(to)
+    });
+    let (reply, answer) = channel();
+    let sent = to
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((stacks, reply));
+    sent.expect("the symbolizer runs");
+    answer.recv().expect("the symbolizer answers")
+}
