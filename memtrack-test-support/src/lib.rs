@@ -615,7 +615,7 @@ impl ProcessDependent {
 /// # Panics
 /// If the session wrote no artifact (`in_memory`), or it cannot be read.
 pub fn process_dependent(r: &memtrack::Report) -> ProcessDependent {
-    use memtrack::{Module, Reader, Sites};
+    use memtrack::{analysis::Sites, artifact::Reader, stack::Module};
     let path = r.path.as_ref().expect("a session that writes its artifact");
     let reader = Reader::open(path).expect("the session's artifact reads");
     let sites = Sites::read(&reader).expect("its sites read");
@@ -656,8 +656,8 @@ pub fn process_dependent(r: &memtrack::Report) -> ProcessDependent {
 /// Stacks to symbolize, with their modules.
 #[derive(Default)]
 struct Stacks {
-    stacks: Vec<memtrack::Stack>,
-    modules: std::collections::HashMap<memtrack::ModuleId, memtrack::Module>,
+    stacks: Vec<memtrack::stack::Stack>,
+    modules: std::collections::HashMap<memtrack::stack::ModuleId, memtrack::stack::Module>,
 }
 
 /// Per stack, whether a frame is std's insert into its map of threads' stack guards.
@@ -673,7 +673,7 @@ fn in_thread_registry(stacks: Stacks) -> Vec<bool> {
         std::thread::Builder::new()
             .name("symbolizer".into())
             .spawn(move || {
-                let mut sym = memtrack::Symbolizer::new();
+                let mut sym = memtrack::symbolize::Symbolizer::new();
                 for (Stacks { stacks, modules }, reply) in from {
                     let refs: Vec<_> = stacks.iter().collect();
                     let named = sym.symbolize_stacks(&refs, |id| modules.get(&id));
