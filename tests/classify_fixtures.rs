@@ -2,7 +2,10 @@
 //! one recorded wait (written by `cargo run --example lock_fixtures`, which says in the file
 //! how), and must get its class, matched at the frame that names the way of waiting. The same
 //! waits recorded from a release build, whose inlined slow paths symbolize otherwise, are in
-//! `tests/fixtures/locks/release/`.
+//! `tests/fixtures/locks/release/`. The waits of a C program's pthread locks
+//! (`tests/fixtures/pthread_locks.c`, no frame pointers) are in `tests/fixtures/locks/c/`, as
+//! glibc's debug symbols name them, and in `tests/fixtures/locks/c-no-dbg/`, as its exported
+//! symbols alone do.
 
 use memtrack::{locks::WaitClass, locks::classify};
 
@@ -24,7 +27,7 @@ const CASES: &[(&str, WaitClass, &str)] = &[
         WaitClass::GlibcLock,
         "__lll_lock_wait_private",
     ),
-    ("pthread_mutex", WaitClass::OtherFutex, "futex"),
+    ("pthread_mutex", WaitClass::Mutex, "lll_lock_wait"),
     ("pipe_read", WaitClass::Io, "read"),
     ("poll", WaitClass::Io, "poll"),
     ("sleep", WaitClass::Sleep, "nanosleep"),
@@ -33,13 +36,56 @@ const CASES: &[(&str, WaitClass, &str)] = &[
 /// The fixture directories: a debug build's stacks, a release build's.
 const BUILDS: [&str; 2] = ["", "release/"];
 
+/// The C program's waits, in both directories of them (the frame string: with glibc's debug
+/// symbols, without).
+const C_CASES: &[(&str, WaitClass, &str, &str)] = &[
+    (
+        "pthread_mutex",
+        WaitClass::Mutex,
+        "lll_lock_wait",
+        "pthread_mutex_lock",
+    ),
+    (
+        "pthread_rwlock_read",
+        WaitClass::RwLock,
+        "rwlock_rdlock_full",
+        "pthread_rwlock_rdlock",
+    ),
+    (
+        "pthread_rwlock_write",
+        WaitClass::RwLock,
+        "rwlock_wrlock_full",
+        "pthread_rwlock_wrlock",
+    ),
+    (
+        "pthread_cond",
+        WaitClass::Condvar,
+        "pthread_cond_wait_common",
+        "pthread_cond_wait",
+    ),
+    (
+        "pthread_barrier",
+        WaitClass::Barrier,
+        "pthread_barrier_wait",
+        "pthread_barrier_wait",
+    ),
+];
+
+/// The C program's directories: glibc's debug symbols installed, not.
+const C_DIRS: [&str; 2] = ["c/", "c-no-dbg/"];
+
 /// Every case of every build: (the fixture's name under `locks/`, class, frame string).
 fn cases() -> impl Iterator<Item = (String, WaitClass, &'static str)> {
-    BUILDS.iter().flat_map(|build| {
+    let rust = BUILDS.iter().flat_map(|build| {
         CASES
             .iter()
             .map(move |&(name, want, at)| (format!("{build}{name}"), want, at))
-    })
+    });
+    let c = C_CASES.iter().flat_map(|&(name, want, dbg, exported)| {
+        [(C_DIRS[0], dbg), (C_DIRS[1], exported)]
+            .map(|(dir, at)| (format!("{dir}{name}"), want, at))
+    });
+    rust.chain(c)
 }
 
 fn functions(name: &str) -> Vec<String> {
@@ -109,7 +155,9 @@ fn a_yield_in_a_lock_slow_path_is_the_lock() {
 /// Every fixture is listed above (a new one is not left untested).
 #[test]
 fn every_fixture_is_a_case() {
-    for build in BUILDS {
+    let rust = BUILDS.map(|b| (b, CASES.iter().map(|c| c.0).collect::<Vec<_>>()));
+    let c = C_DIRS.map(|d| (d, C_CASES.iter().map(|c| c.0).collect::<Vec<_>>()));
+    for (build, names) in rust.into_iter().chain(c) {
         let dir = format!(
             "{}/tests/fixtures/locks/{build}",
             env!("CARGO_MANIFEST_DIR")
@@ -121,7 +169,7 @@ fn every_fixture_is_a_case() {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         files.sort();
-        let mut cases: Vec<String> = CASES.iter().map(|c| format!("{}.txt", c.0)).collect();
+        let mut cases: Vec<String> = names.iter().map(|n| format!("{n}.txt")).collect();
         cases.sort();
         assert_eq!(files, cases, "{dir}");
     }

@@ -98,6 +98,8 @@ macro_rules! for_each_kind {
             Exec = 10, EXEC, "exec", other {};
             SwitchOut = 11, SWITCH_OUT, "switch_out", other { preempted };
             SwitchIn = 12, SWITCH_IN, "switch_in", other {};
+            ThreadStart = 13, THREAD_START, "thread_start", other {};
+            ThreadExit = 14, THREAD_EXIT, "thread_exit", other {};
         }
     };
 }
@@ -504,8 +506,11 @@ pub struct RawStack {
     pub nframes: u32,
     /// [`STACK_TRUNCATED`] or 0.
     pub flags: u32,
-    /// 0.
-    pub reserved: u32,
+    /// Bit k (1..15) set: the word 8k bytes above the stack pointer is one of the frames after
+    /// frame 1, in the order of k, and frame 1 is the word at the stack pointer (a blocked
+    /// thread's switch-out). They are the words that point into frame 0's code mapping: which
+    /// one is the return address of frame 0's function, if any, its unwind info says.
+    pub scanned: u32,
 }
 
 impl RawStack {
@@ -534,7 +539,7 @@ impl RawStack {
             record: u32_at(16),
             nframes: u32_at(20),
             flags: u32_at(24),
-            reserved: u32_at(28),
+            scanned: u32_at(28),
         };
         if bytes.len() != Self::SIZE + h.nframes as usize * 8 {
             return None;

@@ -110,7 +110,7 @@ fn c_structs_match_the_rust_mirrors() {
                 ("record", offset_of!(RawStack, record)),
                 ("nframes", offset_of!(RawStack, nframes)),
                 ("flags", offset_of!(RawStack, flags)),
-                ("reserved", offset_of!(RawStack, reserved)),
+                ("scanned", offset_of!(RawStack, scanned)),
             ])
         )
     );

@@ -36,6 +36,7 @@ fn text(w: &LockWaits) -> String {
             "mutex",
             "rwlock",
             "condvar",
+            "barrier",
             "glibc",
             "futex",
             "io",
@@ -57,6 +58,7 @@ fn text(w: &LockWaits) -> String {
             ms(t.times.mutex_wait_ns),
             ms(t.times.rwlock_wait_ns),
             ms(t.times.condvar_wait_ns),
+            ms(t.times.barrier_wait_ns),
             ms(t.times.glibc_lock_wait_ns),
             ms(t.times.other_futex_wait_ns),
             ms(t.times.io_wait_ns),
@@ -74,7 +76,7 @@ fn text(w: &LockWaits) -> String {
     out += &human::table(
         &rows,
         &[
-            false, true, true, true, true, true, true, true, true, true, true, true,
+            false, true, true, true, true, true, true, true, true, true, true, true, true,
         ],
     );
     if w.sites.is_empty() {
@@ -101,12 +103,14 @@ fn text(w: &LockWaits) -> String {
 /// (the classes of [`memtrack::locks::WaitSite`]; names as in `locks --json`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LockClass {
-    /// std's and parking_lot's mutexes.
+    /// Mutexes: std's, parking_lot's, pthreads'.
     Mutex,
-    /// std's and parking_lot's read-write locks.
+    /// Read-write locks: std's, parking_lot's, pthreads'.
     Rwlock,
     /// Condition variables.
     Condvar,
+    /// Barriers (pthreads').
+    Barrier,
     /// glibc's internal locks (the malloc arena lock, stdio).
     #[value(name = "glibc_lock")]
     GlibcLock,
@@ -114,10 +118,11 @@ pub enum LockClass {
 
 impl LockClass {
     /// Every lock class: the default.
-    pub const ALL: [LockClass; 4] = [
+    pub const ALL: [LockClass; 5] = [
         LockClass::Mutex,
         LockClass::Rwlock,
         LockClass::Condvar,
+        LockClass::Barrier,
         LockClass::GlibcLock,
     ];
 
@@ -126,6 +131,7 @@ impl LockClass {
             LockClass::Mutex => WaitClass::Mutex,
             LockClass::Rwlock => WaitClass::RwLock,
             LockClass::Condvar => WaitClass::Condvar,
+            LockClass::Barrier => WaitClass::Barrier,
             LockClass::GlibcLock => WaitClass::GlibcLock,
         }
     }

@@ -560,7 +560,7 @@ pub fn text(r: &ShowReport) -> String {
     // The context-switch kinds (lock waits) only when recorded, as in the JSON totals.
     let kinds: Vec<String> = KindTag::ALL
         .iter()
-        .filter(|k| !k.is_switch() || r.kinds.get(**k) != 0)
+        .filter(|k| !k.is_scheduling() || r.kinds.get(**k) != 0)
         .map(|&k| format!("{} {}", k.name(), human::count(r.kinds.get(k))))
         .collect();
     let _ = writeln!(o, "  kinds         {}", kinds.join(", "));

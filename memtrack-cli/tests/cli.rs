@@ -46,7 +46,7 @@ fn show_json_reports_exact_totals() {
     // The context-switch kinds are keys only when recorded (lock waits); these are not.
     let kinds: u64 = memtrack::event::KindTag::ALL
         .iter()
-        .filter(|k| !k.is_switch())
+        .filter(|k| !k.is_scheduling())
         .map(|k| v["kinds"][k.name()].as_u64().expect("every kind is a key"))
         .sum();
     assert_eq!(kinds, 200_000);

@@ -48,6 +48,7 @@ const LOCK_KEYS: &[&str] = &[
     "mutex_wait_ns",
     "rwlock_wait_ns",
     "condvar_wait_ns",
+    "barrier_wait_ns",
     "glibc_lock_wait_ns",
 ];
 
@@ -185,7 +186,7 @@ fn flamegraph_of_waits() {
     let svg = std::fs::read_to_string(&svg_path).unwrap();
     let doc = svg_doc(&svg);
     assert_eq!(doc.root_element().tag_name().name(), "svg");
-    assert!(svg.contains("lock waits (mutex, rwlock, condvar, glibc_lock)"));
+    assert!(svg.contains("lock waits (mutex, rwlock, condvar, barrier, glibc_lock)"));
     let folded = dir.path().join("waits.folded");
     let out = memtrack(&[
         "export",

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use memtrack_test_support::{TRACKER, record_lost_switches, requires, run};
+use memtrack_test_support::{Need, TRACKER, record_lost_switches, requires, run};
 
 fn memtrack() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memtrack"))
@@ -50,6 +50,84 @@ fn a_sleeping_command_sleeps() {
     let text = memtrack().arg("locks").arg(&file).output().unwrap();
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(text.contains("no thread waited for a lock"), "{text}");
+}
+
+/// A C program's pthread locks (`pthread_locks.c`, `-O2 -fomit-frame-pointer`) recorded with
+/// `--locks`: `memtrack locks` names its contended sites by class (mutex, rwlock, condvar,
+/// barrier), `--json` gives each worker a row of its own life (`start_ns` after 0, `end_ns`
+/// before the window's end, the times adding up to it), and `export --locks --class barrier`
+/// writes only the barrier's waits.
+fn a_c_programs_pthread_locks_are_classified() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = memtrack_test_support::fixtures::pthread_locks(dir.path(), "pthread_locks");
+    let file = dir.path().join("c.memtrack");
+    let st = memtrack()
+        .args(["record", "--locks", "-o"])
+        .arg(&file)
+        .arg("--")
+        .arg(&exe)
+        .arg(dir.path().join("measured.txt"))
+        .args(["4", "10", "2000"])
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let text = memtrack().arg("locks").arg(&file).output().unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    for class in ["mutex", "rwlock", "condvar", "barrier"] {
+        assert!(
+            text.contains(&format!(" {class} ")),
+            "no {class} site: {text}"
+        );
+    }
+    let out = memtrack()
+        .arg("locks")
+        .arg(&file)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let window = v["window_ns"].as_u64().unwrap();
+    let workers: Vec<&serde_json::Value> = v["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["tid"] != t["pid"])
+        .collect();
+    assert_eq!(workers.len(), 4, "{v}");
+    for t in workers {
+        let (start, end) = (
+            t["start_ns"].as_u64().unwrap(),
+            t["end_ns"].as_u64().unwrap(),
+        );
+        assert!(0 < start && start < end && end < window, "{t}");
+        let times: u64 = t
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.ends_with("_ns") && !["start_ns", "end_ns"].contains(&k.as_str()))
+            .map(|(_, n)| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(times, end - start, "{t}");
+        assert!(t["mutex_wait_ns"].as_u64().unwrap() > 0, "{t}");
+    }
+    let folded = dir.path().join("barrier.folded");
+    let st = memtrack()
+        .arg("export")
+        .arg(&file)
+        .args(["--format", "folded", "--locks", "--class", "barrier", "-o"])
+        .arg(&folded)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let lines = std::fs::read_to_string(&folded).unwrap();
+    assert!(!lines.is_empty());
+    for l in lines.lines() {
+        assert!(l.rsplit_once(' ').unwrap().0.ends_with("[barrier]"), "{l}");
+    }
 }
 
 /// A recording made without `--locks` is refused with how to make one.
@@ -98,6 +176,11 @@ fn main() {
             "a_sleeping_command_sleeps",
             &[TRACKER],
             a_sleeping_command_sleeps,
+        ),
+        requires(
+            "a_c_programs_pthread_locks_are_classified",
+            &[TRACKER, Need::Tool("cc")],
+            a_c_programs_pthread_locks_are_classified,
         ),
         requires(
             "a_recording_without_switches_is_refused",

@@ -1,5 +1,6 @@
 //! The fixtures with known call chains (tests/fixtures: `stacks.rs`, `chain.c`,
-//! `dlopen_lib.c`, `cxx_chain.cc`), built into a test's directory, and what they print.
+//! `dlopen_lib.c`, `cxx_chain.cc`) and the pthread lock-wait fixture (`pthread_locks.c`),
+//! built into a test's directory, and what they print.
 //!
 //! Each fixture brackets its known allocations by the marker allocations [`MARK_BEGIN`] and
 //! [`MARK_END`], and with `--print` prints the addresses it recorded on the way (`NAME
@@ -161,6 +162,25 @@ pub fn c_chain(dir: &Path, out: &str, frame_pointers: bool, extra: &[&str]) -> P
     args.extend(extra.iter().map(std::ffi::OsStr::new));
     args.extend(["-o".as_ref(), exe.as_os_str()]);
     cc("cc", &args);
+    exe
+}
+
+/// `pthread_locks.c` (threads contending on pthread locks, measuring their own waits) built
+/// into `dir/out` as distributions build C: `-O2 -fomit-frame-pointer`, no debug information.
+pub fn pthread_locks(dir: &Path, out: &str) -> PathBuf {
+    let exe = dir.join(out);
+    let src = source("pthread_locks.c");
+    cc(
+        "cc",
+        &[
+            "-O2".as_ref(),
+            "-fomit-frame-pointer".as_ref(),
+            "-pthread".as_ref(),
+            src.as_os_str(),
+            "-o".as_ref(),
+            exe.as_os_str(),
+        ],
+    );
     exe
 }
 

@@ -133,6 +133,13 @@ pub enum EventKind {
     /// The thread got a CPU again (a context switch; recorded only when lock waits are asked
     /// for). Since format 1.6.
     SwitchIn,
+    /// The thread was created (recorded only when lock waits are asked for, as its first
+    /// [`EventKind::SwitchIn`] is): stamped when it was created, before that switch-in, so it
+    /// comes in the stream after events stamped later. Since format 1.7.
+    ThreadStart,
+    /// The thread ended: it left the CPU for the last time (recorded, instead of that
+    /// [`EventKind::SwitchOut`], only when lock waits are asked for). Since format 1.7.
+    ThreadExit,
 }
 
 // Everything per kind below is derived from the one kind table, memtrack-bpf's
@@ -334,10 +341,13 @@ impl KindTag {
 }
 
 impl KindTag {
-    /// Whether this is a context-switch kind (`SwitchOut`, `SwitchIn`: lock waits), not a
-    /// memory event.
-    pub const fn is_switch(self) -> bool {
-        matches!(self, KindTag::SwitchOut | KindTag::SwitchIn)
+    /// Whether this is a scheduling kind (`SwitchOut`, `SwitchIn`, `ThreadStart`,
+    /// `ThreadExit`: recorded for lock waits), not a memory event.
+    pub const fn is_scheduling(self) -> bool {
+        matches!(
+            self,
+            KindTag::SwitchOut | KindTag::SwitchIn | KindTag::ThreadStart | KindTag::ThreadExit
+        )
     }
 }
 
@@ -497,6 +507,8 @@ mod tests {
             (EventKind::Exec, none),
             (EventKind::SwitchOut { preempted: true }, none),
             (EventKind::SwitchIn, none),
+            (EventKind::ThreadStart, none),
+            (EventKind::ThreadExit, none),
         ];
         for (kind, heap) in cases {
             assert_eq!(kind.heap(), heap, "{kind:?}");

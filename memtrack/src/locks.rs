@@ -3,7 +3,7 @@
 //! contended call sites weighted by wait time.
 //!
 //! The classification is one table, [`RULES`]: read it top to bottom. A lock row (std's
-//! `Mutex`, `RwLock`, `Condvar`, parking_lot's slow paths, glibc's internal locks) matches
+//! `Mutex`, `RwLock`, `Condvar`, parking_lot's slow paths, pthreads, glibc's internal locks) matches
 //! anywhere in the stack, innermost frame first, before any generic row (another futex, I/O,
 //! sleep) does: a `Mutex` wait is also a futex wait, but the lock is the answer. A preempted
 //! thread (still runnable) is [`WaitClass::Preempted`] whatever its stack: not a wait.
@@ -22,17 +22,22 @@ use crate::stack::StackId;
 #[cfg(feature = "symbolize")]
 use crate::symbolize::Symbolizer;
 
-/// Why a thread was off the CPU.
+/// Why a thread was off the CPU. A class names a kind of lock, whichever library implements
+/// it (the call site says whose).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum WaitClass {
-    /// A mutex: std's `Mutex::lock_contended`, parking_lot's `RawMutex::lock_slow`.
+    /// A mutex: std's `Mutex::lock_contended`, parking_lot's `RawMutex::lock_slow`, a pthread
+    /// mutex (`pthread_mutex_lock`, glibc's `__lll_lock_wait`; C++'s `std::mutex`).
     Mutex,
     /// A read-write lock: std's `RwLock::read_contended`/`write_contended`, parking_lot's
-    /// `RawRwLock` slow paths.
+    /// `RawRwLock` slow paths, `pthread_rwlock_rdlock`/`wrlock`.
     RwLock,
-    /// A condition variable's wait: std's and parking_lot's `Condvar`.
+    /// A condition variable's wait: std's and parking_lot's `Condvar`, `pthread_cond_wait`
+    /// and its timed forms (C++'s `std::condition_variable`).
     Condvar,
+    /// A barrier's wait: `pthread_barrier_wait`.
+    Barrier,
     /// glibc's internal locks (`__lll_lock_wait_private`: the malloc arena lock, stdio).
     GlibcLock,
     /// Another futex wait (a futex of the program's own, pthread, `parking_lot_core::park`).
@@ -54,6 +59,7 @@ impl WaitClass {
             WaitClass::Mutex => "mutex",
             WaitClass::RwLock => "rwlock",
             WaitClass::Condvar => "condvar",
+            WaitClass::Barrier => "barrier",
             WaitClass::GlibcLock => "glibc_lock",
             WaitClass::OtherFutex => "other_futex",
             WaitClass::Io => "io",
@@ -105,9 +111,13 @@ pub struct Rule {
 }
 
 const fn lock(all: &'static [&'static str], class: WaitClass) -> Rule {
+    lock_at(Pattern::Contains(all), class)
+}
+
+const fn lock_at(pattern: Pattern, class: WaitClass) -> Rule {
     Rule {
         lock: true,
-        pattern: Pattern::Contains(all),
+        pattern,
         class,
     }
 }
@@ -140,22 +150,24 @@ pub const RULES: &[Rule] = &[
     lock(&["parking_lot::condvar", "wait"], WaitClass::Condvar),
     // glibc's internal locks (malloc arenas, stdio).
     lock(&["__lll_lock_wait_private"], WaitClass::GlibcLock),
+    // pthreads (glibc), matched on the innermost frames, which are inside libc: neither glibc
+    // nor a C program built as distributions build keeps frame pointers, so what lies past
+    // them may be no frame at all. With glibc's debug symbols the frames are its internal
+    // functions (`__GI___lll_lock_wait`, `__pthread_rwlock_rdlock_full64`,
+    // `__pthread_cond_wait_common`); without them, the exported entry points
+    // (`pthread_mutex_lock`, `__pthread_rwlock_rdlock`, `pthread_cond_wait`). A mutex a
+    // condvar's waiter takes again is a mutex wait (`__pthread_mutex_cond_lock`).
+    lock_at(Pattern::Libc("lll_lock_wait"), WaitClass::Mutex),
+    lock(&["pthread_mutex_lock"], WaitClass::Mutex),
+    lock(&["pthread_mutex_cond_lock"], WaitClass::Mutex),
+    lock(&["pthread_mutex_timedlock"], WaitClass::Mutex),
+    lock(&["pthread_mutex_clocklock"], WaitClass::Mutex),
+    lock(&["pthread_rwlock_"], WaitClass::RwLock),
+    lock(&["pthread_cond_"], WaitClass::Condvar),
+    lock(&["pthread_barrier_wait"], WaitClass::Barrier),
     generic(Pattern::Contains(&["futex"]), WaitClass::OtherFutex),
     generic(
-        Pattern::Contains(&["__lll_lock_wait"]),
-        WaitClass::OtherFutex,
-    ),
-    generic(
         Pattern::Contains(&["parking_lot_core", "park"]),
-        WaitClass::OtherFutex,
-    ),
-    generic(Pattern::Contains(&["pthread_cond_"]), WaitClass::OtherFutex),
-    generic(
-        Pattern::Contains(&["pthread_mutex_lock"]),
-        WaitClass::OtherFutex,
-    ),
-    generic(
-        Pattern::Contains(&["pthread_rwlock_"]),
         WaitClass::OtherFutex,
     ),
     generic(Pattern::Contains(&["sem_"]), WaitClass::OtherFutex),
@@ -223,6 +235,8 @@ pub struct WaitTimes {
     pub rwlock_wait_ns: u64,
     /// Waiting on a condition variable.
     pub condvar_wait_ns: u64,
+    /// Waiting at a barrier.
+    pub barrier_wait_ns: u64,
     /// Waiting for one of glibc's internal locks.
     pub glibc_lock_wait_ns: u64,
     /// Waiting on another futex.
@@ -246,6 +260,7 @@ impl WaitTimes {
             WaitClass::Mutex => &mut self.mutex_wait_ns,
             WaitClass::RwLock => &mut self.rwlock_wait_ns,
             WaitClass::Condvar => &mut self.condvar_wait_ns,
+            WaitClass::Barrier => &mut self.barrier_wait_ns,
             WaitClass::GlibcLock => &mut self.glibc_lock_wait_ns,
             WaitClass::OtherFutex => &mut self.other_futex_wait_ns,
             WaitClass::Io => &mut self.io_wait_ns,
@@ -256,13 +271,14 @@ impl WaitTimes {
     }
 
     /// Each class's time, in the order of [`WaitClass`] (the order of the fields).
-    pub fn by_class(&self) -> [(WaitClass, u64); 9] {
+    pub fn by_class(&self) -> [(WaitClass, u64); 10] {
         // `slot` is the one map of class to field; it needs a place it may write (a copy).
         let mut t = *self;
         [
             WaitClass::Mutex,
             WaitClass::RwLock,
             WaitClass::Condvar,
+            WaitClass::Barrier,
             WaitClass::GlibcLock,
             WaitClass::OtherFutex,
             WaitClass::Io,
@@ -291,6 +307,12 @@ pub struct ThreadWaits {
     pub pid: u32,
     /// Thread id.
     pub tid: u32,
+    /// When its row begins, ns after the window's start: its creation (0: it existed when the
+    /// recording began). Its times add up to `end_ns - start_ns`.
+    pub start_ns: u64,
+    /// When its row ends, ns after the window's start: its exit (`window_ns`: it was alive
+    /// at the end).
+    pub end_ns: u64,
     /// Its time by class, and on a CPU.
     #[serde(flatten)]
     pub times: WaitTimes,
@@ -329,7 +351,7 @@ pub struct LockWaits {
     pub window_ns: u64,
     /// Per thread, by (pid, tid).
     pub threads: Vec<ThreadWaits>,
-    /// Lock call sites (mutex, rwlock, condvar, glibc lock), most waited first.
+    /// Lock call sites (mutex, rwlock, condvar, barrier, glibc lock), most waited first.
     pub sites: Vec<WaitSite>,
 }
 
@@ -453,10 +475,8 @@ pub(crate) fn lock_waits_of(
             let fns = frames
                 .into_iter()
                 .flatten()
-                .map(|f| {
-                    f.function
-                        .unwrap_or_else(|| format!("{}+{:#x}", f.module, f.offset))
-                })
+                // An unnamed frame as `show` prints it (`libc.so.6+0x…`, where the chain broke).
+                .map(|f| f.function.clone().unwrap_or_else(|| f.to_string()))
                 .collect();
             (id, fns)
         })
@@ -469,6 +489,8 @@ pub(crate) fn lock_waits_of(
             let mut w = ThreadWaits {
                 pid: t.pid,
                 tid: t.tid,
+                start_ns: t.start - off.start,
+                end_ns: t.end - off.start,
                 times: WaitTimes {
                     cpu_ns: t.cpu_ns,
                     other_off_cpu_ns: t.before_first_switch_in_ns,
@@ -489,6 +511,7 @@ pub(crate) fn lock_waits_of(
                     WaitClass::Mutex
                         | WaitClass::RwLock
                         | WaitClass::Condvar
+                        | WaitClass::Barrier
                         | WaitClass::GlibcLock
                 );
                 if let (true, Some(at)) = (is_lock, at) {
@@ -522,7 +545,8 @@ pub(crate) fn lock_waits_of(
 }
 
 /// The frames above the lock call: past the matched frame and the lock's own wrappers (std's
-/// `Mutex<T>::lock`, `RwLock<T>::read`, parking_lot's `lock_api` layer).
+/// `Mutex<T>::lock`, `RwLock<T>::read`, parking_lot's `lock_api` layer, glibc's pthread
+/// functions and their inlined helpers).
 #[cfg(feature = "symbolize")]
 fn lock_caller(fns: &[&str], at: usize) -> Vec<String> {
     fns.iter()
@@ -534,6 +558,9 @@ fn lock_caller(fns: &[&str], at: usize) -> Vec<String> {
                 || f.starts_with("<std::sys::")
                 || f.contains("lock_api::")
                 || f.contains("parking_lot::")
+                || f.contains("pthread_")
+                || f.starts_with("lll_")
+                || f.starts_with("futex_")
         })
         .map(|f| f.to_string())
         .collect()
@@ -690,6 +717,76 @@ mod tests {
         assert_eq!(class(&stack), WaitClass::GlibcLock);
     }
 
+    /// pthreads, from the innermost frames in libc: as glibc's debug symbols name them (the
+    /// internal functions, inlined ones first), and as its exported symbols alone do (the
+    /// innermost function unnamed). Past them, no frame may be right: not needed.
+    #[test]
+    fn pthreads_by_their_innermost_frames() {
+        let unnamed = "libc.so.6+0x85e96";
+        let rows: [(&[&str], WaitClass); 10] = [
+            (
+                &[
+                    "futex_wait",
+                    "__GI___lll_lock_wait",
+                    "lll_mutex_lock_optimized",
+                ],
+                WaitClass::Mutex,
+            ),
+            (&[unnamed, "pthread_mutex_lock"], WaitClass::Mutex),
+            (
+                &[
+                    "futex_wait",
+                    "__GI___lll_lock_wait",
+                    "__pthread_mutex_cond_lock",
+                ],
+                WaitClass::Mutex,
+            ),
+            (
+                &[
+                    "__futex_abstimed_wait_common64",
+                    "__futex_abstimed_wait_common",
+                    "__pthread_rwlock_rdlock_full64",
+                    "___pthread_rwlock_rdlock",
+                ],
+                WaitClass::RwLock,
+            ),
+            (&[unnamed, "__pthread_rwlock_wrlock"], WaitClass::RwLock),
+            (
+                &[
+                    "__futex_abstimed_wait_common",
+                    "__pthread_cond_wait_common",
+                    "___pthread_cond_wait",
+                ],
+                WaitClass::Condvar,
+            ),
+            (&[unnamed, "pthread_cond_timedwait"], WaitClass::Condvar),
+            (&[unnamed, "pthread_cond_clockwait"], WaitClass::Condvar),
+            (
+                &["futex_wait", "futex_wait_simple", "___pthread_barrier_wait"],
+                WaitClass::Barrier,
+            ),
+            (&["pthread_barrier_wait"], WaitClass::Barrier),
+        ];
+        for (stack, want) in rows {
+            assert_eq!(class(stack), want, "{stack:?}");
+        }
+    }
+
+    /// The call site of a contended pthread lock is the code above the pthread call.
+    #[cfg(feature = "symbolize")]
+    #[test]
+    fn the_call_site_is_above_the_pthread_call() {
+        let stack = [
+            "futex_wait",
+            "__GI___lll_lock_wait",
+            "lll_mutex_lock_optimized",
+            "___pthread_mutex_lock",
+            "work",
+            "start_thread",
+        ];
+        assert_eq!(lock_caller(&stack, 1), ["work", "start_thread"]);
+    }
+
     #[test]
     fn other_futex() {
         assert_eq!(
@@ -697,11 +794,7 @@ mod tests {
             WaitClass::OtherFutex
         );
         assert_eq!(
-            class(&["__futex_abstimed_wait_common", "___pthread_cond_wait"]),
-            WaitClass::OtherFutex
-        );
-        assert_eq!(
-            class(&["__lll_lock_wait", "___pthread_mutex_lock"]),
+            class(&["__futex_abstimed_wait_common", "__new_sem_wait_slow64"]),
             WaitClass::OtherFutex
         );
     }

@@ -25,7 +25,7 @@ impl KindCounts {
 impl Serialize for KindCounts {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let shown = |k: &KindTag| !k.is_switch() || self.get(*k) != 0;
+        let shown = |k: &KindTag| !k.is_scheduling() || self.get(*k) != 0;
         let mut m = s.serialize_map(Some(KindTag::ALL.iter().filter(|k| shown(k)).count()))?;
         for k in KindTag::ALL.into_iter().filter(shown) {
             m.serialize_entry(k.name(), &self.get(k))?;

@@ -91,15 +91,19 @@ struct rq {
 struct cfs_rq {
 	struct rq *rq;
 } __attribute__((preserve_access_index));
+/* `sum_exec_runtime`: ns the task ran; 0 until it first got a CPU. */
 struct sched_entity {
 	struct cfs_rq *cfs_rq;
+	__u64 sum_exec_runtime;
 } __attribute__((preserve_access_index));
+/* `start_time`: when it was created, CLOCK_MONOTONIC ns (bpf_ktime_get_ns's clock). */
 struct task_struct {
 	int pid;
 	int tgid;
 	struct mm_struct *mm;
 	struct sched_info sched_info;
 	struct sched_entity se;
+	__u64 start_time;
 } __attribute__((preserve_access_index));
 /* bpf_core_field_exists() of libbpf's bpf_core_read.h. */
 #define BPF_FIELD_EXISTS 2
@@ -108,5 +112,12 @@ static void *(*const bpf_task_storage_get)(void *map, struct task_struct *task, 
 					   __u64 flags) = (void *)156;
 static struct task_struct *(*const bpf_get_current_task_btf)(void) = (void *)158;
 static struct pt_regs *(*const bpf_task_pt_regs)(struct task_struct *task) = (void *)175;
+/* A mapping of an address space: only its bounds are read (CO-RE). */
+struct vm_area_struct {
+	unsigned long vm_start;
+	unsigned long vm_end;
+} __attribute__((preserve_access_index));
+static long (*const bpf_find_vma)(struct task_struct *task, __u64 addr, void *callback_fn,
+				  void *callback_ctx, __u64 flags) = (void *)180;
 
 #endif

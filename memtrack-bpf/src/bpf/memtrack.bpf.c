@@ -172,6 +172,8 @@ struct call_state {
 	__u32 switch_gen;
 	__u32 off_cpu;   /* 1: it was a switch-out (no switch-in recorded since) */
 	__u64 off_ts;    /* its time */
+	/* The code mapping its last blocked switch-out left in (see stack_send); 0, 0: none. */
+	__u64 code_lo, code_hi;
 };
 #define CS_MEMPTR 1 /* posix_memalign: the block is in *addr, the return value is an errno */
 
@@ -265,7 +267,7 @@ struct walk {
 	__u32 depth; /* frames to keep */
 	__u32 n;     /* frames found so far */
 	__u32 have;  /* `b->chunk` holds STACK_CHUNK bytes (else only the 16 at `base`) */
-	__u32 first; /* frames before the chain's: 1 (ip), or 2 (ip, the return address at sp) */
+	__u32 first; /* frames before the chain's: ip, then those found at and above sp */
 };
 
 /* Step `idx` of the walk: reads frame idx + 1 (bpf_loop callback; 1 stops the loop). */
@@ -303,23 +305,30 @@ static int walk_step(__u32 idx, struct walk *w)
 }
 
 /*
- * Fills `b->frames` with `ip`, then `sp_ret` if it is not 0, then the return addresses of the
- * frame-pointer chain from `fp`, at most `depth` of them, and sets `b->hdr.flags` (MT_STACK_TRUNCATED if the chain went on);
- * returns how many frames. The steps run under bpf_loop: the verifier checks a step once, where
- * an unrolled loop of 127 made mt_ret exceed its limit of 1M instructions.
+ * Fills `b->frames` with `ip`, then `sp_ret` if it is not 0 (or `b->hdr.scanned` is), then the
+ * `scan` words of `b->hdr.scanned`, then the return addresses of the frame-pointer chain from
+ * `fp`, at most `depth` of them, and sets `b->hdr.flags` (MT_STACK_TRUNCATED if the chain went
+ * on); returns how many frames. The steps run under bpf_loop: the verifier checks a step once,
+ * where an unrolled loop of 127 made mt_ret exceed its limit of 1M instructions.
  */
-static __always_inline __u32 stack_walk(struct stack_buf *b, __u64 ip, __u64 sp_ret, __u64 fp,
-					__u32 depth)
+static __always_inline __u32 stack_walk(struct stack_buf *b, __u64 ip, __u64 sp_ret,
+					__u64 *scan, __u32 nscan, __u64 fp, __u32 depth)
 {
 	struct walk w = { .b = b, .fp = fp, .depth = depth, .n = 1, .first = 1 };
-	__u32 n;
+	__u32 n, i;
 
 	b->frames[0] = ip;
-	if (sp_ret && depth > 1) {
-		b->frames[1] = sp_ret;
-		w.n = 2;
-		w.first = 2;
+	if ((sp_ret || b->hdr.scanned) && depth > w.n)
+		b->frames[w.n++] = sp_ret;
+	for (i = 0; i < MT_STACK_SCAN_WORDS - 1; i++) {
+		if (i >= nscan || w.n >= depth)
+			break;
+		b->frames[w.n++ & MT_STACK_MAX] = scan[i];
 	}
+	if (w.n < 2 + nscan)
+		/* Not all of them fit: none is said to be there. */
+		b->hdr.scanned = 0;
+	w.first = w.n;
 	bpf_loop(MT_STACK_MAX, walk_step, &w, 0);
 	n = w.n;
 	b->hdr.flags = 0;
@@ -344,7 +353,7 @@ __attribute__((noinline)) int stack_hash(struct stack_buf *b, __u32 n)
 		return 0;
 	tgid = b->h1;
 	ctx_id = b->h2;
-	h1 = 0x9e3779b97f4a7c15ULL ^ tgid ^ ((__u64)b->hdr.flags << 40);
+	h1 = 0x9e3779b97f4a7c15ULL ^ tgid ^ ((__u64)b->hdr.flags << 40) ^ ((__u64)b->hdr.scanned << 44);
 	h2 = 0xc2b2ae3d27d4eb4fULL + tgid + n;
 	h1 ^= ctx_id * 0xff51afd7ed558ccdULL;
 	h2 = rotl(h2 ^ ctx_id, 29) * 0xc4ceb9fe1a85ec53ULL;
@@ -382,13 +391,59 @@ __attribute__((noinline)) int stack_hash(struct stack_buf *b, __u32 n)
  * so an event of another CPU that finds the id in the map is reserved after the record in the
  * ring buffer; two CPUs meeting the same new stack both send it (user space interns frames).
  */
+/* bpf_find_vma's callback: the bounds of the mapping found. */
+static long code_bounds(struct task_struct *task, struct vm_area_struct *vma, __u64 *bounds)
+{
+	bounds[0] = vma->vm_start;
+	bounds[1] = vma->vm_end;
+	return 0;
+}
+
+/*
+ * Keeps in `scan` (returns how many, and sets their bits in `b->hdr.scanned`) the words above
+ * `sp` (read into `b->chunk`) that point into the code mapping holding `ip`: candidates for the
+ * return address into the same library. A blocked thread's innermost function in glibc may
+ * have pushed registers and made room for locals before its futex syscall
+ * (`__futex_abstimed_wait_common`: 56 bytes), so its caller (`pthread_cond_wait`,
+ * `pthread_rwlock_rdlock`: what names the wait) is neither at sp nor on a frame-pointer chain,
+ * which glibc does not keep; user space picks the slot the function's unwind info names (the
+ * others are stale words of earlier calls). The mapping is looked up once per thread and
+ * library (bpf_find_vma takes the mmap lock), kept in the thread's state.
+ */
+static __always_inline __u32 scan_words(struct stack_buf *b, __u64 ip, __u32 words, __u64 *scan)
+{
+	struct call_state *cs = thread_state(0);
+	__u64 bounds[2] = { 0, 0 }, w;
+	__u32 i, n = 0;
+
+	b->hdr.scanned = 0;
+	if (!cs)
+		return 0;
+	if (ip < cs->code_lo || ip >= cs->code_hi) {
+		if (bpf_find_vma(bpf_get_current_task_btf(), ip, code_bounds, bounds, 0) || !bounds[1])
+			return 0;
+		cs->code_lo = bounds[0];
+		cs->code_hi = bounds[1];
+	}
+	for (i = 1; i < MT_STACK_SCAN_WORDS; i++) {
+		if (i >= words)
+			break;
+		w = ((__u64 *)b->chunk)[i];
+		if (w >= cs->code_lo && w < cs->code_hi) {
+			scan[n++ & (MT_STACK_SCAN_WORDS - 1)] = w;
+			b->hdr.scanned |= 1u << i;
+		}
+	}
+	return n;
+}
+
 static __always_inline __u32 stack_send(struct stack_buf *b, struct pt_regs *regs,
 					__u64 pid_tgid, struct memtrack_stats *st, int ret_at_sp)
 {
-	__u32 zero = 0, depth = config.stack_depth, n, id;
+	__u32 zero = 0, depth = config.stack_depth, n, id, words = MT_STACK_SCAN_WORDS, nscan = 0;
 	struct stack_seen *seen, fresh = {};
 	struct task_struct *task;
-	__u64 h1, h2, *next, size, sp_ret = 0;
+	__u64 h1, h2, *next, size, sp_ret = 0, scan[MT_STACK_SCAN_WORDS];
 
 	if (depth > MT_STACK_MAX)
 		depth = MT_STACK_MAX;
@@ -398,9 +453,20 @@ static __always_inline __u32 stack_send(struct stack_buf *b, struct pt_regs *reg
 	/* A thread blocked in a frameless syscall wrapper (glibc's `syscall()`, which std's
 	 * futex_wait calls) has its caller's return address at the stack pointer, above no saved
 	 * rbp: the chain from rbp starts one frame further out. */
-	if (ret_at_sp && bpf_probe_read_user(&sp_ret, sizeof(sp_ret), (void *)regs->sp))
-		sp_ret = 0;
-	n = stack_walk(b, regs->ip, sp_ret, regs->bp, depth);
+	b->hdr.scanned = 0;
+	if (ret_at_sp) {
+		/* Near the top of the stack mapping fewer words may be readable: one is enough. */
+		if (bpf_probe_read_user(b->chunk, MT_STACK_SCAN_WORDS * 8, (void *)regs->sp)) {
+			words = 1;
+			if (bpf_probe_read_user(b->chunk, 8, (void *)regs->sp))
+				words = 0;
+		}
+		if (words) {
+			sp_ret = *(__u64 *)b->chunk;
+			nscan = scan_words(b, regs->ip, words, scan);
+		}
+	}
+	n = stack_walk(b, regs->ip, sp_ret, scan, nscan, regs->bp, depth);
 	stack_hash(b, n);
 	h1 = b->h1;
 	h2 = b->h2;
@@ -416,7 +482,6 @@ static __always_inline __u32 stack_send(struct stack_buf *b, struct pt_regs *reg
 	b->hdr.id = id;
 	b->hdr.record = MT_RECORD_STACK;
 	b->hdr.nframes = n;
-	b->hdr.reserved = 0;
 	/* n <= MT_STACK_MAX (127): the mask only shows the verifier the bound. */
 	size = sizeof(b->hdr) + (n & MT_STACK_MAX) * sizeof(__u64);
 	if (bpf_ringbuf_output(&events, b, size, BPF_RB_NO_WAKEUP)) {
@@ -1017,7 +1082,9 @@ int mt_exec(__u64 *ctx)
 /*
  * Lock waits: every context switch of a recorded thread, as a SwitchOut (with the leaving
  * thread's user stack and whether it was preempted) and a SwitchIn; user space pairs them into
- * exact off-CPU intervals. tp_btf/sched_switch(bool preempt, prev, next, prev_state) runs in
+ * exact off-CPU intervals. A thread's first switch-in comes after a ThreadStart stamped when it
+ * was created, its last switch-out is a ThreadExit: its row covers its life, not the whole
+ * recording. tp_btf/sched_switch(bool preempt, prev, next, prev_state) runs in
  * `prev` (current) before the switch. Attached only while a recording asks for lock waits: it
  * runs for every context switch on the machine, and rejects other processes on their tgids
  * before anything else.
@@ -1064,6 +1131,9 @@ static __always_inline __u64 last_arrival(struct task_struct *task, __u64 now)
 	return now - (clock - arrival);
 }
 
+/* prev_state of a thread's last switch (include/linux/sched.h). */
+#define TASK_DEAD 0x80
+
 SEC("tp_btf/sched_switch")
 int mt_switch(__u64 *ctx)
 {
@@ -1098,9 +1168,16 @@ int mt_switch(__u64 *ctx)
 				else if ((st = bpf_map_lookup_elem(&stats, &zero)))
 					st->drops++;
 			}
-			/* prev_state 0 (TASK_RUNNING): preempted, still runnable; else it blocked. */
-			emit_at(bpf_task_pt_regs(prev), ((__u64)ptgid << 32) | (__u32)prev->pid,
-				MT_KIND_SWITCH_OUT, 0, 0, prev_state == 0, 0, now);
+			if (prev_state & TASK_DEAD)
+				/* Its last switch: the thread's life ends here, not an off-CPU wait. */
+				emit_at(0, ((__u64)ptgid << 32) | (__u32)prev->pid,
+					MT_KIND_THREAD_EXIT, 0, 0, 0, 0, now);
+			else
+				/* prev_state 0 (TASK_RUNNING): preempted, still runnable; else it
+				 * blocked. */
+				emit_at(bpf_task_pt_regs(prev),
+					((__u64)ptgid << 32) | (__u32)prev->pid, MT_KIND_SWITCH_OUT,
+					0, 0, prev_state == 0, 0, now);
 			if (cs) {
 				cs->switch_gen = sw.generation;
 				cs->off_cpu = 1;
@@ -1111,6 +1188,10 @@ int mt_switch(__u64 *ctx)
 	if (in) {
 		cs = bpf_task_storage_get(&calls, next, 0, 0);
 		if (switch_recorded(next, cs)) {
+			/* Its first time on a CPU: it was created at `start_time`, runnable since. */
+			if (next->se.sum_exec_runtime == 0 && next->start_time)
+				emit_at(0, ((__u64)ntgid << 32) | (__u32)next->pid,
+					MT_KIND_THREAD_START, 0, 0, 0, 0, next->start_time);
 			emit(0, ((__u64)ntgid << 32) | (__u32)next->pid, MT_KIND_SWITCH_IN, 0, 0, 0,
 			     0);
 			if (cs)

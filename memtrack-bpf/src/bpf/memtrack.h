@@ -21,6 +21,8 @@
 #define MT_KIND_EXEC 10 /* the process replaced its image (execve): its heap ends here */
 #define MT_KIND_SWITCH_OUT 11 /* the thread left the CPU (lock waits): `size` 1 if preempted */
 #define MT_KIND_SWITCH_IN 12  /* the thread got a CPU again (lock waits) */
+#define MT_KIND_THREAD_START 13 /* the thread was created, at `ts`: before its first SwitchIn */
+#define MT_KIND_THREAD_EXIT 14  /* the thread left the CPU for the last time: it ended */
 
 /* Bits of the runtime switch (`sw.enabled` in .bss). Mirrored by `memtrack_bpf::SWITCH_*`. */
 #define MT_SWITCH_STREAM 1 /* record events into the ring buffer (and count them) */
@@ -110,9 +112,14 @@ struct memtrack_stack {
 	unsigned int record;     /* MT_RECORD_STACK */
 	unsigned int nframes;    /* 0..MT_STACK_MAX */
 	unsigned int flags;      /* MT_STACK_* */
-	unsigned int reserved;   /* 0 */
+	/* Bit k (1..15) set: the word 8k bytes above sp is one of the frames after frame 1, in
+	 * the order of k, and frame 1 is the word at sp (a blocked thread's switch-out). The
+	 * words are those pointing into the code mapping of frame 0: which one is the return
+	 * address, if any, the caller of frame 0's function, only its unwind info says. */
+	unsigned int scanned;
 };
 #define MT_STACK_TRUNCATED 1 /* the walk went on past `config.stack_depth` frames: cut there */
+#define MT_STACK_SCAN_WORDS 16 /* words read at sp for `scanned` */
 
 /*
  * One ring-buffer event: 56 bytes, 8-aligned (64 with the ring buffer's 8-byte header).

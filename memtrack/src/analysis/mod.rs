@@ -818,6 +818,8 @@ mod tests {
             EventKind::Exec,
             EventKind::SwitchOut { preempted: false },
             EventKind::SwitchIn,
+            EventKind::ThreadStart,
+            EventKind::ThreadExit,
             EventKind::Malloc {
                 addr: 0x10,
                 size: 17,

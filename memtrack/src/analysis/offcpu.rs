@@ -13,7 +13,12 @@
 //!   (or from its creation, which the events do not show) until then: that time is
 //!   [`ThreadTime::before_first_switch_in_ns`], no interval and no stack;
 //! - a thread known to exist ([`OffCpuBuilder::known_thread`]) with no event at all slept
-//!   through the whole window: it is [`ThreadTime::idle`], off the CPU for all of it.
+//!   through the whole window: it is [`ThreadTime::idle`], off the CPU for all of it;
+//! - a thread's time covers its own life, [`ThreadTime::start`] to [`ThreadTime::end`]: from
+//!   its [`EventKind::ThreadStart`] (its creation; runnable, so preempted, until its first
+//!   switch-in), else the window's start, to its [`EventKind::ThreadExit`] (it left the CPU for
+//!   the last time), else the window's end. CPU time, off-CPU intervals and the time before a
+//!   first switch-in add up to it.
 //!
 //! Events that contradict the pairing (two switch-outs in a row, a switch-in of a thread on a
 //! CPU, an event of a thread that is off the CPU) mean events were lost: they are counted in
@@ -72,6 +77,11 @@ pub struct ThreadTime {
     pub before_first_switch_in_ns: u64,
     /// The thread was known to exist and had no event: off the CPU for the whole window.
     pub idle: bool,
+    /// When its time begins (ns, CLOCK_MONOTONIC): its creation, or the window's start if
+    /// it existed then.
+    pub start: u64,
+    /// When its time ends: its exit, or the window's end if it was alive then.
+    pub end: u64,
     /// Its off-CPU intervals, in time order.
     pub intervals: Vec<Interval>,
 }
@@ -106,12 +116,18 @@ enum State {
         stack: StackId,
         ran: Option<u64>,
     },
+    /// Ended at its [`EventKind::ThreadExit`].
+    Ended,
 }
 
 #[derive(Debug, Clone)]
 struct Thread {
     state: State,
     time: ThreadTime,
+    /// When it was created, if its [`EventKind::ThreadStart`] came.
+    created: Option<u64>,
+    /// When it ended, if its [`EventKind::ThreadExit`] came.
+    exited: Option<u64>,
 }
 
 /// Pairs switch events into [`OffCpu`]: feed every event of a recording in time order with
@@ -148,13 +164,16 @@ impl OffCpuBuilder {
                 tid,
                 ..ThreadTime::default()
             },
+            created: None,
+            exited: None,
         })
     }
 
     /// Feeds one event (events in time order; any kind: a memory event says its thread was
     /// on a CPU).
     pub fn update(&mut self, e: &Event) {
-        if e.ts < self.start {
+        // A thread created before the window (its first switch-in inside it) starts with it.
+        if e.ts < self.start && e.kind != EventKind::ThreadStart {
             self.start = e.ts;
         }
         let start = self.start;
@@ -162,6 +181,29 @@ impl OffCpuBuilder {
         let th = self.thread(e.pid, e.tid);
         let t = &mut th.time;
         th.state = match (th.state, e.kind) {
+            // Runnable from its creation until its first switch-in: an interval with no stack,
+            // preempted (waiting for a CPU). A thread id used again after an exit goes on in
+            // the same row.
+            (State::Unseen | State::Ended, EventKind::ThreadStart) => {
+                let at = e.ts.max(start);
+                th.created.get_or_insert(at);
+                State::Off {
+                    since: at,
+                    preempted: true,
+                    stack: StackId::NONE,
+                    ran: None,
+                }
+            }
+            (State::Unseen, EventKind::ThreadExit) => {
+                t.cpu_ns += e.ts - start;
+                th.exited = Some(e.ts);
+                State::Ended
+            }
+            (State::On { since }, EventKind::ThreadExit) => {
+                t.cpu_ns += e.ts.saturating_sub(since);
+                th.exited = Some(e.ts);
+                State::Ended
+            }
             (State::Unseen, EventKind::SwitchOut { preempted }) => {
                 t.cpu_ns += e.ts - start;
                 State::Off {
@@ -207,7 +249,7 @@ impl OffCpuBuilder {
                 });
                 State::On { since: e.ts }
             }
-            (State::On { since }, _) if !e.kind.tag().is_switch() => State::On { since },
+            (State::On { since }, _) if !e.kind.tag().is_scheduling() => State::On { since },
             // A memory event of a thread off the CPU: held until its switch-in (see above).
             (
                 State::Off {
@@ -217,7 +259,7 @@ impl OffCpuBuilder {
                     ran,
                 },
                 _,
-            ) if !e.kind.tag().is_switch() => State::Off {
+            ) if !e.kind.tag().is_scheduling() => State::Off {
                 since,
                 preempted,
                 stack,
@@ -249,7 +291,7 @@ impl OffCpuBuilder {
             .threads
             .values()
             .map(|th| match th.state {
-                State::Unseen => 0,
+                State::Unseen | State::Ended => th.exited.unwrap_or(0),
                 State::On { since } | State::Off { since, .. } => since,
             })
             .fold(end.max(start), u64::max);
@@ -258,7 +300,10 @@ impl OffCpuBuilder {
             .into_values()
             .map(|th| {
                 let mut t = th.time;
+                t.start = th.created.unwrap_or(start);
+                t.end = th.exited.unwrap_or(end);
                 match th.state {
+                    State::Ended => {}
                     State::Unseen => {
                         t.idle = true;
                         t.before_first_switch_in_ns = end - start;
@@ -374,6 +419,53 @@ mod tests {
         assert_eq!((t7.before_first_switch_in_ns, t7.cpu_ns), (25, 75));
         assert!(t7.intervals.is_empty());
         assert_eq!((t9.cpu_ns, t9.off_cpu_ns), (50, 50));
+    }
+
+    /// A thread created and ended inside the window: its row covers its life, not the window
+    /// (runnable, preempted, from its creation to its first switch-in), and its times add up
+    /// to it; the time before its creation and after its exit is nobody's.
+    #[test]
+    fn a_thread_covers_its_own_life() {
+        let ev = |ts, kind| Event::new(ts, 1, 7, kind);
+        let r = run(
+            100,
+            &[
+                // Stamped at its creation, sent just before its first switch-in.
+                ev(150, EventKind::ThreadStart),
+                inn(160, 7),
+                out(200, 7, false, 3),
+                inn(230, 7),
+                ev(260, EventKind::ThreadExit),
+                inn(300, 8),
+            ],
+            1_000,
+        );
+        assert_eq!(r.inconsistent, 0);
+        let t = &r.threads[0];
+        assert_eq!((t.start, t.end), (150, 260));
+        assert_eq!(
+            (t.cpu_ns, t.off_cpu_ns, t.before_first_switch_in_ns),
+            (40 + 30, 10 + 30, 0)
+        );
+        assert!(t.intervals[0].preempted && t.intervals[0].stack.is_none());
+        assert_eq!(t.intervals.len(), 2);
+        // A thread without them: the window.
+        let t8 = &r.threads[1];
+        assert_eq!((t8.start, t8.end), (100, 1_000));
+        assert_eq!(t8.before_first_switch_in_ns + t8.cpu_ns, 900);
+    }
+
+    /// An event of a thread after its exit contradicts it: counted.
+    #[test]
+    fn an_event_after_the_exit_is_counted() {
+        let ev = |ts, kind| Event::new(ts, 1, 7, kind);
+        let r = run(
+            0,
+            &[ev(10, EventKind::ThreadExit), out(20, 7, false, 1)],
+            100,
+        );
+        assert_eq!(r.inconsistent, 1);
+        assert_eq!((r.threads[0].cpu_ns, r.threads[0].end), (10, 10));
     }
 
     /// A known thread with no event slept through the window: idle, not an error.

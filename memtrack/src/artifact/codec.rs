@@ -254,14 +254,17 @@ impl<'c, const STACKS: bool> ColumnWriter<'c, STACKS> {
             EventKind::Free { addr } | EventKind::Brk { addr } => self.addr(addr),
             EventKind::Exec => self.addr(0),
             // Rare next to the heap's kinds: kept out of this loop's body.
-            EventKind::SwitchOut { .. } | EventKind::SwitchIn => self.switch(ev.kind),
+            EventKind::SwitchOut { .. }
+            | EventKind::SwitchIn
+            | EventKind::ThreadStart
+            | EventKind::ThreadExit => self.switch(ev.kind),
         }
         if STACKS {
             self.stack(ev);
         }
     }
 
-    /// A context switch (lock waits): `addr` 0, and a switch-out's `preempted` in `size`.
+    /// A scheduling event (lock waits): `addr` 0, and a switch-out's `preempted` in `size`.
     #[cold]
     #[inline(never)]
     fn switch(&mut self, kind: EventKind) {
@@ -607,6 +610,8 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
             KindTag::Brk => EventKind::Brk { addr },
             KindTag::Exec => EventKind::Exec,
             KindTag::SwitchIn => EventKind::SwitchIn,
+            KindTag::ThreadStart => EventKind::ThreadStart,
+            KindTag::ThreadExit => EventKind::ThreadExit,
             KindTag::SwitchOut => EventKind::SwitchOut {
                 preempted: match self.size()? {
                     0 => false,
@@ -1030,6 +1035,8 @@ mod tests {
             EventKind::Exec,
             EventKind::SwitchOut { preempted: false },
             EventKind::SwitchIn,
+            EventKind::ThreadStart,
+            EventKind::ThreadExit,
         ];
         assert_eq!(kinds.len(), KindTag::ALL.len());
         let events: Vec<Event> = kinds

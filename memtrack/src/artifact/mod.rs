@@ -36,8 +36,9 @@ pub const VERSION_MAJOR: u16 = 1;
 /// The format's minor version: additions readers of the same major version may ignore.
 /// 1 added the optional `iterations` key of the final metadata; 4 the `processes` and
 /// `unfollowed_processes` keys; 5 call stacks (frame flags for a stack-id column and a
-/// definitions block); 6 the context-switch kinds `SwitchOut` and `SwitchIn` (lock waits).
-pub const VERSION_MINOR: u16 = 6;
+/// definitions block); 6 the context-switch kinds `SwitchOut` and `SwitchIn` (lock waits); 7
+/// the thread kinds `ThreadStart` and `ThreadExit` (lock waits).
+pub const VERSION_MINOR: u16 = 7;
 /// Size of the fixed part of the header before the metadata JSON.
 pub(crate) const HEADER_FIXED: usize = 20;
 /// Size of a frame header.
@@ -155,8 +156,8 @@ pub struct Final {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub short_stacks: u64,
     /// Of [`Final::short_stacks`], those whose call site is in the C library or its loader
-    /// (what it allocates for itself: no rebuild of the program gives them callers). Absent
-    /// when 0, and from files written before it was counted.
+    /// (what it allocates for itself: no rebuild of the program gives them callers). Since
+    /// format 1.7.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub short_stacks_in_libc: u64,
 }

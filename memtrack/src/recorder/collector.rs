@@ -139,7 +139,7 @@ fn absorb(table: &mut StackTable, pid: u32, counts: &mut StackCounts) {
             } else {
                 0
             },
-            reserved: 0,
+            scanned: 0,
         };
         table.add(&header, s.addrs.iter().copied());
         counts.stacks += 1;

@@ -315,7 +315,7 @@ mod tests {
                 record: memtrack_bpf::RECORD_STACK,
                 nframes: 1,
                 flags: 0,
-                reserved: 0,
+                scanned: 0,
             };
             assert!(table.add(&h, [at].into_iter()));
         }

@@ -34,6 +34,7 @@ mod follow;
 mod poll;
 mod record;
 mod stacks;
+mod unwind;
 
 use std::io::Write;
 use std::marker::PhantomData;

@@ -21,6 +21,7 @@ use crate::modules::{ModuleMap, StackInterner};
 use crate::stack::{Frame, ModuleId, Stack, StackId};
 
 use super::poll::Sink;
+use super::unwind::ReturnSlots;
 
 /// Every stack the program sent, by its BPF id.
 pub(crate) struct StackTable {
@@ -35,6 +36,8 @@ pub(crate) struct StackTable {
     /// Whether an `Exec` event starts a new image in the module map (no tracer does it at its
     /// exec stop: an in-process or `--no-follow` recording).
     images_from_events: bool,
+    /// Where the innermost function of a blocked thread's stack keeps its return address.
+    slots: ReturnSlots,
 }
 
 /// Whether a stack stops early: no frame beyond the allocator's caller, or a frame outside
@@ -73,6 +76,7 @@ impl StackTable {
             short: Vec::new(),
             in_libc: Vec::new(),
             images_from_events,
+            slots: ReturnSlots::default(),
         }
     }
 
@@ -82,16 +86,39 @@ impl StackTable {
         if h.id == 0 {
             return false;
         }
-        let addrs: Vec<u64> = addrs.collect();
-        let (frames, in_libc) = {
-            let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            let frames = modules.frames(h.pid, h.ts, &addrs, true);
-            let in_libc = frames
-                .first()
-                .and_then(|f| modules.module(f.module))
-                .is_some_and(|m| is_c_library(&m.path));
-            (frames, in_libc)
-        };
+        let mut addrs: Vec<u64> = addrs.collect();
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if h.scanned != 0 {
+            let scanned = h.scanned.count_ones() as usize;
+            if addrs.len() >= 2 + scanned {
+                // Of the word at sp and the code words above it, the one in the slot frame 0's
+                // unwind info names is its caller; the rest are locals and stale words. Without
+                // unwind info, the word at sp stays (a frameless function's return address).
+                let ip = modules.frames(h.pid, h.ts, &addrs[..1], true)[0];
+                let path = modules.module(ip.module).map(|m| m.path.clone());
+                let slot = match path {
+                    Some(p) => self.slots.slot(&p, ip.offset),
+                    None => None,
+                };
+                let caller = match slot {
+                    None | Some(0) => Some(addrs[1]),
+                    Some(k) => (k < 16 && h.scanned & (1 << k) != 0).then(|| {
+                        let below = (h.scanned & ((1 << k) - 1)).count_ones() as usize;
+                        addrs[2 + below]
+                    }),
+                };
+                let rest = addrs.split_off(2 + scanned);
+                addrs.truncate(1);
+                addrs.extend(caller.filter(|&a| a != 0));
+                addrs.extend(rest);
+            }
+        }
+        let frames = modules.frames(h.pid, h.ts, &addrs, true);
+        let in_libc = frames
+            .first()
+            .and_then(|f| modules.module(f.module))
+            .is_some_and(|m| is_c_library(&m.path));
+        drop(modules);
         let short = stops_early(&frames);
         let (id, new) = self.interner.intern(Stack {
             frames,
