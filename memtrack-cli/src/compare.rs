@@ -55,14 +55,35 @@ pub enum Format {
     Json,
 }
 
-/// Runs the comparison; see the module docs for the exit codes.
-pub fn run(
-    base: &Path,
-    head: &Path,
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// The baseline: an artifact or a directory of them.
+    base: PathBuf,
+    /// The candidate: an artifact or a directory of them.
+    head: PathBuf,
+    /// Growth allowed before a metric counts as regressed, with its % sign (`3%`, `0.5%`;
+    /// a bare number is refused). Growth from 0 is always a regression; any shrinking is an
+    /// improvement.
+    #[arg(long, default_value = "3%", value_parser = |s: &str| s.parse::<Threshold>())]
     threshold: Threshold,
+    /// Which metric to gate on.
+    #[arg(long, value_enum, default_value_t = MetricArg::All)]
     metric: MetricArg,
+    /// Output format (markdown is ready for a CI job summary).
+    #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
-) -> memtrack::Result<ExitCode> {
+}
+
+/// Runs the comparison; see the module docs for the exit codes.
+pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+    let Args {
+        base,
+        head,
+        threshold,
+        metric,
+        format,
+    } = args;
+    let (base, head) = (base.as_path(), head.as_path());
     // The two sides are read at once, on two threads (each decodes on the rayon pool too).
     let load = |path: &Path, side: &str| {
         let (mut errors, mut sites) = (Vec::new(), SiteSets::new());

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use fxprof_processed_profile as fx;
@@ -26,8 +26,46 @@ pub enum Format {
     Firefox,
 }
 
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// The artifact.
+    file: PathBuf,
+    /// The format.
+    #[arg(long, value_enum)]
+    format: Format,
+    /// Output file.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// What a site weighs in the folded stacks (the other formats carry every number).
+    #[arg(long, value_enum, default_value_t = Metric::Bytes)]
+    metric: Metric,
+    /// With `--format folded`: the lock waits (a recording made with `record --locks`)
+    /// instead of the allocations, weighted by the microseconds waited (the stacks
+    /// `flamegraph --locks` draws).
+    #[arg(long, conflicts_with = "metric")]
+    locks: bool,
+    /// With `--locks`: the classes of lock waits written (comma-separated; default all).
+    #[arg(long, value_enum, value_delimiter = ',', requires = "locks")]
+    class: Vec<crate::locks::LockClass>,
+}
+
+/// Writes the call sites, or with `--locks` the lock waits, in the format asked for.
+pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+    match (args.locks, args.format) {
+        (true, Format::Folded) => {
+            run_locks(&args.file, &args.output, crate::lock_classes(&args.class))
+        }
+        (true, _) => Err(memtrack::Error::InvalidOption(
+            "--locks exports the lock waits as folded stacks only: use --format folded \
+             (the other formats are of the allocations)"
+                .into(),
+        )),
+        (false, _) => run_sites(&args.file, args.format, &args.output, args.metric),
+    }
+}
+
 /// Reads `file` and writes it in `format` to `output`.
-pub fn run(
+fn run_sites(
     file: &Path,
     format: Format,
     output: &Path,
@@ -66,7 +104,7 @@ pub fn run(
 /// Reads the lock waits of `file` and writes the folded stacks of its contended call sites of
 /// `classes` to `output` (see [`crate::locks::folded`]), refused as `memtrack locks` refuses a
 /// recording.
-pub fn run_locks(
+fn run_locks(
     file: &Path,
     output: &Path,
     classes: &[crate::locks::LockClass],

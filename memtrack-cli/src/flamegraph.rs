@@ -30,8 +30,45 @@ fn colour(c: Class) -> Color {
     Color { r, g, b }
 }
 
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// The artifact.
+    #[arg(required_unless_present = "diff", conflicts_with = "diff")]
+    file: Option<PathBuf>,
+    /// Draw how HEAD differs from BASE instead: two artifacts with call stacks.
+    #[arg(long, num_args = 2, value_names = ["BASE", "HEAD"])]
+    pub(crate) diff: Option<Vec<PathBuf>>,
+    /// Output SVG file.
+    #[arg(short, long, default_value = "flame.svg")]
+    output: PathBuf,
+    /// What a site weighs: bytes allocated, allocations, bytes live at the peak, or
+    /// bytes still live at the end.
+    #[arg(long, value_enum, default_value_t = Metric::Bytes)]
+    metric: Metric,
+    /// Draw the lock waits (a recording made with `record --locks`) instead of the
+    /// allocations: each contended call site's stack above the lock call, its lock's
+    /// class on top, weighted by the microseconds waited there.
+    #[arg(long, conflicts_with_all = ["diff", "metric"])]
+    locks: bool,
+    /// With `--locks`: the classes of lock waits drawn (comma-separated; default all).
+    #[arg(long, value_enum, value_delimiter = ',', requires = "locks")]
+    class: Vec<LockClass>,
+}
+
+/// Draws what `args` asks for: the call sites, the lock waits or a differential flame graph.
+pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+    match (args.diff.as_deref(), args.file) {
+        (Some([base, head]), _) => run_diff(base, head, &args.output, args.metric),
+        (_, Some(file)) if args.locks => {
+            run_locks(&file, &args.output, crate::lock_classes(&args.class))
+        }
+        (_, Some(file)) => run_sites(&file, &args.output, args.metric),
+        _ => unreachable!("clap requires FILE or --diff BASE HEAD"),
+    }
+}
+
 /// Reads `file` and writes its flame graph to `output`.
-pub fn run(file: &Path, output: &Path, metric: Metric) -> memtrack::Result<ExitCode> {
+fn run_sites(file: &Path, output: &Path, metric: Metric) -> memtrack::Result<ExitCode> {
     let reader = Reader::open(file)?;
     let out = Output::create(output)?;
     let cs = CallSites::read(&reader, file, "reading call sites")?;
@@ -102,7 +139,7 @@ fn draw(
 /// the lock's class on top, as wide as the time waited there (µs); the frames coloured by
 /// whose code they are, as the call sites' flame graph does, the class frames red. Refused
 /// as `memtrack locks` refuses a recording (without context switches, with lost events).
-pub fn run_locks(file: &Path, output: &Path, classes: &[LockClass]) -> memtrack::Result<ExitCode> {
+fn run_locks(file: &Path, output: &Path, classes: &[LockClass]) -> memtrack::Result<ExitCode> {
     let (waits, name) = crate::locks::read_with_name(file)?;
     let out = Output::create(output)?;
     let lines = crate::locks::folded(&waits, classes);
@@ -193,12 +230,7 @@ fn empty_svg(title: &str, why: &str, svg: &mut Vec<u8>) -> std::io::Result<()> {
 /// `head` differs from `base` to `output`. Refuses, before writing anything, an input that
 /// cannot stand for its program: incomplete, with lost events or processes not covered, or
 /// without call stacks.
-pub fn run_diff(
-    base: &Path,
-    head: &Path,
-    output: &Path,
-    metric: Metric,
-) -> memtrack::Result<ExitCode> {
+fn run_diff(base: &Path, head: &Path, output: &Path, metric: Metric) -> memtrack::Result<ExitCode> {
     // Both refused or read before the output is created: a refusal leaves nothing behind.
     let (rb, rh) = (open_whole(base)?, open_whole(head)?);
     let (sb, sh) = std::thread::scope(|s| {

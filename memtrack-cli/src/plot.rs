@@ -7,7 +7,7 @@
 //! of 3, 2 cores shared with other work; `memtrack show` on it takes 0.42 s).
 
 use std::io::Write;
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memtrack::{
@@ -30,8 +30,28 @@ pub struct Size {
     pub height: u32,
 }
 
-/// Reads `file` and writes the chart to `output`.
-pub fn run(file: &Path, output: &Path, size: Size) -> memtrack::Result<ExitCode> {
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// The artifact.
+    file: PathBuf,
+    /// Output SVG file.
+    #[arg(short, long, default_value = "heap.svg")]
+    output: PathBuf,
+    /// Image width in pixels (also the number of time columns the events are folded into).
+    #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(200..=16384))]
+    width: u32,
+    /// Image height in pixels.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(150..=16384))]
+    height: u32,
+}
+
+/// Reads `args.file` and writes the chart to `args.output`.
+pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+    let (file, output) = (args.file.as_path(), args.output.as_path());
+    let size = Size {
+        width: args.width,
+        height: args.height,
+    };
     let reader = Reader::open(file)?;
     // Refused targets (a directory, another user's link) fail before the work.
     let out = Output::create(output)?;

@@ -7,6 +7,7 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use memtrack::{
     analysis::Analyzer, analysis::KindCounts, analysis::Site, analysis::SiteAnalyzer,
@@ -17,6 +18,61 @@ use memtrack::{
 use serde::Serialize;
 
 use crate::{processes, progress, tables};
+
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// The artifact.
+    file: PathBuf,
+    /// Machine-readable JSON on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Add the per-thread table (`per_thread` in JSON). Frees count in the freeing thread.
+    #[arg(long)]
+    threads: bool,
+    /// Add the N top call sites, DHAT-style, each with its stack (`top_sites` in JSON):
+    /// allocations and bytes, blocks live at the heap's peak and at the end.
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
+    /// What `--top` ranks sites by: bytes allocated, allocations, bytes live at the peak,
+    /// or bytes still live at the end (leaked).
+    #[arg(long, value_enum, default_value_t = By::Bytes, requires = "top")]
+    by: By,
+}
+
+/// `show --by`: the orders of `memtrack::analysis::SiteOrder`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum By {
+    Bytes,
+    Allocations,
+    Peak,
+    Leaked,
+}
+
+impl By {
+    fn order(self) -> SiteOrder {
+        match self {
+            By::Bytes => SiteOrder::Bytes,
+            By::Allocations => SiteOrder::Allocations,
+            By::Peak => SiteOrder::Peak,
+            By::Leaked => SiteOrder::Leaked,
+        }
+    }
+}
+
+/// Prints `args.file`'s metadata and totals, as a table or JSON.
+pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+    let path = &args.file;
+    let top = args.top.map(|n| (n, args.by.order()));
+    let reader = Reader::open(path)?;
+    let recovered = crate::warn_if_recovered(&reader);
+    let report = ShowReport::read(&reader, path, !recovered, args.threads, top)?;
+    crate::out(&if args.json {
+        json(&report)
+    } else {
+        text(&report)
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
 
 /// Everything `show` prints about one artifact. Serialized as is by `show --json`.
 #[derive(Debug, Serialize)]
