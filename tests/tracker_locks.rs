@@ -306,10 +306,7 @@ fn mutex_waits_match_what_the_threads_measure(threads: usize, kind: MutexKind) {
     // Contended for real: while one thread holds the lock the others wait, but a thread that
     // the scheduler starts late (a loaded machine) does not wait for the holds before its
     // first lock(), so only a quarter of one thread's 20 holds of 2 ms is certain.
-    assert!(
-        total >= 5 * 2_000_000,
-        "{total} ns of waits: no contention"
-    );
+    assert!(total >= 5 * 2_000_000, "{total} ns of waits: no contention");
 }
 
 /// Threads sleeping 10 ms × 100: `sleep_ns` ≈ 1 s each (at least 1 s, at most what they
