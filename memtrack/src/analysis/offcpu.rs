@@ -128,6 +128,8 @@ struct Thread {
     created: Option<u64>,
     /// When it ended, if its [`EventKind::ThreadExit`] came.
     exited: Option<u64>,
+    /// An [`EventKind::Exec`] of it came.
+    execed: bool,
 }
 
 /// Pairs switch events into [`OffCpu`]: feed every event of a recording in time order with
@@ -166,6 +168,7 @@ impl OffCpuBuilder {
             },
             created: None,
             exited: None,
+            execed: false,
         })
     }
 
@@ -179,6 +182,30 @@ impl OffCpuBuilder {
         let start = self.start;
         let mut bad = false;
         let th = self.thread(e.pid, e.tid);
+        // A thread that existed before the window and executes a program: what ran before is
+        // the recorder's own child waiting to be released (`record`'s fork); the program's
+        // life, and the row, begin at its first exec. A thread created in the window (a
+        // followed fork) keeps its time before the exec: the program ran it.
+        if e.kind == EventKind::Exec
+            && th.created.is_none()
+            && !th.execed
+            && matches!(th.state, State::Unseen | State::On { .. })
+        {
+            th.time = ThreadTime {
+                pid: e.pid,
+                tid: e.tid,
+                ..ThreadTime::default()
+            };
+            th.created = Some(e.ts.max(start));
+            th.execed = true;
+            th.state = State::On {
+                since: e.ts.max(start),
+            };
+            return;
+        }
+        if e.kind == EventKind::Exec {
+            th.execed = true;
+        }
         let t = &mut th.time;
         th.state = match (th.state, e.kind) {
             // Runnable from its creation until its first switch-in: an interval with no stack,
@@ -453,6 +480,39 @@ mod tests {
         let t8 = &r.threads[1];
         assert_eq!((t8.start, t8.end), (100, 1_000));
         assert_eq!(t8.before_first_switch_in_ns + t8.cpu_ns, 900);
+    }
+
+    /// `record`'s command existed before the window, waiting in memtrack's fork to be
+    /// released: its row begins at its first exec, so that wait is not its "other" time. A
+    /// second exec (the program running another) and a thread created in the window (a
+    /// followed fork) keep their time before it.
+    #[test]
+    fn a_command_begins_at_its_first_exec() {
+        let ev = |ts, tid, kind| Event::new(ts, 1, tid, kind);
+        let r = run(
+            0,
+            &[
+                // The root (7): off in memtrack's fork until released, then its program; a
+                // followed fork (9), created in the window.
+                out(10, 7, false, 1),
+                ev(300, 9, EventKind::ThreadStart),
+                inn(310, 9),
+                ev(350, 9, EventKind::Exec),
+                inn(400, 7),
+                ev(410, 7, EventKind::Exec),
+                out(500, 7, false, 2),
+                inn(600, 7),
+                ev(700, 7, EventKind::Exec),
+            ],
+            1_000,
+        );
+        assert_eq!(r.inconsistent, 0);
+        let root = r.threads.iter().find(|t| t.tid == 7).unwrap();
+        assert_eq!((root.start, root.end), (410, 1_000));
+        assert_eq!((root.cpu_ns, root.off_cpu_ns), (90 + 400, 100));
+        assert_eq!(root.intervals.len(), 1);
+        let fork = r.threads.iter().find(|t| t.tid == 9).unwrap();
+        assert_eq!((fork.start, fork.cpu_ns, fork.off_cpu_ns), (300, 690, 10));
     }
 
     /// An event of a thread after its exit contradicts it: counted.
