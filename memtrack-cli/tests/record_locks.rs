@@ -3,6 +3,8 @@
 //! `harness = false` (memtrack-test-support's runner): every test needs CAP_BPF +
 //! CAP_PERFMON, and without them is reported as ignored with what is missing.
 
+use std::ffi::OsStr;
+use std::path::Path;
 use std::process::Command;
 
 use memtrack_test_support::{Need, TRACKER, record_lost_switches, requires, run};
@@ -11,15 +13,13 @@ fn memtrack() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memtrack"))
 }
 
-/// `sleep 0.2` recorded with `--locks`: `locks --json` gives its one thread 200 ms of sleep
-/// (at least, and at most the window), no lock wait, and the table names it.
-fn a_sleeping_command_sleeps() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("sleep.memtrack");
+/// `memtrack record --locks -o FILE -- COMMAND…`, which must succeed.
+fn record_locks(file: &Path, command: &[&OsStr]) {
     let st = memtrack()
         .args(["record", "--locks", "-o"])
-        .arg(&file)
-        .args(["--", "sleep", "0.2"])
+        .arg(file)
+        .arg("--")
+        .args(command)
         .output()
         .unwrap();
     assert!(
@@ -27,6 +27,14 @@ fn a_sleeping_command_sleeps() {
         "{}",
         String::from_utf8_lossy(&st.stderr)
     );
+}
+
+/// `sleep 0.2` recorded with `--locks`: `locks --json` gives its one thread 200 ms of sleep
+/// (at least, and at most the window), no lock wait, and the table names it.
+fn a_sleeping_command_sleeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sleep.memtrack");
+    record_locks(&file, &["sleep".as_ref(), "0.2".as_ref()]);
     let out = memtrack()
         .arg("locks")
         .arg(&file)
@@ -61,19 +69,16 @@ fn a_c_programs_pthread_locks_are_classified() {
     let dir = tempfile::tempdir().unwrap();
     let exe = memtrack_test_support::fixtures::pthread_locks(dir.path(), "pthread_locks");
     let file = dir.path().join("c.memtrack");
-    let st = memtrack()
-        .args(["record", "--locks", "-o"])
-        .arg(&file)
-        .arg("--")
-        .arg(&exe)
-        .arg(dir.path().join("measured.txt"))
-        .args(["4", "10", "2000"])
-        .output()
-        .unwrap();
-    assert!(
-        st.status.success(),
-        "{}",
-        String::from_utf8_lossy(&st.stderr)
+    let measured = dir.path().join("measured.txt");
+    record_locks(
+        &file,
+        &[
+            exe.as_os_str(),
+            measured.as_os_str(),
+            "4".as_ref(),
+            "10".as_ref(),
+            "2000".as_ref(),
+        ],
     );
     let text = memtrack().arg("locks").arg(&file).output().unwrap();
     let text = String::from_utf8(text.stdout).unwrap();
