@@ -13,6 +13,22 @@ fn memtrack() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memtrack"))
 }
 
+/// `memtrack locks FILE --json`, which must succeed, parsed.
+fn locks_json(file: &Path) -> serde_json::Value {
+    let out = memtrack()
+        .arg("locks")
+        .arg(file)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// `memtrack record --locks -o FILE -- COMMAND…`, which must succeed.
 fn record_locks(file: &Path, command: &[&OsStr]) {
     let st = memtrack()
@@ -35,18 +51,7 @@ fn a_sleeping_command_sleeps() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("sleep.memtrack");
     record_locks(&file, &["sleep".as_ref(), "0.2".as_ref()]);
-    let out = memtrack()
-        .arg("locks")
-        .arg(&file)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = locks_json(&file);
     let threads = v["threads"].as_array().unwrap();
     assert_eq!(threads.len(), 1, "{v}");
     let t = &threads[0];
@@ -88,13 +93,7 @@ fn a_c_programs_pthread_locks_are_classified() {
             "no {class} site: {text}"
         );
     }
-    let out = memtrack()
-        .arg("locks")
-        .arg(&file)
-        .arg("--json")
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = locks_json(&file);
     let window = v["window_ns"].as_u64().unwrap();
     let workers: Vec<&serde_json::Value> = v["threads"]
         .as_array()
