@@ -154,10 +154,15 @@ fn recorded_with(
     });
     let r = report.expect("finished");
     assert_eq!(
-        r.lost_events, 0,
+        r.lost_events(),
+        0,
         "a run lost events: its figure would be wrong"
     );
-    assert_eq!(r.totals.allocations, n as u64, "every allocation recorded");
+    assert_eq!(
+        r.totals().allocations,
+        n as u64,
+        "every allocation recorded"
+    );
     t
 }
 
@@ -324,7 +329,7 @@ fn burst(dir: &std::path::Path, wrapper: &Allocator) {
         }
     }
     let r = s.finish().expect("finish");
-    assert_eq!(r.lost_events, 0, "the burst session lost events");
+    assert_eq!(r.lost_events(), 0, "the burst session lost events");
     let (bu, br) = (median(bu), median(br));
     println!(
         "  bursts of {BURST} pairs that fit the thread's ring (the cost on the measured thread): \

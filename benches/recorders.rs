@@ -171,8 +171,8 @@ fn child(config: &str, w: &str, n: usize) {
         .expect("session");
     run_workload(w, n);
     let r = s.finish().expect("finish");
-    assert_eq!(r.lost_events, 0, "{config} {w}: lost events");
-    println!("{}", r.totals.allocations);
+    assert_eq!(r.lost_events(), 0, "{config} {w}: lost events");
+    println!("{}", r.totals().allocations);
 }
 
 fn memtrack_bin() -> Option<PathBuf> {

@@ -261,7 +261,11 @@ fn main() {
             own[i].push(ping_pong(rounds));
             if let Some(s) = s {
                 let report = s.finish().expect("finish");
-                assert_eq!(report.lost_events, 0, "events lost: raise the ring buffer");
+                assert_eq!(
+                    report.lost_events(),
+                    0,
+                    "events lost: raise the ring buffer"
+                );
             }
         }
     }

@@ -17,7 +17,7 @@ fn main() -> Result<(), memtrack::Error> {
     }
 
     let report = session.finish()?;
-    let t = &report.totals;
+    let t = &report.totals();
     println!("allocations      {}", t.allocations);
     println!("bytes allocated  {}", t.bytes_allocated);
     println!("peak live bytes  {}", t.peak_live_bytes);
@@ -25,7 +25,7 @@ fn main() -> Result<(), memtrack::Error> {
         "live at end      {} blocks, {} bytes",
         t.live_blocks_at_end, t.live_bytes_at_end
     );
-    println!("lost events      {}", report.lost_events);
+    println!("lost events      {}", report.lost_events());
     for (tid, th) in &t.per_thread {
         println!("thread {tid}: {} allocations", th.allocations);
     }

@@ -37,14 +37,14 @@ fn exact_counts() {
     drop(three_blocks());
     let r = s.finish().unwrap();
     black_box(vec![0u8; 77]); // after: not counted
-    let t = &r.totals;
+    let t = &r.totals();
     assert_eq!((t.allocations, t.bytes_allocated), (3, 1164), "{t:?}");
     assert_eq!((t.frees, t.bytes_freed, t.live_blocks_at_end), (3, 1164, 0));
     assert_eq!(t.kinds.get(memtrack::event::KindTag::Calloc), 1);
-    assert_eq!((r.lost_events, r.backend), (0, Backend::Alloc));
+    assert_eq!((r.lost_events(), r.backend), (0, Backend::Alloc));
     // The report carries the size histogram and the timeline, computed while streaming.
     let sizes: Vec<(u64, u64, u64, u64)> = r
-        .sizes
+        .sizes()
         .iter()
         .map(|c| (c.min, c.max, c.allocations, c.bytes))
         .collect();
@@ -52,11 +52,11 @@ fn exact_counts() {
         sizes,
         vec![(33, 64, 1, 64), (65, 128, 1, 100), (513, 1024, 1, 1000)]
     );
-    let cols: Vec<_> = r.timeline.columns().collect();
+    let cols: Vec<_> = r.timeline().columns().collect();
     assert_eq!(cols.iter().map(|c| c.events).sum::<u64>(), 6);
     assert_eq!(cols.iter().map(|c| c.heap.max).max(), Some(1164));
     assert_eq!(cols.last().map(|c| c.heap.last), Some(0));
-    assert_eq!(r.timeline.first_ts(), t.first_ts);
+    assert_eq!(r.timeline().first_ts(), t.first_ts);
     assert!(
         r.summary_line().contains("Rust allocator only"),
         "{}",
@@ -101,8 +101,8 @@ fn realloc_aligned_and_zeroed_paths() {
         panic!("unexpected events: {kinds:?}");
     };
     assert_eq!((old_addr, f, fp, fz), (m, new_addr, p, z));
-    assert_eq!(r.totals.allocations, 4);
-    assert_eq!(r.totals.live_blocks_at_end, 0);
+    assert_eq!(r.totals().allocations, 4);
+    assert_eq!(r.totals().live_blocks_at_end, 0);
 }
 
 fn threads_that_exit_before_the_end() {
@@ -121,8 +121,8 @@ fn threads_that_exit_before_the_end() {
     let r = s.finish().unwrap();
     let evs = events(&r);
     memtrack_test_support::assert_one_thread_per_size(&evs, 3, 500, 10);
-    let per_thread: u64 = r.totals.per_thread.values().map(|p| p.allocations).sum();
-    assert_eq!(per_thread, r.totals.allocations);
+    let per_thread: u64 = r.totals().per_thread.values().map(|p| p.allocations).sum();
+    assert_eq!(per_thread, r.totals().allocations);
 }
 
 struct AllocatesOnDrop;
@@ -185,7 +185,7 @@ fn threads_outside_the_scope_are_counted_apart() {
     };
     assert_eq!((sized(776), sized(777)), (1, 0), "{}", r.summary_line());
     // Its 10 allocations and 10 frees, and whatever starting the thread allocated in it.
-    assert!(r.out_of_scope >= 20, "{}", r.summary_line());
+    assert!(r.out_of_scope() >= 20, "{}", r.summary_line());
     assert!(
         r.summary_line()
             .contains("allocator calls of other threads not counted"),
@@ -201,7 +201,7 @@ fn threads_outside_the_scope_are_counted_apart() {
         .unwrap();
     spawn_unscoped();
     let r = s.finish().unwrap();
-    assert_eq!(r.out_of_scope, 0);
+    assert_eq!(r.out_of_scope(), 0);
     assert!(
         r.summary_line().contains("scope: whole process"),
         "{}",
@@ -421,7 +421,10 @@ fn expectations_and_in_memory_sessions() {
     expectation_kept_body();
     let r = s.finish().expect("exactly 3 allocations, 3 blocks at once");
     assert_eq!(r.path, None);
-    assert_eq!((r.totals.allocations, r.totals.peak_live_blocks), (3, 3));
+    assert_eq!(
+        (r.totals().allocations, r.totals().peak_live_blocks),
+        (3, 3)
+    );
     assert!(!dir.join("alloc_builder_expect.memtrack").exists());
 
     let s = builder().min_allocations(4).start().unwrap();

@@ -313,7 +313,7 @@ fn builder_limits_return_the_report_and_every_violation() {
          live at end 1 block (1,000 B) with no_leaks"
     );
     assert_eq!(
-        (report.allocations(), report.totals.live_bytes_at_end),
+        (report.allocations(), report.totals().live_bytes_at_end),
         (3, 1000)
     );
     // The artifact, counted from its events by the test: the same three blocks, one still live.

@@ -19,7 +19,7 @@ fn contended(builder: impl Fn() -> SessionBuilder, threads: usize) -> Report {
     let session = builder().quiet(true).lock_waits(true).start().unwrap();
     memtrack_test_support::take_turns(threads, 10, Duration::from_millis(2));
     let report = session.finish().unwrap();
-    assert_eq!(report.lost_events, 0);
+    assert_eq!(report.lost_events(), 0);
     if let Err(e) = report.lock_waits().expect("asked for") {
         panic!("lock waits refused: {e}");
     }

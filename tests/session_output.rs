@@ -85,7 +85,7 @@ fn report_sites_are_read_from_the_artifact() {
     let sites = report.sites().expect("a file").expect("read");
     assert!(sites.has_stacks());
     assert!(sites.no_stack().is_none(), "an allocation without a stack");
-    let t = &report.totals;
+    let t = &report.totals();
     assert!(t.allocations >= 10, "{}", t.allocations);
     let sum = |f: fn(&memtrack::analysis::Site) -> u64| sites.sites.iter().map(f).sum::<u64>();
     assert_eq!(

@@ -367,11 +367,11 @@ fn session(name: &str) -> memtrack::Session {
 
 fn finish(s: memtrack::Session, pairs: u64) -> u64 {
     let r = s.finish().expect("finishing the session");
-    assert_eq!(r.lost_events, 0, "events lost");
-    assert!(r.totals.allocations >= pairs, "every allocation recorded");
+    assert_eq!(r.lost_events(), 0, "events lost");
+    assert!(r.totals().allocations >= pairs, "every allocation recorded");
     let path = r.path.as_deref().expect("the session wrote an artifact");
     let _ = std::fs::remove_dir_all(path.parent().expect("a directory"));
-    r.totals.allocations
+    r.totals().allocations
 }
 
 fn alloc_record(reps: u64, m: &mut Measure) -> u64 {

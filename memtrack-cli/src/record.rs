@@ -219,7 +219,7 @@ fn summarize(out: &memtrack::tracker::RecordOutcome, written: &Path, ringbuf_mib
 fn report_processes(out: &memtrack::tracker::RecordOutcome) {
     let table = processes::table(
         &out.processes,
-        out.unfollowed_processes,
+        out.recorded.unfollowed_processes,
         &out.recorded.written.per_process,
     );
     if !out.processes.is_empty() {
@@ -234,7 +234,7 @@ fn report_processes(out: &memtrack::tracker::RecordOutcome) {
         .iter()
         .filter(|p| p.uncovered.is_some())
         .count() as u64
-        + out.unfollowed_processes;
+        + out.recorded.unfollowed_processes;
     if uncovered > 0 {
         eprintln!(
             "memtrack: warning: {} not covered: the totals are not the whole command's, and the file is refused as a baseline (verify and compare fail)",

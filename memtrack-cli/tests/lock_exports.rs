@@ -27,7 +27,7 @@ fn contended(dir: &Path, threads: usize) -> PathBuf {
         .expect("an eBPF session with lock waits");
     memtrack_test_support::take_turns(threads, 10, Duration::from_millis(2));
     let report = session.finish().unwrap();
-    assert_eq!(report.lost_events, 0);
+    assert_eq!(report.lost_events(), 0);
     let path = report.path.clone().unwrap();
     let out = memtrack(&["locks", s(&path), "--json"]);
     assert!(out.status.success(), "{}", text(&out));

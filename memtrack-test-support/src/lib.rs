@@ -321,7 +321,7 @@ pub fn check_sequential_sessions(start: impl Fn(&str) -> memtrack::Session) {
             "{name}: {}",
             report.summary_line()
         );
-        assert_eq!(report.lost_events, 0);
+        assert_eq!(report.lost_events(), 0);
         let path = report.path.as_ref().expect("written to a file");
         let events: Vec<Event> = memtrack::artifact::Reader::open(path)
             .expect("artifact")
@@ -370,7 +370,11 @@ pub fn check_stats_mid_session(s: memtrack::Session) {
     let r = s.finish().expect("finish");
     // Taking the snapshots allocated and freed nothing on this thread.
     assert_eq!(
-        (r.allocations(), r.totals.frees, r.totals.live_blocks_at_end),
+        (
+            r.allocations(),
+            r.totals().frees,
+            r.totals().live_blocks_at_end
+        ),
         (2, 2, 0),
         "{}",
         r.summary_line()

@@ -51,6 +51,34 @@ pub struct Recorded {
     pub stacks_not_remembered: u64,
 }
 
+impl Recorded {
+    /// A recording of nothing but `totals` (nothing lost, no stacks): for tests of what reads
+    /// a result.
+    #[cfg(test)]
+    pub(crate) fn of_totals(totals: crate::analysis::Totals) -> Self {
+        Recorded {
+            written: Written {
+                frames: 0,
+                events: 0,
+                bytes: 0,
+                totals,
+                sizes: Vec::new(),
+                timeline: crate::analysis::Timeline::growing(1).unwrap(),
+                per_process: Default::default(),
+            },
+            lost_events: 0,
+            out_of_scope: 0,
+            unfollowed_processes: 0,
+            stacks: 0,
+            short_stacks: 0,
+            short_stacks_in_libc: 0,
+            truncated_stacks: 0,
+            stack_collisions: 0,
+            stacks_not_remembered: 0,
+        }
+    }
+}
+
 /// Why a recorder could not be made ready, start, answer or stop: the failing backend's own
 /// error (composed into the crate's `Error` as it is).
 #[derive(Debug, thiserror::Error)]

@@ -9,9 +9,11 @@ use crate::artifact::{Backend, FormatError, Reader};
 use crate::human;
 use crate::limits::{Violation, describe};
 use crate::locks::{LockWaits, LockWaitsError, WaitClass};
+use crate::recording::Recorded;
 use crate::scope::Scope;
 
-/// What a session measured: the totals of `memtrack show`, computed while streaming.
+/// What a session measured: what the recorder returned ([`Report::recorded`], which holds what
+/// the encoder wrote, computed while streaming), and what the session knows of itself.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Report {
@@ -19,50 +21,72 @@ pub struct Report {
     pub name: String,
     /// The artifact; `None` for an in-memory session (`SessionBuilder::in_memory`).
     pub path: Option<PathBuf>,
-    /// Totals over every event (see the accounting rules in [`Totals`]), with per-thread totals.
-    pub totals: Totals,
-    /// Allocations by size class, the non-empty classes, smallest first (what `memtrack show`
-    /// tabulates), computed while streaming.
-    pub sizes: Vec<SizeClass>,
-    /// Live heap and mapped bytes over the session, downsampled to
-    /// [`TIMELINE_COLUMNS`](crate::encode::TIMELINE_COLUMNS) columns without losing extremes (the
-    /// column holding the peak has it as its `heap.max`), computed while streaming.
-    pub timeline: Timeline,
-    /// Events lost because the ring buffer was full: non-zero means the numbers are incomplete.
-    pub lost_events: u64,
     /// Wall-clock time the session recorded.
     pub duration: Duration,
-    /// Events recorded.
-    pub events: u64,
-    /// Size of the artifact in bytes.
-    pub artifact_bytes: u64,
     /// The recorder that produced it.
     pub backend: Backend,
     /// Which threads were recorded.
     pub scope: Scope,
-    /// Allocator calls (allocations and frees) of threads of this process outside the
-    /// session's [`Scope::Threads`] scope while it recorded: not recorded, not in the totals.
-    /// Non-zero means other threads were busy (parallel tests), or that work of the measured
-    /// code ran on threads that existed before the session (use [`Scope::Process`]) or, with
-    /// the allocator recorder, were spawned without `in_session`.
-    pub out_of_scope: u64,
     /// Iterations of a measured routine the session covers, if declared
     /// (`Session::set_iterations`): then allocations and bytes are also given per iteration.
     pub iterations: Option<u64>,
-    /// Heap allocations whose call stack stops early: no frame beyond the allocation site, or
-    /// a frame outside the mapped code (code built without frame pointers; also in the
-    /// artifact's trailer, [`Final::short_stacks`](crate::artifact::Final::short_stacks)). The summary
-    /// line says how to fix it when they are a significant share
-    /// ([`Report::short_stacks_note`]).
-    pub short_stacks: u64,
-    /// Of [`Report::short_stacks`], those whose call site is in the C library (its own
-    /// allocations, such as stdio buffers: no rebuild of the program gives them callers).
-    pub short_stacks_in_libc: u64,
+    /// What the recorder returned: the encoder's totals, size classes and timeline
+    /// ([`Recorded::written`]), lost and out-of-scope events, stack counts.
+    pub recorded: Recorded,
     /// The session's lock waits, when it recorded them ([`Report::lock_waits`]).
     pub(crate) lock_waits: Option<Result<LockWaits, Arc<LockWaitsError>>>,
 }
 
 impl Report {
+    /// Totals over every event (see the accounting rules in [`Totals`]), with per-thread totals.
+    pub fn totals(&self) -> &Totals {
+        &self.recorded.written.totals
+    }
+
+    /// Allocations by size class, the non-empty classes, smallest first (what `memtrack show`
+    /// tabulates).
+    pub fn sizes(&self) -> &[SizeClass] {
+        &self.recorded.written.sizes
+    }
+
+    /// Live heap and mapped bytes over the session, downsampled to
+    /// [`TIMELINE_COLUMNS`](crate::encode::TIMELINE_COLUMNS) columns without losing extremes (the
+    /// column holding the peak has it as its `heap.max`).
+    pub fn timeline(&self) -> &Timeline {
+        &self.recorded.written.timeline
+    }
+
+    /// Events lost because the ring buffer was full: non-zero means the numbers are incomplete.
+    pub fn lost_events(&self) -> u64 {
+        self.recorded.lost_events
+    }
+
+    /// Events recorded.
+    pub fn events(&self) -> u64 {
+        self.recorded.written.events
+    }
+
+    /// Size of the artifact in bytes.
+    pub fn artifact_bytes(&self) -> u64 {
+        self.recorded.written.bytes
+    }
+
+    /// Allocator calls (allocations and frees) of threads of this process outside the
+    /// session's [`Scope::Threads`] scope while it recorded: not recorded, not in the totals.
+    /// Non-zero means other threads were busy (parallel tests), or that work of the measured
+    /// code ran on threads that existed before the session (use [`Scope::Process`]) or, with
+    /// the allocator recorder, were spawned without `in_session`.
+    pub fn out_of_scope(&self) -> u64 {
+        self.recorded.out_of_scope
+    }
+
+    /// Heap allocations whose call stack stops early (see [`Recorded::short_stacks`]). The
+    /// summary line says how to fix it when they are a significant share
+    /// ([`Report::short_stacks_note`]).
+    pub fn short_stacks(&self) -> u64 {
+        self.recorded.short_stacks
+    }
+
     /// The lock waits of a session that recorded them (`SessionBuilder::lock_waits`): per
     /// thread, by contended call site, and summed ([`LockWaits::totals`], which the summary line
     /// prints), from the same off-CPU intervals as `memtrack locks` reads from the artifact.
@@ -79,17 +103,17 @@ impl Report {
 
     /// Successful calls returning a heap block.
     pub fn allocations(&self) -> u64 {
-        self.totals.allocations
+        self.totals().allocations
     }
 
     /// Bytes requested by those calls.
     pub fn bytes_allocated(&self) -> u64 {
-        self.totals.bytes_allocated
+        self.totals().bytes_allocated
     }
 
     /// Maximum of live heap bytes.
     pub fn peak_live_bytes(&self) -> u64 {
-        self.totals.peak_live_bytes
+        self.totals().peak_live_bytes
     }
 
     /// The call sites of the session's allocations (DHAT's per-stack numbers: see [`Sites`]),
@@ -120,16 +144,16 @@ impl Report {
     /// the session and not freed by its end; "events lost" counts events the recorder dropped
     /// (non-zero: every number is incomplete).
     pub fn summary_line(&self) -> String {
-        let t = &self.totals;
-        let lost = if self.lost_events == 0 {
+        let t = self.totals();
+        let lost = if self.lost_events() == 0 {
             "no events lost".to_string()
         } else {
             format!(
                 "{} LOST (the numbers are incomplete: raise the ring buffer size)",
-                human::plural(self.lost_events, "event", "events")
+                human::plural(self.lost_events(), "event", "events")
             )
         };
-        let scope = match (self.scope, self.out_of_scope) {
+        let scope = match (self.scope, self.out_of_scope()) {
             (Scope::Process, _) => "scope: whole process".to_string(),
             (Scope::Threads, 0) => format!("scope: {}", self.scope),
             (Scope::Threads, n) => format!(
@@ -172,9 +196,9 @@ impl Report {
     /// ([`human::short_stacks_note`]).
     pub fn short_stacks_note(&self) -> Option<String> {
         human::short_stacks_note(
-            self.short_stacks,
-            self.short_stacks_in_libc,
-            self.totals.allocations,
+            self.short_stacks(),
+            self.recorded.short_stacks_in_libc,
+            self.totals().allocations,
         )
     }
 
@@ -259,29 +283,23 @@ mod tests {
     use crate::limits::Limits;
 
     pub(super) fn report(allocations: u64, live_blocks: u64, lost_events: u64) -> Report {
+        let mut recorded = Recorded::of_totals(Totals {
+            allocations,
+            bytes_allocated: 1_572_864,
+            peak_live_bytes: 1536,
+            live_blocks_at_end: live_blocks,
+            live_bytes_at_end: 48,
+            ..Default::default()
+        });
+        recorded.lost_events = lost_events;
         Report {
             name: "parse".into(),
             path: Some(PathBuf::from("t/parse.memtrack")),
-            totals: Totals {
-                allocations,
-                bytes_allocated: 1_572_864,
-                peak_live_bytes: 1536,
-                live_blocks_at_end: live_blocks,
-                live_bytes_at_end: 48,
-                ..Default::default()
-            },
-            lost_events,
             duration: Duration::ZERO,
-            events: 0,
-            artifact_bytes: 0,
-            sizes: Vec::new(),
-            timeline: Timeline::growing(1).unwrap(),
             backend: Backend::Ebpf,
             scope: Scope::Threads,
-            out_of_scope: 0,
             iterations: None,
-            short_stacks: 0,
-            short_stacks_in_libc: 0,
+            recorded,
             lock_waits: None,
         }
     }
@@ -311,7 +329,7 @@ mod tests {
             r.summary_line()
         );
         // Short call stacks are not the summary line's: its own note says them, once.
-        r.short_stacks = 2;
+        r.recorded.short_stacks = 2;
         assert!(!r.summary_line().contains("short"), "{}", r.summary_line());
     }
 
@@ -320,13 +338,13 @@ mod tests {
     #[test]
     fn short_stacks_note_is_the_reports_share() {
         let mut r = report(200, 0, 0);
-        r.short_stacks = 2;
+        r.recorded.short_stacks = 2;
         assert!(
             r.short_stacks_note()
                 .unwrap()
                 .starts_with("2 of 200 allocations (1.0 %)")
         );
-        r.short_stacks_in_libc = 1;
+        r.recorded.short_stacks_in_libc = 1;
         assert_eq!(r.short_stacks_note(), None);
     }
 
@@ -389,14 +407,14 @@ mod tests {
     #[test]
     fn limits_message_shows_every_violation_with_exact_numbers() {
         let mut r = report(1234, 3, 0);
-        r.totals.bytes_allocated = 2_000_000;
-        r.totals.live_bytes_at_end = 96;
+        r.recorded.written.totals.bytes_allocated = 2_000_000;
+        r.recorded.written.totals.live_bytes_at_end = 96;
         let l = Limits::new()
             .max_allocations(1000)
             .max_bytes(1_048_576)
             .no_leaks();
         assert_eq!(
-            r.limits_message(&l.check(&r.totals, r.lost_events)),
+            r.limits_message(&l.check(r.totals(), r.lost_events())),
             "memtrack: parse — allocations 1,234 > max_allocations 1,000; \
              bytes allocated 2,000,000 B > max_bytes 1,048,576 B; \
              live at end 3 blocks (96 B) with no_leaks → t/parse.memtrack"

@@ -35,7 +35,7 @@ use crate::recording::Counter;
 use crate::recording::{Options, Recorder, Recording};
 use crate::report::Report;
 use crate::scope::Scope;
-use crate::tracker::{ProbeHold, Recorded, Tracker};
+use crate::tracker::{ProbeHold, Tracker};
 use lifecycle::{Lifecycle, Refused, Turn};
 
 /// The sessions of this process take turns (each recorder records one session at a time); a
@@ -587,20 +587,6 @@ impl Session {
         };
         let output = self.output.take();
         let result = recording.stop().map_err(Error::from).and_then(|recorded| {
-            let Recorded {
-                written,
-                lost_events,
-                out_of_scope,
-                // Sessions record this process: it follows no other.
-                unfollowed_processes: _,
-                // In the artifact's trailer (`memtrack show` reports them).
-                stacks: _,
-                short_stacks,
-                short_stacks_in_libc,
-                truncated_stacks: _,
-                stack_collisions: _,
-                stacks_not_remembered: _,
-            } = recorded;
             if let Some(output) = output {
                 output.commit()?;
             }
@@ -611,19 +597,11 @@ impl Session {
             Ok(Report {
                 name: self.name.clone(),
                 path: self.path.clone(),
-                lost_events,
                 duration,
-                events: written.events,
-                artifact_bytes: written.bytes,
-                totals: written.totals,
-                sizes: written.sizes,
-                timeline: written.timeline,
                 backend: self.meta.backend,
                 scope: self.scope,
-                out_of_scope,
                 iterations: self.iterations,
-                short_stacks,
-                short_stacks_in_libc,
+                recorded,
                 lock_waits,
             })
         });
@@ -644,7 +622,7 @@ impl Session {
 
 /// `Ok(report)` if it keeps `limits`, else [`Error::LimitExceeded`] with it.
 fn enforce(limits: &Limits, report: Report) -> Result<Report> {
-    let violations = limits.check(&report.totals, report.lost_events);
+    let violations = limits.check(report.totals(), report.lost_events());
     if violations.is_empty() {
         Ok(report)
     } else {
@@ -728,6 +706,7 @@ pub(crate) fn default_output_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::recording::Recorded;
 
     #[test]
     fn backend_names_parse_and_typos_say_the_choices() {
@@ -752,22 +731,14 @@ mod tests {
         let r = Report {
             name: "parse".into(),
             path: None,
-            totals: crate::analysis::Totals {
-                allocations: 2,
-                ..Default::default()
-            },
-            lost_events: 0,
             duration: std::time::Duration::ZERO,
-            events: 0,
-            artifact_bytes: 0,
-            sizes: Vec::new(),
-            timeline: crate::analysis::Timeline::growing(1).unwrap(),
             backend: Backend::Ebpf,
             scope: Scope::Threads,
-            out_of_scope: 0,
             iterations: None,
-            short_stacks: 0,
-            short_stacks_in_libc: 0,
+            recorded: Recorded::of_totals(crate::analysis::Totals {
+                allocations: 2,
+                ..Default::default()
+            }),
             lock_waits: None,
         };
         assert!(enforce(&Limits::new().max_allocations(2), r.clone()).is_ok());

@@ -166,8 +166,8 @@ macro_rules! suite {
                     "{}",
                     r.summary_line()
                 );
-                assert_eq!(r.totals.live_blocks_at_end, 0, "{}", r.summary_line());
-                assert_eq!(r.lost_events, 0);
+                assert_eq!(r.totals().live_blocks_at_end, 0, "{}", r.summary_line());
+                assert_eq!(r.lost_events(), 0);
             }
         )*
         $(
@@ -197,13 +197,13 @@ macro_rules! suite {
                 );
                 // Each spawned thread is recorded as a thread of its own.
                 let workers = r
-                    .totals
+                    .totals()
                     .per_thread
                     .values()
                     .filter(|t| t.allocations >= $scount)
                     .count();
-                assert_eq!(workers, $threads, "{:?}", r.totals.per_thread);
-                assert_eq!(r.lost_events, 0);
+                assert_eq!(workers, $threads, "{:?}", r.totals().per_thread);
+                assert_eq!(r.lost_events(), 0);
             }
         )*
 

@@ -56,9 +56,6 @@ pub struct RecordOutcome {
     /// Every process recorded, in the order they started (the command's first); empty with
     /// [`CommandOptions::follow`] off.
     pub processes: Vec<ProcessInfo>,
-    /// Processes started by the recorded ones and not followed at all (with
-    /// [`CommandOptions::follow`] off).
-    pub unfollowed_processes: u64,
 }
 
 /// Who the recorded command runs as; see the module docs for what it never inherits.
@@ -1128,7 +1125,6 @@ fn finish<W: Write + Send + 'static>(
     Ok(RecordOutcome {
         pid,
         exit_code,
-        unfollowed_processes: recorded.unfollowed_processes,
         processes: ran.processes,
         recorded,
     })
