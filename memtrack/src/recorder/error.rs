@@ -10,9 +10,6 @@ pub enum RecorderError {
     /// advance): the recorder timestamps events with it.
     #[error("{0}")]
     UnsupportedCpu(&'static str),
-    /// The allocator backend records one session at a time, and one is recording.
-    #[error("the allocator backend is already recording: finish that session first")]
-    AlreadyRecording,
     /// One of the recorder's threads could not start or did not answer in time.
     #[error("{what}: {source}")]
     Io {

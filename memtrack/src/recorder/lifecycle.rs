@@ -123,7 +123,10 @@ pub(super) enum Refused {
 impl From<Refused> for super::RecorderError {
     fn from(r: Refused) -> Self {
         match r {
-            Refused::Busy(_) => super::RecorderError::AlreadyRecording,
+            // Sessions take turns before they start a recorder: a second claim is a bug.
+            Refused::Busy(_) => {
+                super::RecorderError::Internal("a recording started while another one ran")
+            }
             Refused::Invalid(w) => super::RecorderError::Internal(w.transition),
             #[cfg(any(test, feature = "criterion"))]
             Refused::NotCounting => super::RecorderError::Internal("count_end while not counting"),
@@ -430,7 +433,8 @@ mod tests {
         assert_eq!(l.claim(Scope::Process).unwrap().epoch, 2);
         assert_eq!(
             super::super::RecorderError::from(Refused::Busy("recording")).to_string(),
-            super::super::RecorderError::AlreadyRecording.to_string()
+            super::super::RecorderError::Internal("a recording started while another one ran")
+                .to_string()
         );
     }
 

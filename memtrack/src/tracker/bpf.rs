@@ -142,12 +142,11 @@ impl ProbedFile {
 struct Attached {
     /// Every file with probe sites, in the order found.
     files: Vec<ProbedFile>,
-    /// The uprobe links while they are attached (`live`); empty otherwise.
-    links: Vec<Link>,
-    /// Whether the probes are attached now: while recording or counting, never otherwise (an
+    /// The uprobe links, `Some` exactly while the probes are attached: while the tracker's
+    /// switch state needs them (its lock decides every attach and detach), never otherwise (an
     /// attached uprobe traps on every call even when its program returns at once; the
     /// `after_session` test holds it).
-    live: bool,
+    links: Option<Vec<Link>>,
     /// (device, inode) of every file examined, so a file mapped twice is probed once.
     probed: HashSet<(u64, u64)>,
     /// Paths already examined (a cheap first filter for rescans of /proc/PID/maps).
@@ -466,9 +465,9 @@ impl Bpf {
             return Ok(0);
         }
         let file = ProbedFile::new(path, &sites);
-        if attached.live {
+        if attached.links.is_some() {
             let links = self.link_file_for(&file, self.target)?;
-            attached.links.extend(links);
+            attached.links.get_or_insert_default().extend(links);
         }
         attached.files.push(file);
         attached.sites += sites.len();
@@ -478,7 +477,7 @@ impl Bpf {
     /// Attaches every known file's probes (a no-op if they are attached).
     pub(crate) fn attach_probes(&self) -> Result<()> {
         let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
-        if attached.live {
+        if attached.links.is_some() {
             return Ok(());
         }
         // The links being closed in the background must be gone first: a site probed by an
@@ -500,8 +499,7 @@ impl Bpf {
                 }
             }
         }
-        attached.links = links;
-        attached.live = true;
+        attached.links = Some(links);
         *lock(&self.attach_times) = (waited, t1.elapsed());
         Ok(())
     }
@@ -540,8 +538,7 @@ impl Bpf {
 
     fn take_links(&self) -> Vec<Link> {
         let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
-        attached.live = false;
-        std::mem::take(&mut attached.links)
+        attached.links.take().unwrap_or_default()
     }
 
     /// The uprobe_multi links of one file for process `pid`: one per program and file
