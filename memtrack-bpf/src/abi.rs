@@ -100,6 +100,8 @@ macro_rules! for_each_kind {
             SwitchIn = 12, SWITCH_IN, "switch_in", other {};
             ThreadStart = 13, THREAD_START, "thread_start", other {};
             ThreadExit = 14, THREAD_EXIT, "thread_exit", other {};
+            IterationStart = 15, ITERATION_START, "iteration_start", other {};
+            IterationEnd = 16, ITERATION_END, "iteration_end", other {};
         }
     };
 }

@@ -613,10 +613,10 @@ pub fn text(r: &ShowReport) -> String {
         human::bytes(r.mapped_bytes_peak),
         human::bytes(r.mapped_bytes_at_end)
     );
-    // The context-switch kinds (lock waits) only when recorded, as in the JSON totals.
+    // Kinds that are not memory events only when recorded, as in the JSON totals.
     let kinds: Vec<String> = KindTag::ALL
         .iter()
-        .filter(|k| !k.is_scheduling() || r.kinds.get(**k) != 0)
+        .filter(|k| k.is_memory() || r.kinds.get(**k) != 0)
         .map(|&k| format!("{} {}", k.name(), human::count(r.kinds.get(k))))
         .collect();
     let _ = writeln!(o, "  kinds         {}", kinds.join(", "));

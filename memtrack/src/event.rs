@@ -140,6 +140,14 @@ pub enum EventKind {
     /// The thread ended: it left the CPU for the last time (recorded, instead of that
     /// [`EventKind::SwitchOut`], only when lock waits are asked for). Since format 1.7.
     ThreadExit,
+    /// A call of a measured routine begins on this thread: the events up to the next
+    /// [`EventKind::IterationEnd`] are one iteration (one call of a `#[memtrack]` function
+    /// whose calls a session accumulates). Written by the session, not by a recorder's probe.
+    /// Since format 1.8.
+    IterationStart,
+    /// The call that the last [`EventKind::IterationStart`] began has returned. Since format
+    /// 1.8.
+    IterationEnd,
 }
 
 // Everything per kind below is derived from the one kind table, memtrack-bpf's
@@ -349,6 +357,17 @@ impl KindTag {
             KindTag::SwitchOut | KindTag::SwitchIn | KindTag::ThreadStart | KindTag::ThreadExit
         )
     }
+
+    /// Whether this marks an iteration's bounds (`IterationStart`, `IterationEnd`).
+    pub const fn is_iteration_mark(self) -> bool {
+        matches!(self, KindTag::IterationStart | KindTag::IterationEnd)
+    }
+
+    /// Whether this is a memory event (the heap, mappings, `brk`, `exec`): neither a
+    /// scheduling kind nor an iteration mark, which totals and `show` list only when recorded.
+    pub const fn is_memory(self) -> bool {
+        !self.is_scheduling() && !self.is_iteration_mark()
+    }
 }
 
 impl EventKind {
@@ -509,6 +528,8 @@ mod tests {
             (EventKind::SwitchIn, none),
             (EventKind::ThreadStart, none),
             (EventKind::ThreadExit, none),
+            (EventKind::IterationStart, none),
+            (EventKind::IterationEnd, none),
         ];
         for (kind, heap) in cases {
             assert_eq!(kind.heap(), heap, "{kind:?}");

@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::KindTag;
 
-/// Per-kind event counts, keyed by [`KindTag::name`] in JSON. The context-switch kinds (format
-/// 1.6, recorded only for lock waits) are left out when 0, so that the totals of a recording
-/// without them are those an older memtrack wrote.
+/// Per-kind event counts, keyed by [`KindTag::name`] in JSON. The kinds that are not memory
+/// events (scheduling kinds, recorded only for lock waits; iteration marks) are left out when
+/// 0, so that the totals of a recording without them are those an older memtrack wrote.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KindCounts(pub [u64; KindTag::ALL.len()]);
 
@@ -25,7 +25,7 @@ impl KindCounts {
 impl Serialize for KindCounts {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let shown = |k: &KindTag| !k.is_scheduling() || self.get(*k) != 0;
+        let shown = |k: &KindTag| k.is_memory() || self.get(*k) != 0;
         let mut m = s.serialize_map(Some(KindTag::ALL.iter().filter(|k| shown(k)).count()))?;
         for k in KindTag::ALL.into_iter().filter(shown) {
             m.serialize_entry(k.name(), &self.get(k))?;
@@ -116,4 +116,69 @@ pub struct Totals {
     pub last_ts: u64,
     /// Per-thread totals, by tid.
     pub per_thread: BTreeMap<u32, ThreadTotals>,
+    /// Per-iteration figures, when the events mark iterations (a session that accumulates the
+    /// calls of a `#[memtrack]` function). Absent before format 1.8 and when none are marked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_iteration: Option<PerIteration>,
+}
+
+/// Per-iteration figures of a recording whose events mark iterations (one per call of a
+/// `#[memtrack]` function that a session accumulates): how many, and the spread of each figure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PerIteration {
+    /// Iterations marked and finished.
+    pub iterations: u64,
+    /// Allocations made during one iteration.
+    pub allocations: Spread,
+    /// Bytes allocated during one iteration.
+    pub bytes_allocated: Spread,
+    /// The most live heap bytes an iteration added to those live when it began.
+    pub peak_live_bytes: Spread,
+}
+
+/// The spread of a per-iteration figure: its smallest, median and largest value, and its sum.
+/// The median of an even number of values is the lower of the two middle ones (a value some
+/// iteration had).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Spread {
+    /// The smallest value.
+    pub min: u64,
+    /// The median value.
+    pub median: u64,
+    /// The largest value.
+    pub max: u64,
+    /// The sum over every iteration.
+    pub total: u64,
+}
+
+impl Spread {
+    pub(crate) fn of(mut values: Vec<u64>) -> Spread {
+        values.sort_unstable();
+        Spread {
+            min: values.first().copied().unwrap_or(0),
+            median: values
+                .get(values.len().saturating_sub(1) / 2)
+                .copied()
+                .unwrap_or(0),
+            max: values.last().copied().unwrap_or(0),
+            total: values.iter().fold(0u64, |a, &v| a.saturating_add(v)),
+        }
+    }
+}
+
+impl PerIteration {
+    pub(crate) fn of(done: &[[u64; 3]]) -> Option<PerIteration> {
+        if done.is_empty() {
+            return None;
+        }
+        let column = |i: usize| Spread::of(done.iter().map(|d| d[i]).collect());
+        Some(PerIteration {
+            iterations: done.len() as u64,
+            allocations: column(0),
+            bytes_allocated: column(1),
+            peak_live_bytes: column(2),
+        })
+    }
 }

@@ -23,6 +23,8 @@
 #define MT_KIND_SWITCH_IN 12  /* the thread got a CPU again (lock waits) */
 #define MT_KIND_THREAD_START 13 /* the thread was created, at `ts`: before its first SwitchIn */
 #define MT_KIND_THREAD_EXIT 14  /* the thread left the CPU for the last time: it ended */
+#define MT_KIND_ITERATION_START 15 /* written by user space, never by this program */
+#define MT_KIND_ITERATION_END 16   /* written by user space, never by this program */
 
 /* Bits of the runtime switch (`sw.enabled` in .bss). Mirrored by `memtrack_bpf::SWITCH_*`. */
 #define MT_SWITCH_STREAM 1 /* record events into the ring buffer (and count them) */

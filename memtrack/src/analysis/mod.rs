@@ -44,7 +44,7 @@ pub use offcpu::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
 pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites};
 pub use timeline::{Column, Extremes, InvalidTimeline, Timeline};
 
-pub use crate::totals::{KindCounts, ThreadTotals, Totals};
+pub use crate::totals::{KindCounts, PerIteration, Spread, ThreadTotals, Totals};
 
 use std::collections::BTreeMap;
 
@@ -278,6 +278,19 @@ pub struct Analyzer {
     thread_index: FxHashMap<u64, usize>,
     /// The last event's thread: threads run in bursts, so this skips most index lookups.
     last_thread: Option<(u64, usize)>,
+    /// Most live heap bytes since the open iteration began (see [`PerIteration`]).
+    iteration_peak: u64,
+    /// The iterations the events marked.
+    iterations: Iterations,
+}
+
+/// The iterations marked by [`EventKind::IterationStart`] and [`EventKind::IterationEnd`].
+#[derive(Default)]
+struct Iterations {
+    /// The open one's allocations, bytes and live bytes when it began.
+    open: Option<(u64, u64, u64)>,
+    /// Each finished one's allocations, bytes allocated and peak.
+    done: Vec<[u64; 3]>,
 }
 
 impl Analyzer {
@@ -372,6 +385,7 @@ impl Analyzer {
             self.t.peak_live_bytes = self.live.bytes;
             self.t.peak_ts = e.ts;
         }
+        self.iteration_peak = self.iteration_peak.max(self.live.bytes);
     }
 
     /// The slot of thread `key` (and of its process), created on first sight: the slow path
@@ -410,9 +424,40 @@ impl Analyzer {
                 Self::map(t, p, mapped, new_addr, size);
             }
             EventKind::Exec => Self::exec(t, p, &mut self.live, mapped, obs),
+            EventKind::IterationStart => self.begin_iteration(),
+            EventKind::IterationEnd => self.end_iteration(),
             // `brk` is only counted; the heap's kinds are `apply_heap`'s.
             _ => {}
         }
+    }
+
+    /// An iteration begins (one still open ends here: the marks come from one thread at a
+    /// time, so an unended one is a call that did not return, such as a panic's).
+    #[cold]
+    fn begin_iteration(&mut self) {
+        self.end_iteration();
+        let t = &self.t;
+        self.iterations.open = Some((t.allocations, t.bytes_allocated, self.live.bytes));
+        self.iteration_peak = self.live.bytes;
+    }
+
+    /// The open iteration, if any, ends: its allocations, bytes, and the most live bytes it
+    /// added to those live when it began.
+    #[cold]
+    fn end_iteration(&mut self) {
+        if let Some((allocations, bytes, live)) = self.iterations.open.take() {
+            let t = &self.t;
+            self.iterations.done.push([
+                t.allocations - allocations,
+                t.bytes_allocated.saturating_sub(bytes),
+                self.iteration_peak.saturating_sub(live),
+            ]);
+        }
+    }
+
+    /// The figures of the finished iterations; `None` if the events marked none.
+    pub fn per_iteration(&self) -> Option<PerIteration> {
+        PerIteration::of(&self.iterations.done)
     }
 
     /// Always inlined: left to the compiler, the choice changes with unrelated code, and an
@@ -620,6 +665,7 @@ impl Analyzer {
             row.bytes_freed = row.bytes_freed.saturating_add(th.bytes_freed);
         }
         t.per_thread = per_thread;
+        t.per_iteration = self.per_iteration();
         t
     }
 }
@@ -631,6 +677,41 @@ mod tests {
 
     fn ev(tid: u32, kind: EventKind) -> Event {
         Event::new(0, 1, tid, kind)
+    }
+
+    /// Each marked iteration's figures: its allocations and bytes, and the most live bytes it
+    /// added; what comes before the first mark is in the totals only.
+    #[test]
+    fn iteration_marks_give_per_iteration_figures() {
+        let mut a = Analyzer::new();
+        let malloc = |addr, size| ev(1, EventKind::Malloc { addr, size });
+        for e in [
+            malloc(0x100, 100),
+            ev(1, EventKind::IterationStart),
+            malloc(0x200, 10),
+            malloc(0x300, 20),
+            ev(1, EventKind::Free { addr: 0x200 }),
+            ev(1, EventKind::IterationEnd),
+            ev(1, EventKind::IterationStart),
+            malloc(0x400, 5),
+            ev(1, EventKind::IterationEnd),
+            ev(1, EventKind::IterationEnd),
+        ] {
+            a.update(&e);
+        }
+        let p = a.totals().per_iteration.expect("two iterations");
+        let spread = |min, median, max, total| Spread {
+            min,
+            median,
+            max,
+            total,
+        };
+        assert_eq!(p.iterations, 2);
+        assert_eq!(p.allocations, spread(1, 1, 2, 3));
+        assert_eq!(p.bytes_allocated, spread(5, 5, 30, 35));
+        assert_eq!(p.peak_live_bytes, spread(5, 5, 30, 35));
+        assert_eq!(a.totals().allocations, 4);
+        assert_eq!(Analyzer::new().totals().per_iteration, None);
     }
 
     #[test]
@@ -820,6 +901,8 @@ mod tests {
             EventKind::SwitchIn,
             EventKind::ThreadStart,
             EventKind::ThreadExit,
+            EventKind::IterationStart,
+            EventKind::IterationEnd,
             EventKind::Malloc {
                 addr: 0x10,
                 size: 17,

@@ -257,7 +257,9 @@ impl<'c, const STACKS: bool> ColumnWriter<'c, STACKS> {
             EventKind::SwitchOut { .. }
             | EventKind::SwitchIn
             | EventKind::ThreadStart
-            | EventKind::ThreadExit => self.switch(ev.kind),
+            | EventKind::ThreadExit
+            | EventKind::IterationStart
+            | EventKind::IterationEnd => self.switch(ev.kind),
         }
         if STACKS {
             self.stack(ev);
@@ -612,6 +614,8 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
             KindTag::SwitchIn => EventKind::SwitchIn,
             KindTag::ThreadStart => EventKind::ThreadStart,
             KindTag::ThreadExit => EventKind::ThreadExit,
+            KindTag::IterationStart => EventKind::IterationStart,
+            KindTag::IterationEnd => EventKind::IterationEnd,
             KindTag::SwitchOut => EventKind::SwitchOut {
                 preempted: match self.size()? {
                     0 => false,
@@ -1037,6 +1041,8 @@ mod tests {
             EventKind::SwitchIn,
             EventKind::ThreadStart,
             EventKind::ThreadExit,
+            EventKind::IterationStart,
+            EventKind::IterationEnd,
         ];
         assert_eq!(kinds.len(), KindTag::ALL.len());
         let events: Vec<Event> = kinds
