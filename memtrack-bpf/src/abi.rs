@@ -403,8 +403,9 @@ pub struct RawSwitch {
     pub scope: u32,
     /// The current recording's number: per-thread marks of other generations are stale.
     pub generation: u32,
-    /// 0.
-    pub reserved: u32,
+    /// With [`SCOPE_THREADS`]: the thread of the session's running call (its tid), in the
+    /// scope with the threads marked in it; 0: none. A call begins and ends with one write.
+    pub caller: u32,
 }
 
 impl RawSwitch {
@@ -417,7 +418,7 @@ impl RawSwitch {
         b[0..4].copy_from_slice(&self.enabled.to_ne_bytes());
         b[4..8].copy_from_slice(&self.scope.to_ne_bytes());
         b[8..12].copy_from_slice(&self.generation.to_ne_bytes());
-        b[12..16].copy_from_slice(&self.reserved.to_ne_bytes());
+        b[12..16].copy_from_slice(&self.caller.to_ne_bytes());
         b
     }
 }

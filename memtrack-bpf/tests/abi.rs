@@ -77,7 +77,7 @@ fn c_structs_match_the_rust_mirrors() {
                 ("enabled", offset_of!(RawSwitch, enabled)),
                 ("scope", offset_of!(RawSwitch, scope)),
                 ("generation", offset_of!(RawSwitch, generation)),
-                ("reserved", offset_of!(RawSwitch, reserved)),
+                ("caller", offset_of!(RawSwitch, caller)),
             ])
         )
     );

@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! Idle ─claim─▶ Starting ─started─▶ Recording ─stop─▶ Stopping ─finish─▶ Idle
+//!                  │                  pause ▼ ▲ resume      ▲
+//!                  │                      Paused ──stop─────┘
 //!                  └──────────────── abandon (the start failed) ────────────▶ Idle
 //! ```
+//! Paused is the stage of a recording that accumulates the calls of a `#[memtrack]` function
+//! between two calls: nothing is recorded, the artifact stays open for the next call.
 //! A transition from any other stage is refused with [`WrongStage`], which names both; it
 //! changes nothing.
 
@@ -19,18 +23,22 @@ pub(crate) enum Stage {
     Starting,
     /// Recording.
     Recording,
+    /// Between two calls of a recording that accumulates calls: switched off, the artifact
+    /// open for the next call.
+    Paused,
     /// Switched off; what was recorded is being drained. A new start is still refused, so that
     /// it cannot take this recording's events.
     Stopping,
 }
 
 impl Stage {
-    /// The stage's name in messages: `idle`, `starting`, `recording`, `stopping`.
+    /// The stage's name in messages: `idle`, `starting`, `recording`, `paused`, `stopping`.
     pub(crate) fn name(self) -> &'static str {
         match self {
             Stage::Idle => "idle",
             Stage::Starting => "starting",
             Stage::Recording => "recording",
+            Stage::Paused => "paused",
             Stage::Stopping => "stopping",
         }
     }

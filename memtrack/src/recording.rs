@@ -181,6 +181,36 @@ impl<W: Write + Send + 'static> Recording<W> {
         }
     }
 
+    /// Recording → Paused: nothing is recorded until [`Recording::resume`], the artifact
+    /// stays open. With `end_iteration`, the calling thread's iteration ends first (an
+    /// `IterationEnd` mark).
+    pub(crate) fn pause(&self, end_iteration: bool) -> Result<(), RecordingError> {
+        match self {
+            Recording::Ebpf(r) => r.pause(end_iteration)?,
+            Recording::Alloc(r) => r.pause(end_iteration)?,
+        }
+        Ok(())
+    }
+
+    /// Paused → Recording: the next iteration, on the calling thread, which joins the
+    /// recording's scope (with [`Scope::Threads`], so do the threads it starts; threads that
+    /// earlier iterations started stay in it).
+    pub(crate) fn resume(&self) -> Result<(), RecordingError> {
+        match self {
+            Recording::Ebpf(r) => r.resume()?,
+            Recording::Alloc(r) => r.resume()?,
+        }
+        Ok(())
+    }
+
+    /// Events lost so far (the ring buffer or a ring was full).
+    pub(crate) fn lost_so_far(&self) -> Result<u64, RecordingError> {
+        Ok(match self {
+            Recording::Ebpf(r) => r.lost_so_far()?,
+            Recording::Alloc(_) => crate::recorder::lost_so_far(),
+        })
+    }
+
     /// Whether the eBPF tracker records it (its probes can be handed to the next session).
     pub(crate) fn is_ebpf(&self) -> bool {
         matches!(self, Recording::Ebpf(_))

@@ -122,6 +122,40 @@ pub struct Totals {
     pub per_iteration: Option<PerIteration>,
 }
 
+/// The figures of one iteration (one call of a `#[memtrack]` function whose calls a session
+/// accumulates), under the accounting rules of [`Totals`]: what its limits are checked against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Iteration {
+    /// Allocations made during it.
+    pub allocations: u64,
+    /// Bytes allocated during it.
+    pub bytes_allocated: u64,
+    /// The most live heap bytes it added to those live when it began.
+    pub peak_live_bytes: u64,
+    /// The most live heap blocks it added to those live when it began.
+    pub peak_live_blocks: u64,
+    /// Heap blocks live at its end less those live at its start (0 if fewer): what it left.
+    pub live_blocks: u64,
+    /// Their bytes, likewise.
+    pub live_bytes: u64,
+}
+
+impl Iteration {
+    /// The iteration as totals of its own (the fields limits read; the rest 0).
+    pub fn as_totals(&self) -> Totals {
+        Totals {
+            allocations: self.allocations,
+            bytes_allocated: self.bytes_allocated,
+            peak_live_bytes: self.peak_live_bytes,
+            peak_live_blocks: self.peak_live_blocks,
+            live_blocks_at_end: self.live_blocks,
+            live_bytes_at_end: self.live_bytes,
+            ..Totals::default()
+        }
+    }
+}
+
 /// Per-iteration figures of a recording whose events mark iterations (one per call of a
 /// `#[memtrack]` function that a session accumulates): how many, and the spread of each figure.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,16 +203,16 @@ impl Spread {
 }
 
 impl PerIteration {
-    pub(crate) fn of(done: &[[u64; 3]]) -> Option<PerIteration> {
+    pub(crate) fn of(done: &[Iteration]) -> Option<PerIteration> {
         if done.is_empty() {
             return None;
         }
-        let column = |i: usize| Spread::of(done.iter().map(|d| d[i]).collect());
+        let column = |f: fn(&Iteration) -> u64| Spread::of(done.iter().map(f).collect());
         Some(PerIteration {
             iterations: done.len() as u64,
-            allocations: column(0),
-            bytes_allocated: column(1),
-            peak_live_bytes: column(2),
+            allocations: column(|i| i.allocations),
+            bytes_allocated: column(|i| i.bytes_allocated),
+            peak_live_bytes: column(|i| i.peak_live_bytes),
         })
     }
 }

@@ -108,7 +108,7 @@ pub fn switch(obj: &Object, on: bool, generation: u32) {
         enabled: if on { SWITCH_STREAM } else { 0 },
         scope: SCOPE_PROCESS,
         generation,
-        reserved: 0,
+        caller: 0,
     };
     bss.update(&0u32.to_ne_bytes(), &sw.to_bytes(), MapFlags::ANY)
         .unwrap();

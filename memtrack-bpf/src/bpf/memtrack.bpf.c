@@ -228,7 +228,8 @@ static __always_inline int in_scope(struct call_state *cs, int count)
 	__u32 zero = 0;
 	struct memtrack_stats *st;
 
-	if (sw.scope == MT_SCOPE_PROCESS || (cs && cs->scope_gen == sw.generation))
+	if (sw.scope == MT_SCOPE_PROCESS || (cs && cs->scope_gen == sw.generation) ||
+	    (sw.caller && sw.caller == (__u32)bpf_get_current_pid_tgid()))
 		return 1;
 	if (count) {
 		st = bpf_map_lookup_elem(&stats, &zero);
@@ -1054,7 +1055,10 @@ int mt_fork(__u64 *ctx)
 	if (sw.scope != MT_SCOPE_THREADS)
 		return 0;
 	parent_cs = thread_state(0);
-	if (!parent_cs || parent_cs->excluded || parent_cs->scope_gen != sw.generation)
+	if (parent_cs && parent_cs->excluded)
+		return 0;
+	if (!(sw.caller && sw.caller == (__u32)bpf_get_current_pid_tgid()) &&
+	    (!parent_cs || parent_cs->scope_gen != sw.generation))
 		return 0;
 	child_cs = bpf_task_storage_get(&calls, child, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (child_cs)
@@ -1105,7 +1109,8 @@ static __always_inline int switch_recorded(struct task_struct *task, struct call
 {
 	if (cs && cs->excluded)
 		return 0;
-	return sw.scope == MT_SCOPE_PROCESS || (cs && cs->scope_gen == sw.generation);
+	return sw.scope == MT_SCOPE_PROCESS || (cs && cs->scope_gen == sw.generation) ||
+	       (sw.caller && sw.caller == (__u32)task->pid);
 }
 
 /* When `task` (current, about to leave) last got a CPU, on the events' clock; 0: unknown

@@ -42,7 +42,8 @@ struct memtrack_switch {
 	unsigned int enabled;    /* MT_SWITCH_* bits; 0 = off */
 	unsigned int scope;      /* MT_SCOPE_* */
 	unsigned int generation; /* the current recording's number: marks older than it are stale */
-	unsigned int reserved;   /* 0 */
+	unsigned int caller;     /* MT_SCOPE_THREADS: the thread of the session's running call, in
+				    its scope with the threads marked (0: none) */
 };
 
 /*

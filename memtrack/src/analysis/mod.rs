@@ -44,7 +44,7 @@ pub use offcpu::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
 pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites};
 pub use timeline::{Column, Extremes, InvalidTimeline, Timeline};
 
-pub use crate::totals::{KindCounts, PerIteration, Spread, ThreadTotals, Totals};
+pub use crate::totals::{Iteration, KindCounts, PerIteration, Spread, ThreadTotals, Totals};
 
 use std::collections::BTreeMap;
 
@@ -84,6 +84,10 @@ pub struct Stats {
     pub peak_live_bytes: u64,
     /// Events recorded so far.
     pub events: u64,
+    /// Iterations finished so far, when the events mark them ([`PerIteration::iterations`]).
+    pub iterations: u64,
+    /// The last of them.
+    pub last_iteration: Option<Iteration>,
 }
 
 /// Totals of one process (by pid) of a recording: each process has a heap of its own (the
@@ -278,8 +282,8 @@ pub struct Analyzer {
     thread_index: FxHashMap<u64, usize>,
     /// The last event's thread: threads run in bursts, so this skips most index lookups.
     last_thread: Option<(u64, usize)>,
-    /// Most live heap bytes since the open iteration began (see [`PerIteration`]).
-    iteration_peak: u64,
+    /// Most live heap bytes and blocks since the open iteration began (see [`Iteration`]).
+    iteration_peak: (u64, u64),
     /// The iterations the events marked.
     iterations: Iterations,
 }
@@ -287,10 +291,10 @@ pub struct Analyzer {
 /// The iterations marked by [`EventKind::IterationStart`] and [`EventKind::IterationEnd`].
 #[derive(Default)]
 struct Iterations {
-    /// The open one's allocations, bytes and live bytes when it began.
-    open: Option<(u64, u64, u64)>,
-    /// Each finished one's allocations, bytes allocated and peak.
-    done: Vec<[u64; 3]>,
+    /// The open one's allocations, bytes, live bytes and live blocks when it began.
+    open: Option<(u64, u64, u64, u64)>,
+    /// Each finished one.
+    done: Vec<Iteration>,
 }
 
 impl Analyzer {
@@ -385,7 +389,8 @@ impl Analyzer {
             self.t.peak_live_bytes = self.live.bytes;
             self.t.peak_ts = e.ts;
         }
-        self.iteration_peak = self.iteration_peak.max(self.live.bytes);
+        self.iteration_peak.0 = self.iteration_peak.0.max(self.live.bytes);
+        self.iteration_peak.1 = self.iteration_peak.1.max(self.live.blocks);
     }
 
     /// The slot of thread `key` (and of its process), created on first sight: the slow path
@@ -436,23 +441,31 @@ impl Analyzer {
     #[cold]
     fn begin_iteration(&mut self) {
         self.end_iteration();
-        let t = &self.t;
-        self.iterations.open = Some((t.allocations, t.bytes_allocated, self.live.bytes));
-        self.iteration_peak = self.live.bytes;
+        let (t, live) = (&self.t, &self.live);
+        self.iterations.open = Some((t.allocations, t.bytes_allocated, live.bytes, live.blocks));
+        self.iteration_peak = (live.bytes, live.blocks);
     }
 
     /// The open iteration, if any, ends: its allocations, bytes, and the most live bytes it
     /// added to those live when it began.
     #[cold]
     fn end_iteration(&mut self) {
-        if let Some((allocations, bytes, live)) = self.iterations.open.take() {
-            let t = &self.t;
-            self.iterations.done.push([
-                t.allocations - allocations,
-                t.bytes_allocated.saturating_sub(bytes),
-                self.iteration_peak.saturating_sub(live),
-            ]);
+        if let Some((allocations, bytes, live_bytes, live_blocks)) = self.iterations.open.take() {
+            let (t, live, peak) = (&self.t, &self.live, self.iteration_peak);
+            self.iterations.done.push(Iteration {
+                allocations: t.allocations - allocations,
+                bytes_allocated: t.bytes_allocated.saturating_sub(bytes),
+                peak_live_bytes: peak.0.saturating_sub(live_bytes),
+                peak_live_blocks: peak.1.saturating_sub(live_blocks),
+                live_blocks: live.blocks.saturating_sub(live_blocks),
+                live_bytes: live.bytes.saturating_sub(live_bytes),
+            });
         }
+    }
+
+    /// The last finished iteration, if the events marked any.
+    pub fn last_iteration(&self) -> Option<Iteration> {
+        self.iterations.done.last().copied()
     }
 
     /// The figures of the finished iterations; `None` if the events marked none.
@@ -644,6 +657,8 @@ impl Analyzer {
             peak_live_blocks: self.t.peak_live_blocks,
             peak_live_bytes: self.t.peak_live_bytes,
             events: self.t.events,
+            iterations: self.iterations.done.len() as u64,
+            last_iteration: self.last_iteration(),
         }
     }
 

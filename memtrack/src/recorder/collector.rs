@@ -23,6 +23,9 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 /// How often the collector drains the rings, and how far behind "now" it keeps events back
 /// so that a producer preempted between its TSC read and its publish is still merged in order.
 const TICK: Duration = Duration::from_millis(1);
+/// How often the collector looks while nothing can arrive (the switch off, nothing held back,
+/// as between the calls of a paused recording); a filling ring or a snapshot wakes it sooner.
+const IDLE_TICK: Duration = Duration::from_millis(100);
 const LAG_NS: u64 = 2_000_000;
 
 /// TSC → CLOCK_MONOTONIC: an anchor taken once per process, and the rate refined at every
@@ -307,6 +310,28 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
             })
     }
 
+    /// Recording → Paused, after an `IterationEnd` mark if `end_iteration` (the call has
+    /// returned): nothing more is recorded until [`AllocRecording::resume`].
+    pub(crate) fn pause(&self, end_iteration: bool) -> Result<()> {
+        if end_iteration {
+            super::mark(crate::event::KindTag::IterationEnd);
+        }
+        RECORDER.pause()?;
+        // The calling thread leaves the scope until its next call: between calls it is not
+        // the function's (another thread's call may run meanwhile).
+        super::leave_scope();
+        Ok(())
+    }
+
+    /// Paused → Recording for the next call, made on the calling thread (which joins the
+    /// recording's scope), which an `IterationStart` mark begins.
+    pub(crate) fn resume(&self) -> Result<()> {
+        let generation = RECORDER.resume()?;
+        super::join_scope(generation);
+        super::mark(crate::event::KindTag::IterationStart);
+        Ok(())
+    }
+
     /// Stores in the artifact's trailer that it covers `n` iterations of a measured routine.
     pub(crate) fn set_iterations(&mut self, n: u64) {
         self.iterations = Some(n);
@@ -519,7 +544,8 @@ fn collect_with<W: Write + Send + 'static>(
         if last {
             return Ok(());
         }
-        std::thread::park_timeout(TICK);
+        let idle = super::SWITCH.load(Ordering::Relaxed) & super::STREAM == 0 && pending.len() == 0;
+        std::thread::park_timeout(if idle { IDLE_TICK } else { TICK });
     }
 }
 

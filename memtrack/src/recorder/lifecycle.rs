@@ -5,9 +5,10 @@
 //! ```text
 //!          claim(scope)               switch_on(collector)
 //!   Idle ───────────────▶ Starting ───────────────────────▶ Recording { collector, epoch, scope }
-//!     ▲                     │ {epoch, scope}                   │  stop() (the session), or
-//!     │       abandon()     │                                  │  collector_failed() (its thread)
-//!     ├─────────────────────┘                                  ▼
+//!     ▲                     │ {epoch, scope}      pause() ▲ │ ▼ resume()
+//!     │                     │                          Paused { collector, epoch, scope }
+//!     │       abandon()     │                                  │  stop() (the session), or
+//!     ├─────────────────────┘                                  ▼  collector_failed() (its thread)
 //!     └──────────────────────── finish(clock) ───────────── Stopping
 //!
 //!   counting users (criterion): count_begin() +1 / count_end() −1, in any phase
@@ -48,6 +49,13 @@ pub(super) enum Phase {
         epoch: u32,
         scope: u32,
     },
+    /// Between two calls of a session that accumulates calls: the switch's `STREAM` bit is
+    /// off (the wrapper costs what it costs idle), the collector and the artifact stay.
+    Paused {
+        collector: Thread,
+        epoch: u32,
+        scope: u32,
+    },
     /// Switched off (by the session's stop, or because the collector failed: producers must
     /// not wait for room it will never make); the collector is being joined.
     Stopping,
@@ -60,6 +68,7 @@ impl Phase {
             Phase::Idle => Stage::Idle,
             Phase::Starting { .. } => Stage::Starting,
             Phase::Recording { .. } => Stage::Recording,
+            Phase::Paused { .. } => Stage::Paused,
             Phase::Stopping => Stage::Stopping,
         }
     }
@@ -90,7 +99,7 @@ impl State {
     fn switch(&self) -> u32 {
         let stream = match self.phase {
             Phase::Recording { .. } => STREAM,
-            Phase::Idle | Phase::Starting { .. } | Phase::Stopping => 0,
+            Phase::Idle | Phase::Starting { .. } | Phase::Paused { .. } | Phase::Stopping => 0,
         };
         stream | if self.counting > 0 { COUNT } else { 0 }
     }
@@ -100,9 +109,9 @@ impl State {
     /// (a call that reads the switch off does not read it).
     fn session(&self) -> Option<u64> {
         match self.phase {
-            Phase::Starting { epoch, scope } | Phase::Recording { epoch, scope, .. } => {
-                Some(u64::from(epoch) << 32 | u64::from(scope))
-            }
+            Phase::Starting { epoch, scope }
+            | Phase::Recording { epoch, scope, .. }
+            | Phase::Paused { epoch, scope, .. } => Some(u64::from(epoch) << 32 | u64::from(scope)),
             Phase::Idle | Phase::Stopping => None,
         }
     }
@@ -239,12 +248,65 @@ impl<V: View> Lifecycle<V> {
         Ok(())
     }
 
-    /// Recording → Stopping (the session stops the recording), or Stopping → Stopping (the
-    /// collector failed first): the switch's `STREAM` bit is off when it returns.
+    /// Recording → Paused, between two calls: the switch's `STREAM` bit is off when it
+    /// returns; the collector keeps draining what was recorded.
+    pub(super) fn pause(&self) -> Result<(), Refused> {
+        let mut st = self.lock();
+        if !matches!(st.phase, Phase::Recording { .. }) {
+            return Err(self.invalid(&st, "pause"));
+        }
+        let Phase::Recording {
+            collector,
+            epoch,
+            scope,
+        } = std::mem::replace(&mut st.phase, Phase::Idle)
+        else {
+            unreachable!("checked above");
+        };
+        st.phase = Phase::Paused {
+            collector,
+            epoch,
+            scope,
+        };
+        self.publish(&st);
+        Ok(())
+    }
+
+    /// Paused → Recording, for the next call, in the recording's scope, whose generation it
+    /// returns for the calling thread to join (threads that earlier calls started keep it:
+    /// a pool a call started does the next calls' work too). The switch's `STREAM` bit goes
+    /// on, the last thing done.
+    pub(super) fn resume(&self) -> Result<u32, Refused> {
+        let mut st = self.lock();
+        if !matches!(st.phase, Phase::Paused { .. }) {
+            return Err(self.invalid(&st, "resume"));
+        }
+        let Phase::Paused {
+            collector,
+            epoch,
+            scope,
+        } = std::mem::replace(&mut st.phase, Phase::Idle)
+        else {
+            unreachable!("checked above");
+        };
+        st.phase = Phase::Recording {
+            collector,
+            epoch,
+            scope,
+        };
+        self.publish(&st);
+        Ok(scope)
+    }
+
+    /// Recording or Paused → Stopping (the session stops the recording), or Stopping →
+    /// Stopping (the collector failed first): the switch's `STREAM` bit is off when it returns.
     pub(super) fn stop(&self) -> Result<(), Refused> {
         let mut st = self.lock();
         self.expect(&st, "stop", |p| {
-            matches!(p, Phase::Recording { .. } | Phase::Stopping)
+            matches!(
+                p,
+                Phase::Recording { .. } | Phase::Paused { .. } | Phase::Stopping
+            )
         })?;
         st.phase = Phase::Stopping;
         self.publish(&st);
@@ -257,7 +319,7 @@ impl<V: View> Lifecycle<V> {
     pub(super) fn collector_failed(&self) -> Result<(), Refused> {
         let mut st = self.lock();
         self.expect(&st, "collector_failed", |p| {
-            matches!(p, Phase::Recording { .. })
+            matches!(p, Phase::Recording { .. } | Phase::Paused { .. })
         })?;
         st.phase = Phase::Stopping;
         self.publish(&st);
@@ -298,7 +360,7 @@ impl<V: View> Lifecycle<V> {
     /// allocation inside a transition).
     pub(super) fn wake_collector(&self) {
         if let Ok(st) = self.state.try_lock()
-            && let Phase::Recording { collector, .. } = &st.phase
+            && let Phase::Recording { collector, .. } | Phase::Paused { collector, .. } = &st.phase
         {
             collector.unpark();
         }

@@ -370,6 +370,12 @@ fn join_scope(generation: u32) {
     }
 }
 
+/// Takes the calling thread out of any thread scope (a paused recording's caller, between its
+/// calls).
+fn leave_scope() {
+    THREAD_SCOPE.with(|t| t.set(0));
+}
+
 /// Whether the calling thread is in the scope of the allocator recorder's running session.
 pub(crate) fn current_thread_in_scope() -> bool {
     if SWITCH.load(Ordering::Relaxed) & STREAM == 0 {
@@ -495,6 +501,31 @@ fn record_inner<const ALLOCATION: bool>(
             });
         }
     }
+    INSIDE.with(|i| i.set(false));
+}
+
+/// Events the recording has lost so far (none unless its collector failed).
+pub(crate) fn lost_so_far() -> u64 {
+    LOST.load(Ordering::Relaxed)
+}
+
+/// Writes an iteration mark (`IterationStart`, `IterationEnd`) into the calling thread's ring,
+/// in the order of its other events. Called by the session while its recording runs.
+pub(crate) fn mark(kind: KindTag) {
+    if INSIDE.with(|i| i.replace(true)) {
+        return;
+    }
+    let epoch = (SESSION.load(Ordering::Relaxed) >> 32) as u8;
+    push(|| Raw {
+        tsc: tsc(),
+        addr: 0,
+        addr2: 0,
+        size: 0,
+        stack: 0,
+        align_log: 0,
+        kind: kind as u8,
+        epoch,
+    });
     INSIDE.with(|i| i.set(false));
 }
 

@@ -778,20 +778,8 @@ pub(crate) fn exclude_tid(calls: &MapHandle, tid: u32) -> Result<()> {
         .map_err(|e| TrackerError::bpf("excluding a memtrack thread", e))
 }
 
-/// Puts thread `tid` of this process in the scope of recording `generation` (it must not be
-/// inside a probed allocator call: its call bookkeeping is reset).
-pub(crate) fn mark_scope(calls: &MapHandle, tid: u32, generation: u32) -> Result<()> {
-    let fd = ThreadPidfd::open(tid, "the session's")?;
-    let mut value = vec![0u8; calls.value_size() as usize];
-    let at = memtrack_bpf::CALLS_SCOPE_OFFSET;
-    value[at..at + 4].copy_from_slice(&generation.to_ne_bytes());
-    calls
-        .update(&fd.key(), &value, MapFlags::ANY)
-        .map_err(|e| TrackerError::bpf("putting the session's thread in its scope", e))
-}
-
-/// Whether thread `tid` of this process is in the scope of recording `generation` (it, or a
-/// thread that spawned it, was marked by [`mark_scope`]).
+/// Whether thread `tid` of this process is in the scope of recording `generation` by its mark:
+/// a thread spawned by one in the scope (the fork program marks it).
 /// Allocates nothing: a nested `#[memtrack]` asks this inside a session that counts it.
 pub(crate) fn in_scope(calls: &MapHandle, tid: u32, generation: u32) -> Result<bool> {
     let fd = ThreadPidfd::open(tid, "a")?;

@@ -58,8 +58,16 @@ use crate::scope::Scope;
 use bpf::{Bpf, Syscalls, exclude_tid, gettid, mapped_objects};
 use memtrack_bpf::RawSwitch;
 pub(crate) use poll::record_to_event;
-use poll::{Poller, PollerRecording};
+use poll::{Marks, Poller, PollerRecording, monotonic_ns};
 pub(crate) use stacks::{Defined, StackTable};
+
+/// How long a paused recording (a session accumulating calls, between two calls) keeps its
+/// probes attached for the next call: after this, and at most 50 ms later, they are
+/// detached (an attached uprobe slows every call of its function even when nothing records),
+/// and the next call attaches them again.
+pub const IDLE_GRACE: Duration = Duration::from_millis(150);
+/// How often the idle watcher of a paused recording looks at it.
+const IDLE_CHECK: Duration = Duration::from_millis(50);
 
 /// Default ring buffer: 8 MiB (128 Ki events of 64 bytes in flight), some 18 drain periods
 /// at the probes' ceiling rate on two cores: room for a poller delayed by a busy machine. Its
@@ -231,6 +239,13 @@ struct SwitchState {
     holds: usize,
     /// The one recording a tracker runs at a time.
     stage: Stage,
+    /// When the recording last paused (while [`Stage::Paused`]).
+    paused_at: Option<Instant>,
+    /// Whether a paused recording's probes were detached for being idle (the next call
+    /// attaches them again).
+    idle_detached: bool,
+    /// Whether an idle watcher thread runs (one per tracker at most).
+    watched: bool,
 }
 
 impl SwitchState {
@@ -241,11 +256,43 @@ impl SwitchState {
             counting: 0,
             holds: 0,
             stage: Stage::Idle,
+            paused_at: None,
+            idle_detached: false,
+            watched: false,
         }
     }
 
     fn needs_probes(&self) -> bool {
-        self.counting > 0 || self.holds > 0 || self.stage == Stage::Recording
+        self.counting > 0
+            || self.holds > 0
+            || self.stage == Stage::Recording
+            || (self.stage == Stage::Paused && !self.idle_detached)
+    }
+
+    /// Recording → Paused (the stream bit is off), now.
+    fn pause(&mut self) -> Result<(), TrackerError> {
+        self.stage
+            .step("pause", &[Stage::Recording], Stage::Paused)?;
+        self.paused_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Paused → Recording (the switch `sw` written: the stream bit on).
+    fn resume(&mut self, sw: RawSwitch) -> Result<(), TrackerError> {
+        self.stage
+            .step("resume", &[Stage::Paused], Stage::Recording)?;
+        self.paused_at = None;
+        self.sw = sw;
+        Ok(())
+    }
+
+    /// Whether a paused recording has been idle long enough to detach its probes.
+    fn idle_expired(&self, now: Instant) -> bool {
+        self.stage == Stage::Paused
+            && !self.idle_detached
+            && self
+                .paused_at
+                .is_some_and(|t| now.duration_since(t) >= IDLE_GRACE)
     }
 
     /// Idle → Starting; a second recording (another caller of [`Tracker::start_with`]) is
@@ -264,15 +311,17 @@ impl SwitchState {
         Ok(())
     }
 
-    /// Recording → Stopping (the switch's stream bit is off, or failed to go off).
+    /// Recording or Paused → Stopping (the switch's stream bit is off, or failed to go off).
     fn stop(&mut self) -> Result<(), TrackerError> {
+        self.paused_at = None;
         Ok(self
             .stage
-            .step("stop", &[Stage::Recording], Stage::Stopping)?)
+            .step("stop", &[Stage::Recording, Stage::Paused], Stage::Stopping)?)
     }
 
     /// Starting (a failed start) or Stopping (a finished stop) → Idle.
     fn finish(&mut self) -> Result<(), TrackerError> {
+        self.idle_detached = false;
         Ok(self
             .stage
             .step("finish", &[Stage::Starting, Stage::Stopping], Stage::Idle)?)
@@ -306,8 +355,14 @@ impl Tracker {
         let mut st = self.state();
         if st.counting == 0 {
             self.bpf.attach_probes()?;
+            // Counting covers the whole process, not the scope a finished recording left.
+            let scope = match st.stage {
+                Stage::Idle => memtrack_bpf::SCOPE_PROCESS,
+                _ => st.sw.scope,
+            };
             let sw = RawSwitch {
                 enabled: st.sw.enabled | memtrack_bpf::SWITCH_COUNT,
+                scope,
                 ..st.sw
             };
             if let Err(e) = self.bpf.set_switch(sw) {
@@ -332,6 +387,44 @@ impl Tracker {
         Ok(ProbeHold { tracker: self })
     }
 
+    /// Starts the thread that detaches a paused recording's probes once it has been idle for
+    /// [`IDLE_GRACE`]; it ends when the recording stops. Excluded from recording, and it
+    /// allocates nothing while it runs.
+    fn watch_idle(&'static self) -> Result<(), TrackerError> {
+        let excluded = self.in_process.then(|| Arc::clone(&self.bpf.excluded));
+        std::thread::Builder::new()
+            .name("memtrack-idle".into())
+            .spawn(move || {
+                if let Some(ex) = &excluded {
+                    // Not excluded, its rare allocations would be the user's: then it stops.
+                    if exclude_tid(ex, gettid()).is_err() {
+                        self.state().watched = false;
+                        return;
+                    }
+                }
+                loop {
+                    std::thread::sleep(IDLE_CHECK);
+                    let mut st = self.state();
+                    match st.stage {
+                        Stage::Paused | Stage::Recording => {}
+                        Stage::Idle | Stage::Starting | Stage::Stopping => {
+                            st.watched = false;
+                            return;
+                        }
+                    }
+                    if st.idle_expired(Instant::now()) {
+                        st.idle_detached = true;
+                        self.detach_after_recording(&st);
+                    }
+                }
+            })
+            .map(drop)
+            .map_err(|source| TrackerError::Io {
+                what: "starting the idle watcher".into(),
+                source,
+            })
+    }
+
     /// Whether the calling thread is in the scope of the recording running now (always, for
     /// a process-wide one; `false` if none runs).
     pub(crate) fn current_thread_in_scope(&self) -> Result<bool, TrackerError> {
@@ -339,10 +432,11 @@ impl Tracker {
         if st.stage != Stage::Recording {
             return Ok(false);
         }
-        if st.sw.scope == memtrack_bpf::SCOPE_PROCESS {
+        let tid = gettid();
+        if st.sw.scope == memtrack_bpf::SCOPE_PROCESS || st.sw.caller == tid {
             return Ok(true);
         }
-        bpf::in_scope(&self.bpf.excluded, gettid(), st.sw.generation)
+        bpf::in_scope(&self.bpf.excluded, tid, st.sw.generation)
     }
 
     /// Loads the program for process `pid` and attaches to every ELF object it has mapped
@@ -632,8 +726,10 @@ impl Tracker {
         let mut st = self.state();
         let attached = self.attach_for_recording(&st, capture);
         let snapshot = Arc::new(Snapshot::default());
-        let recorded =
-            attached.and_then(|()| poller.record(Box::new(encoder), Arc::clone(&snapshot)));
+        let marks = Arc::new(Marks::default());
+        let recorded = attached.and_then(|()| {
+            poller.record(Box::new(encoder), Arc::clone(&snapshot), Arc::clone(&marks))
+        });
         let poller = match recorded {
             Ok(p) => p,
             Err(e) => {
@@ -648,21 +744,22 @@ impl Tracker {
                 Scope::Threads => memtrack_bpf::SCOPE_THREADS,
             },
             generation: st.sw.generation.wrapping_add(1),
-            reserved: 0,
+            // A thread scope covers the calling thread (by this field) and the threads it
+            // spawns (marked by the fork program).
+            caller: match scope {
+                Scope::Process => 0,
+                Scope::Threads => gettid(),
+            },
         };
-        // Recording starts last: the new scope and generation, then the calling thread enters
-        // the scope, then the switch goes on. The program may read the switch while user space
-        // writes it (a plain copy, not atomic): writing the scope first means a torn read
-        // mixes only the `enabled` bits, never an old generation with the stream on.
+        // Recording starts last: the new scope, generation and caller, then the switch goes
+        // on. The program may read the switch while user space writes it (a plain copy, not
+        // atomic): writing the rest first means a torn read mixes only the `enabled` bits,
+        // never an old generation or caller with the stream on.
         let on = self
             .bpf
             .set_switch(RawSwitch {
                 enabled: st.sw.enabled,
                 ..sw
-            })
-            .and_then(|()| match scope {
-                Scope::Threads => bpf::mark_scope(&self.bpf.excluded, gettid(), sw.generation),
-                Scope::Process => Ok(()),
             })
             .and_then(|()| self.bpf.set_switch(sw));
         if let Err(e) = on {
@@ -675,6 +772,8 @@ impl Tracker {
             tracker: self,
             poller: Some(poller),
             snapshot,
+            marks,
+            capture,
             drops_at_start: at_start.drops,
             out_of_scope_at_start: at_start.out_of_scope,
             unfollowed_at_start: at_start.unfollowed,
@@ -797,6 +896,10 @@ pub struct Recording<'t, W: Write + Send + 'static> {
     tracker: &'t Tracker,
     poller: Option<PollerRecording>,
     snapshot: Arc<Snapshot>,
+    /// Iteration marks, put among the events by the poller.
+    marks: Arc<Marks>,
+    /// What it captures, to attach again after an idle pause.
+    capture: Capture,
     drops_at_start: u64,
     out_of_scope_at_start: u64,
     unfollowed_at_start: u64,
@@ -810,6 +913,9 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
     /// The numbers so far: everything submitted before the call, drained and analysed (within
     /// the poller's 10 ms drain period). Allocates nothing on the calling thread.
     pub fn stats(&self) -> Result<Stats, TrackerError> {
+        if let Some(p) = &self.poller {
+            p.wake();
+        }
         self.snapshot
             .ask(Duration::from_secs(10))
             .ok_or_else(|| TrackerError::Io {
@@ -823,6 +929,87 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
     /// (see [`Final::iterations`](crate::artifact::Final::iterations)).
     pub fn set_iterations(&mut self, n: u64) {
         self.iterations = Some(n);
+    }
+
+    /// Events the program dropped since the recording started (the ring buffer was full).
+    pub(crate) fn lost_so_far(&self) -> Result<u64, TrackerError> {
+        Ok(self
+            .tracker
+            .bpf
+            .stats()?
+            .drops
+            .wrapping_sub(self.drops_at_start))
+    }
+
+    fn mark(&self, kind: crate::event::EventKind) {
+        let pid = std::process::id();
+        self.marks.push(crate::event::Event::new(
+            monotonic_ns(),
+            pid,
+            gettid(),
+            kind,
+        ));
+    }
+
+    /// Ends the calling thread's iteration (`IterationEnd`, if `end_iteration`) and pauses: the
+    /// stream bit goes off, the probes stay attached for [`IDLE_GRACE`] (then a watcher thread
+    /// detaches them), the poller and the artifact stay for the next call
+    /// ([`Recording::resume`]).
+    pub(crate) fn pause(&self, end_iteration: bool) -> Result<(), TrackerError> {
+        let t = self.tracker;
+        let mut st = t.state();
+        // The calling thread leaves the scope with the stream, until its next call: between
+        // calls it is not the function's (another thread's call may run meanwhile). One write:
+        // a torn read sees the stream on with no caller, or off with the caller, both nothing.
+        let sw = RawSwitch {
+            enabled: st.sw.enabled & !memtrack_bpf::SWITCH_STREAM,
+            caller: 0,
+            ..st.sw
+        };
+        t.bpf.set_switch(sw)?;
+        st.sw = sw;
+        if end_iteration {
+            self.mark(crate::event::EventKind::IterationEnd);
+        }
+        st.pause()?;
+        if !st.watched
+            && let Some(global) = Tracker::loaded().filter(|g| std::ptr::eq(*g, t))
+        {
+            st.watched = global.watch_idle().is_ok();
+        }
+        Ok(())
+    }
+
+    /// Paused → Recording for the next call, made on the calling thread: the probes attached
+    /// again if they were detached for being idle, an `IterationStart`, then one write of the
+    /// switch: the stream bit on and the calling thread the scope's caller (threads that
+    /// earlier calls started stay in the scope: a pool a call started does the next calls'
+    /// work too). A torn read of that write sees the stream off, or on with no caller.
+    pub(crate) fn resume(&self) -> Result<(), TrackerError> {
+        let t = self.tracker;
+        let mut st = t.state();
+        if st.stage != Stage::Paused {
+            return Err(crate::lifecycle::WrongStage {
+                transition: "resume",
+                stage: st.stage,
+            }
+            .into());
+        }
+        if st.idle_detached {
+            t.attach_for_recording(&st, self.capture)?;
+            st.idle_detached = false;
+        }
+        self.mark(crate::event::EventKind::IterationStart);
+        let on = RawSwitch {
+            enabled: st.sw.enabled | memtrack_bpf::SWITCH_STREAM,
+            caller: match self.capture.scope {
+                Scope::Process => 0,
+                Scope::Threads => gettid(),
+            },
+            ..st.sw
+        };
+        t.bpf.set_switch(on)?;
+        st.resume(on)
     }
 
     /// Stores in the artifact's trailer the processes a recording followed (see
@@ -843,8 +1030,14 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
         let t = self.tracker;
         let off = {
             let mut st = t.state();
+            // Counting that goes on counts the whole process again.
+            let scope = match st.counting {
+                0 => st.sw.scope,
+                _ => memtrack_bpf::SCOPE_PROCESS,
+            };
             let sw = RawSwitch {
                 enabled: st.sw.enabled & !memtrack_bpf::SWITCH_STREAM,
+                scope,
                 ..st.sw
             };
             let off = t.bpf.set_switch(sw);

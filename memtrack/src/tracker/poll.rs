@@ -2,9 +2,10 @@
 
 use std::any::Any;
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -91,6 +92,57 @@ impl<W: Write + Send + 'static> Sink for Encoder<W> {
     }
 }
 
+/// The iteration marks of a recording (a session accumulating calls stamps them on
+/// `CLOCK_MONOTONIC`, the clock of the program's events): the poller puts each before the first
+/// ring-buffer event stamped after it, or after a drain that began after it, so a call's marks
+/// bound exactly the calling thread's events (which the thread submits before it stamps the
+/// end, and after it stamps the start).
+#[derive(Default)]
+pub(crate) struct Marks {
+    /// Marks queued: the poller looks at the queue only when it is not 0.
+    pending: AtomicUsize,
+    queue: Mutex<VecDeque<Event>>,
+}
+
+impl Marks {
+    /// Queues `mark` (stamped later than every mark queued before it).
+    pub(crate) fn push(&self, mark: Event) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(mark);
+        self.pending.fetch_add(1, Ordering::Release);
+    }
+
+    /// Calls `f` with every queued mark stamped before `until` (all of them for `None`), in
+    /// order, and removes them.
+    fn take_before(&self, until: Option<u64>, mut f: impl FnMut(Event)) {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(m) = q.front().copied() {
+            if until.is_some_and(|t| m.ts >= t) {
+                break;
+            }
+            q.pop_front();
+            self.pending.fetch_sub(1, Ordering::Release);
+            f(m);
+        }
+    }
+}
+
+/// Nanoseconds on `CLOCK_MONOTONIC`, the clock of the program's events.
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// What the poller hands back when a recording stops.
 pub(crate) struct Drained {
     pub(crate) sink: Box<dyn Sink>,
@@ -121,6 +173,7 @@ enum Cmd {
         sink: Box<dyn Sink>,
         stop: Arc<AtomicBool>,
         snapshot: Arc<Snapshot>,
+        marks: Arc<Marks>,
         done: SyncSender<Result<Drained, TrackerError>>,
     },
     Quit,
@@ -268,11 +321,13 @@ impl Poller {
         }
     }
 
-    /// Starts draining into `sink`; answers `snapshot`'s requests.
+    /// Starts draining into `sink`, with `marks` among its events; answers `snapshot`'s
+    /// requests.
     pub(crate) fn record(
         &self,
         sink: Box<dyn Sink>,
         snapshot: Arc<Snapshot>,
+        marks: Arc<Marks>,
     ) -> Result<PollerRecording, TrackerError> {
         let stop = Arc::new(AtomicBool::new(false));
         let (done, done_rx) = sync_channel(1);
@@ -280,6 +335,7 @@ impl Poller {
             sink,
             stop: Arc::clone(&stop),
             snapshot,
+            marks,
             done,
         };
         self.cmds
@@ -309,6 +365,11 @@ impl Drop for Poller {
 }
 
 impl PollerRecording {
+    /// Wakes the poller to drain now (a snapshot asked for is answered sooner).
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+    }
+
     /// Asks the poller to drain the tail (call after disabling recording) and waits for it.
     pub(crate) fn finish(self) -> Result<Drained, TrackerError> {
         self.stop.store(true, Ordering::Release);
@@ -325,6 +386,21 @@ struct Active {
     push_error: Option<EncodeError>,
     malformed: u64,
     defined: Defined,
+    marks: Arc<Marks>,
+}
+
+impl Active {
+    /// Pushes the marks stamped before `until` (every one for `None`).
+    fn push_marks(&mut self, until: Option<u64>) {
+        let (sink, error) = (&mut self.sink, &mut self.push_error);
+        self.marks.take_before(until, |m| {
+            if error.is_none()
+                && let Err(e) = sink.push(m)
+            {
+                *error = Some(e);
+            }
+        });
+    }
 }
 
 /// One ring-buffer record: a stack goes into the table (also between recordings: the program
@@ -348,6 +424,7 @@ fn on_record(data: &[u8], table: &mut StackTable, active: Option<&mut Active>) {
     let Some(a) = active else { return };
     match raw.as_ref().and_then(to_event) {
         Some(ev) if a.push_error.is_none() => {
+            a.push_marks(Some(ev.ts));
             let stack = raw.map_or(0, |r| r.stack);
             let pushed = a
                 .defined
@@ -402,6 +479,7 @@ fn run(
         sink,
         stop,
         snapshot,
+        marks,
         done,
     }) = cmds.recv()
     {
@@ -410,7 +488,14 @@ fn run(
             push_error: None,
             malformed: 0,
             defined: Defined::default(),
+            marks,
         });
+        // The marks stamped before a drain began go after what it drained.
+        let drain_marks = |until: Option<u64>| {
+            if let Some(a) = state.borrow_mut().as_mut() {
+                a.push_marks(until);
+            }
+        };
         let drained = (|| -> Result<(), TrackerError> {
             let drain = || {
                 rb.consume()
@@ -424,10 +509,14 @@ fn run(
                     source,
                 })?;
                 waker.clear();
+                let began = monotonic_ns();
                 drain()?;
+                drain_marks(Some(began + 1));
                 if snapshot.take_request() {
                     // Everything submitted before the request is in the ring buffer now.
+                    let began = monotonic_ns();
                     drain()?;
+                    drain_marks(Some(began + 1));
                     let mut st = state.borrow_mut();
                     let a = st.as_mut().expect("set above");
                     if a.push_error.is_none()
@@ -443,6 +532,7 @@ fn run(
                 drain()?;
                 std::thread::sleep(Duration::from_millis(1));
                 if rb.consume_raw() <= 0 {
+                    drain_marks(None);
                     return Ok(());
                 }
             }
