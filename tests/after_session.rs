@@ -126,6 +126,31 @@ fn no_cost_after_counting() {
     );
 }
 
+#[memtrack::memtrack(name = "after_calls")]
+fn tracked_call() {
+    black_box(Vec::<u8>::with_capacity(black_box(64)));
+}
+
+/// A `#[memtrack]` function's recording stays open between its calls (its probes too, for
+/// the next call), and its probes are detached once it has had no call for the idle grace:
+/// the process pays nothing once the calls stop, while the recording is still open.
+fn no_cost_once_calls_stop() {
+    let before = pristine();
+    for _ in 0..50 {
+        tracked_call();
+    }
+    let grace = memtrack::tracker::IDLE_GRACE;
+    std::thread::sleep(grace * 2);
+    let after = malloc_loop();
+    println!("{grace:?} after the last of 50 calls: {after:?} vs {before:?}");
+    assert!(
+        ratio(after, before) < MAX_RATIO,
+        "after {after:?}, before {before:?}: the probes stayed attached after the calls stopped"
+    );
+    let report = memtrack::finish_calls().unwrap().expect("still open");
+    assert_eq!((report.iterations, report.allocations()), (Some(50), 50));
+}
+
 fn main() {
     use memtrack_test_support::{TRACKER, requires};
     // In this order: the first measures the loop before any session of the process.
@@ -141,5 +166,10 @@ fn main() {
             no_cost_after_back_to_back_sessions,
         ),
         requires("no_cost_after_counting", &[TRACKER], no_cost_after_counting),
+        requires(
+            "no_cost_once_calls_stop",
+            &[TRACKER],
+            no_cost_once_calls_stop,
+        ),
     ]);
 }

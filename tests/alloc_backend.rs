@@ -317,6 +317,7 @@ fn three_allocations() {
 
 fn attribute_with_the_allocator_backend_and_limits() {
     macro_within_limits();
+    memtrack::finish_calls().unwrap();
     let dir = std::path::PathBuf::from(std::env::var_os("MEMTRACK_DIR").unwrap());
     let r = Reader::open(dir.join("alloc_macro.memtrack")).unwrap();
     assert_eq!(r.metadata().backend, Backend::Alloc);
@@ -402,7 +403,7 @@ fn expectations_and_in_memory_sessions() {
     let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
     assert_eq!(
         msg,
-        "memtrack: alloc_expect_off — allocations 3, expected exactly 2 (allocations = 2); \
+        "memtrack: alloc_expect_off — call 1: allocations 3, expected exactly 2 (allocations = 2); \
          peak live blocks 3 > max_blocks 2 → not written (in-memory session)"
     );
 

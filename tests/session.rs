@@ -16,7 +16,10 @@ fn dir() -> PathBuf {
     PathBuf::from(std::env::var_os("MEMTRACK_DIR").expect("set by main"))
 }
 
+/// The artifact of `name` once its recording is finished (`#[memtrack]` functions accumulate
+/// their calls until then).
 fn read(name: &str) -> (Reader, Vec<Event>) {
+    memtrack::finish_calls().expect("finishing the calls' recording");
     let r = Reader::open(dir().join(format!("{name}.memtrack"))).expect("artifact");
     assert_eq!(
         r.completeness(),
@@ -248,7 +251,7 @@ fn attribute_limits_fail_with_every_measured_number() {
     assert_eq!(
         msg,
         format!(
-            "memtrack: limits_over — allocations 3 > max_allocations 2; \
+            "memtrack: limits_over — call 1: allocations 3 > max_allocations 2; \
              bytes allocated 1,164 B > max_bytes 1,163 B; peak 1,164 B > max_peak 1,163 B; \
              live at end 1 block (1,000 B) with no_leaks → {}",
             path.display()
@@ -369,7 +372,8 @@ fn a_violation_while_panicking_is_printed_not_raised() {
     // The vec and what the panic itself allocates (its payload): the artifact's count.
     let allocs = totals("limits_panicking").allocations;
     assert!(allocs >= 1);
-    let expected = format!("memtrack: limits_panicking — allocations {allocs} > max_allocations 0");
+    let expected =
+        format!("memtrack: limits_panicking — call 1: allocations {allocs} > max_allocations 0");
     assert!(stderr.contains(&expected), "{expected} in {stderr}");
 }
 

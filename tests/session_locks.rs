@@ -109,6 +109,7 @@ fn the_attribute_asks_for_lock_waits() {
     }
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/session_locks");
     let read = |name: &str| {
+        memtrack::finish_calls().expect("finishing the recording of calls");
         let reader = Reader::open(dir.join(format!("{name}.memtrack"))).unwrap();
         memtrack::locks::lock_waits(&reader, &mut Symbolizer::new())
     };

@@ -1,12 +1,12 @@
 //! What `#[memtrack]` expands to. Not public API: no SemVer guarantees.
 
 use crate::limits::Limits;
-use crate::session::{Session, SessionBuilder};
+use crate::session::{Call, SessionBuilder};
 
-/// The guard a `#[memtrack]` function holds for the duration of its body; dropping it
-/// finishes the session (see [`Session`]'s `Drop`) and, with limits, fails the function.
+/// The guard a `#[memtrack]` function holds for the duration of its body; dropping it ends
+/// the call (see [`Call`]) and, with limits that this call broke, fails the function.
 pub struct Guard {
-    session: Option<Session>,
+    call: Option<Call>,
     limits: Limits,
     /// The session's name, for messages when the limits cannot be checked; cloned only when
     /// there are limits, and before recording starts, so that it is not counted.
@@ -16,9 +16,11 @@ pub struct Guard {
     fail: fn(String),
 }
 
-/// Starts the session of a `#[memtrack]` function: `SessionBuilder::new(name)` with `limits`,
-/// then `options` (the attribute's other options, as the builder's own calls), after any
-/// session running in this process ends (so parallel tests take turns). Called inside a
+/// Begins a call of a `#[memtrack]` function: [`SessionBuilder::call`] of
+/// `SessionBuilder::new(name)` with `limits`, then `options` (the attribute's other options, as
+/// the builder's own calls): the function's calls in this process are one recording, one
+/// artifact, limits checked per call; a call waits for one running on another thread (so
+/// parallel tests take turns). Called inside a
 /// session that records this thread (a `#[memtrack]` function calling another), it joins that
 /// session without calling `options` or allocating: the inner function's allocations are the
 /// outer session's, and it writes no artifact of its own.
@@ -38,7 +40,7 @@ pub fn start(
     fail: fn(String),
 ) -> Guard {
     let unrecorded = |limited_name| Guard {
-        session: None,
+        call: None,
         limits,
         limited_name,
         fail,
@@ -59,11 +61,15 @@ pub fn start(
         }
         return unrecorded(None);
     }
-    let b = options(SessionBuilder::new(name).limits(limits));
     let limited_name = (!limits.is_empty()).then(|| name.to_string());
-    match b.start_waiting() {
-        Ok(s) => Guard {
-            session: Some(s),
+    // The next call of a function whose recording is open: no builder to make.
+    let called = match crate::session::resume_open(name, limits) {
+        Some(called) => called,
+        None => options(SessionBuilder::new(name).limits(limits)).call(),
+    };
+    match called {
+        Ok(c) => Guard {
+            call: Some(c),
             limits,
             limited_name,
             fail,
@@ -97,20 +103,18 @@ pub fn start(
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let (Some(session), Some(name)) = (self.session.take(), &self.limited_name) else {
-            // No limits: the session's own `Drop` finishes it and prints any error.
+        let (Some(call), Some(name)) = (self.call.take(), &self.limited_name) else {
+            // No limits: the call's own `Drop` ends it and prints any error.
             return;
         };
-        match session.finish() {
-            Ok(_) => {}
-            Err(crate::Error::LimitExceeded { report, violations }) => {
-                fail_with(self.fail, report.limits_message(&violations))
-            }
+        match call.end() {
+            Ok(()) => {}
+            Err(e @ crate::Error::CallLimitExceeded { .. }) => fail_with(self.fail, e.to_string()),
             Err(e) => fail_with(
                 self.fail,
                 format!(
-                    "memtrack: {name}: the limits ({}) cannot be checked: finishing the session \
-                 failed: {e}",
+                    "memtrack: {name}: the limits ({}) cannot be checked: ending the call \
+                     failed: {e}",
                     self.limits
                 ),
             ),

@@ -112,6 +112,25 @@ pub enum Error {
         /// Every limit it did not keep, with the measured numbers.
         violations: Vec<crate::limits::Violation>,
     },
+    /// A call of a recording that accumulates calls ([`Call`](crate::Call)) did not keep its
+    /// limits, checked against that call's figures; the recording goes on.
+    #[error(
+        "memtrack: {name} — call {call}: {} → {}",
+        crate::limits::describe(violations),
+        path.as_ref().map_or("not written (in-memory session)".into(), |p| p.display().to_string())
+    )]
+    CallLimitExceeded {
+        /// The recording's name.
+        name: String,
+        /// Which call (1 for the first).
+        call: u64,
+        /// Where the recording's artifact will be when it is finished.
+        path: Option<std::path::PathBuf>,
+        /// What the call measured.
+        iteration: Box<crate::analysis::Iteration>,
+        /// Every limit it did not keep, with the measured numbers.
+        violations: Vec<crate::limits::Violation>,
+    },
 }
 
 /// The message of `Display`: `NoBackend` alone tells a user nothing, its message says the fix.

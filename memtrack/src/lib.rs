@@ -104,4 +104,4 @@ pub use memtrack_macros::memtrack;
 pub use recorder::{Allocator, in_session};
 pub use report::Report;
 pub use scope::{InvalidScope, Scope};
-pub use session::{BackendChoice, Session, SessionBuilder, start};
+pub use session::{BackendChoice, Call, Session, SessionBuilder, finish_calls, start};

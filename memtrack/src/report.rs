@@ -7,7 +7,6 @@ use std::time::Duration;
 use crate::analysis::{Sites, SizeClass, Timeline, Totals};
 use crate::artifact::{Backend, FormatError, Reader};
 use crate::human;
-use crate::limits::{Violation, describe};
 use crate::locks::{LockWaits, LockWaitsError, WaitClass};
 use crate::recording::Recorded;
 use crate::scope::Scope;
@@ -162,14 +161,34 @@ impl Report {
                 human::count(n)
             ),
         };
-        let per_iteration = match self.iterations {
-            Some(n) => format!(
+        let per_iteration = match (&t.per_iteration, self.iterations) {
+            // One call: its totals are its figures.
+            (Some(p), _) if p.iterations <= 1 => String::new(),
+            (Some(p), _) => {
+                // The median, and the range when the calls differ.
+                let spread = |s: &crate::analysis::Spread, show: fn(u64) -> String| {
+                    if s.min == s.max {
+                        show(s.median)
+                    } else {
+                        format!("{} ({}–{})", show(s.median), show(s.min), show(s.max))
+                    }
+                };
+                format!(
+                    "{}, per call (median, min–max): allocations {}, allocated {}, peak {}; \
+                     over all of them: ",
+                    human::plural(p.iterations, "call", "calls"),
+                    spread(&p.allocations, human::count),
+                    spread(&p.bytes_allocated, human::bytes),
+                    spread(&p.peak_live_bytes, human::bytes),
+                )
+            }
+            (None, Some(n)) => format!(
                 "per iteration (of {}): {:.2} allocations, {} allocated; over all of them: ",
                 human::count(n),
                 t.allocations as f64 / n.max(1) as f64,
                 human::bytes_f64(t.bytes_allocated as f64 / n.max(1) as f64),
             ),
-            None => String::new(),
+            (None, None) => String::new(),
         };
         format!(
             "memtrack: {} — {per_iteration}{}, {} allocated in total; peak live heap {}; still \
@@ -228,18 +247,6 @@ impl Report {
             }
         }
     }
-
-    /// The message a `#[memtrack]` function fails with when the session broke its limits:
-    /// `memtrack: parse — allocations 1,234 > max_allocations 1,000; live at end 3 blocks
-    /// (96 B) with no_leaks → target/memtrack/parse.memtrack`.
-    pub(crate) fn limits_message(&self, violations: &[Violation]) -> String {
-        format!(
-            "memtrack: {} — {} → {}",
-            self.name,
-            describe(violations),
-            self.where_written()
-        )
-    }
 }
 
 #[cfg(feature = "symbolize")]
@@ -281,6 +288,7 @@ impl Report {
 mod tests {
     use super::*;
     use crate::limits::Limits;
+    use crate::limits::describe;
 
     pub(super) fn report(allocations: u64, live_blocks: u64, lost_events: u64) -> Report {
         let mut recorded = Recorded::of_totals(Totals {
@@ -414,10 +422,10 @@ mod tests {
             .max_bytes(1_048_576)
             .no_leaks();
         assert_eq!(
-            r.limits_message(&l.check(r.totals(), r.lost_events())),
-            "memtrack: parse — allocations 1,234 > max_allocations 1,000; \
+            describe(&l.check(r.totals(), r.lost_events())),
+            "allocations 1,234 > max_allocations 1,000; \
              bytes allocated 2,000,000 B > max_bytes 1,048,576 B; \
-             live at end 3 blocks (96 B) with no_leaks → t/parse.memtrack"
+             live at end 3 blocks (96 B) with no_leaks"
         );
     }
 }

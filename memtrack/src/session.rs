@@ -16,7 +16,11 @@
 //! Sessions of one process take turns: `Idle → Recording(name) → HandingOff(probes) → Recording`
 //! or `→ Idle`, one state behind one lock, in `session/lifecycle.rs`.
 
+mod calls;
 mod lifecycle;
+
+pub(crate) use calls::resume_open;
+pub use calls::{Call, finish_calls};
 
 use std::fs::File;
 use std::io::Write;
@@ -302,7 +306,31 @@ impl SessionBuilder {
         self.start_with(true)
     }
 
+    /// Begins a call of this name in a recording that accumulates calls: the first call
+    /// starts it, later calls of the same name (on any thread, one at a time) resume it, and
+    /// each call ends with [`Call::end`]. The recording writes one artifact holding every
+    /// call, its iterations the calls ([`PerIteration`](crate::analysis::PerIteration) in its
+    /// totals gives each call's spread), and prints one summary line when finished: at
+    /// [`finish_calls`], when a call of another name or a session started by hand needs the
+    /// recorder, or when the process exits. This is what `#[memtrack]` does. Limits are checked
+    /// per call. The first call's options hold for the whole recording.
+    pub fn call(self) -> Result<Call> {
+        self.validate()?;
+        calls::call(self)
+    }
+
+    /// Starts the session of an accumulating recording ([`calls`]), waiting for its turn.
+    fn start_accumulating(self) -> Result<Session> {
+        self.start_turn(true)
+    }
+
     fn start_with(self, wait: bool) -> Result<Session> {
+        self.validate()?;
+        calls::make_way(wait, &self.name)?;
+        self.start_turn(wait)
+    }
+
+    fn validate(&self) -> Result<()> {
         if self.name.trim().is_empty() {
             return Err(Error::InvalidOption(
                 "a session name must not be empty".into(),
@@ -320,7 +348,10 @@ impl SessionBuilder {
                 self.stack_depth
             )));
         }
-        self.limits.validate()?;
+        Ok(self.limits.validate()?)
+    }
+
+    fn start_turn(self, wait: bool) -> Result<Session> {
         let (turn, handed_over) = SESSIONS
             .begin(&self.name, wait, current_thread_recorded)
             .map_err(|refused| match refused {
@@ -538,6 +569,31 @@ impl Session {
     /// [`Session::finish`]; the last call counts.
     pub fn set_iterations(&mut self, n: u64) {
         self.iterations = Some(n);
+    }
+
+    /// Recording → Paused: a call of an accumulating recording ended (`end_iteration`), or
+    /// its session has just started.
+    fn pause(&self, end_iteration: bool) -> Result<()> {
+        match &self.recording {
+            Some(r) => Ok(r.pause(end_iteration)?),
+            None => Err(Error::SessionFinished),
+        }
+    }
+
+    /// Paused → Recording (the next call, on the calling thread).
+    fn resume(&self) -> Result<()> {
+        match &self.recording {
+            Some(r) => Ok(r.resume()?),
+            None => Err(Error::SessionFinished),
+        }
+    }
+
+    /// Events lost so far.
+    fn lost_events_so_far(&self) -> Result<u64> {
+        match &self.recording {
+            Some(r) => Ok(r.lost_so_far()?),
+            None => Err(Error::SessionFinished),
+        }
     }
 
     /// Where the artifact is while the session runs: a temporary file beside

@@ -1,0 +1,312 @@
+//! Sessions that accumulate calls: the calls of a `#[memtrack]` function in a process are one
+//! recording, one artifact holding every call, limits checked per call; on both recorders.
+//!
+//! `harness = false`: exact counts need libtest's threads out of the way; the tests run one
+//! after another on the main thread. `memtrack::Allocator` is the global allocator, so the
+//! allocator recorder can run (its tests need no privileges); the eBPF recorder's tests need
+//! CAP_BPF + CAP_PERFMON and are reported as ignored, with why, without them.
+//!
+//! Each call's figures are checked against numbers computed here from what the function does,
+//! and against the artifact's events cut at their iteration marks and counted by
+//! memtrack-test-support (not by memtrack's analysis).
+
+use std::hint::black_box;
+use std::path::PathBuf;
+
+use memtrack::analysis::Spread;
+use memtrack::artifact::Reader;
+use memtrack::event::{Event, EventKind};
+use memtrack::{BackendChoice, Report, SessionBuilder, memtrack};
+use memtrack_test_support::{TRACKER, requires, test};
+
+#[global_allocator]
+static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
+
+fn dir() -> PathBuf {
+    PathBuf::from(std::env::var_os("MEMTRACK_DIR").expect("set by main"))
+}
+
+/// Allocations right outside the calls, which must not be counted.
+fn noise() {
+    for n in [24usize, 4000] {
+        black_box(Vec::<u8>::with_capacity(n));
+    }
+}
+
+/// What call `i` of [`work`] allocates: `i % 5 + 1` blocks of `100 × (i % 5 + 1)` bytes, each
+/// freed before the next (so the call's peak is one block).
+fn blocks_of_call(i: u64) -> (u64, u64) {
+    let k = i % 5 + 1;
+    (k, 100 * k)
+}
+
+fn allocate(i: u64) {
+    let (n, size) = blocks_of_call(i);
+    for _ in 0..n {
+        black_box(Vec::<u8>::with_capacity(size as usize));
+    }
+}
+
+#[memtrack(name = "calls_ebpf", backend = "ebpf")]
+fn work_ebpf(i: u64) {
+    allocate(i);
+}
+
+#[memtrack(name = "calls_alloc", backend = "alloc")]
+fn work_alloc(i: u64) {
+    allocate(i);
+}
+
+/// The spread of `values` as the artifact states it: the lower median.
+fn spread(mut values: Vec<u64>) -> Spread {
+    values.sort_unstable();
+    let mut s = Spread::default();
+    s.min = values[0];
+    s.median = values[(values.len() - 1) / 2];
+    s.max = *values.last().unwrap();
+    s.total = values.iter().sum();
+    s
+}
+
+/// The events of each iteration of `tid`, cut at its marks.
+fn iterations(events: &[Event]) -> Vec<Vec<Event>> {
+    let mut out = Vec::new();
+    let mut open: Option<Vec<Event>> = None;
+    for e in events {
+        match e.kind {
+            EventKind::IterationStart => open = Some(Vec::new()),
+            EventKind::IterationEnd => out.extend(open.take()),
+            _ => match &mut open {
+                Some(v) => v.push(*e),
+                None => panic!("an event outside every call: {e:?}"),
+            },
+        }
+    }
+    assert!(open.is_none(), "an iteration without its end");
+    out
+}
+
+fn read(name: &str) -> (Reader, Vec<Event>) {
+    let r = Reader::open(dir().join(format!("{name}.memtrack"))).expect("artifact");
+    assert_eq!(
+        r.completeness(),
+        &memtrack::artifact::Completeness::Complete
+    );
+    let evs = r.events().collect::<Result<_, _>>().expect("decode");
+    (r, evs)
+}
+
+/// Twenty calls with noise between them: one artifact, written when finished; every call's
+/// allocations, bytes and peak exact; nothing between the calls recorded.
+fn twenty_calls_are_one_recording(name: &str, work: fn(u64)) {
+    const CALLS: u64 = 20;
+    let path = dir().join(format!("{name}.memtrack"));
+    for i in 0..CALLS {
+        noise();
+        work(i);
+    }
+    noise();
+    assert!(!path.exists(), "written before the recording is finished");
+    let report: Report = memtrack::finish_calls()
+        .expect("finishes")
+        .expect("a recording was open");
+    assert_eq!(report.iterations, Some(CALLS));
+    let per_call: Vec<(u64, u64)> = (0..CALLS).map(blocks_of_call).collect();
+    let expected = (
+        spread(per_call.iter().map(|&(n, _)| n).collect()),
+        spread(per_call.iter().map(|&(n, size)| n * size).collect()),
+        spread(per_call.iter().map(|&(_, size)| size).collect()),
+    );
+    let p = report.totals().per_iteration.expect("per-call figures");
+    assert_eq!(p.iterations, CALLS);
+    assert_eq!(
+        (p.allocations, p.bytes_allocated, p.peak_live_bytes),
+        expected
+    );
+    assert_eq!(report.allocations(), expected.0.total);
+    // The artifact says the same, counted from its events by another implementation.
+    let (r, events) = read(name);
+    let fin = r.final_metadata().expect("trailer");
+    assert_eq!(fin.iterations, Some(CALLS));
+    assert_eq!(fin.totals.per_iteration, Some(p));
+    let counted: Vec<(u64, u64, u64)> = iterations(&events)
+        .iter()
+        .map(|evs| {
+            let c = memtrack_test_support::count(evs);
+            (c.allocations, c.bytes_allocated, c.peak_live_bytes)
+        })
+        .collect();
+    let from_program: Vec<(u64, u64, u64)> = per_call
+        .iter()
+        .map(|&(n, size)| (n, n * size, size))
+        .collect();
+    assert_eq!(counted, from_program);
+    // Finished: the next call starts a new recording.
+    assert!(memtrack::finish_calls().unwrap().is_none());
+}
+
+#[memtrack(name = "limited", backend = "alloc", max_allocations = 3)]
+fn limited(n: u64) {
+    for _ in 0..n {
+        black_box(Vec::<u8>::with_capacity(8));
+    }
+}
+
+fn panic_message(f: impl FnOnce() + std::panic::UnwindSafe) -> Option<String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(f);
+    std::panic::set_hook(hook);
+    r.err()
+        .map(|e| e.downcast_ref::<String>().cloned().unwrap_or_default())
+}
+
+/// Limits hold per call: the calls within them pass, each call over them fails with its own
+/// number and figures, and the recording goes on with every call.
+fn a_call_over_its_limits_fails_at_that_call() {
+    for n in 1..=3 {
+        assert_eq!(panic_message(move || limited(n)), None, "call {n}");
+    }
+    let path = dir().join("limited.memtrack");
+    assert_eq!(
+        panic_message(|| limited(4)).as_deref(),
+        Some(
+            format!(
+                "memtrack: limited — call 4: allocations 4 > max_allocations 3 → {}",
+                path.display()
+            )
+            .as_str()
+        )
+    );
+    assert!(panic_message(|| limited(5)).is_some_and(|m| m.contains("call 5: allocations 5 >")));
+    let report = memtrack::finish_calls().unwrap().expect("open");
+    assert_eq!(report.iterations, Some(5));
+    assert_eq!(report.allocations(), 1 + 2 + 3 + 4 + 5);
+}
+
+#[memtrack(name = "first_name", backend = "alloc")]
+fn first_name() {
+    black_box(Vec::<u8>::with_capacity(10));
+}
+
+#[memtrack(name = "second_name", backend = "alloc")]
+fn second_name() {
+    black_box(Vec::<u8>::with_capacity(20));
+}
+
+/// A call of another name finishes the open recording (three calls, complete), and so does a
+/// session started by hand, which then runs.
+fn another_name_or_a_session_finishes_the_open_recording() {
+    for _ in 0..3 {
+        first_name();
+    }
+    second_name();
+    let (r, _) = read("first_name");
+    let fin = r.final_metadata().unwrap();
+    assert_eq!((fin.iterations, fin.totals.allocations), (Some(3), 3));
+    let s = SessionBuilder::new("by_hand")
+        .backend(BackendChoice::Alloc)
+        .quiet(true)
+        .start()
+        .expect("a session started by hand makes way");
+    let (r, _) = read("second_name");
+    assert_eq!(r.final_metadata().unwrap().iterations, Some(1));
+    s.finish().unwrap();
+    assert!(memtrack::finish_calls().unwrap().is_none());
+}
+
+#[memtrack(name = "from_threads", backend = "alloc")]
+fn from_threads() {
+    black_box(Vec::<u8>::with_capacity(48));
+    black_box(Vec::<u8>::with_capacity(16));
+}
+
+/// Calls from four threads take turns in one recording: forty calls of two blocks each.
+fn calls_from_threads_take_turns() {
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| (0..10).for_each(|_| from_threads()));
+        }
+    });
+    let report = memtrack::finish_calls().unwrap().expect("open");
+    assert_eq!(report.iterations, Some(40));
+    let p = report.totals().per_iteration.unwrap();
+    assert_eq!(
+        (
+            p.allocations.min,
+            p.allocations.max,
+            p.bytes_allocated.total
+        ),
+        (2, 2, 40 * 64)
+    );
+}
+
+/// A child process that calls `work_alloc` three times and ends (`exit` by returning from
+/// main, or `std::process::exit`): its recording is finished at exit, with one summary line.
+fn the_recording_is_finished_at_exit() {
+    for how in ["--calls-child-return", "--calls-child-exit"] {
+        let out_dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .arg(how)
+            .env("MEMTRACK_DIR", out_dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{how}: {stderr}");
+        let lines: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("memtrack:"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{how}: {stderr}");
+        assert!(
+            lines[0].starts_with("memtrack: calls_alloc — 3 calls"),
+            "{lines:?}"
+        );
+        let r = Reader::open(out_dir.path().join("calls_alloc.memtrack")).unwrap();
+        assert_eq!(
+            r.completeness(),
+            &memtrack::artifact::Completeness::Complete
+        );
+        assert_eq!(r.final_metadata().unwrap().iterations, Some(3));
+    }
+}
+
+fn main() {
+    let child = std::env::args().nth(1);
+    if let Some(how) = child.as_deref().filter(|a| a.starts_with("--calls-child")) {
+        for i in 0..3 {
+            work_alloc(i);
+        }
+        if how == "--calls-child-exit" {
+            std::process::exit(0);
+        }
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    // SAFETY: set before any thread is started.
+    unsafe { std::env::set_var("MEMTRACK_DIR", d.path()) };
+    memtrack_test_support::run_sequential(vec![
+        test("twenty_calls_are_one_recording_alloc", || {
+            twenty_calls_are_one_recording("calls_alloc", work_alloc)
+        }),
+        requires("twenty_calls_are_one_recording_ebpf", &[TRACKER], || {
+            twenty_calls_are_one_recording("calls_ebpf", work_ebpf)
+        }),
+        test(
+            "a_call_over_its_limits_fails_at_that_call",
+            a_call_over_its_limits_fails_at_that_call,
+        ),
+        test(
+            "another_name_or_a_session_finishes_the_open_recording",
+            another_name_or_a_session_finishes_the_open_recording,
+        ),
+        test(
+            "calls_from_threads_take_turns",
+            calls_from_threads_take_turns,
+        ),
+        test(
+            "the_recording_is_finished_at_exit",
+            the_recording_is_finished_at_exit,
+        ),
+    ]);
+}
