@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use libbpf_rs::{MapHandle, RingBufferBuilder};
+use libbpf_rs::{MapHandle, RingBuffer, RingBufferBuilder};
 use memtrack_bpf::{RawEvent, RawStack};
 
 use super::TrackerError;
@@ -411,42 +411,7 @@ fn run(
             malformed: 0,
             defined: Defined::default(),
         });
-        let drained = (|| -> Result<(), TrackerError> {
-            let drain = || {
-                rb.consume()
-                    .map_err(|e| TrackerError::bpf("draining the ring buffer", e))
-            };
-            while !stop.load(Ordering::Acquire) {
-                // Returns early on a forced wakeup (watermark passed) or a stop, else after
-                // the period.
-                wait.wait(DRAIN_PERIOD).map_err(|source| TrackerError::Io {
-                    what: "waiting on the ring buffer".into(),
-                    source,
-                })?;
-                waker.clear();
-                drain()?;
-                if snapshot.take_request() {
-                    // Everything submitted before the request is in the ring buffer now.
-                    drain()?;
-                    let mut st = state.borrow_mut();
-                    let a = st.as_mut().expect("set above");
-                    if a.push_error.is_none()
-                        && let Err(e) = a.sink.snapshot(&snapshot)
-                    {
-                        a.push_error = Some(e);
-                    }
-                }
-            }
-            // The tail: recording is off, but a program that passed the switch just before
-            // may still be filling its record; drain until two passes 1 ms apart find nothing.
-            loop {
-                drain()?;
-                std::thread::sleep(Duration::from_millis(1));
-                if rb.consume_raw() <= 0 {
-                    return Ok(());
-                }
-            }
-        })();
+        let drained = drain_recording(&rb, &wait, waker, &stop, &snapshot, &state);
         let a = state.borrow_mut().take().expect("set above");
         let _ = done.send(drained.map(|()| Drained {
             sink: a.sink,
@@ -455,6 +420,52 @@ fn run(
             short_stacks: a.defined.short_stacks,
             short_stacks_in_libc: a.defined.short_stacks_in_libc,
         }));
+    }
+}
+
+/// Drains `rb` into the recording in `state` every [`DRAIN_PERIOD`] (sooner when woken) and
+/// answers its snapshots, until `stop`; then drains the tail.
+fn drain_recording(
+    rb: &RingBuffer,
+    wait: &Wait,
+    waker: &Waker,
+    stop: &AtomicBool,
+    snapshot: &Arc<Snapshot>,
+    state: &RefCell<Option<Active>>,
+) -> Result<(), TrackerError> {
+    let drain = || {
+        rb.consume()
+            .map_err(|e| TrackerError::bpf("draining the ring buffer", e))
+    };
+    while !stop.load(Ordering::Acquire) {
+        // Returns early on a forced wakeup (watermark passed) or a stop, else after
+        // the period.
+        wait.wait(DRAIN_PERIOD).map_err(|source| TrackerError::Io {
+            what: "waiting on the ring buffer".into(),
+            source,
+        })?;
+        waker.clear();
+        drain()?;
+        if snapshot.take_request() {
+            // Everything submitted before the request is in the ring buffer now.
+            drain()?;
+            let mut st = state.borrow_mut();
+            let a = st.as_mut().expect("a recording is active");
+            if a.push_error.is_none()
+                && let Err(e) = a.sink.snapshot(snapshot)
+            {
+                a.push_error = Some(e);
+            }
+        }
+    }
+    // The tail: recording is off, but a program that passed the switch just before
+    // may still be filling its record; drain until two passes 1 ms apart find nothing.
+    loop {
+        drain()?;
+        std::thread::sleep(Duration::from_millis(1));
+        if rb.consume_raw() <= 0 {
+            return Ok(());
+        }
     }
 }
 
