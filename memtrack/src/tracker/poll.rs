@@ -20,8 +20,8 @@ use crate::encode::{EncodeError, Encoder, Snapshot};
 use crate::event::{Event, EventKind, RawRecord};
 use crate::stack::{Module, ModuleId, Stack, StackId};
 
-/// How often the poller drains when no wakeup comes: events are submitted without wakeups
-/// (a wakeup per event costs ~1.3 µs here), so `poll()` alone would wait for the 64 KiB
+/// How often the poller drains when no wakeup comes: the BPF program submits events without
+/// wakeups (see `wakeup_flag` in memtrack.bpf.c), so `poll()` alone would wait for the 64 KiB
 /// watermark.
 const DRAIN_PERIOD: Duration = Duration::from_millis(10);
 
