@@ -108,7 +108,7 @@ fn sequential_sessions_are_independent() {
 }
 
 /// Sessions back to back: each starts while the previous one's probes are still being closed
-/// in the background (a close waits ~50 ms for the kernel's grace period), so both links probe
+/// in the background (a close waits tens of ms for the kernel's grace period), so both links probe
 /// the same sites for a while; only the newest may record, each call exactly once.
 fn back_to_back_sessions_count_each_call_once() {
     for round in 0..5u64 {

@@ -1,6 +1,6 @@
 //! Where memtrack's entry probes go in each allocator entry point of some ELF files, and
 //! whether the kernel emulates the probed instruction (cheap) or must single-step it (a trap
-//! and a second exception: ~10 µs per hit on this machine kind, EBPF-NOTES.md).
+//! and a second exception: ~10 µs per hit, against under a microsecond emulated).
 //!
 //! ```text
 //! cargo run --release -p memtrack-bpf --example placement [FILE...]

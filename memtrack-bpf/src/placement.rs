@@ -214,11 +214,10 @@ fn may_branch_into(body: &[u8], end: usize) -> bool {
 /// reads the function's first `args` arguments ([`crate::Entry::args_read`]) and the stack
 /// pointer.
 ///
-/// Measured on this kind of machine (EBPF-NOTES.md): a uprobe on an instruction the kernel
-/// emulates costs ~0.75 µs per hit (`push`), one it must single-step out of line ~10 µs
-/// (`test rdi,rdi`), and the kernel's `nop5` optimisation ~0.5 µs. glibc 2.36 `free` starts
-/// with `test %rdi,%rdi`; probing the `je` at `free+3` is 8× cheaper and rdi still holds the
-/// pointer.
+/// Why: a uprobe on an instruction the kernel emulates (`push`, a jump, `nop5`) costs under a
+/// microsecond per hit, one it must single-step out of line (`test rdi,rdi`) ~10 µs. glibc's
+/// `free` starts with `test %rdi,%rdi`, so it is probed at the `je` at `free+3`, where rdi
+/// still holds the pointer.
 ///
 /// # The rule
 ///

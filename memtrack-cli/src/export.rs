@@ -221,28 +221,8 @@ pub fn dhat(cs: &CallSites) -> serde_json::Value {
 /// thread per process, as the profiler keeps them. A second
 /// pass over the events; the frees' stacks (when recorded) are symbolized as they come.
 pub fn firefox(reader: &Reader, cs: &mut CallSites) -> memtrack::Result<fx::Profile> {
-    let meta = reader.metadata().clone();
     let t0 = cs.first_ts;
-    // The wall-clock time of the first event: the recording's start plus the monotonic time
-    // since.
-    let start_ns = meta
-        .start_unix_ns
-        .saturating_add(t0.saturating_sub(meta.start_monotonic_ns));
-    let mut p = fx::Profile::new(
-        &cs.name,
-        fx::ReferenceTimestamp::from_millis_since_unix_epoch(start_ns as f64 / 1e6),
-        fx::SamplingInterval::from_millis(1),
-    );
-    p.set_symbolicated(true);
-    let cats: HashMap<Class, fx::CategoryPairHandle> = [
-        (Class::User, "The program", fx::CategoryColor::Orange),
-        (Class::Std, "Rust std", fx::CategoryColor::Yellow),
-        (Class::Libc, "libc and ld.so", fx::CategoryColor::Blue),
-        (Class::Other, "Other libraries", fx::CategoryColor::Green),
-    ]
-    .into_iter()
-    .map(|(c, name, colour)| (c, p.add_category(name, colour).into()))
-    .collect();
+    let (mut p, cats) = fx_profile(reader, cs);
     let ts = |t: u64| fx::Timestamp::from_nanos_since_reference(t.saturating_sub(t0));
     let mut processes: HashMap<u32, fx::ThreadHandle> = HashMap::new();
     let mut stacks: HashMap<(fx::ThreadHandle, StackId), Option<fx::StackHandle>> = HashMap::new();
@@ -305,6 +285,36 @@ pub fn firefox(reader: &Reader, cs: &mut CallSites) -> memtrack::Result<fx::Prof
         }
     }
     Ok(p)
+}
+
+/// A profile of no samples yet, its time reckoned from `cs`'s first event, with one
+/// category per class of frame.
+fn fx_profile(
+    reader: &Reader,
+    cs: &CallSites,
+) -> (fx::Profile, HashMap<Class, fx::CategoryPairHandle>) {
+    let meta = reader.metadata();
+    // The wall-clock time of the first event: the recording's start plus the monotonic time
+    // since.
+    let start_ns = meta
+        .start_unix_ns
+        .saturating_add(cs.first_ts.saturating_sub(meta.start_monotonic_ns));
+    let mut p = fx::Profile::new(
+        &cs.name,
+        fx::ReferenceTimestamp::from_millis_since_unix_epoch(start_ns as f64 / 1e6),
+        fx::SamplingInterval::from_millis(1),
+    );
+    p.set_symbolicated(true);
+    let cats = [
+        (Class::User, "The program", fx::CategoryColor::Orange),
+        (Class::Std, "Rust std", fx::CategoryColor::Yellow),
+        (Class::Libc, "libc and ld.so", fx::CategoryColor::Blue),
+        (Class::Other, "Other libraries", fx::CategoryColor::Green),
+    ]
+    .into_iter()
+    .map(|(c, name, colour)| (c, p.add_category(name, colour).into()))
+    .collect();
+    (p, cats)
 }
 
 /// The profile's stack of `id` on `thread`: the site's symbolized frames if it allocated,

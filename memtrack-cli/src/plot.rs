@@ -3,8 +3,8 @@
 //!
 //! The events are folded into a [`Timeline`] with one column per pixel of the image width
 //! (min and max kept per column), so the SVG has a few points per pixel however long the
-//! recording is, and the peak is never lost. A 10 M-event synth artifact plots in 0.37 s (median
-//! of 3, 2 cores shared with other work; `memtrack show` on it takes 0.42 s).
+//! recording is, and the peak is never lost. It is one pass over the events, as `memtrack show`
+//! makes.
 
 use std::io::Write;
 use std::path::PathBuf;

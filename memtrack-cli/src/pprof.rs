@@ -150,106 +150,17 @@ impl Strings {
 
 /// The profile of `cs`.
 pub fn profile(cs: &CallSites) -> Profile {
-    let mut st = Strings::new();
-    let mut p = Profile {
-        sample_type: [
-            ("alloc_objects", "count"),
-            ("alloc_space", "bytes"),
-            ("inuse_objects", "count"),
-            ("inuse_space", "bytes"),
-        ]
-        .iter()
-        .map(|(t, u)| ValueType {
-            r#type: st.get(t),
-            unit: st.get(u),
-        })
-        .collect(),
-        ..Profile::default()
-    };
-    p.period_type = Some(ValueType {
-        r#type: st.get("space"),
-        unit: st.get("bytes"),
-    });
-    p.period = 1;
-    p.default_sample_type = st.get("inuse_space");
-    p.duration_nanos = cs.last_ts.saturating_sub(cs.first_ts) as i64;
-    p.comment = vec![st.get(&format!("memtrack: {}", cs.name))];
-    let mut mappings: HashMap<String, u64> = HashMap::new();
-    let mut functions: HashMap<(String, String), u64> = HashMap::new();
-    let mut locations: HashMap<(u64, u64), u64> = HashMap::new();
+    let mut b = Builder::new(cs);
     for c in &cs.call_sites {
         let s = &c.site;
         let mut ids = Vec::with_capacity(c.locations.len());
         if c.locations.is_empty() {
-            let fid = function(&mut p, &mut st, &mut functions, NO_STACK, "");
-            let id = p.location.len() as u64 + 1;
-            p.location.push(Location {
-                id,
-                mapping_id: 0,
-                address: 0,
-                line: vec![Line {
-                    function_id: fid,
-                    line: 0,
-                }],
-            });
-            ids.push(id);
+            ids.push(b.no_stack_location());
         }
         for l in &c.locations {
-            let mapping_id = match &l.module {
-                Some(path) => *mappings.entry(path.clone()).or_insert_with(|| {
-                    let id = p.mapping.len() as u64 + 1;
-                    p.mapping.push(Mapping {
-                        id,
-                        memory_start: 0,
-                        memory_limit: u64::MAX,
-                        file_offset: 0,
-                        filename: st.get(path),
-                        build_id: 0,
-                        has_functions: true,
-                        has_filenames: true,
-                        has_line_numbers: true,
-                        has_inline_frames: true,
-                    });
-                    id
-                }),
-                None => 0,
-            };
-            let key = (mapping_id, l.offset);
-            let id = match locations.get(&key) {
-                Some(&id) => id,
-                None => {
-                    let line = l
-                        .frames
-                        .iter()
-                        .map(|f| {
-                            let name = crate::callsites::frame_name(f);
-                            let file = f.file.clone().unwrap_or_default();
-                            Line {
-                                function_id: function(
-                                    &mut p,
-                                    &mut st,
-                                    &mut functions,
-                                    &name,
-                                    &file,
-                                ),
-                                line: f.line.map_or(0, i64::from),
-                            }
-                        })
-                        .collect();
-                    let id = p.location.len() as u64 + 1;
-                    p.location.push(Location {
-                        id,
-                        mapping_id,
-                        address: l.offset,
-                        line,
-                    });
-                    locations.insert(key, id);
-                    id
-                }
-            };
-            ids.push(id);
+            ids.push(b.location(l));
         }
-        p.sample.push(Sample {
+        b.p.sample.push(Sample {
             location_id: ids,
             value: vec![
                 s.blocks as i64,
@@ -259,31 +170,141 @@ pub fn profile(cs: &CallSites) -> Profile {
             ],
         });
     }
-    p.string_table = st.table;
-    p
+    b.p.string_table = b.st.table;
+    b.p
 }
 
-/// The id of the function `name` in `file`, made on first sight.
-fn function(
-    p: &mut Profile,
-    st: &mut Strings,
-    functions: &mut HashMap<(String, String), u64>,
-    name: &str,
-    file: &str,
-) -> u64 {
-    if let Some(&id) = functions.get(&(name.to_string(), file.to_string())) {
-        return id;
+/// A profile being built: its tables, and the ids already given to mappings, functions and
+/// locations (ids count from 1 in the order of first sight; 0 is "none").
+struct Builder {
+    p: Profile,
+    st: Strings,
+    mappings: HashMap<String, u64>,
+    functions: HashMap<(String, String), u64>,
+    locations: HashMap<(u64, u64), u64>,
+}
+
+impl Builder {
+    /// A profile of no samples yet, with Go's sample types and `cs`'s duration and name.
+    fn new(cs: &CallSites) -> Builder {
+        let mut st = Strings::new();
+        let mut p = Profile {
+            sample_type: [
+                ("alloc_objects", "count"),
+                ("alloc_space", "bytes"),
+                ("inuse_objects", "count"),
+                ("inuse_space", "bytes"),
+            ]
+            .iter()
+            .map(|(t, u)| ValueType {
+                r#type: st.get(t),
+                unit: st.get(u),
+            })
+            .collect(),
+            ..Profile::default()
+        };
+        p.period_type = Some(ValueType {
+            r#type: st.get("space"),
+            unit: st.get("bytes"),
+        });
+        p.period = 1;
+        p.default_sample_type = st.get("inuse_space");
+        p.duration_nanos = cs.last_ts.saturating_sub(cs.first_ts) as i64;
+        p.comment = vec![st.get(&format!("memtrack: {}", cs.name))];
+        Builder {
+            p,
+            st,
+            mappings: HashMap::new(),
+            functions: HashMap::new(),
+            locations: HashMap::new(),
+        }
     }
-    let id = p.function.len() as u64 + 1;
-    let n = st.get(name);
-    p.function.push(Function {
-        id,
-        name: n,
-        system_name: n,
-        filename: st.get(file),
-    });
-    functions.insert((name.to_string(), file.to_string()), id);
-    id
+
+    /// The location of a site without a stack: one line naming [`NO_STACK`], no mapping.
+    fn no_stack_location(&mut self) -> u64 {
+        let fid = self.function(NO_STACK, "");
+        let id = self.p.location.len() as u64 + 1;
+        self.p.location.push(Location {
+            id,
+            mapping_id: 0,
+            address: 0,
+            line: vec![Line {
+                function_id: fid,
+                line: 0,
+            }],
+        });
+        id
+    }
+
+    /// The id of the location of `l`, made on first sight with one line per inlined frame.
+    fn location(&mut self, l: &crate::callsites::Location) -> u64 {
+        let mapping_id = l.module.as_ref().map_or(0, |path| self.mapping(path));
+        let key = (mapping_id, l.offset);
+        if let Some(&id) = self.locations.get(&key) {
+            return id;
+        }
+        let line = l
+            .frames
+            .iter()
+            .map(|f| {
+                let name = crate::callsites::frame_name(f);
+                let file = f.file.clone().unwrap_or_default();
+                Line {
+                    function_id: self.function(&name, &file),
+                    line: f.line.map_or(0, i64::from),
+                }
+            })
+            .collect();
+        let id = self.p.location.len() as u64 + 1;
+        self.p.location.push(Location {
+            id,
+            mapping_id,
+            address: l.offset,
+            line,
+        });
+        self.locations.insert(key, id);
+        id
+    }
+
+    /// The id of the mapping of the module at `path`, made on first sight.
+    fn mapping(&mut self, path: &str) -> u64 {
+        if let Some(&id) = self.mappings.get(path) {
+            return id;
+        }
+        let id = self.p.mapping.len() as u64 + 1;
+        self.p.mapping.push(Mapping {
+            id,
+            memory_start: 0,
+            memory_limit: u64::MAX,
+            file_offset: 0,
+            filename: self.st.get(path),
+            build_id: 0,
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        });
+        self.mappings.insert(path.to_string(), id);
+        id
+    }
+
+    /// The id of the function `name` in `file`, made on first sight.
+    fn function(&mut self, name: &str, file: &str) -> u64 {
+        let key = (name.to_string(), file.to_string());
+        if let Some(&id) = self.functions.get(&key) {
+            return id;
+        }
+        let id = self.p.function.len() as u64 + 1;
+        let n = self.st.get(name);
+        self.p.function.push(Function {
+            id,
+            name: n,
+            system_name: n,
+            filename: self.st.get(file),
+        });
+        self.functions.insert(key, id);
+        id
+    }
 }
 
 /// `cs`'s profile, encoded and gzipped, written to `w`.

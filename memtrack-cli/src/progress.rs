@@ -5,8 +5,8 @@ use std::io::IsTerminal;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use memtrack::artifact::Reader;
 
-/// Below this many events an artifact is read in well under a second (10 M events decode and
-/// aggregate in ~0.4 s on 2 shared cores here): no bar.
+/// Below this many events an artifact is read in well under a second (decoding and totalling
+/// run at over ten million events a second): no bar.
 const MIN_EVENTS: u64 = 1_000_000;
 
 /// A bar counting the events of `reader` as they are decoded, labelled `what` (e.g.

@@ -382,34 +382,14 @@ impl ShowReport {
         threads: bool,
         top: Option<(usize, SiteOrder)>,
     ) -> memtrack::Result<Self> {
-        // Sizes (and sites, when asked for) are counted beside the totals, in the same pass:
-        // `Analyzer` stays lean for others.
-        let (mut a, mut sizes) = (Analyzer::new(), SizeHistogram::new());
-        let bar = progress::events_bar(reader, "reading");
-        let sites = match top {
-            // The site analysis feeds an `Analyzer` of its own: one analysis, not two.
-            Some(_) => Some(SiteAnalyzer::read(reader, |evs| {
-                sizes.update_all(evs);
-                bar.inc(evs.len() as u64);
-            })?),
-            None => {
-                reader.for_each_frame(|_, evs| {
-                    a.update_all(evs);
-                    sizes.update_all(evs);
-                    bar.inc(evs.len() as u64);
-                    Ok(())
-                })?;
-                None
-            }
-        };
-        bar.finish_and_clear();
-        let a = sites.as_ref().map_or(&a, SiteAnalyzer::analyzer);
+        let pass = Pass::read(reader, top.is_some())?;
+        let (a, sites, sizes) = (pass.analyzer(), &pass.sites, &pass.sizes);
         let t = a.totals();
         let iterations = reader.final_metadata().and_then(|f| f.iterations);
         let (major, minor) = reader.version();
         let fin = reader.final_metadata();
         let per_process = a.per_process();
-        let top_sites = match (top, &sites) {
+        let top_sites = match (top, sites) {
             (Some((n, order)), Some(s)) => Some(top_sites(reader, s, n, order)?),
             _ => None,
         };
@@ -461,6 +441,52 @@ impl ShowReport {
     }
 }
 
+/// The one pass over the events: totals, sizes, and the sites when asked for.
+struct Pass {
+    /// The totals when sites are not counted.
+    totals: Analyzer,
+    sites: Option<SiteAnalyzer>,
+    sizes: SizeHistogram,
+}
+
+impl Pass {
+    /// Reads every frame with a progress bar on a terminal.
+    fn read(reader: &Reader, with_sites: bool) -> memtrack::Result<Self> {
+        // Sizes (and sites, when asked for) are counted beside the totals, in the same pass:
+        // `Analyzer` stays lean for others.
+        let (mut totals, mut sizes) = (Analyzer::new(), SizeHistogram::new());
+        let bar = progress::events_bar(reader, "reading");
+        let sites = if with_sites {
+            // The site analysis feeds an `Analyzer` of its own: one analysis, not two.
+            Some(SiteAnalyzer::read(reader, |evs| {
+                sizes.update_all(evs);
+                bar.inc(evs.len() as u64);
+            })?)
+        } else {
+            reader.for_each_frame(|_, evs| {
+                totals.update_all(evs);
+                sizes.update_all(evs);
+                bar.inc(evs.len() as u64);
+                Ok(())
+            })?;
+            None
+        };
+        bar.finish_and_clear();
+        Ok(Pass {
+            totals,
+            sites,
+            sizes,
+        })
+    }
+
+    /// The analyzer that saw the events: the site analysis's own when there is one.
+    fn analyzer(&self) -> &Analyzer {
+        self.sites
+            .as_ref()
+            .map_or(&self.totals, SiteAnalyzer::analyzer)
+    }
+}
+
 fn thread_rows(t: &Totals) -> Vec<ThreadRow> {
     t.per_thread
         .iter()
@@ -490,6 +516,16 @@ fn lossy_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
 /// per-thread table when the report has its rows.
 pub fn text(r: &ShowReport) -> String {
     let mut o = String::new();
+    header_lines(&mut o, r);
+    event_lines(&mut o, r);
+    heap_lines(&mut o, r);
+    kinds_line(&mut o, r);
+    table_sections(&mut o, r);
+    o
+}
+
+/// The file line and how the recording was made.
+fn header_lines(o: &mut String, r: &ShowReport) {
     let _ = writeln!(
         o,
         "{}  (format {}, {}, {}{})",
@@ -521,6 +557,10 @@ pub fn text(r: &ShowReport) -> String {
             format!(", command `{}`", meta.command.join(" "))
         }
     );
+}
+
+/// How many events, how whole their stacks are, and the per-iteration figures.
+fn event_lines(o: &mut String, r: &ShowReport) {
     let _ = writeln!(
         o,
         "  events        {} over {:.3} ms, from {}, {}",
@@ -558,6 +598,10 @@ pub fn text(r: &ShowReport) -> String {
             human::plural(n, "iteration", "iterations")
         );
     }
+}
+
+/// Allocations, frees and the live and mapped heap.
+fn heap_lines(o: &mut String, r: &ShowReport) {
     let _ = writeln!(
         o,
         "  allocations   {} ({} allocated in total)",
@@ -613,6 +657,10 @@ pub fn text(r: &ShowReport) -> String {
         human::bytes(r.mapped_bytes_peak),
         human::bytes(r.mapped_bytes_at_end)
     );
+}
+
+/// The count of each event kind.
+fn kinds_line(o: &mut String, r: &ShowReport) {
     // Kinds that are not memory events only when recorded, as in the JSON totals.
     let kinds: Vec<String> = KindTag::ALL
         .iter()
@@ -620,6 +668,10 @@ pub fn text(r: &ShowReport) -> String {
         .map(|&k| format!("{} {}", k.name(), human::count(r.kinds.get(k))))
         .collect();
     let _ = writeln!(o, "  kinds         {}", kinds.join(", "));
+}
+
+/// The size classes, threads, processes and top sites, each when the report has them.
+fn table_sections(o: &mut String, r: &ShowReport) {
     if !r.size_classes.is_empty() {
         let _ = writeln!(o, "  allocations by size class (bytes)");
         o.push_str(&tables::size_classes(
@@ -641,9 +693,8 @@ pub fn text(r: &ShowReport) -> String {
         o.push_str(&r.process_table);
     }
     if let Some(top) = &r.top_sites {
-        sites_text(&mut o, top, r);
+        sites_text(o, top, r);
     }
-    o
 }
 
 /// The top sites, DHAT-style: a row of numbers per site, its stack below it.

@@ -202,103 +202,104 @@ impl Args {
                     }
                     args.krate = Some(path);
                 }
-                Opt::Meta(meta) => {
-                    if args.limits.take(&meta)? {
-                        continue;
-                    }
-                    if meta.path().is_ident("locks") {
-                        if args.locks.is_some() {
-                            return Err(twice(meta.path()));
-                        }
-                        let Meta::Path(p) = &meta else {
-                            return Err(syn::Error::new_spanned(
-                                &meta,
-                                "`locks` is a flag: write `locks`, without a value",
-                            ));
-                        };
-                        args.locks = Some(p.span());
-                        continue;
-                    }
-                    if meta.path().is_ident("in_memory") {
-                        if args.in_memory.is_some() {
-                            return Err(twice(meta.path()));
-                        }
-                        let Meta::Path(p) = &meta else {
-                            return Err(syn::Error::new_spanned(
-                                &meta,
-                                "`in_memory` is a flag: write `in_memory`, without a value",
-                            ));
-                        };
-                        if args.output.is_some() {
-                            return Err(syn::Error::new_spanned(
-                                p,
-                                "`in_memory` writes no artifact, so `output` has no use: keep one",
-                            ));
-                        }
-                        args.in_memory = Some(p.span());
-                        continue;
-                    }
-                    let key = meta.path();
-                    let slot = if key.is_ident("name") {
-                        &mut args.name
-                    } else if key.is_ident("output") {
-                        &mut args.output
-                    } else if key.is_ident("backend") {
-                        &mut args.backend
-                    } else if key.is_ident("scope") {
-                        &mut args.scope
-                    } else {
-                        return Err(syn::Error::new_spanned(
-                            key,
-                            "unknown #[memtrack] option: expected `name = \"…\"`, \
-                             `output = \"…\"`, `backend = \"auto\"|\"ebpf\"|\"alloc\"`, \
-                             `scope = \"threads\"|\"process\"`, `crate = path`, `in_memory`, `locks`, \
-                             `max_allocations = N`, `allocations = N`, `min_allocations = N`, \
-                             `max_bytes = N`, `max_peak = N`, `max_blocks = N` or `no_leaks`",
-                        ));
-                    };
-                    if slot.is_some() {
-                        return Err(syn::Error::new_spanned(
-                            key,
-                            format!(
-                                "`{}` is given twice",
-                                key.get_ident().expect("ident option")
-                            ),
-                        ));
-                    }
-                    let value = string(&meta)?;
-                    if value.value().is_empty() {
-                        return Err(syn::Error::new_spanned(&value, "must not be empty"));
-                    }
-                    if key.is_ident("backend")
-                        && !matches!(value.value().as_str(), "auto" | "ebpf" | "alloc")
-                    {
-                        return Err(syn::Error::new_spanned(
-                            &value,
-                            "unknown backend: expected \"auto\", \"ebpf\" or \"alloc\"",
-                        ));
-                    }
-                    if key.is_ident("scope")
-                        && !matches!(value.value().as_str(), "threads" | "process")
-                    {
-                        return Err(syn::Error::new_spanned(
-                            &value,
-                            "unknown scope: expected \"threads\" (the function's thread and \
-                             the threads it spawns, the default) or \"process\"",
-                        ));
-                    }
-                    if key.is_ident("output") && args.in_memory.is_some() {
-                        return Err(syn::Error::new_spanned(
-                            key,
-                            "`in_memory` writes no artifact, so `output` has no use: keep one",
-                        ));
-                    }
-                    *slot = Some(value);
-                }
+                Opt::Meta(meta) => args.take(&meta)?,
             }
         }
         args.limits.check_conflicts()?;
-        if let (Some(span), Some(b)) = (args.locks, &args.backend)
+        args.check_locks_backend()?;
+        Ok(args)
+    }
+
+    /// Takes one option other than `crate`: a limit, a flag, or a string option.
+    fn take(&mut self, meta: &Meta) -> syn::Result<()> {
+        if self.limits.take(meta)? {
+            return Ok(());
+        }
+        if meta.path().is_ident("locks") {
+            return self.take_locks(meta);
+        }
+        if meta.path().is_ident("in_memory") {
+            return self.take_in_memory(meta);
+        }
+        self.take_string(meta)
+    }
+
+    /// `locks`, a flag.
+    fn take_locks(&mut self, meta: &Meta) -> syn::Result<()> {
+        if self.locks.is_some() {
+            return Err(twice(meta.path()));
+        }
+        let Meta::Path(p) = meta else {
+            return Err(syn::Error::new_spanned(
+                meta,
+                "`locks` is a flag: write `locks`, without a value",
+            ));
+        };
+        self.locks = Some(p.span());
+        Ok(())
+    }
+
+    /// `in_memory`, a flag that `output` contradicts.
+    fn take_in_memory(&mut self, meta: &Meta) -> syn::Result<()> {
+        if self.in_memory.is_some() {
+            return Err(twice(meta.path()));
+        }
+        let Meta::Path(p) = meta else {
+            return Err(syn::Error::new_spanned(
+                meta,
+                "`in_memory` is a flag: write `in_memory`, without a value",
+            ));
+        };
+        if self.output.is_some() {
+            return Err(syn::Error::new_spanned(
+                p,
+                "`in_memory` writes no artifact, so `output` has no use: keep one",
+            ));
+        }
+        self.in_memory = Some(p.span());
+        Ok(())
+    }
+
+    /// `name`, `output`, `backend` or `scope`: a string that is not empty and is one of the
+    /// option's values; any other key is an unknown option.
+    fn take_string(&mut self, meta: &Meta) -> syn::Result<()> {
+        let key = meta.path();
+        let slot = if key.is_ident("name") {
+            &mut self.name
+        } else if key.is_ident("output") {
+            &mut self.output
+        } else if key.is_ident("backend") {
+            &mut self.backend
+        } else if key.is_ident("scope") {
+            &mut self.scope
+        } else {
+            return Err(syn::Error::new_spanned(
+                key,
+                "unknown #[memtrack] option: expected `name = \"…\"`, \
+                 `output = \"…\"`, `backend = \"auto\"|\"ebpf\"|\"alloc\"`, \
+                 `scope = \"threads\"|\"process\"`, `crate = path`, `in_memory`, `locks`, \
+                 `max_allocations = N`, `allocations = N`, `min_allocations = N`, \
+                 `max_bytes = N`, `max_peak = N`, `max_blocks = N` or `no_leaks`",
+            ));
+        };
+        if slot.is_some() {
+            return Err(twice(key));
+        }
+        let value = string(meta)?;
+        check_value(key, &value)?;
+        if key.is_ident("output") && self.in_memory.is_some() {
+            return Err(syn::Error::new_spanned(
+                key,
+                "`in_memory` writes no artifact, so `output` has no use: keep one",
+            ));
+        }
+        *slot = Some(value);
+        Ok(())
+    }
+
+    /// Refuses `locks` with the allocator recorder, which cannot see lock waits.
+    fn check_locks_backend(&self) -> syn::Result<()> {
+        if let (Some(span), Some(b)) = (self.locks, &self.backend)
             && b.value() == "alloc"
         {
             return Err(syn::Error::new(
@@ -309,6 +310,27 @@ impl Args {
                  CAP_PERFMON) or `locks`",
             ));
         }
-        Ok(args)
+        Ok(())
     }
+}
+
+/// Refuses an empty string option, and a `backend` or `scope` that is none of their values.
+fn check_value(key: &Path, value: &LitStr) -> syn::Result<()> {
+    if value.value().is_empty() {
+        return Err(syn::Error::new_spanned(value, "must not be empty"));
+    }
+    if key.is_ident("backend") && !matches!(value.value().as_str(), "auto" | "ebpf" | "alloc") {
+        return Err(syn::Error::new_spanned(
+            value,
+            "unknown backend: expected \"auto\", \"ebpf\" or \"alloc\"",
+        ));
+    }
+    if key.is_ident("scope") && !matches!(value.value().as_str(), "threads" | "process") {
+        return Err(syn::Error::new_spanned(
+            value,
+            "unknown scope: expected \"threads\" (the function's thread and \
+             the threads it spawns, the default) or \"process\"",
+        ));
+    }
+    Ok(())
 }

@@ -557,108 +557,172 @@ fn writer_loop<W: Write + Send>(
     window: usize,
     level: i32,
 ) -> Result<WriterResult<W>> {
-    let mut batch: Vec<Vec<Event>> = Vec::with_capacity(window);
-    let mut batch_defs: Vec<Option<Box<Definitions>>> = Vec::with_capacity(window);
+    let mut batch = Batch::new(window);
     let mut outs: Vec<Vec<u8>> = (0..window).map(|_| Vec::new()).collect();
-    let mut analyzer = Analyzer::new();
-    let mut sizes = SizeHistogram::new();
-    let mut timeline = Timeline::growing(TIMELINE_COLUMNS).expect("a valid column count");
-    let mut lost = None;
-    let mut snapshots: Vec<Arc<Snapshot>> = Vec::new();
+    let mut figures = Figures::new();
     loop {
-        // Block for one frame, then take whatever else is already queued, up to `window`,
-        // stopping at a snapshot (it is answered once the frames before it are analysed).
-        match rx.recv() {
-            Ok(Msg::Frame(f, d)) => {
-                batch.push(f);
-                batch_defs.push(d);
-            }
-            Ok(Msg::Snapshot(s)) => snapshots.push(s),
-            Ok(Msg::Finish(t)) => lost = Some(t),
-            Err(_) => {}
-        }
-        while lost.is_none() && snapshots.is_empty() && batch.len() < window {
-            match rx.try_recv() {
-                Ok(Msg::Frame(f, d)) => {
-                    batch.push(f);
-                    batch_defs.push(d);
-                }
-                Ok(Msg::Snapshot(s)) => snapshots.push(s),
-                Ok(Msg::Finish(t)) => lost = Some(t),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
-        }
-        if batch.is_empty() {
-            if snapshots.is_empty() {
+        batch.receive(&rx, window);
+        if batch.frames.is_empty() {
+            if batch.snapshots.is_empty() {
                 break;
             }
-            for s in snapshots.drain(..) {
-                s.answer(analyzer.stats());
-            }
-            if lost.is_some() {
+            figures.answer(&mut batch.snapshots);
+            if batch.trailer.is_some() {
                 break;
             }
             continue;
         }
-        let outs = &mut outs[..batch.len()];
-        let mut results: Vec<Result<()>> = (0..batch.len()).map(|_| Ok(())).collect();
-        // Compression on the pool; meanwhile the totals are computed here, in order.
-        pool.in_place_scope(|s| {
-            let frames = batch.iter().zip(&batch_defs);
-            for (((f, d), out), r) in frames.zip(outs.iter_mut()).zip(results.iter_mut()) {
-                s.spawn(move |_| *r = compress(f, d.as_deref(), level, out));
-            }
-            // Sizes and timeline beside the totals, on this thread, overlapping the compression
-            // on the pool; the sizes are counted in the analyzer's pass (one match of the kind).
-            for e in batch.iter().flatten() {
-                analyzer.update_sized(e, &mut sizes);
-                timeline.push(e.ts, analyzer.live_bytes(), analyzer.mapped_bytes());
-            }
-        });
-        let compressed: Result<()> = results.into_iter().collect();
-        compressed?;
+        let outs = &mut outs[..batch.frames.len()];
+        compress_and_count(&pool, &batch, outs, level, &mut figures)?;
         for out in outs.iter() {
             frames.write_frame(out)?;
         }
-        for f in batch.drain(..) {
+        for f in batch.frames.drain(..) {
             let _ = recycle.try_send(f);
         }
-        batch_defs.clear();
-        for s in snapshots.drain(..) {
-            s.answer(analyzer.stats());
-        }
-        if lost.is_some() {
+        batch.defs.clear();
+        figures.answer(&mut batch.snapshots);
+        if batch.trailer.is_some() {
             break;
         }
     }
     // No `Finish` means the encoder was dropped: leave the file without a trailer.
-    let Some(trailer) = lost else {
+    let Some(trailer) = batch.trailer else {
         return Err(Error::Stopped);
     };
-    let totals = analyzer.totals();
-    let per_process = analyzer.per_process();
-    let fin = Final {
-        lost_events: trailer.lost_events,
-        end_monotonic_ns: trailer.end_monotonic_ns,
-        totals: totals.clone(),
-        iterations: trailer.iterations,
-        processes: trailer.processes,
-        unfollowed_processes: trailer.unfollowed_processes,
-        short_stacks: trailer.short_stacks,
-        short_stacks_in_libc: trailer.short_stacks_in_libc,
-    };
-    let (frame_count, events) = (frames.frames(), frames.events());
-    let (out, bytes) = frames.finish(&fin)?;
-    Ok(WriterResult {
-        out,
-        written: Written {
-            frames: frame_count,
-            events,
-            bytes,
-            totals,
-            sizes: sizes.classes(),
-            timeline,
-            per_process,
-        },
-    })
+    figures.finish(frames, trailer)
+}
+
+/// What the writer takes from the queue at once: frames to compress together, the snapshots
+/// asked for after them, and the trailer once the encoder finishes.
+struct Batch {
+    frames: Vec<Vec<Event>>,
+    defs: Vec<Option<Box<Definitions>>>,
+    snapshots: Vec<Arc<Snapshot>>,
+    trailer: Option<Trailer>,
+}
+
+impl Batch {
+    fn new(window: usize) -> Batch {
+        Batch {
+            frames: Vec::with_capacity(window),
+            defs: Vec::with_capacity(window),
+            snapshots: Vec::new(),
+            trailer: None,
+        }
+    }
+
+    /// Blocks for one message, then takes whatever else is already queued, up to `window`
+    /// frames, stopping at a snapshot (it is answered once the frames before it are analysed).
+    fn receive(&mut self, rx: &Receiver<Msg>, window: usize) {
+        if let Ok(m) = rx.recv() {
+            self.take(m);
+        }
+        while self.trailer.is_none() && self.snapshots.is_empty() && self.frames.len() < window {
+            match rx.try_recv() {
+                Ok(m) => self.take(m),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+    }
+
+    fn take(&mut self, m: Msg) {
+        match m {
+            Msg::Frame(f, d) => {
+                self.frames.push(f);
+                self.defs.push(d);
+            }
+            Msg::Snapshot(s) => self.snapshots.push(s),
+            Msg::Finish(t) => self.trailer = Some(t),
+        }
+    }
+}
+
+/// Compresses the batch's frames on the pool into `outs` while `figures` counts their events
+/// on this thread, in order.
+fn compress_and_count(
+    pool: &rayon::ThreadPool,
+    batch: &Batch,
+    outs: &mut [Vec<u8>],
+    level: i32,
+    figures: &mut Figures,
+) -> Result<()> {
+    let mut results: Vec<Result<()>> = (0..batch.frames.len()).map(|_| Ok(())).collect();
+    pool.in_place_scope(|s| {
+        let frames = batch.frames.iter().zip(&batch.defs);
+        for (((f, d), out), r) in frames.zip(outs.iter_mut()).zip(results.iter_mut()) {
+            s.spawn(move |_| *r = compress(f, d.as_deref(), level, out));
+        }
+        figures.count(&batch.frames);
+    });
+    results.into_iter().collect()
+}
+
+/// The figures the writer keeps of every event it writes: the totals, sizes and timeline.
+struct Figures {
+    analyzer: Analyzer,
+    sizes: SizeHistogram,
+    timeline: Timeline,
+}
+
+impl Figures {
+    fn new() -> Figures {
+        Figures {
+            analyzer: Analyzer::new(),
+            sizes: SizeHistogram::new(),
+            timeline: Timeline::growing(TIMELINE_COLUMNS).expect("a valid column count"),
+        }
+    }
+
+    /// Counts `frames`' events, in order.
+    fn count(&mut self, frames: &[Vec<Event>]) {
+        // Sizes and timeline beside the totals, overlapping the compression on the pool; the
+        // sizes are counted in the analyzer's pass (one match of the kind).
+        for e in frames.iter().flatten() {
+            self.analyzer.update_sized(e, &mut self.sizes);
+            let (live, mapped) = (self.analyzer.live_bytes(), self.analyzer.mapped_bytes());
+            self.timeline.push(e.ts, live, mapped);
+        }
+    }
+
+    /// Answers (and forgets) `snapshots` with the figures so far.
+    fn answer(&self, snapshots: &mut Vec<Arc<Snapshot>>) {
+        for s in snapshots.drain(..) {
+            s.answer(self.analyzer.stats());
+        }
+    }
+
+    /// Writes the trailer, with the totals, and says what was written.
+    fn finish<W: Write + Send>(
+        self,
+        frames: FrameWriter<W>,
+        trailer: Trailer,
+    ) -> Result<WriterResult<W>> {
+        let totals = self.analyzer.totals();
+        let per_process = self.analyzer.per_process();
+        let fin = Final {
+            lost_events: trailer.lost_events,
+            end_monotonic_ns: trailer.end_monotonic_ns,
+            totals: totals.clone(),
+            iterations: trailer.iterations,
+            processes: trailer.processes,
+            unfollowed_processes: trailer.unfollowed_processes,
+            short_stacks: trailer.short_stacks,
+            short_stacks_in_libc: trailer.short_stacks_in_libc,
+        };
+        let (frame_count, events) = (frames.frames(), frames.events());
+        let (out, bytes) = frames.finish(&fin)?;
+        Ok(WriterResult {
+            out,
+            written: Written {
+                frames: frame_count,
+                events,
+                bytes,
+                totals,
+                sizes: self.sizes.classes(),
+                timeline: self.timeline,
+                per_process,
+            },
+        })
+    }
 }

@@ -463,6 +463,10 @@ mod tests {
             freed: None,
             allocated: Some((addr, size)),
         };
+        let free = |addr| Heap {
+            freed: Some(addr),
+            allocated: None,
+        };
         let cases = [
             (EventKind::Malloc { addr: 8, size: 3 }, alloc(8, 3)),
             (EventKind::Calloc { addr: 8, size: 3 }, alloc(8, 3)),
@@ -499,18 +503,9 @@ mod tests {
                     new_addr: 0,
                     size: 0,
                 },
-                Heap {
-                    freed: Some(8),
-                    allocated: None,
-                },
+                free(8),
             ),
-            (
-                EventKind::Free { addr: 8 },
-                Heap {
-                    freed: Some(8),
-                    allocated: None,
-                },
-            ),
+            (EventKind::Free { addr: 8 }, free(8)),
             (EventKind::Free { addr: 0 }, none),
             (EventKind::Mmap { addr: 8, size: 3 }, none),
             (EventKind::Munmap { addr: 8, size: 3 }, none),

@@ -12,9 +12,9 @@
 use std::collections::HashMap;
 
 #[cfg(feature = "symbolize")]
-use crate::analysis::OffCpuBuilder;
+use crate::analysis::{OffCpuBuilder, ThreadTime};
 #[cfg(feature = "symbolize")]
-use crate::artifact::{Completeness, Reader};
+use crate::artifact::{Completeness, Reader, StackTable};
 #[cfg(feature = "symbolize")]
 use crate::event::EventKind;
 #[cfg(feature = "symbolize")]
@@ -424,19 +424,47 @@ pub(crate) fn lock_waits_of(
     sym: &mut Symbolizer,
     asked: bool,
 ) -> Result<LockWaits, LockWaitsError> {
+    let end = whole_window_end(reader)?;
+    let off = off_cpu(reader, end, asked)?;
+    let names = stack_names(&off, reader.stacks()?, sym);
+    let mut sites = SiteSums::new();
+    let threads = off
+        .threads
+        .iter()
+        .map(|t| thread_waits(t, off.start, &names, &mut sites))
+        .collect();
+    Ok(LockWaits {
+        window_ns: off.end - off.start,
+        threads,
+        sites: ranked(sites),
+    })
+}
+
+/// The end of the recording's window (ns, CLOCK_MONOTONIC); a recording that was recovered
+/// or lost events is refused.
+#[cfg(feature = "symbolize")]
+fn whole_window_end(reader: &Reader) -> Result<u64, LockWaitsError> {
     if let Completeness::Recovered { reason } = reader.completeness() {
         return Err(LockWaitsError::NotWhole(format!("recovered: {reason}")));
     }
-    let end = match reader.final_metadata() {
-        Some(f) if f.lost_events > 0 => {
-            return Err(LockWaitsError::NotWhole(format!(
-                "{} events lost",
-                f.lost_events
-            )));
-        }
-        Some(f) => f.end_monotonic_ns,
-        None => return Err(LockWaitsError::NotWhole("no final metadata".into())),
-    };
+    match reader.final_metadata() {
+        Some(f) if f.lost_events > 0 => Err(LockWaitsError::NotWhole(format!(
+            "{} events lost",
+            f.lost_events
+        ))),
+        Some(f) => Ok(f.end_monotonic_ns),
+        None => Err(LockWaitsError::NotWhole("no final metadata".into())),
+    }
+}
+
+/// The recording's off-CPU intervals up to `end`; refused if it has no context switch (unless
+/// lock waits were `asked` for) or its switches do not pair.
+#[cfg(feature = "symbolize")]
+fn off_cpu(
+    reader: &Reader,
+    end: u64,
+    asked: bool,
+) -> Result<crate::analysis::OffCpu, LockWaitsError> {
     let mut b = OffCpuBuilder::new(reader.metadata().start_monotonic_ns);
     let mut switches = 0u64;
     for e in reader.events() {
@@ -454,8 +482,16 @@ pub(crate) fn lock_waits_of(
             off.inconsistent
         )));
     }
-    let table = reader.stacks()?;
-    // Every distinct stack, symbolized once, to its function names.
+    Ok(off)
+}
+
+/// Every distinct stack of the intervals, symbolized once, to its function names.
+#[cfg(feature = "symbolize")]
+fn stack_names(
+    off: &crate::analysis::OffCpu,
+    table: &StackTable,
+    sym: &mut Symbolizer,
+) -> HashMap<StackId, Vec<String>> {
     let mut ids: Vec<StackId> = off
         .threads
         .iter()
@@ -466,8 +502,7 @@ pub(crate) fn lock_waits_of(
     ids.dedup();
     let stacks: Vec<_> = ids.iter().filter_map(|id| table.stack(*id)).collect();
     let named = sym.symbolize_stacks(&stacks, |m| table.module(m));
-    let names: HashMap<StackId, Vec<String>> = ids
-        .iter()
+    ids.iter()
         .copied()
         .filter(|id| table.stack(*id).is_some())
         .zip(named)
@@ -480,53 +515,66 @@ pub(crate) fn lock_waits_of(
                 .collect();
             (id, fns)
         })
-        .collect();
-    let mut sites: HashMap<(WaitClass, Vec<String>), (u64, u64)> = HashMap::new();
-    let threads = off
-        .threads
-        .iter()
-        .map(|t| {
-            let mut w = ThreadWaits {
-                pid: t.pid,
-                tid: t.tid,
-                start_ns: t.start - off.start,
-                end_ns: t.end - off.start,
-                times: WaitTimes {
-                    cpu_ns: t.cpu_ns,
-                    other_off_cpu_ns: t.before_first_switch_in_ns,
-                    ..WaitTimes::default()
-                },
-                idle: t.idle,
-                ..ThreadWaits::default()
-            };
-            for i in &t.intervals {
-                let fns: Vec<&str> = names
-                    .get(&i.stack)
-                    .map(|v| v.iter().map(String::as_str).collect())
-                    .unwrap_or_default();
-                let (class, at) = classify(i.preempted, &fns);
-                *w.times.slot(class) += i.ns();
-                let is_lock = matches!(
-                    class,
-                    WaitClass::Mutex
-                        | WaitClass::RwLock
-                        | WaitClass::Condvar
-                        | WaitClass::Barrier
-                        | WaitClass::GlibcLock
-                );
-                if let (true, Some(at)) = (is_lock, at) {
-                    let above = lock_caller(&fns, at);
-                    let s = sites.entry((class, above)).or_default();
-                    s.0 += i.ns();
-                    s.1 += 1;
-                }
-            }
-            if w.times.cpu_ns > 0 {
-                w.mutex_wait_per_cpu = w.times.mutex_wait_ns as f64 / w.times.cpu_ns as f64;
-            }
-            w
-        })
-        .collect();
+        .collect()
+}
+
+/// Lock call sites being summed: (class, frames above the lock call) to (ns waited, waits).
+#[cfg(feature = "symbolize")]
+type SiteSums = HashMap<(WaitClass, Vec<String>), (u64, u64)>;
+
+/// Thread `t`'s times by class, its intervals classified by their stacks' `names`; each lock
+/// wait is also added to its call site in `sites`.
+#[cfg(feature = "symbolize")]
+fn thread_waits(
+    t: &ThreadTime,
+    window_start: u64,
+    names: &HashMap<StackId, Vec<String>>,
+    sites: &mut SiteSums,
+) -> ThreadWaits {
+    let mut w = ThreadWaits {
+        pid: t.pid,
+        tid: t.tid,
+        start_ns: t.start - window_start,
+        end_ns: t.end - window_start,
+        times: WaitTimes {
+            cpu_ns: t.cpu_ns,
+            other_off_cpu_ns: t.before_first_switch_in_ns,
+            ..WaitTimes::default()
+        },
+        idle: t.idle,
+        ..ThreadWaits::default()
+    };
+    for i in &t.intervals {
+        let fns: Vec<&str> = names
+            .get(&i.stack)
+            .map(|v| v.iter().map(String::as_str).collect())
+            .unwrap_or_default();
+        let (class, at) = classify(i.preempted, &fns);
+        *w.times.slot(class) += i.ns();
+        let is_lock = matches!(
+            class,
+            WaitClass::Mutex
+                | WaitClass::RwLock
+                | WaitClass::Condvar
+                | WaitClass::Barrier
+                | WaitClass::GlibcLock
+        );
+        if let (true, Some(at)) = (is_lock, at) {
+            let above = lock_caller(&fns, at);
+            let s = sites.entry((class, above)).or_default();
+            s.0 += i.ns();
+            s.1 += 1;
+        }
+    }
+    if w.times.cpu_ns > 0 {
+        w.mutex_wait_per_cpu = w.times.mutex_wait_ns as f64 / w.times.cpu_ns as f64;
+    }
+    w
+}
+
+/// The call sites, most waited first (equal waits in the order of their frames).
+#[cfg(feature = "symbolize")]
+fn ranked(sites: SiteSums) -> Vec<WaitSite> {
     let mut sites: Vec<WaitSite> = sites
         .into_iter()
         .map(|((class, frames), (wait_ns, waits))| WaitSite {
@@ -537,11 +585,7 @@ pub(crate) fn lock_waits_of(
         })
         .collect();
     sites.sort_by(|a, b| b.wait_ns.cmp(&a.wait_ns).then(a.frames.cmp(&b.frames)));
-    Ok(LockWaits {
-        window_ns: off.end - off.start,
-        threads,
-        sites,
-    })
+    sites
 }
 
 /// The frames above the lock call: past the matched frame and the lock's own wrappers (std's
@@ -646,8 +690,14 @@ mod tests {
         for (f, want) in rows {
             assert_eq!(class(&["syscall", park, f]), want, "{f}");
         }
-        // A release build: the slow paths inlined, their frames named without their paths,
-        // which only the generic arguments of the frames inlined into them carry.
+        // parking_lot_core's park alone (a primitive of its own): another futex.
+        assert_eq!(class(&["syscall", park]), WaitClass::OtherFutex);
+    }
+
+    /// A release build: the slow paths inlined, their frames named without their paths,
+    /// which only the generic arguments of the frames inlined into them carry.
+    #[test]
+    fn parking_lot_slow_paths_inlined() {
         // `futex_wait` and `park` inlined: their frames' names as DWARF gives them.
         let (futex, short_park) = ("futex_wait", "park");
         let rows = [
@@ -685,7 +735,16 @@ mod tests {
                 .collect();
             assert_eq!(class(&stack), want, "{stack:?}");
         }
-        // The spin before parking yields under lock_api's generic `lock`/`read`/`write`.
+        // The short names alone say nothing of whose they are.
+        assert_eq!(
+            class(&["syscall", futex, "lock_slow", "lock"]),
+            WaitClass::OtherFutex
+        );
+    }
+
+    /// The spin before parking yields under lock_api's generic `lock`/`read`/`write`.
+    #[test]
+    fn parking_lot_spin_yields() {
         for (f, want) in [
             (
                 "lock<parking_lot::raw_mutex::RawMutex, u64>",
@@ -702,13 +761,6 @@ mod tests {
         ] {
             assert_eq!(class(&["__GI___sched_yield", "lock", f]), want, "{f}");
         }
-        // The short names alone say nothing of whose they are.
-        assert_eq!(
-            class(&["syscall", futex, "lock_slow", "lock"]),
-            WaitClass::OtherFutex
-        );
-        // parking_lot_core's park alone (a primitive of its own): another futex.
-        assert_eq!(class(&["syscall", park]), WaitClass::OtherFutex);
     }
 
     #[test]

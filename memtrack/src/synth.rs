@@ -65,6 +65,17 @@ impl Default for SynthOptions {
 /// Call sites of the model's stacks.
 pub const SITES: usize = 300;
 
+/// The cumulative weights of `n` sites whose counts follow Zipf's law (exponent 1).
+fn zipf_cumulative(n: usize) -> Vec<f64> {
+    let mut total = 0.0;
+    (1..=n)
+        .map(|r| {
+            total += 1.0 / r as f64;
+            total
+        })
+        .collect()
+}
+
 /// The model's call sites: their stacks and modules, and how an allocation picks one.
 struct Sites {
     rng: Xoshiro256PlusPlus,
@@ -77,8 +88,14 @@ struct Sites {
 }
 
 impl Sites {
-    fn new(seed: u64, threads: usize) -> Self {
-        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x5717_c4a5_0000_0001);
+    const APP: ModuleId = ModuleId(1);
+    const LIBC: ModuleId = ModuleId(2);
+    const CXX: ModuleId = ModuleId(3);
+
+    /// The program, libc and libstdc++, at paths no machine has: a symbolizer falls back to
+    /// `module+0xOFFSET` everywhere alike (a real libc would be found, with another build id,
+    /// and named so in the output).
+    fn modules() -> Vec<(ModuleId, Module)> {
         let module = |path: &str, build_id: u8| Module {
             path: path.to_string(),
             build_id: Some(
@@ -87,14 +104,16 @@ impl Sites {
                     .collect(),
             ),
         };
-        let (app, libc, cxx) = (ModuleId(1), ModuleId(2), ModuleId(3));
-        // Paths no machine has: a symbolizer falls back to `module+0xOFFSET` everywhere alike
-        // (a real libc would be found, with another build id, and named so in the output).
-        let modules = vec![
-            (app, module("/synth/bin/synth-app", 1)),
-            (libc, module("/synth/lib/libc.so.6", 2)),
-            (cxx, module("/synth/lib/libstdc++.so.6", 3)),
-        ];
+        vec![
+            (Sites::APP, module("/synth/bin/synth-app", 1)),
+            (Sites::LIBC, module("/synth/lib/libc.so.6", 2)),
+            (Sites::CXX, module("/synth/lib/libstdc++.so.6", 3)),
+        ]
+    }
+
+    fn new(seed: u64, threads: usize) -> Self {
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x5717_c4a5_0000_0001);
+        let (app, libc, cxx) = (Sites::APP, Sites::LIBC, Sites::CXX);
         // Return addresses inside functions of the program (a 4 MiB text).
         let ret = |rng: &mut Xoshiro256PlusPlus| Frame {
             module: app,
@@ -143,18 +162,11 @@ impl Sites {
                 },
             ));
         }
-        let mut total = 0.0;
-        let cumulative = (1..=SITES)
-            .map(|r| {
-                total += 1.0 / r as f64;
-                total
-            })
-            .collect();
         Sites {
             rng,
-            modules,
+            modules: Sites::modules(),
             stacks,
-            cumulative,
+            cumulative: zipf_cumulative(SITES),
             last: vec![StackId::NONE; threads],
         }
     }

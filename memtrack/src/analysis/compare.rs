@@ -436,8 +436,8 @@ mod tests {
         Benchmark::new(name, format!("{name}.memtrack"), totals).with_iterations(it)
     }
 
-    /// The case: the same code, 480,313 then 300,195 iterations (plus one allocation
-    /// of criterion's own in the longer run) is unchanged per iteration, not -37.50%.
+    /// The same code over 480,313 then 300,195 iterations (plus one allocation of criterion's
+    /// own in the longer run) is unchanged per iteration, not -37.50%.
     #[test]
     fn per_iteration_figures_compare_across_iteration_counts() {
         let base = [bench("b", 480_313, 480_313 * 64, 64, Some(480_313))];

@@ -14,7 +14,7 @@
 //! - A free of an address the recording saw freed, with no allocation there since, is the
 //!   allocator returning a block from its own cache, not a user free: glibc's thread shutdown
 //!   passes every block left in the thread's tcache (blocks the program had already freed)
-//!   through `free` again, ~435 per exiting thread. It is counted in
+//!   through `free` again, up to hundreds per exiting thread. It is counted in
 //!   `allocator_internal_frees`, not in `frees` (so a program that frees everything has as
 //!   many frees as allocations), and changes no live bytes.
 //! - **Live** heap bytes change at every allocation and free; `peak_live_bytes` is their maximum
@@ -127,9 +127,8 @@ pub struct ProcessTotals {
 #[derive(Clone, Copy)]
 enum Block {
     /// A block of this many bytes is live there, with the tag its [`HeapObserver`] gave it
-    /// (the site analysis: the block's site; 0 otherwise). One map for the totals and the
-    /// sites: `show --top` on a recording of rustc (15.5 M events, 608 k call sites) spent a
-    /// fifth of its time in the second map it used to keep.
+    /// (the site analysis: the block's site; 0 otherwise). One map serves the totals and the
+    /// sites: a second map would cost every allocation and free another look-up.
     Live(u64, u32),
     /// Freed while recording, not allocated again since: a second free of it is the
     /// allocator's own (see the module docs).
@@ -228,12 +227,11 @@ impl<S: HeapObserver> HeapOps for HeapUpdate<'_, S> {
 }
 
 /// How many events ahead [`Analyzer::update_all`] prefetches the heap slots they will look
-/// up: `show --top 20` of a recording of rustc (15.5 M events, 608 k sites) spent two thirds
-/// of its analysis waiting on the block table's cache misses.
+/// up: on a large heap the analysis otherwise waits mostly on the block table's cache misses.
 const PREFETCH_AHEAD: usize = 8;
 
-/// The block-table size above which [`Analyzer::update_all`] prefetches: a core's L2 cache
-/// here is 1 MiB.
+/// The block-table size above which [`Analyzer::update_all`] prefetches: a table that fits a
+/// typical core's L2 cache (1 MiB) stays cached.
 const PREFETCH_ABOVE_BYTES: usize = 1 << 20;
 
 /// Asks the CPU to bring `x` into its cache: a hint, with no effect on what the program reads.
@@ -772,9 +770,9 @@ mod tests {
         assert_eq!(t.threads, 2);
     }
 
-    /// Issue 12, item 12: a process image's heap ends at exec. The blocks the old image left
-    /// live are discarded (not freed, not live at the end), another process's are kept, and
-    /// the new image's blocks count as usual.
+    /// A process image's heap ends at exec. The blocks the old image left live are discarded
+    /// (not freed, not live at the end), another process's are kept, and the new image's
+    /// blocks count as usual.
     #[test]
     fn exec_discards_the_old_images_live_blocks() {
         let mut a = Analyzer::new();

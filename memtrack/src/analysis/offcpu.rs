@@ -132,6 +132,157 @@ struct Thread {
     execed: bool,
 }
 
+impl Thread {
+    /// A thread that existed before the window and executes a program: what ran before is
+    /// the recorder's own child waiting to be released (`record`'s fork); the program's
+    /// life, and the row, begin at its first exec (then `true`). A thread created in the
+    /// window (a followed fork) keeps its time before the exec: the program ran it.
+    fn begins_at_exec(&mut self, e: &Event, start: u64) -> bool {
+        if e.kind != EventKind::Exec
+            || self.created.is_some()
+            || self.execed
+            || !matches!(self.state, State::Unseen | State::On { .. })
+        {
+            return false;
+        }
+        self.time = ThreadTime {
+            pid: e.pid,
+            tid: e.tid,
+            ..ThreadTime::default()
+        };
+        self.created = Some(e.ts.max(start));
+        self.execed = true;
+        self.state = State::On {
+            since: e.ts.max(start),
+        };
+        true
+    }
+
+    /// The state `e` leads to, its time counted, and whether `e` agrees with the pairing.
+    fn next(&mut self, e: &Event, start: u64) -> (State, bool) {
+        match self.state {
+            // Runnable from its creation until its first switch-in: an interval with no stack,
+            // preempted (waiting for a CPU). A thread id used again after an exit goes on in
+            // the same row.
+            State::Unseen | State::Ended if e.kind == EventKind::ThreadStart => {
+                let at = e.ts.max(start);
+                self.created.get_or_insert(at);
+                let off = State::Off {
+                    since: at,
+                    preempted: true,
+                    stack: StackId::NONE,
+                    ran: None,
+                };
+                (off, true)
+            }
+            State::Unseen => (self.first_event(e, start), true),
+            State::On { since } => self.next_on(since, e),
+            State::Off {
+                since,
+                preempted,
+                stack,
+                ran,
+            } => self.next_off(since, preempted, stack, ran, e),
+            // An event of an ended thread, other than a new start: one was lost.
+            State::Ended => (State::Ended, false),
+        }
+    }
+
+    /// The state after the thread's first event, which is not its creation.
+    fn first_event(&mut self, e: &Event, start: u64) -> State {
+        let t = &mut self.time;
+        match e.kind {
+            EventKind::ThreadExit => {
+                t.cpu_ns += e.ts - start;
+                self.exited = Some(e.ts);
+                State::Ended
+            }
+            EventKind::SwitchOut { preempted } => {
+                t.cpu_ns += e.ts - start;
+                State::Off {
+                    since: e.ts,
+                    preempted,
+                    stack: e.stack,
+                    ran: None,
+                }
+            }
+            EventKind::SwitchIn => {
+                t.before_first_switch_in_ns += e.ts - start;
+                State::On { since: e.ts }
+            }
+            _ => State::On { since: start },
+        }
+    }
+
+    /// The state after `e` of a thread on a CPU since `since`.
+    fn next_on(&mut self, since: u64, e: &Event) -> (State, bool) {
+        let t = &mut self.time;
+        match e.kind {
+            EventKind::ThreadExit => {
+                t.cpu_ns += e.ts.saturating_sub(since);
+                self.exited = Some(e.ts);
+                (State::Ended, true)
+            }
+            EventKind::SwitchOut { preempted } => {
+                t.cpu_ns += e.ts.saturating_sub(since);
+                let off = State::Off {
+                    since: e.ts,
+                    preempted,
+                    stack: e.stack,
+                    ran: None,
+                };
+                (off, true)
+            }
+            _ if !e.kind.tag().is_scheduling() => (State::On { since }, true),
+            // A switch-in of a running thread: an event between them was lost. Keep the
+            // earlier state.
+            _ => (self.state, false),
+        }
+    }
+
+    /// The state after `e` of a thread off the CPU since `since`.
+    fn next_off(
+        &mut self,
+        since: u64,
+        preempted: bool,
+        stack: StackId,
+        ran: Option<u64>,
+        e: &Event,
+    ) -> (State, bool) {
+        match e.kind {
+            EventKind::SwitchIn => {
+                // Stamped after the switch-out and before any memory event held meanwhile;
+                // else counted (the pairing goes on).
+                let bad = e.ts < since || ran.is_some_and(|r| e.ts > r);
+                let t = &mut self.time;
+                t.off_cpu_ns += e.ts.saturating_sub(since);
+                t.intervals.push(Interval {
+                    start: since,
+                    end: e.ts.max(since),
+                    preempted,
+                    stack,
+                    open_at_end: false,
+                });
+                (State::On { since: e.ts }, !bad)
+            }
+            // A memory event of a thread off the CPU: held until its switch-in (see the module
+            // docs).
+            _ if !e.kind.tag().is_scheduling() => {
+                let held = State::Off {
+                    since,
+                    preempted,
+                    stack,
+                    ran: Some(ran.map_or(e.ts, |r| r.min(e.ts))),
+                };
+                (held, true)
+            }
+            // A switch-out of a thread off the CPU: an event between them was lost. Keep the
+            // earlier state.
+            _ => (self.state, false),
+        }
+    }
+}
+
 /// Pairs switch events into [`OffCpu`]: feed every event of a recording in time order with
 /// [`update`](Self::update), then [`finish`](Self::finish) at the window's end.
 #[derive(Debug, Clone)]
@@ -180,126 +331,16 @@ impl OffCpuBuilder {
             self.start = e.ts;
         }
         let start = self.start;
-        let mut bad = false;
         let th = self.thread(e.pid, e.tid);
-        // A thread that existed before the window and executes a program: what ran before is
-        // the recorder's own child waiting to be released (`record`'s fork); the program's
-        // life, and the row, begin at its first exec. A thread created in the window (a
-        // followed fork) keeps its time before the exec: the program ran it.
-        if e.kind == EventKind::Exec
-            && th.created.is_none()
-            && !th.execed
-            && matches!(th.state, State::Unseen | State::On { .. })
-        {
-            th.time = ThreadTime {
-                pid: e.pid,
-                tid: e.tid,
-                ..ThreadTime::default()
-            };
-            th.created = Some(e.ts.max(start));
-            th.execed = true;
-            th.state = State::On {
-                since: e.ts.max(start),
-            };
+        if th.begins_at_exec(e, start) {
             return;
         }
         if e.kind == EventKind::Exec {
             th.execed = true;
         }
-        let t = &mut th.time;
-        th.state = match (th.state, e.kind) {
-            // Runnable from its creation until its first switch-in: an interval with no stack,
-            // preempted (waiting for a CPU). A thread id used again after an exit goes on in
-            // the same row.
-            (State::Unseen | State::Ended, EventKind::ThreadStart) => {
-                let at = e.ts.max(start);
-                th.created.get_or_insert(at);
-                State::Off {
-                    since: at,
-                    preempted: true,
-                    stack: StackId::NONE,
-                    ran: None,
-                }
-            }
-            (State::Unseen, EventKind::ThreadExit) => {
-                t.cpu_ns += e.ts - start;
-                th.exited = Some(e.ts);
-                State::Ended
-            }
-            (State::On { since }, EventKind::ThreadExit) => {
-                t.cpu_ns += e.ts.saturating_sub(since);
-                th.exited = Some(e.ts);
-                State::Ended
-            }
-            (State::Unseen, EventKind::SwitchOut { preempted }) => {
-                t.cpu_ns += e.ts - start;
-                State::Off {
-                    since: e.ts,
-                    preempted,
-                    stack: e.stack,
-                    ran: None,
-                }
-            }
-            (State::Unseen, EventKind::SwitchIn) => {
-                t.before_first_switch_in_ns += e.ts - start;
-                State::On { since: e.ts }
-            }
-            (State::Unseen, _) => State::On { since: start },
-            (State::On { since }, EventKind::SwitchOut { preempted }) => {
-                t.cpu_ns += e.ts.saturating_sub(since);
-                State::Off {
-                    since: e.ts,
-                    preempted,
-                    stack: e.stack,
-                    ran: None,
-                }
-            }
-            (
-                State::Off {
-                    since,
-                    preempted,
-                    stack,
-                    ran,
-                },
-                EventKind::SwitchIn,
-            ) => {
-                // Stamped after the switch-out and before any memory event held meanwhile;
-                // else counted (the pairing goes on).
-                bad = e.ts < since || ran.is_some_and(|r| e.ts > r);
-                t.off_cpu_ns += e.ts.saturating_sub(since);
-                t.intervals.push(Interval {
-                    start: since,
-                    end: e.ts.max(since),
-                    preempted,
-                    stack,
-                    open_at_end: false,
-                });
-                State::On { since: e.ts }
-            }
-            (State::On { since }, _) if !e.kind.tag().is_scheduling() => State::On { since },
-            // A memory event of a thread off the CPU: held until its switch-in (see above).
-            (
-                State::Off {
-                    since,
-                    preempted,
-                    stack,
-                    ran,
-                },
-                _,
-            ) if !e.kind.tag().is_scheduling() => State::Off {
-                since,
-                preempted,
-                stack,
-                ran: Some(ran.map_or(e.ts, |r| r.min(e.ts))),
-            },
-            // A switch-in of a running thread, a switch-out of one off the CPU, a memory event
-            // of one off the CPU: an event between them was lost. Keep the earlier state.
-            (state, _) => {
-                bad = true;
-                state
-            }
-        };
-        if bad {
+        let (state, consistent) = th.next(e, start);
+        th.state = state;
+        if !consistent {
             self.inconsistent += 1;
         }
     }

@@ -171,11 +171,6 @@ fn check_directories(path: &Path) -> Result<(), OutputError> {
 /// Follows trusted symbolic links from `path`: the path of the file they lead to and its
 /// metadata (`None` if it does not exist), or `(path, None)` with `in_place` for `/proc` paths.
 fn resolve(path: &Path) -> Result<(PathBuf, Option<std::fs::Metadata>, bool), OutputError> {
-    let io_err = |p: &Path, what: &str, source| OutputError::Io {
-        path: p.to_path_buf(),
-        what: what.to_string(),
-        source,
-    };
     let mut p = path.to_path_buf();
     for _ in 0..=MAX_SYMLINKS {
         // `/proc/self/fd/N` and friends are "magic" links whose text (`pipe:[123]`) is not a
@@ -206,105 +201,120 @@ fn resolve(path: &Path) -> Result<(PathBuf, Option<std::fs::Metadata>, bool), Ou
     })
 }
 
+fn io_err(path: &Path, what: impl Into<String>, source: io::Error) -> OutputError {
+    OutputError::Io {
+        path: path.to_path_buf(),
+        what: what.into(),
+        source,
+    }
+}
+
+/// Opens a `/proc` path for writing, which only the kernel can resolve; a directory is refused.
+fn open_proc(target: &Path) -> Result<File, OutputError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .open(target)
+        .map_err(|e| io_err(target, "opening it", e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| io_err(target, "inspecting it", e))?;
+    if meta.is_dir() {
+        return Err(OutputError::Unsupported {
+            path: target.to_path_buf(),
+            kind: "directory",
+        });
+    }
+    Ok(file)
+}
+
+/// Opens an existing file that is not a regular one, `meta` its metadata: only a trusted
+/// character device or FIFO with one link, written in place.
+fn open_special(target: &Path, meta: &std::fs::Metadata) -> Result<File, OutputError> {
+    let ft = meta.file_type();
+    let kind = if ft.is_char_device() {
+        "character device"
+    } else if ft.is_fifo() {
+        "FIFO"
+    } else {
+        let kind = if ft.is_dir() {
+            "directory"
+        } else if ft.is_block_device() {
+            "block device"
+        } else if ft.is_socket() {
+            "socket"
+        } else {
+            "special file"
+        };
+        return Err(OutputError::Unsupported {
+            path: target.to_path_buf(),
+            kind,
+        });
+    };
+    if !trusted(meta.uid()) || meta.nlink() != 1 {
+        return Err(OutputError::UntrustedSpecial {
+            path: target.to_path_buf(),
+            kind,
+            owner: meta.uid(),
+            links: meta.nlink(),
+        });
+    }
+    // No O_CREAT: never create a file here; O_NOFOLLOW: the name was not swapped for a
+    // link since it was inspected. A FIFO's open waits for a reader, as `>` does.
+    let file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(target)
+        .map_err(|e| io_err(target, "opening it", e))?;
+    let now = file
+        .metadata()
+        .map_err(|e| io_err(target, "inspecting it", e))?;
+    if (now.dev(), now.ino()) != (meta.dev(), meta.ino()) {
+        return Err(io_err(
+            target,
+            "opening it",
+            io::Error::other("it was replaced while being opened"),
+        ));
+    }
+    Ok(file)
+}
+
+/// A temporary file beside `target` (a regular file or a new name), to be renamed over it.
+fn temp_beside(target: &Path) -> Result<NamedTempFile, OutputError> {
+    let dir = parent(target);
+    let name = target.file_name().ok_or_else(|| OutputError::Unsupported {
+        path: target.to_path_buf(),
+        kind: "directory",
+    })?;
+    let mut prefix = name.to_os_string();
+    prefix.push(".");
+    tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".partial")
+        .rand_bytes(6)
+        // The mode a plain `File::create` gives: 0666 minus the umask.
+        .permissions(Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+        .map_err(|e| {
+            io_err(
+                target,
+                format!("creating a temporary file in {}", dir.display()),
+                e,
+            )
+        })
+}
+
 impl Output {
     /// Prepares to write `path`: a temporary file beside a regular file (or a new name), or
     /// the file itself for a character device or FIFO. Fails, touching nothing, if the target
     /// is refused by the rules of the module docs or the temporary file cannot be created.
     pub fn create(path: impl AsRef<Path>) -> Result<Output, OutputError> {
-        let path = path.as_ref();
-        let (target, meta, proc_path) = resolve(path)?;
-        let io_err = |what: String, source| OutputError::Io {
-            path: target.clone(),
-            what,
-            source,
+        let (target, meta, proc_path) = resolve(path.as_ref())?;
+        let dest = match &meta {
+            _ if proc_path => Dest::InPlace(open_proc(&target)?),
+            Some(meta) if !meta.is_file() => Dest::InPlace(open_special(&target, meta)?),
+            _ => Dest::Temp(temp_beside(&target)?),
         };
-        if proc_path {
-            let file = OpenOptions::new()
-                .write(true)
-                .open(&target)
-                .map_err(|e| io_err("opening it".into(), e))?;
-            let meta = file
-                .metadata()
-                .map_err(|e| io_err("inspecting it".into(), e))?;
-            if meta.is_dir() {
-                return Err(OutputError::Unsupported {
-                    path: target,
-                    kind: "directory",
-                });
-            }
-            return Ok(Output {
-                target,
-                dest: Dest::InPlace(file),
-            });
-        }
-        if let Some(meta) = &meta
-            && !meta.is_file()
-        {
-            let ft = meta.file_type();
-            let kind = if ft.is_char_device() {
-                "character device"
-            } else if ft.is_fifo() {
-                "FIFO"
-            } else {
-                let kind = if ft.is_dir() {
-                    "directory"
-                } else if ft.is_block_device() {
-                    "block device"
-                } else if ft.is_socket() {
-                    "socket"
-                } else {
-                    "special file"
-                };
-                return Err(OutputError::Unsupported { path: target, kind });
-            };
-            if !trusted(meta.uid()) || meta.nlink() != 1 {
-                return Err(OutputError::UntrustedSpecial {
-                    path: target,
-                    kind,
-                    owner: meta.uid(),
-                    links: meta.nlink(),
-                });
-            }
-            // No O_CREAT: never create a file here; O_NOFOLLOW: the name was not swapped for a
-            // link since it was inspected. A FIFO's open waits for a reader, as `>` does.
-            let file = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&target)
-                .map_err(|e| io_err("opening it".into(), e))?;
-            let now = file
-                .metadata()
-                .map_err(|e| io_err("inspecting it".into(), e))?;
-            if (now.dev(), now.ino()) != (meta.dev(), meta.ino()) {
-                return Err(io_err(
-                    "opening it".into(),
-                    io::Error::other("it was replaced while being opened"),
-                ));
-            }
-            return Ok(Output {
-                target,
-                dest: Dest::InPlace(file),
-            });
-        }
-        let dir = parent(&target);
-        let name = target.file_name().ok_or_else(|| OutputError::Unsupported {
-            path: target.clone(),
-            kind: "directory",
-        })?;
-        let mut prefix = name.to_os_string();
-        prefix.push(".");
-        let temp = tempfile::Builder::new()
-            .prefix(&prefix)
-            .suffix(".partial")
-            .rand_bytes(6)
-            // The mode a plain `File::create` gives: 0666 minus the umask.
-            .permissions(Permissions::from_mode(0o666))
-            .tempfile_in(dir)
-            .map_err(|e| io_err(format!("creating a temporary file in {}", dir.display()), e))?;
-        Ok(Output {
-            target,
-            dest: Dest::Temp(temp),
-        })
+        Ok(Output { target, dest })
     }
 
     /// The file the output ends up in: the requested path, or the file its links lead to.

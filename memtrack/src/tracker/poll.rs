@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use libbpf_rs::{MapHandle, RingBufferBuilder};
+use libbpf_rs::{MapHandle, RingBuffer, RingBufferBuilder};
 use memtrack_bpf::{RawEvent, RawStack};
 
 use super::TrackerError;
@@ -21,8 +21,8 @@ use crate::encode::{EncodeError, Encoder, Snapshot};
 use crate::event::{Event, EventKind, RawRecord};
 use crate::stack::{Module, ModuleId, Stack, StackId};
 
-/// How often the poller drains when no wakeup comes: events are submitted without wakeups
-/// (a wakeup per event costs ~1.3 µs here), so `poll()` alone would wait for the 64 KiB
+/// How often the poller drains when no wakeup comes: the BPF program submits events without
+/// wakeups (see `wakeup_flag` in memtrack.bpf.c), so `poll()` alone would wait for the 64 KiB
 /// watermark.
 const DRAIN_PERIOD: Duration = Duration::from_millis(10);
 
@@ -490,53 +490,7 @@ fn run(
             defined: Defined::default(),
             marks,
         });
-        // The marks stamped before a drain began go after what it drained.
-        let drain_marks = |until: Option<u64>| {
-            if let Some(a) = state.borrow_mut().as_mut() {
-                a.push_marks(until);
-            }
-        };
-        let drained = (|| -> Result<(), TrackerError> {
-            let drain = || {
-                rb.consume()
-                    .map_err(|e| TrackerError::bpf("draining the ring buffer", e))
-            };
-            while !stop.load(Ordering::Acquire) {
-                // Returns early on a forced wakeup (watermark passed) or a stop, else after
-                // the period.
-                wait.wait(DRAIN_PERIOD).map_err(|source| TrackerError::Io {
-                    what: "waiting on the ring buffer".into(),
-                    source,
-                })?;
-                waker.clear();
-                let began = monotonic_ns();
-                drain()?;
-                drain_marks(Some(began + 1));
-                if snapshot.take_request() {
-                    // Everything submitted before the request is in the ring buffer now.
-                    let began = monotonic_ns();
-                    drain()?;
-                    drain_marks(Some(began + 1));
-                    let mut st = state.borrow_mut();
-                    let a = st.as_mut().expect("set above");
-                    if a.push_error.is_none()
-                        && let Err(e) = a.sink.snapshot(&snapshot)
-                    {
-                        a.push_error = Some(e);
-                    }
-                }
-            }
-            // The tail: recording is off, but a program that passed the switch just before
-            // may still be filling its record; drain until two passes 1 ms apart find nothing.
-            loop {
-                drain()?;
-                std::thread::sleep(Duration::from_millis(1));
-                if rb.consume_raw() <= 0 {
-                    drain_marks(None);
-                    return Ok(());
-                }
-            }
-        })();
+        let drained = drain_recording(&rb, &wait, waker, &stop, &snapshot, &state);
         let a = state.borrow_mut().take().expect("set above");
         let _ = done.send(drained.map(|()| Drained {
             sink: a.sink,
@@ -545,6 +499,63 @@ fn run(
             short_stacks: a.defined.short_stacks,
             short_stacks_in_libc: a.defined.short_stacks_in_libc,
         }));
+    }
+}
+
+/// Drains `rb` into the recording in `state` every [`DRAIN_PERIOD`] (sooner when woken) and
+/// answers its snapshots, until `stop`; then drains the tail.
+fn drain_recording(
+    rb: &RingBuffer,
+    wait: &Wait,
+    waker: &Waker,
+    stop: &AtomicBool,
+    snapshot: &Arc<Snapshot>,
+    state: &RefCell<Option<Active>>,
+) -> Result<(), TrackerError> {
+    let drain = || {
+        rb.consume()
+            .map_err(|e| TrackerError::bpf("draining the ring buffer", e))
+    };
+    // The marks stamped before a drain began go after what it drained.
+    let drain_marks = |until: Option<u64>| {
+        if let Some(a) = state.borrow_mut().as_mut() {
+            a.push_marks(until);
+        }
+    };
+    while !stop.load(Ordering::Acquire) {
+        // Returns early on a forced wakeup (watermark passed) or a stop, else after
+        // the period.
+        wait.wait(DRAIN_PERIOD).map_err(|source| TrackerError::Io {
+            what: "waiting on the ring buffer".into(),
+            source,
+        })?;
+        waker.clear();
+        let began = monotonic_ns();
+        drain()?;
+        drain_marks(Some(began + 1));
+        if snapshot.take_request() {
+            // Everything submitted before the request is in the ring buffer now.
+            let began = monotonic_ns();
+            drain()?;
+            drain_marks(Some(began + 1));
+            let mut st = state.borrow_mut();
+            let a = st.as_mut().expect("a recording is active");
+            if a.push_error.is_none()
+                && let Err(e) = a.sink.snapshot(snapshot)
+            {
+                a.push_error = Some(e);
+            }
+        }
+    }
+    // The tail: recording is off, but a program that passed the switch just before
+    // may still be filling its record; drain until two passes 1 ms apart find nothing.
+    loop {
+        drain()?;
+        std::thread::sleep(Duration::from_millis(1));
+        if rb.consume_raw() <= 0 {
+            drain_marks(None);
+            return Ok(());
+        }
     }
 }
 
