@@ -14,6 +14,7 @@ fn sources() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = [
         "memtrack",
         "memtrack-cli",
+        "memtrack-criterion",
         "memtrack-macros",
         "memtrack-bpf",
     ]

@@ -1,0 +1,56 @@
+#![doc = include_str!("../README.md")]
+//!
+//! ## This crate's layout
+//! ```text
+//! timing mode (no cfg)        pub use criterion::*            criterion itself, nothing added
+//! memory mode (--cfg memtrack_bench, or memtrack_bench="alloc")
+//!   bench       Criterion, BenchmarkGroup, BenchmarkId: ids, the filter, which mode runs
+//!   bencher     Bencher: warm-up, then N iterations in one memtrack::Session per benchmark
+//!   run         the process's run: settings (env, arguments), results, the final table
+//!   args        criterion's command line, as memory mode reads it
+//!   macros      criterion_group!, criterion_main!
+//! ```
+//! Everything else (`black_box`, `BatchSize`, `Throughput`, `measurement`, `profiler`, …) is
+//! criterion's, re-exported in both modes.
+
+#[cfg(all(feature = "criterion-0_5", feature = "criterion-0_8"))]
+compile_error!(
+    "memtrack-criterion: features `criterion-0_5` and `criterion-0_8` are both on: for criterion \
+     0.5 write `default-features = false, features = [\"criterion-0_5\"]`"
+);
+#[cfg(not(any(feature = "criterion-0_5", feature = "criterion-0_8")))]
+compile_error!(
+    "memtrack-criterion: no criterion version: enable feature `criterion-0_8` (the default) or \
+     `criterion-0_5`"
+);
+
+#[cfg(all(feature = "criterion-0_5", not(feature = "criterion-0_8")))]
+use criterion_0_5 as upstream;
+#[cfg(feature = "criterion-0_8")]
+use criterion_0_8 as upstream;
+
+// Timing mode is criterion itself; memory mode's own items below shadow these names.
+#[cfg(any(feature = "criterion-0_5", feature = "criterion-0_8"))]
+pub use upstream::*;
+
+// Reads no memtrack: its unit tests run in the timing-mode `cargo test` too.
+#[cfg(any(memtrack_bench, memtrack_bench = "alloc", test))]
+mod args;
+#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+mod bench;
+#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+mod bencher;
+#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+mod macros;
+#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+mod run;
+
+#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+pub use bench::{BenchmarkGroup, BenchmarkId, Criterion, runner};
+#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+pub use bencher::Bencher;
+
+/// The allocator recorder, without a source edit: `--cfg memtrack_bench="alloc"`.
+#[cfg(memtrack_bench = "alloc")]
+#[global_allocator]
+static ALLOCATOR: memtrack::Allocator = memtrack::Allocator::system();

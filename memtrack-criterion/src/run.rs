@@ -1,0 +1,289 @@
+//! The run of this process in memory mode, in one place: its settings (read once from the
+//! environment and the command line), the ids given so far, what each benchmark measured or
+//! why it failed, and the one table printed at the end.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use memtrack::{Report, human};
+
+use crate::args::{Args, HELP};
+
+/// Warm-up iterations before the recorded ones (`MEMTRACK_WARMUP`): two, so that what the
+/// first call of a routine sets up once (lazy statics, caches, a buffer grown to size) is
+/// there before recording starts.
+pub(crate) const DEFAULT_WARMUP: u64 = 2;
+
+/// Recorded iterations (`MEMTRACK_ITERATIONS`): allocation counts do not vary as timings do,
+/// so a few are enough; ten spread a buffer's amortized growth over several.
+pub(crate) const DEFAULT_ITERATIONS: u64 = 10;
+
+/// How many iterations each benchmark runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub(crate) warmup: u64,
+    pub(crate) iterations: u64,
+}
+
+/// `MEMTRACK_WARMUP` and `MEMTRACK_ITERATIONS`, else the defaults; read once. An invalid
+/// value ends the process (status 2) with a one-line message, before any benchmark runs.
+pub(crate) fn counts() -> Counts {
+    static COUNTS: OnceLock<Counts> = OnceLock::new();
+    *COUNTS.get_or_init(|| {
+        let read = |var: &str, default: u64, min: u64| match std::env::var(var) {
+            Err(_) => default,
+            Ok(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n >= min => n,
+                _ => exit_with(&format!(
+                    "memtrack: {var}={v:?} is not a whole number of at least {min}"
+                )),
+            },
+        };
+        Counts {
+            warmup: read("MEMTRACK_WARMUP", DEFAULT_WARMUP, 0),
+            iterations: read("MEMTRACK_ITERATIONS", DEFAULT_ITERATIONS, 1),
+        }
+    })
+}
+
+/// This process's arguments, parsed once (`--help` prints the help and exits, an error ends
+/// the process with status 2, as criterion's parser does).
+pub(crate) fn args() -> &'static Args {
+    static ARGS: OnceLock<Args> = OnceLock::new();
+    ARGS.get_or_init(|| match Args::parse(std::env::args().skip(1)) {
+        Ok(a) if a.help => {
+            println!("{HELP}");
+            std::process::exit(0)
+        }
+        Ok(a) => a,
+        Err(e) => exit_with(&e),
+    })
+}
+
+fn exit_with(message: &str) -> ! {
+    eprintln!("{message}");
+    std::process::exit(2)
+}
+
+/// What one benchmark's session measured, per its `iterations`.
+#[derive(Debug, Clone)]
+pub(crate) struct Figures {
+    pub(crate) iterations: u64,
+    pub(crate) allocations: u64,
+    pub(crate) bytes: u64,
+    pub(crate) peak_live_bytes: u64,
+    pub(crate) live_blocks_at_end: u64,
+    pub(crate) live_bytes_at_end: u64,
+    pub(crate) lost_events: u64,
+    pub(crate) path: Option<PathBuf>,
+}
+
+impl Figures {
+    /// The figures of a finished session of `iterations`: the one place that reads a
+    /// [`Report`]'s fields.
+    pub(crate) fn of(report: &Report, iterations: u64) -> Figures {
+        Figures {
+            iterations,
+            allocations: report.allocations(),
+            bytes: report.bytes_allocated(),
+            peak_live_bytes: report.peak_live_bytes(),
+            live_blocks_at_end: report.totals.live_blocks_at_end,
+            live_bytes_at_end: report.totals.live_bytes_at_end,
+            lost_events: report.lost_events,
+            path: report.path.clone(),
+        }
+    }
+}
+
+/// The run so far: benchmarks in the order they ran.
+struct Run {
+    /// Every id given so far (criterion's title, made unique with ` #2`, …).
+    ids: BTreeSet<String>,
+    /// Each benchmark that ran: its figures (`None` when run once, unrecorded), or why it failed.
+    outcomes: Vec<(String, Result<Option<Figures>, String>)>,
+    /// The table was printed: a second `final_summary` prints nothing.
+    summarized: bool,
+}
+
+static RUN: Mutex<Run> = Mutex::new(Run {
+    ids: BTreeSet::new(),
+    outcomes: Vec::new(),
+    summarized: false,
+});
+
+fn run() -> MutexGuard<'static, Run> {
+    // A benchmark that panicked did so outside this lock: its state is whole.
+    RUN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `id`, or `id #2`, `id #3`, … if it was given before in this process (criterion does the
+/// same within one `Criterion`; here across groups too, since each artifact is named by it).
+pub(crate) fn unique_id(id: String) -> String {
+    let mut run = run();
+    let mut unique = id.clone();
+    let mut n = 2;
+    while run.ids.contains(&unique) {
+        unique = format!("{id} #{n}");
+        n += 1;
+    }
+    run.ids.insert(unique.clone());
+    unique
+}
+
+/// Records what benchmark `id` measured, or why it failed (said now, on one line of stderr).
+pub(crate) fn record(id: &str, outcome: Result<Option<Figures>, String>) {
+    let mut run = run();
+    let outcome = outcome.and_then(|figures| {
+        let Some(f) = figures else { return Ok(None) };
+        if f.lost_events > 0 {
+            return Err(format!(
+                "{} events lost: its numbers are incomplete",
+                human::count(f.lost_events)
+            ));
+        }
+        let same = |o: &Result<Option<Figures>, String>| {
+            matches!(o, Ok(Some(g)) if g.path.is_some() && g.path == f.path)
+        };
+        match run.outcomes.iter().find(|(_, o)| same(o)) {
+            Some((other, _)) => Err(format!(
+                "its artifact has the file name of {other}'s, which it replaced: rename one"
+            )),
+            None => Ok(Some(f)),
+        }
+    });
+    if let Err(why) = &outcome {
+        eprintln!("memtrack: {id}: {why}");
+    }
+    run.outcomes.push((id.to_string(), outcome));
+}
+
+/// Prints the table of the recorded benchmarks on stdout (when `table`, and once), and ends
+/// the process with status 1 if any benchmark failed.
+pub(crate) fn summarize(table: bool) {
+    let mut run = run();
+    if table && !run.summarized && !run.outcomes.is_empty() {
+        run.summarized = true;
+        print!("{}", render(&run.outcomes));
+        let counts = counts();
+        let dir = run.outcomes.iter().find_map(|(_, o)| {
+            let path = o.as_ref().ok()?.as_ref()?.path.as_ref()?;
+            Some(path.parent()?.display().to_string())
+        });
+        eprintln!(
+            "memtrack: {} iterations per benchmark, after {} of warm-up{}",
+            counts.iterations,
+            counts.warmup,
+            dir.map(|d| format!("; artifacts in {d}"))
+                .unwrap_or_default()
+        );
+    }
+    let failed: Vec<&str> = run
+        .outcomes
+        .iter()
+        .filter(|(_, o)| o.is_err())
+        .map(|(id, _)| id.as_str())
+        .collect();
+    if !failed.is_empty() {
+        eprintln!(
+            "memtrack: {} of {} benchmarks failed: {}",
+            failed.len(),
+            run.outcomes.len(),
+            failed.join(", ")
+        );
+        drop(run);
+        std::process::exit(1);
+    }
+}
+
+/// The table: per benchmark, allocations and bytes per iteration, the peak live heap, and what
+/// is still live at the end of its session.
+fn render(outcomes: &[(String, Result<Option<Figures>, String>)]) -> String {
+    let header = [
+        "benchmark",
+        "allocs/iter",
+        "bytes/iter",
+        "peak",
+        "live at end",
+    ];
+    let mut rows = vec![header.map(String::from)];
+    for (id, outcome) in outcomes {
+        rows.push(match outcome {
+            Ok(None) => continue,
+            Ok(Some(f)) => {
+                let n = f.iterations.max(1) as f64;
+                [
+                    id.clone(),
+                    per_iteration(f.allocations as f64 / n),
+                    bytes(f.bytes as f64 / n),
+                    human::bytes(f.peak_live_bytes),
+                    format!(
+                        "{} ({})",
+                        human::plural(f.live_blocks_at_end, "block", "blocks"),
+                        human::bytes(f.live_bytes_at_end)
+                    ),
+                ]
+            }
+            Err(_) => [
+                id.clone(),
+                "failed".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ],
+        });
+    }
+    human::table(&rows, &[false, true, true, true, true])
+}
+
+/// A per-iteration count: whole numbers as such, else two decimals.
+fn per_iteration(v: f64) -> String {
+    if v.fract() == 0.0 {
+        human::count(v as u64)
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Per-iteration bytes: `64 B`, `12.50 B`, `8.0 KiB`.
+fn bytes(v: f64) -> String {
+    if v.fract() == 0.0 {
+        human::bytes(v as u64)
+    } else {
+        human::bytes_f64(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(iterations: u64, allocations: u64, bytes: u64) -> Figures {
+        Figures {
+            iterations,
+            allocations,
+            bytes,
+            peak_live_bytes: 8192,
+            live_blocks_at_end: 1,
+            live_bytes_at_end: 24,
+            lost_events: 0,
+            path: None,
+        }
+    }
+
+    #[test]
+    fn the_table_gives_per_iteration_figures() {
+        let t = render(&[
+            ("vec/1024".into(), Ok(Some(figures(10, 10, 81_920)))),
+            ("fmt".into(), Ok(Some(figures(4, 5, 50)))),
+            ("custom".into(), Err("iter_custom".into())),
+        ]);
+        assert_eq!(
+            t,
+            "benchmark  allocs/iter  bytes/iter     peak     live at end\n\
+             vec/1024             1     8.0 KiB  8.0 KiB  1 block (24 B)\n\
+             fmt               1.25     12.50 B  8.0 KiB  1 block (24 B)\n\
+             custom          failed\n"
+        );
+    }
+}

@@ -1,0 +1,508 @@
+//! memtrack-criterion on real criterion suites: `tests/fixtures/suite05` (criterion 0.5) and
+//! `suite08` (the same benchmarks on criterion 0.8), built by cargo as a user builds them and run.
+//!
+//! The figures memory mode records are checked against an independent count: suite05 built
+//! in timing mode with its feature `count`, whose own global allocator counts what each routine
+//! allocates (criterion's `--test` runs each routine once) and prints it.
+//!
+//! Each configuration is built once per run of this binary, into one target directory under the
+//! workspace's (`CARGO_TARGET_TMPDIR`), where later runs find it built; the lock files are the
+//! fixtures' own (`--locked`, and `--offline` when they resolve without the network).
+//! `harness = false` (memtrack-test-support's runner): the eBPF test is reported as ignored
+//! where the tracker cannot load.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+use memtrack::artifact::{Backend, Reader};
+use memtrack_test_support::{TRACKER, Trial, requires, run, test, text};
+
+/// A build of a fixture suite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Build {
+    /// suite05 in timing mode, with the counting allocator (feature `count`).
+    Counting,
+    /// suite05 in memory mode with the allocator recorder (`memtrack_bench="alloc"`).
+    Memory05,
+    /// suite08 likewise (the same flags as `Memory05`: the memtrack crates are built once).
+    Memory08,
+}
+
+impl Build {
+    fn suite(self) -> &'static str {
+        match self {
+            Build::Counting | Build::Memory05 => "suite05",
+            Build::Memory08 => "suite08",
+        }
+    }
+
+    fn rustflags(self) -> &'static str {
+        match self {
+            Build::Counting => "-C force-frame-pointers=yes",
+            Build::Memory05 | Build::Memory08 => {
+                "--cfg memtrack_bench=\"alloc\" -C force-frame-pointers=yes"
+            }
+        }
+    }
+}
+
+/// The ids of the fixture's benchmarks, in the order they run (`custom` is refused).
+const IDS: &[&str] = &[
+    "vec/1024",
+    "format",
+    "sum/100",
+    "large_drop",
+    "custom",
+    "parse/json/16",
+    "parse/json/1024",
+    "batched/by_value",
+    "batched/by_ref",
+    "batched/5000",
+    "strings",
+];
+
+const REFUSAL: &str = "memtrack: custom: iter_custom is refused in memory mode: its routine runs \
+     and times the iterations itself, so memtrack cannot tell their allocations from its own (use \
+     iter or iter_batched)";
+
+fn fixture(suite: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(suite)
+}
+
+fn cargo(dir: &Path) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(dir);
+    // Flags are the build's own (RUSTFLAGS, set per build), not those of the test's build.
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// The host's target triple (`rustc -vV`).
+fn host() -> &'static str {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+        let out = memtrack_test_support::run_ok(Command::new(rustc).arg("-vV"));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let host = text.lines().find_map(|l| l.strip_prefix("host: "));
+        host.expect("rustc -vV names the host").to_string()
+    })
+}
+
+/// What a build produced: its benchmark executable and the packages it compiled.
+#[derive(Debug, Clone)]
+struct Built {
+    exe: PathBuf,
+    packages: BTreeSet<String>,
+}
+
+/// Builds `build` (once per process: later calls get the first's result) with `cargo bench
+/// --no-run`; panics with cargo's messages if it fails or if the crates of this repository
+/// warn.
+fn built(build: Build) -> Built {
+    static BUILT: Mutex<BTreeMap<Build, Built>> = Mutex::new(BTreeMap::new());
+    // Held while building: cargo would serialize the builds on the target directory anyway.
+    let mut cache = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(b) = cache.get(&build) {
+        return b.clone();
+    }
+    let dir = fixture(build.suite());
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("memtrack-criterion-fixtures");
+    let offline = cargo(&dir)
+        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut cmd = cargo(&dir);
+    cmd.args(["bench", "--no-run", "--locked", "--message-format=json"])
+        .arg("--target-dir")
+        .arg(&target)
+        // What these tests check does not depend on optimization, and unoptimized the three
+        // builds take less than half the CPU time.
+        .args(["--config", "profile.bench.opt-level=0"])
+        // With an explicit target, RUSTFLAGS apply to the target's crates only: the builds
+        // share their build scripts and proc macros.
+        .args(["--target", host()])
+        .env("RUSTFLAGS", build.rustflags());
+    if offline {
+        cmd.arg("--offline");
+    }
+    if build == Build::Counting {
+        cmd.args(["--features", "count"]);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let mut exe = None;
+    let mut packages = BTreeSet::new();
+    let mut warnings = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(m) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let package = m["package_id"].as_str().unwrap_or_default();
+        match m["reason"].as_str() {
+            Some("compiler-artifact") => {
+                packages.insert(m["target"]["name"].as_str().unwrap_or_default().to_string());
+                if m["target"]["kind"] == serde_json::json!(["bench"]) {
+                    exe = m["executable"].as_str().map(PathBuf::from);
+                }
+            }
+            // This repository's crates and the fixture are path packages: their warnings show.
+            Some("compiler-message") if package.starts_with("path+") => {
+                if let Some(rendered) = m["message"]["rendered"].as_str() {
+                    warnings.push(rendered.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        warnings.join("")
+    );
+    assert!(
+        warnings.is_empty(),
+        "{build:?}: the build warns:\n{}",
+        warnings.join("")
+    );
+    let built = Built {
+        exe: exe.unwrap_or_else(|| panic!("{build:?}: cargo named no bench executable")),
+        packages,
+    };
+    cache.insert(build, built.clone());
+    built
+}
+
+/// Runs the benchmark binary of `build` with `args`, writing its artifacts into `dir`, with
+/// `env` on top of an environment without memtrack's variables.
+fn bench(build: Build, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(built(build).exe);
+    cmd.args(args).env("MEMTRACK_DIR", dir);
+    for var in ["MEMTRACK_BACKEND", "MEMTRACK_WARMUP", "MEMTRACK_ITERATIONS"] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+/// Allocations and bytes of one call of each routine, by benchmark id: what the counting build
+/// prints (`count <id> <allocations> <bytes>`) when criterion runs each benchmark once.
+fn counted() -> &'static BTreeMap<String, (u64, u64)> {
+    static COUNTS: OnceLock<BTreeMap<String, (u64, u64)>> = OnceLock::new();
+    COUNTS.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let out = bench(Build::Counting, dir.path(), &["--bench", "--test"], &[]);
+        assert!(out.status.success(), "{}", text(&out));
+        let mut counts = BTreeMap::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some(rest) = line.strip_prefix("count ") {
+                let f: Vec<&str> = rest.split(' ').collect();
+                let n = |s: &str| s.parse::<u64>().unwrap();
+                assert!(
+                    counts
+                        .insert(f[0].to_string(), (n(f[1]), n(f[2])))
+                        .is_none(),
+                    "{line}: counted twice"
+                );
+            }
+        }
+        let expected: BTreeSet<&str> = IDS.iter().copied().filter(|&i| i != "custom").collect();
+        assert_eq!(
+            counts.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+            expected
+        );
+        counts
+    })
+}
+
+/// What criterion's `--list` prints for the fixture: `<id>: benchmark` lines, a blank line
+/// after each group (`Criterion::bench_function` makes a group of one).
+fn listing() -> String {
+    let groups: &[&[&str]] = &[
+        &["vec/1024"],
+        &["format"],
+        &["sum/100"],
+        &["large_drop"],
+        &["custom"],
+        &["parse/json/16", "parse/json/1024"],
+        &["batched/by_value", "batched/by_ref", "batched/5000"],
+        &["strings"],
+    ];
+    groups
+        .iter()
+        .map(|g| {
+            g.iter()
+                .map(|id| format!("{id}: benchmark\n"))
+                .collect::<String>()
+                + "\n"
+        })
+        .collect()
+}
+
+/// The artifact file of benchmark `id` in `dir` (memtrack's file name: `/` becomes `_`).
+fn artifact(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{}.memtrack", id.replace('/', "_")))
+}
+
+/// The files in `dir` (none if it does not exist).
+fn files(dir: &Path) -> BTreeSet<String> {
+    match std::fs::read_dir(dir) {
+        Err(_) => BTreeSet::new(),
+        Ok(entries) => entries
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+    }
+}
+
+/// A full memory-mode run of `build` into `dir` with `env`, and the checks every such run
+/// passes: it fails (status 1) because of `custom` alone, saying why on one line; each other
+/// benchmark wrote one artifact, recorded by `backend`, of `iterations` iterations, whose
+/// allocations and bytes are `iterations` times the independent count; the table says the
+/// same per iteration. Returns the run's output.
+fn check_run(
+    build: Build,
+    dir: &Path,
+    env: &[(&str, &str)],
+    iterations: u64,
+    backend: Backend,
+) -> Output {
+    let counts = counted();
+    let out = bench(build, dir, &["--bench"], env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        stderr.lines().any(|l| l == REFUSAL),
+        "no refusal of iter_custom:\n{stderr}"
+    );
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l == "memtrack: 1 of 11 benchmarks failed: custom"),
+        "{stderr}"
+    );
+    let expected: BTreeSet<String> = counts
+        .keys()
+        .map(|id| format!("{}.memtrack", id.replace('/', "_")))
+        .collect();
+    assert_eq!(files(dir), expected, "one artifact per benchmark, no other");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for (id, &(allocations, bytes)) in counts {
+        let reader = Reader::open(artifact(dir, id)).unwrap();
+        assert_eq!(reader.metadata().backend, backend, "{id}");
+        assert_eq!(reader.metadata().name.as_deref(), Some(id.as_str()));
+        let fin = reader.final_metadata().expect("a finished artifact");
+        assert_eq!(fin.iterations, Some(iterations), "{id}");
+        assert_eq!(fin.lost_events, 0, "{id}");
+        assert_eq!(
+            (fin.totals.allocations, fin.totals.bytes_allocated),
+            (iterations * allocations, iterations * bytes),
+            "{id}: recorded allocations and bytes over {iterations} iterations, against \
+             {allocations} allocations and {bytes} bytes counted per call"
+        );
+        // Its row: the id, then the allocations per iteration.
+        let row = stdout
+            .lines()
+            .find(|l| l.split("  ").next() == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("no row for {id}:\n{stdout}"));
+        let cells: Vec<&str> = row.split("  ").filter(|c| !c.is_empty()).collect();
+        assert_eq!(cells[1].trim(), allocations.to_string(), "{row}");
+    }
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("custom ") && l.ends_with("failed")),
+        "{stdout}"
+    );
+    out
+}
+
+/// Timing mode is criterion's own: the build compiles no memtrack crate, and criterion runs
+/// the suite (`--test`: each benchmark once, criterion's `Testing`/`Success` lines; `--list`).
+fn timing_mode_is_criterion() {
+    let b = built(Build::Counting);
+    assert!(b.packages.contains("criterion"), "{:?}", b.packages);
+    let memtrack: Vec<&String> = b
+        .packages
+        .iter()
+        .filter(|p| p.starts_with("memtrack") && *p != "memtrack_criterion")
+        .collect();
+    assert!(memtrack.is_empty(), "timing mode compiled {memtrack:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(Build::Counting, dir.path(), &["--bench", "--test"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for id in IDS {
+        assert!(
+            stdout.contains(&format!("Testing {id}\n")),
+            "{id}: not criterion's test output:\n{stdout}"
+        );
+    }
+    assert_eq!(stdout.matches("Success\n").count(), IDS.len(), "{stdout}");
+    assert!(!stdout.contains("allocs/iter"), "{stdout}");
+    let out = bench(Build::Counting, dir.path(), &["--bench", "--list"], &[]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), listing());
+    assert!(files(dir.path()).is_empty());
+}
+
+/// Memory mode (criterion 0.5, the allocator recorder) records exactly what each routine
+/// allocates, setups not included, with call stacks; a second run with other iteration counts
+/// (`MEMTRACK_ITERATIONS`, `MEMTRACK_WARMUP`) gives the same figures per iteration.
+fn memory_mode_records_each_benchmark() {
+    let dir = tempfile::tempdir().unwrap();
+    check_run(Build::Memory05, dir.path(), &[], 10, Backend::Alloc);
+    // The setups made 1 MiB each: per iteration, only the routines' blocks.
+    let by_value = Reader::open(artifact(dir.path(), "batched/by_value")).unwrap();
+    let t = &by_value.final_metadata().unwrap().totals;
+    assert_eq!((t.allocations, t.bytes_allocated), (10, 640));
+    let again = tempfile::tempdir().unwrap();
+    check_run(
+        Build::Memory05,
+        again.path(),
+        &[("MEMTRACK_ITERATIONS", "3"), ("MEMTRACK_WARMUP", "0")],
+        3,
+        Backend::Alloc,
+    );
+    // Call stacks: the vector's block was allocated under `vec_of`.
+    let reader = Reader::open(artifact(dir.path(), "vec/1024")).unwrap();
+    let sites = memtrack::analysis::Sites::read(&reader).unwrap();
+    let mut sym = memtrack::symbolize::Symbolizer::new();
+    let (stacks, named) = sym.symbolize_sites(&reader, &sites).unwrap();
+    let site = sites.sites.iter().position(|s| s.blocks == 10);
+    let site = site.unwrap_or_else(|| panic!("no site of the 10 vectors: {:?}", sites.sites));
+    assert!(
+        named[site]
+            .iter()
+            .flatten()
+            .any(|f| f.function.as_deref().is_some_and(|n| n.ends_with("vec_of"))),
+        "{:?}: {:?}",
+        stacks[site],
+        named[site]
+    );
+}
+
+/// Criterion's command line in memory mode: `--list` lists the ids, a filter (a regex) and
+/// `--exact` pick benchmarks, criterion's other options are accepted, `--test` runs each
+/// benchmark once recording nothing, and an unknown option is refused.
+fn memory_mode_reads_criterions_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(Build::Memory05, dir.path(), &["--bench", "--list"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), listing());
+    assert!(files(dir.path()).is_empty());
+
+    let args = [
+        "json/1",
+        "--save-baseline",
+        "main",
+        "--noplot",
+        "-c",
+        "never",
+    ];
+    let out = bench(
+        Build::Memory05,
+        dir.path(),
+        &[&args[..], &["--bench"]].concat(),
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        files(dir.path()),
+        BTreeSet::from([
+            "parse_json_16.memtrack".into(),
+            "parse_json_1024.memtrack".into()
+        ])
+    );
+
+    let exact = tempfile::tempdir().unwrap();
+    let args = ["--exact", "parse/json/16", "--bench"];
+    let out = bench(Build::Memory05, exact.path(), &args, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        files(exact.path()),
+        BTreeSet::from(["parse_json_16.memtrack".into()])
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 2, "a header and one row:\n{stdout}");
+
+    let test = tempfile::tempdir().unwrap();
+    let out = bench(Build::Memory05, test.path(), &["--bench", "--test"], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("Success\n").count(), IDS.len(), "{stdout}");
+    assert!(files(test.path()).is_empty());
+
+    let out = bench(
+        Build::Memory05,
+        test.path(),
+        &["--bench", "--frobnicate"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "memtrack: unknown option `--frobnicate` (memory mode takes criterion's options)\n"
+    );
+    let out = bench(
+        Build::Memory05,
+        test.path(),
+        &["--bench"],
+        &[("MEMTRACK_ITERATIONS", "0")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "memtrack: MEMTRACK_ITERATIONS=\"0\" is not a whole number of at least 1\n"
+    );
+    assert!(files(test.path()).is_empty());
+}
+
+/// The same benchmarks on criterion 0.8 (memtrack-criterion's default), with the allocator
+/// recorder.
+fn criterion_0_8_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    check_run(Build::Memory08, dir.path(), &[], 10, Backend::Alloc);
+}
+
+/// The criterion 0.8 suite recorded by the eBPF tracker (`MEMTRACK_BACKEND=ebpf`): the same
+/// figures (the routines are Rust code; the tracker sees their `malloc` and `realloc`).
+fn criterion_0_8_suite_on_the_ebpf_tracker() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("MEMTRACK_BACKEND", "ebpf")];
+    check_run(Build::Memory08, dir.path(), &env, 10, Backend::Ebpf);
+}
+
+fn main() {
+    let trials: Vec<Trial> = vec![
+        test("timing_mode_is_criterion", timing_mode_is_criterion),
+        test(
+            "memory_mode_records_each_benchmark",
+            memory_mode_records_each_benchmark,
+        ),
+        test(
+            "memory_mode_reads_criterions_command_line",
+            memory_mode_reads_criterions_command_line,
+        ),
+        test("criterion_0_8_suite", criterion_0_8_suite),
+        requires(
+            "criterion_0_8_suite_on_the_ebpf_tracker",
+            &[TRACKER],
+            criterion_0_8_suite_on_the_ebpf_tracker,
+        ),
+    ];
+    run(trials)
+}
