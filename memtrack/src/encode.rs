@@ -116,6 +116,11 @@ impl EncoderOptions {
         self
     }
 
+    /// The compression threads asked for.
+    pub(crate) fn worker_count(&self) -> usize {
+        self.workers
+    }
+
     /// Events per frame (1 ..= 4 Mi). Larger frames compress a little better; a crash loses
     /// at most the frame being written.
     pub fn frame_events(mut self, n: usize) -> Self {

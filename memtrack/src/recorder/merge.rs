@@ -299,7 +299,6 @@ mod tests {
     /// an event must carry the stack of its own slot, defined before the event.
     #[test]
     fn emits_many_chunks_with_their_stacks() {
-        let mut table = StackTable::new(Default::default(), false);
         // Process-wide ids 1..=3: stacks of code addresses of this binary (an address outside
         // every mapping would end its stack), one function each.
         let code = [
@@ -307,19 +306,7 @@ mod tests {
             Pending::new as *const () as u64,
             event_kind as *const () as u64,
         ];
-        for (id, at) in (1..=3u32).zip(code) {
-            let h = memtrack_bpf::RawStack {
-                ts: 0,
-                pid: std::process::id(),
-                id,
-                record: memtrack_bpf::RECORD_STACK,
-                nframes: 1,
-                flags: 0,
-                scanned: 0,
-            };
-            assert!(table.add(&h, [at].into_iter()));
-        }
-        let mut stacks = (table, Defined::default());
+        let mut stacks = (three_stacks(code), Defined::default());
         let meta = Metadata::now(1, Backend::Alloc);
         let opts = EncoderOptions::new().workers(1).frame_events(1000);
         let mut enc = Encoder::new(Vec::new(), &meta, opts).unwrap();
@@ -369,8 +356,31 @@ mod tests {
                 offsets[want as usize - 1].push(r.stack(e.stack).unwrap().frames[0].offset);
             }
         }
-        // Every slot's event has its own stack: one offset per process-wide id, and the three
-        // as far apart as the functions they name (one mapping of this binary).
+        assert_stacks_name(&offsets, code);
+        assert_eq!(r.stacks().unwrap().stacks().len(), 3);
+    }
+
+    /// A table of the process-wide stacks 1..=3, each the one frame `code[id - 1]`.
+    fn three_stacks(code: [u64; 3]) -> StackTable {
+        let mut table = StackTable::new(Default::default(), false);
+        for (id, at) in (1..=3u32).zip(code) {
+            let h = memtrack_bpf::RawStack {
+                ts: 0,
+                pid: std::process::id(),
+                id,
+                record: memtrack_bpf::RECORD_STACK,
+                nframes: 1,
+                flags: 0,
+                scanned: 0,
+            };
+            assert!(table.add(&h, [at].into_iter()));
+        }
+        table
+    }
+
+    /// Every slot's event has its own stack: one offset per process-wide id (`offsets`), and
+    /// the three as far apart as the functions they name (`code`, one mapping of this binary).
+    fn assert_stacks_name(offsets: &[Vec<u64>; 3], code: [u64; 3]) {
         let one: Vec<u64> = offsets
             .iter()
             .map(|o| {
@@ -386,7 +396,6 @@ mod tests {
                 k + 1
             );
         }
-        assert_eq!(r.stacks().unwrap().stacks().len(), 3);
     }
 
     /// Two threads' runs merge in timestamp order (ties keep drain order), the horizon holds

@@ -165,6 +165,83 @@ fn handle(obj: &Object, pred: impl Fn(&str) -> bool, what: &str) -> Result<Arc<M
         .map_err(|e| TrackerError::bpf(format!("duplicating the {what} map"), e))
 }
 
+/// Sets the loaded program's configuration (`.rodata`) and ring buffer size, and leaves out
+/// the programs no recording of this tracker can use: the verifier is most of a cold start.
+/// The lock-wait program is loaded on first use ([`Bpf::attach_switch`]).
+fn configure(
+    open: &mut libbpf_rs::OpenObject,
+    config: &RawConfig,
+    ringbuf_bytes: u64,
+    syscalls: Syscalls,
+) -> Result<()> {
+    for mut map in open.maps_mut() {
+        let name = map.name().to_string_lossy().into_owned();
+        if name.ends_with(".rodata") {
+            let init = map
+                .initial_value_mut()
+                .ok_or_else(|| TrackerError::ObjectMismatch("its .rodata has no data".into()))?;
+            if init.len() != RawConfig::SIZE {
+                return Err(TrackerError::ObjectMismatch(format!(
+                    "its .rodata is {} bytes, expected {} (memtrack.h and the Rust mirror \
+                     disagree)",
+                    init.len(),
+                    RawConfig::SIZE
+                )));
+            }
+            init.copy_from_slice(&config.to_bytes());
+        } else if name == memtrack_bpf::MAP_EVENTS {
+            map.set_max_entries(ringbuf_bytes as u32)
+                .map_err(|e| TrackerError::bpf("sizing the ring buffer", e))?;
+        }
+    }
+    for mut prog in open.progs_mut() {
+        let name = prog.name().to_string_lossy();
+        let needed = match &*name {
+            memtrack_bpf::PROG_SWITCH | memtrack_bpf::PROG_NOP => false,
+            memtrack_bpf::PROG_SYS_EXIT => syscalls == Syscalls::Raw,
+            memtrack_bpf::PROG_DL_STATE => config.follow == memtrack_bpf::FOLLOW_TREE,
+            _ => true,
+        };
+        if !needed {
+            prog.set_autoload(false);
+        }
+    }
+    Ok(())
+}
+
+impl Following {
+    /// The state of following a process tree, with the thread that closes the links of the
+    /// processes that end (closing waits for the kernel: never on the tracer's thread).
+    fn new(obj: &Object) -> Result<Self> {
+        let map = handle(obj, |n| n == memtrack_bpf::MAP_FOLLOWED, "followed")?;
+        let map = Arc::try_unwrap(map)
+            .map_err(|_| TrackerError::Internal("the followed map's handle is shared"))?;
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Link>>();
+        let thread = std::thread::Builder::new()
+            .name("memtrack-detach".into())
+            .spawn(move || {
+                while let Ok(mut batch) = rx.recv() {
+                    // Everything queued meanwhile is closed in the same parallel batch.
+                    while let Ok(more) = rx.try_recv() {
+                        batch.extend(more);
+                    }
+                    detach_all(batch);
+                }
+            })
+            .map_err(|source| TrackerError::Io {
+                what: "starting memtrack's link-closing thread".into(),
+                source,
+            })?;
+        Ok(Following {
+            map,
+            procs: Mutex::new(HashMap::new()),
+            sites: Mutex::new(HashMap::new()),
+            closer: Mutex::new(Some(tx)),
+            closer_thread: Mutex::new(Some(thread)),
+        })
+    }
+}
+
 impl Bpf {
     /// Loads the program for process `target` with a ring buffer of `ringbuf_bytes`, recording
     /// syscalls as `syscalls` says, and the processes it starts as `follow` says
@@ -190,41 +267,7 @@ impl Bpf {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         config.page_size = u64::try_from(page).unwrap_or(4096);
-        for mut map in open.maps_mut() {
-            let name = map.name().to_string_lossy().into_owned();
-            if name.ends_with(".rodata") {
-                let init = map.initial_value_mut().ok_or_else(|| {
-                    TrackerError::ObjectMismatch("its .rodata has no data".into())
-                })?;
-                if init.len() != RawConfig::SIZE {
-                    return Err(TrackerError::ObjectMismatch(format!(
-                        "its .rodata is {} bytes, expected {} (memtrack.h and the Rust mirror \
-                         disagree)",
-                        init.len(),
-                        RawConfig::SIZE
-                    )));
-                }
-                init.copy_from_slice(&config.to_bytes());
-            } else if name == memtrack_bpf::MAP_EVENTS {
-                map.set_max_entries(ringbuf_bytes as u32)
-                    .map_err(|e| TrackerError::bpf("sizing the ring buffer", e))?;
-            }
-        }
-        // Programs no recording of this tracker can use are not loaded: the verifier is most
-        // of a cold start. The lock-wait program is loaded on first use
-        // ([`Bpf::attach_switch`]).
-        for mut prog in open.progs_mut() {
-            let name = prog.name().to_string_lossy();
-            let needed = match &*name {
-                memtrack_bpf::PROG_SWITCH | memtrack_bpf::PROG_NOP => false,
-                memtrack_bpf::PROG_SYS_EXIT => syscalls == Syscalls::Raw,
-                memtrack_bpf::PROG_DL_STATE => follow == memtrack_bpf::FOLLOW_TREE,
-                _ => true,
-            };
-            if !needed {
-                prog.set_autoload(false);
-            }
-        }
+        configure(&mut open, &config, ringbuf_bytes, syscalls)?;
         let opened = t0.elapsed();
         let t1 = Instant::now();
         let obj = open
@@ -236,32 +279,7 @@ impl Bpf {
         let stats = handle(&obj, |n| n == memtrack_bpf::MAP_STATS, "stats")?;
         let excluded = handle(&obj, |n| n == memtrack_bpf::MAP_CALLS, "calls")?;
         let follow = if follow == memtrack_bpf::FOLLOW_TREE {
-            let map = handle(&obj, |n| n == memtrack_bpf::MAP_FOLLOWED, "followed")?;
-            let map = Arc::try_unwrap(map)
-                .map_err(|_| TrackerError::Internal("the followed map's handle is shared"))?;
-            let (tx, rx) = std::sync::mpsc::channel::<Vec<Link>>();
-            let thread = std::thread::Builder::new()
-                .name("memtrack-detach".into())
-                .spawn(move || {
-                    while let Ok(mut batch) = rx.recv() {
-                        // Everything queued meanwhile is closed in the same parallel batch.
-                        while let Ok(more) = rx.try_recv() {
-                            batch.extend(more);
-                        }
-                        detach_all(batch);
-                    }
-                })
-                .map_err(|source| TrackerError::Io {
-                    what: "starting memtrack's link-closing thread".into(),
-                    source,
-                })?;
-            Some(Following {
-                map,
-                procs: Mutex::new(HashMap::new()),
-                sites: Mutex::new(HashMap::new()),
-                closer: Mutex::new(Some(tx)),
-                closer_thread: Mutex::new(Some(thread)),
-            })
+            Some(Following::new(&obj)?)
         } else {
             None
         };

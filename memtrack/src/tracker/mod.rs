@@ -683,39 +683,7 @@ impl Tracker {
     ) -> Result<Recording<'_, W>, TrackerError> {
         let scope = capture.scope;
         let exclude = self.in_process.then(|| Arc::clone(&self.bpf.excluded));
-        let registered = Arc::new(AtomicUsize::new(0));
-        let opts = match &exclude {
-            Some(ex) => {
-                let (ex, reg) = (Arc::clone(ex), Arc::clone(&registered));
-                opts.workers(workers).on_thread_start(Arc::new(move || {
-                    if exclude_tid(&ex, gettid()).is_ok() {
-                        reg.fetch_add(1, Ordering::AcqRel);
-                    }
-                }))
-            }
-            None => opts.workers(workers),
-        };
-        let encoder = Encoder::new(out, meta, opts)?;
-        if exclude.is_some() {
-            // The writer thread and `workers` compression threads run the hook as they start:
-            // wait for them so none of their first allocations is recorded.
-            let deadline = Instant::now() + Duration::from_secs(2);
-            while registered.load(Ordering::Acquire) < workers + 1 && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            let got = registered.load(Ordering::Acquire);
-            if got < workers + 1 {
-                // Recording now would mix memtrack's own allocations into the user's numbers.
-                return Err(TrackerError::Io {
-                    what: format!(
-                        "excluding memtrack's encoder threads from recording ({got} of {} \
-                         registered; pidfd_open(PIDFD_THREAD) needs Linux 6.9+)",
-                        workers + 1
-                    ),
-                    source: std::io::Error::from(std::io::ErrorKind::TimedOut),
-                });
-            }
-        }
+        let encoder = Self::encoder(out, meta, opts.workers(workers), exclude.as_ref())?;
         let at_start = self.bpf.stats()?;
         let poller = self.poller.get_or_try_init(|| {
             // A tracer updates the module map at each exec of a followed process; without
@@ -782,6 +750,48 @@ impl Tracker {
             processes: Vec::new(),
             _out: PhantomData,
         })
+    }
+
+    /// The recording's encoder; in-process (`exclude`), once its writer and compression
+    /// threads have excluded themselves from recording, so that none of their allocations is
+    /// the user's.
+    fn encoder<W: Write + Send + 'static>(
+        out: W,
+        meta: &Metadata,
+        opts: EncoderOptions,
+        exclude: Option<&Arc<libbpf_rs::MapHandle>>,
+    ) -> Result<Encoder<W>, TrackerError> {
+        let Some(ex) = exclude else {
+            return Ok(Encoder::new(out, meta, opts)?);
+        };
+        let threads = opts.worker_count() + 1;
+        let registered = Arc::new(AtomicUsize::new(0));
+        let (ex, reg) = (Arc::clone(ex), Arc::clone(&registered));
+        let encoder = Encoder::new(
+            out,
+            meta,
+            opts.on_thread_start(Arc::new(move || {
+                if exclude_tid(&ex, gettid()).is_ok() {
+                    reg.fetch_add(1, Ordering::AcqRel);
+                }
+            })),
+        )?;
+        // The threads run the hook as they start: wait for them.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while registered.load(Ordering::Acquire) < threads && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let got = registered.load(Ordering::Acquire);
+        if got < threads {
+            return Err(TrackerError::Io {
+                what: format!(
+                    "excluding memtrack's encoder threads from recording ({got} of {threads} \
+                     registered; pidfd_open(PIDFD_THREAD) needs Linux 6.9+)"
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+            });
+        }
+        Ok(encoder)
     }
 
     /// Attaches what a recording needs: the probes, the raw-syscall tracepoint if asked for,
