@@ -1,5 +1,6 @@
 //! `#[memtrack]` on a function: every allocation its body makes is recorded into
-//! `target/memtrack/<name>.memtrack`, and a one-line summary is printed when it returns.
+//! `target/memtrack/<name>.memtrack`, and a one-line summary is printed when the program ends
+//! (the function's calls in a process are one recording).
 //!
 //! Run (needs root, or CAP_BPF + CAP_PERFMON): `cargo run --release --example basic`
 //! Then: `cargo run --release -p memtrack-cli -- show target/memtrack/build_index.memtrack`
