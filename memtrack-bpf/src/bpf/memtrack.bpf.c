@@ -24,9 +24,9 @@
  * Each distinct stack is sent once, as its own `struct memtrack_stack` record before the first
  * event naming its id; see `stack_id`.
  *
- * Cost: events are submitted with BPF_RB_NO_WAKEUP (a wakeup per event costs ~1.3 us here) and
- * a wakeup is forced only when unconsumed data crosses `wakeup_bytes`; user space also drains
- * on a timer.
+ * Cost: events are submitted with BPF_RB_NO_WAKEUP (a wakeup per event would cost more than
+ * the event: see WAKEUP_WINDOW) and a wakeup is forced only when unconsumed data crosses
+ * `wakeup_bytes`; user space also drains on a timer.
  */
 #include "bpf_min.h"
 #include "memtrack.h"
@@ -241,8 +241,8 @@ static __always_inline int in_scope(struct call_state *cs, int count)
 
 /*
  * Wake the consumer only when unconsumed data crosses the watermark, not for every event
- * above it: a wakeup costs ~1.3 us here, and at a million events per second the consumer is
- * always behind by more than 64 KiB between its 10 ms drains. The window is a few records
+ * above it: a wakeup costs about a microsecond, and at a million events per second the consumer
+ * is always behind by more than 64 KiB between its 10 ms drains. The window is a few records
  * wide so that concurrent producers on other CPUs rarely all step over it; if they do, the
  * consumer's timer drain still comes.
  */
@@ -379,11 +379,9 @@ __attribute__((noinline)) int stack_hash(struct stack_buf *b, __u32 n)
  * The walk follows the frame-pointer chain itself: `regs->ip` first, then the return address
  * above each saved rbp, while the frame pointer is 8-aligned and grows (a broken chain stops
  * the walk, it never loops). It reads the user stack STACK_CHUNK bytes at a time and finds the
- * frames in that window, reading again only when the chain leaves it: one
- * bpf_probe_read_user per frame (+3.0 us for 20 frames) or bpf_get_stack(BPF_F_USER_STACK)
- * (+4.2 us) nearly doubled a malloc+free pair here; with the window a pair with a 20-frame
- * stack costs 1.22-1.24x one without (`cargo run --release -p memtrack-bpf --example
- * overhead 300000 5`).
+ * frames in that window, reading again only when the chain leaves it: a read per frame, or
+ * bpf_get_stack(BPF_F_USER_STACK), costs about as much as the malloc+free pair itself (the
+ * `overhead` example of memtrack-bpf measures the walk).
  *
  * No loss, no aliasing: two independent 64-bit hashes over (frames, flags, tgid, the address
  * space's never-reused `ctx_id`: after an exec the same addresses are other code); the first
@@ -910,8 +908,8 @@ static __always_inline int mt_free_outer(struct pt_regs *ctx, struct args a)
 
 /*
  * Every entry probe: one program for all sites of a file (one uprobe_multi link: detaching a
- * link waits ~130 ms for the kernel to synchronise, so a link per site made `record` of a
- * C++ program take seconds). The site's cookie says which entry point it is.
+ * link waits tens of ms for the kernel to synchronise, so a link per site would make `record`
+ * of a C++ program take seconds). The site's cookie says which entry point it is.
  */
 SEC("uprobe.multi")
 int mt_entry(struct pt_regs *ctx)
@@ -977,10 +975,10 @@ int mt_entry(struct pt_regs *ctx)
  * tp_btf/sys_exit(struct pt_regs *regs, long ret) only. At exit the saved user
  * registers still hold the number (orig_ax) and the arguments of these four syscalls, so no
  * sys_enter program and no per-thread state are needed. Any syscall tracepoint puts every
- * syscall of every process on the slow path: an unrelated process's getppid() went from 124
- * to 259 ns with sys_enter + sys_exit attached, measured here; one program halves the BPF
- * part. (fexit on the syscalls themselves would cost nothing elsewhere but fails to load on
- * this kernel: -EPERM, no ftrace direct calls.)
+ * syscall of every process on the slow path (the README's performance table gives the cost);
+ * one program instead of sys_enter + sys_exit halves the BPF part. (fexit on the syscalls
+ * themselves would cost nothing elsewhere but needs ftrace direct calls, which kernels without
+ * them refuse with -EPERM.)
  */
 #define NR_MMAP 9
 #define NR_MUNMAP 11
@@ -1094,8 +1092,8 @@ int mt_exec(__u64 *ctx)
  * before anything else.
  *
  * Switches the kernel does not report: some kernels switch tasks without firing sched_switch
- * (measured on this project's machine: no switch out of the idle task or of one other
- * process's threads reached the tracepoint, for tracefs as for BPF). A recorded thread
+ * (on some machines no switch out of the idle task or of one other process's threads reaches
+ * the tracepoint, for tracefs as for BPF). A recorded thread
  * switched in that way has no SwitchIn, but it is always seen leaving again (it is `prev`
  * then). Each thread's state keeps whether its last recorded switch was a switch-out; a
  * switch-out that follows one has its switch-in recovered from the kernel's own account:

@@ -30,8 +30,9 @@ pub(crate) struct Bpf {
     /// How mmap, munmap, mremap and brk are recorded, if at all.
     syscalls: Syscalls,
     /// The raw-syscall tracepoint's link while a recording runs ([`Syscalls::Raw`] only).
-    /// The program runs for every syscall of every process (~85 ns each, measured on
-    /// getppid), so it is attached only while recording, never for the tracker's lifetime.
+    /// The program runs for every syscall of every process (the README's performance table
+    /// gives the cost), so it is attached only while recording, never for the tracker's
+    /// lifetime.
     syscall_link: Mutex<Option<Link>>,
     /// The `sched_process_fork` program's link while a thread-scoped recording runs (it runs
     /// for every thread creation on the machine, so never longer).
