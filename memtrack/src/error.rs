@@ -112,8 +112,8 @@ pub enum Error {
         /// Every limit it did not keep, with the measured numbers.
         violations: Vec<crate::limits::Violation>,
     },
-    /// A call of a recording that accumulates calls ([`Call`](crate::Call)) did not keep its
-    /// limits, checked against that call's figures; the recording goes on.
+    /// A call of a recording that accumulates calls (`#[memtrack]`, `SessionBuilder::call`)
+    /// did not keep its limits, checked against that call's figures; the recording goes on.
     #[error(
         "memtrack: {name} — call {call}: {} → {}",
         crate::limits::describe(violations),
