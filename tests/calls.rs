@@ -117,7 +117,7 @@ fn twenty_calls_are_one_recording(name: &str, work: fn(u64)) {
         spread(per_call.iter().map(|&(n, size)| n * size).collect()),
         spread(per_call.iter().map(|&(_, size)| size).collect()),
     );
-    let p = report.totals().per_iteration.expect("per-call figures");
+    let p = report.totals().iteration_spread.expect("per-call figures");
     assert_eq!(p.iterations, CALLS);
     assert_eq!(
         (p.allocations, p.bytes_allocated, p.peak_live_bytes),
@@ -128,7 +128,7 @@ fn twenty_calls_are_one_recording(name: &str, work: fn(u64)) {
     let (r, events) = read(name);
     let fin = r.final_metadata().expect("trailer");
     assert_eq!(fin.iterations, Some(CALLS));
-    assert_eq!(fin.totals.per_iteration, Some(p));
+    assert_eq!(fin.totals.iteration_spread, Some(p));
     let counted: Vec<(u64, u64, u64)> = iterations(&events)
         .iter()
         .map(|evs| {
@@ -230,7 +230,7 @@ fn calls_from_threads_take_turns() {
     });
     let report = memtrack::finish_calls().unwrap().expect("open");
     assert_eq!(report.iterations, Some(40));
-    let p = report.totals().per_iteration.unwrap();
+    let p = report.totals().iteration_spread.unwrap();
     assert_eq!(
         (
             p.allocations.min,

@@ -145,6 +145,9 @@ pub struct ShowReport {
     /// Allocations and bytes divided by `iterations`, when there are iterations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_iteration: Option<PerIteration>,
+    /// Each marked iteration's figures, their spread (a session that accumulated calls).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iteration_spread: Option<memtrack::analysis::IterationSpread>,
     /// One row per thread, when asked for (`--threads`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_thread: Option<Vec<ThreadRow>>,
@@ -427,6 +430,7 @@ impl ShowReport {
                 allocations: t.allocations as f64 / n.max(1) as f64,
                 bytes_allocated: t.bytes_allocated as f64 / n.max(1) as f64,
             }),
+            iteration_spread: t.iteration_spread,
             per_thread: threads.then(|| thread_rows(&t)),
             uncovered_processes: fin.map(|f| f.uncovered_processes()),
             processes: fin
@@ -596,6 +600,14 @@ fn event_lines(o: &mut String, r: &ShowReport) {
             p.allocations,
             human::bytes_f64(p.bytes_allocated),
             human::plural(n, "iteration", "iterations")
+        );
+    }
+    if let Some(s) = &r.iteration_spread {
+        let _ = writeln!(
+            o,
+            "  per call      {}, median (min–max): {}",
+            human::plural(s.iterations, "call", "calls"),
+            s.describe()
         );
     }
 }

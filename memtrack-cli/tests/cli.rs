@@ -232,3 +232,55 @@ fn verify_fails_a_recording_that_lost_events() {
     let out = memtrack(&["verify", common::s(&whole)]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
+
+/// A recording of accumulated calls (iteration marks): `show` gives each figure's median and
+/// range over the calls, and `show --json` the exact spreads.
+#[test]
+fn show_gives_the_spread_of_marked_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    // Call k (1..=3) allocates k blocks of 100 × k bytes, each freed before the next.
+    let mut events = Vec::new();
+    let mut ts = 1_000;
+    let mut at = |kind| {
+        ts += 1;
+        Event::new(ts, 7, 7, kind)
+    };
+    for k in 1..=3u64 {
+        events.push(at(EventKind::IterationStart));
+        for i in 0..k {
+            let addr = 0x10_0000 + (k * 10 + i) * 0x1000;
+            events.push(at(EventKind::Malloc {
+                addr,
+                size: 100 * k,
+            }));
+            events.push(at(EventKind::Free { addr }));
+        }
+        events.push(at(EventKind::IterationEnd));
+    }
+    let path = common::write(&dir.path().join("calls.memtrack"), None, &events, 0);
+    let out = memtrack(&["show", common::s(&path)]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(
+            "  per call      3 calls, median (min–max): allocations 2 (1–3), allocated 400 B \
+             (100 B–900 B), peak 200 B (100 B–300 B)\n"
+        ),
+        "{}",
+        text(&out)
+    );
+    let out = memtrack(&["show", "--json", common::s(&path)]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let s = &v["iteration_spread"];
+    assert_eq!(s["iterations"], 3);
+    assert_eq!(
+        (
+            &s["allocations"]["min"],
+            &s["allocations"]["median"],
+            &s["allocations"]["max"],
+            &s["allocations"]["total"]
+        ),
+        (&1.into(), &2.into(), &3.into(), &6.into())
+    );
+    assert_eq!(s["bytes_allocated"]["total"], 100 + 400 + 900);
+    assert_eq!(s["peak_live_bytes"]["max"], 300);
+}

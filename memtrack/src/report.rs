@@ -161,27 +161,14 @@ impl Report {
                 human::count(n)
             ),
         };
-        let per_iteration = match (&t.per_iteration, self.iterations) {
+        let per_iteration = match (&t.iteration_spread, self.iterations) {
             // One call: its totals are its figures.
             (Some(p), _) if p.iterations <= 1 => String::new(),
-            (Some(p), _) => {
-                // The median, and the range when the calls differ.
-                let spread = |s: &crate::analysis::Spread, show: fn(u64) -> String| {
-                    if s.min == s.max {
-                        show(s.median)
-                    } else {
-                        format!("{} ({}–{})", show(s.median), show(s.min), show(s.max))
-                    }
-                };
-                format!(
-                    "{}, per call (median, min–max): allocations {}, allocated {}, peak {}; \
-                     over all of them: ",
-                    human::plural(p.iterations, "call", "calls"),
-                    spread(&p.allocations, human::count),
-                    spread(&p.bytes_allocated, human::bytes),
-                    spread(&p.peak_live_bytes, human::bytes),
-                )
-            }
+            (Some(p), _) => format!(
+                "{}, per call (median, min–max): {}; over all of them: ",
+                human::plural(p.iterations, "call", "calls"),
+                p.describe()
+            ),
             (None, Some(n)) => format!(
                 "per iteration (of {}): {:.2} allocations, {} allocated; over all of them: ",
                 human::count(n),

@@ -309,7 +309,7 @@ impl SessionBuilder {
     /// Begins a call of this name in a recording that accumulates calls: the first call
     /// starts it, later calls of the same name (on any thread, one at a time) resume it, and
     /// each call ends with [`Call::end`]. The recording writes one artifact holding every
-    /// call, its iterations the calls ([`PerIteration`](crate::analysis::PerIteration) in its
+    /// call, its iterations the calls ([`IterationSpread`](crate::analysis::IterationSpread) in its
     /// totals gives each call's spread), and prints one summary line when finished: at
     /// [`finish_calls`], when a call of another name or a session started by hand needs the
     /// recorder, or when the process exits. This is what `#[memtrack]` does. Limits are checked

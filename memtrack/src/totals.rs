@@ -119,7 +119,7 @@ pub struct Totals {
     /// Per-iteration figures, when the events mark iterations (a session that accumulates the
     /// calls of a `#[memtrack]` function). Absent before format 1.8 and when none are marked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub per_iteration: Option<PerIteration>,
+    pub iteration_spread: Option<IterationSpread>,
 }
 
 /// The figures of one iteration (one call of a `#[memtrack]` function whose calls a session
@@ -160,7 +160,7 @@ impl Iteration {
 /// `#[memtrack]` function that a session accumulates): how many, and the spread of each figure.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
-pub struct PerIteration {
+pub struct IterationSpread {
     /// Iterations marked and finished.
     pub iterations: u64,
     /// Allocations made during one iteration.
@@ -202,13 +202,32 @@ impl Spread {
     }
 }
 
-impl PerIteration {
-    pub(crate) fn of(done: &[Iteration]) -> Option<PerIteration> {
+impl IterationSpread {
+    /// `allocations 3 (1–5), allocated 900 B (100 B–2.4 KiB), peak 300 B (100 B–500 B)`: each
+    /// figure's median, and its range when the iterations differ (the summary line's and
+    /// `memtrack show`'s words).
+    pub fn describe(&self) -> String {
+        let spread = |s: &Spread, show: fn(u64) -> String| {
+            if s.min == s.max {
+                show(s.median)
+            } else {
+                format!("{} ({}–{})", show(s.median), show(s.min), show(s.max))
+            }
+        };
+        format!(
+            "allocations {}, allocated {}, peak {}",
+            spread(&self.allocations, crate::human::count),
+            spread(&self.bytes_allocated, crate::human::bytes),
+            spread(&self.peak_live_bytes, crate::human::bytes),
+        )
+    }
+
+    pub(crate) fn of(done: &[Iteration]) -> Option<IterationSpread> {
         if done.is_empty() {
             return None;
         }
         let column = |f: fn(&Iteration) -> u64| Spread::of(done.iter().map(f).collect());
-        Some(PerIteration {
+        Some(IterationSpread {
             iterations: done.len() as u64,
             allocations: column(|i| i.allocations),
             bytes_allocated: column(|i| i.bytes_allocated),

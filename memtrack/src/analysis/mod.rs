@@ -44,7 +44,7 @@ pub use offcpu::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
 pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites};
 pub use timeline::{Column, Extremes, InvalidTimeline, Timeline};
 
-pub use crate::totals::{Iteration, KindCounts, PerIteration, Spread, ThreadTotals, Totals};
+pub use crate::totals::{Iteration, IterationSpread, KindCounts, Spread, ThreadTotals, Totals};
 
 use std::collections::BTreeMap;
 
@@ -84,7 +84,7 @@ pub struct Stats {
     pub peak_live_bytes: u64,
     /// Events recorded so far.
     pub events: u64,
-    /// Iterations finished so far, when the events mark them ([`PerIteration::iterations`]).
+    /// Iterations finished so far, when the events mark them ([`IterationSpread::iterations`]).
     pub iterations: u64,
     /// The last of them.
     pub last_iteration: Option<Iteration>,
@@ -467,8 +467,8 @@ impl Analyzer {
     }
 
     /// The figures of the finished iterations; `None` if the events marked none.
-    pub fn per_iteration(&self) -> Option<PerIteration> {
-        PerIteration::of(&self.iterations.done)
+    pub fn iteration_spread(&self) -> Option<IterationSpread> {
+        IterationSpread::of(&self.iterations.done)
     }
 
     /// Always inlined: left to the compiler, the choice changes with unrelated code, and an
@@ -678,7 +678,7 @@ impl Analyzer {
             row.bytes_freed = row.bytes_freed.saturating_add(th.bytes_freed);
         }
         t.per_thread = per_thread;
-        t.per_iteration = self.per_iteration();
+        t.iteration_spread = self.iteration_spread();
         t
     }
 }
@@ -712,7 +712,7 @@ mod tests {
         ] {
             a.update(&e);
         }
-        let p = a.totals().per_iteration.expect("two iterations");
+        let p = a.totals().iteration_spread.expect("two iterations");
         let spread = |min, median, max, total| Spread {
             min,
             median,
@@ -724,7 +724,7 @@ mod tests {
         assert_eq!(p.bytes_allocated, spread(5, 5, 30, 35));
         assert_eq!(p.peak_live_bytes, spread(5, 5, 30, 35));
         assert_eq!(a.totals().allocations, 4);
-        assert_eq!(Analyzer::new().totals().per_iteration, None);
+        assert_eq!(Analyzer::new().totals().iteration_spread, None);
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub const VERSION_MAJOR: u16 = 1;
 /// `unfollowed_processes` keys; 5 call stacks (frame flags for a stack-id column and a
 /// definitions block); 6 the context-switch kinds `SwitchOut` and `SwitchIn` (lock waits); 7
 /// the thread kinds `ThreadStart` and `ThreadExit` (lock waits); 8 the kinds `IterationStart`
-/// and `IterationEnd` and the totals' `per_iteration` (sessions that accumulate calls).
+/// and `IterationEnd` and the totals' `iteration_spread` (sessions that accumulate calls).
 pub const VERSION_MINOR: u16 = 8;
 /// Size of the fixed part of the header before the metadata JSON.
 pub(crate) const HEADER_FIXED: usize = 20;
