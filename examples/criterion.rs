@@ -1,6 +1,8 @@
 //! Criterion measuring memory: allocations per iteration instead of time, with criterion's
-//! own statistics, reports and baseline comparisons; plus `#[memtrack]` on the benchmark
-//! function, which writes one artifact for the whole benchmark run.
+//! own statistics, reports and baseline comparisons, kept apart from its timings
+//! (`target/criterion-memtrack-allocations`); plus `#[memtrack]` on the benchmark function,
+//! which writes one artifact for the whole benchmark run. For per-benchmark artifacts with call
+//! stacks, a suite uses memtrack-criterion instead (`memtrack bench`).
 //!
 //! Run (needs root, or CAP_BPF + CAP_PERFMON): `cargo run --release --example criterion -- --bench`
 //! Bytes per iteration instead: `MEMTRACK_MEASURE=bytes cargo run --release --example criterion -- --bench`
@@ -31,19 +33,11 @@ fn bench_words<M: criterion::measurement::Measurement>(c: &mut Criterion<M>) {
 #[memtrack(name = "criterion_example")]
 fn run() {
     if std::env::var("MEMTRACK_MEASURE").as_deref() == Ok("bytes") {
-        let m = BytesAllocated::new().expect("tracker");
-        bench_words(
-            &mut Criterion::default()
-                .with_measurement(m)
-                .configure_from_args(),
-        );
+        let c = BytesAllocated::criterion().expect("tracker");
+        bench_words(&mut c.configure_from_args());
     } else {
-        let m = Allocations::new().expect("tracker");
-        bench_words(
-            &mut Criterion::default()
-                .with_measurement(m)
-                .configure_from_args(),
-        );
+        let c = Allocations::criterion().expect("tracker");
+        bench_words(&mut c.configure_from_args());
     }
 }
 

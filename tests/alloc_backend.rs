@@ -238,6 +238,31 @@ fn criterion_measurement_counts() {
     assert_eq!(bytes, 50 * 64 + 50 * 65 + 100 * 8);
 }
 
+/// The measurements' criterion keeps its results apart from the timings' (which criterion would
+/// compare them with): in `criterion-memtrack-allocations` beside `criterion`, never in it.
+fn criterion_measurements_keep_results_of_their_own() {
+    use std::time::Duration;
+    // SAFETY: the environment is only read by this single thread.
+    unsafe { std::env::set_var("MEMTRACK_BACKEND", "alloc") };
+    let id = format!("memtrack_results_{}", std::process::id());
+    let mut c = memtrack::criterion::Allocations::criterion()
+        .unwrap()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(20))
+        .measurement_time(Duration::from_millis(50))
+        .without_plots();
+    c.bench_function(&id, |b| b.iter(|| black_box(vec![0u8; 8])));
+    // SAFETY: as above.
+    unsafe { std::env::remove_var("MEMTRACK_BACKEND") };
+    let ours = memtrack::criterion::results_dir("allocations").join(&id);
+    let timings = ours.parent().unwrap().with_file_name("criterion").join(&id);
+    let estimates = ours.join("new").join("estimates.json");
+    let kept = estimates.is_file();
+    let _ = std::fs::remove_dir_all(&ours);
+    assert!(kept, "no {}", estimates.display());
+    assert!(!timings.exists(), "{} written", timings.display());
+}
+
 /// One criterion `--profile-time` run of a routine making exactly one 64-byte allocation per
 /// iteration, under memtrack's `Profiler`; returns the artifact's totals and iterations.
 fn profile_once(seconds: f64, copy_to: &str) -> (memtrack::analysis::Totals, Option<u64>) {
@@ -513,6 +538,10 @@ fn main() {
             sequential_sessions_are_independent,
         ),
         test("criterion_measurement_counts", criterion_measurement_counts),
+        test(
+            "criterion_measurements_keep_results_of_their_own",
+            criterion_measurements_keep_results_of_their_own,
+        ),
         test(
             "profiler_runs_of_the_same_code_compare_unchanged",
             profiler_runs_of_the_same_code_compare_unchanged,

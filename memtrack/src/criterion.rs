@@ -11,11 +11,11 @@
 //!   sample), or, with the allocator backend, two atomics the wrapper increments.
 //!
 //! ```ignore
-//! fn config() -> Criterion<memtrack::criterion::Allocations> {
-//!     Criterion::default().with_measurement(memtrack::criterion::Allocations::new().unwrap())
-//! }
-//! criterion_group!(name = benches; config = config(); targets = bench_parse);
+//! use memtrack::criterion::Allocations;
+//! criterion_group!(name = benches; config = Allocations::criterion().unwrap(); targets = bench_parse);
 //! ```
+//! Their results go to a folder of their own ([`results_dir`]), so that criterion compares
+//! allocations with allocations, never with the timings it saved for the same benchmarks.
 //! Counting covers every thread of the process except memtrack's own: run benchmarks that
 //! spawn no unrelated threads, as criterion does.
 
@@ -110,12 +110,46 @@ impl Allocations {
     pub fn new() -> Result<Self> {
         counter().map(Allocations)
     }
+
+    /// Criterion measuring allocations per iteration, with results of their own
+    /// ([`results_dir`]`("allocations")`): criterion compares them with earlier allocation runs
+    /// only, never with the timings it saved for the same benchmarks.
+    /// `criterion_group!(name = benches; config = Allocations::criterion().unwrap(); targets = …)`.
+    pub fn criterion() -> Result<::criterion::Criterion<Self>> {
+        Ok(::criterion::Criterion::default()
+            .with_measurement(Self::new()?)
+            .output_directory(&results_dir("allocations")))
+    }
 }
 
 impl BytesAllocated {
     /// Starts counting with the backend sessions would use (the error says what is missing).
     pub fn new() -> Result<Self> {
         counter().map(BytesAllocated)
+    }
+
+    /// Criterion measuring bytes allocated per iteration, with results of their own
+    /// ([`results_dir`]`("bytes")`), as [`Allocations::criterion`].
+    pub fn criterion() -> Result<::criterion::Criterion<Self>> {
+        Ok(::criterion::Criterion::default()
+            .with_measurement(Self::new()?)
+            .output_directory(&results_dir("bytes")))
+    }
+}
+
+/// Where criterion keeps the results (and baselines) of a memtrack measurement `metric`:
+/// `$CRITERION_HOME-memtrack-<metric>`, else `<target dir>/criterion-memtrack-<metric>`, beside
+/// criterion's own `criterion` folder of timings. Criterion compares a benchmark with the
+/// baseline of the same name in its results folder, so measurements kept in the timings' folder
+/// would be compared with timings (`-99.99 %: Performance has improved`).
+pub fn results_dir(metric: &str) -> std::path::PathBuf {
+    match std::env::var_os("CRITERION_HOME").filter(|d| !d.is_empty()) {
+        Some(home) => {
+            let mut dir = home;
+            dir.push(format!("-memtrack-{metric}"));
+            dir.into()
+        }
+        None => crate::session::target_dir().join(format!("criterion-memtrack-{metric}")),
     }
 }
 

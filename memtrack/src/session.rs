@@ -744,19 +744,25 @@ pub(crate) fn default_output_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("MEMTRACK_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
+    target_dir().join("memtrack")
+}
+
+/// Cargo's target directory: `$CARGO_TARGET_DIR`, else the one this test or bench binary runs
+/// from, else `target`.
+pub(crate) fn target_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("memtrack");
+        return PathBuf::from(d);
     }
     // Test and bench binaries run from `<target>/<profile>/deps/`; cargo marks `<target>`
     // with a CACHEDIR.TAG.
     if let Ok(exe) = std::env::current_exe() {
         for dir in exe.ancestors().skip(1) {
             if dir.join("CACHEDIR.TAG").is_file() {
-                return dir.join("memtrack");
+                return dir.to_path_buf();
             }
         }
     }
-    PathBuf::from("target").join("memtrack")
+    PathBuf::from("target")
 }
 
 #[cfg(test)]
