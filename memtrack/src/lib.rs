@@ -81,6 +81,7 @@ mod lifecycle;
 pub mod limits;
 pub mod locks;
 pub mod modules;
+mod recorded;
 pub mod recorder;
 mod recording;
 mod report;

@@ -14,7 +14,7 @@ use crate::artifact::{Metadata, monotonic_ns};
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
 use crate::event::RawRecord;
 use crate::modules::ModuleMap;
-use crate::recording::Recorded;
+use crate::recorded::Recorded;
 use crate::scope::Scope;
 use crate::tracker::{Defined, StackTable};
 
