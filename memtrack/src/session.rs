@@ -101,8 +101,8 @@ impl std::str::FromStr for BackendChoice {
 }
 
 /// Whether this process may load the eBPF tracker: root, or both CAP_BPF (39) and
-/// CAP_PERFMON (38) in its effective capabilities.
-fn privileged() -> bool {
+/// CAP_PERFMON (38) in its effective capabilities. `BackendChoice::Auto` picks eBPF then.
+pub fn privileged() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         return true;

@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use once_cell::sync::OnceCell;
 
 pub use crate::recording::Recorded;
+pub use crate::session::privileged;
 pub use error::TrackerError;
 pub use record::{CommandOptions, RecordOutcome, record_command, record_command_with};
 
