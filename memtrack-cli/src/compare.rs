@@ -12,10 +12,10 @@ use memtrack::{
     symbolize::Symbolizer,
 };
 
-mod render;
+pub(crate) mod render;
 
 /// The sites of the loaded recordings that have call stacks, by file.
-type SiteSets = std::collections::HashMap<PathBuf, Sites>;
+pub(crate) type SiteSets = std::collections::HashMap<PathBuf, Sites>;
 
 /// Exit code of a run whose inputs were refused (clap uses 2 for usage errors too).
 const INPUT_ERROR: u8 = 2;
@@ -84,6 +84,40 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
         format,
     } = args;
     let (base, head) = (base.as_path(), head.as_path());
+    let Some(mut loaded) = load_pair(base, head) else {
+        return Ok(ExitCode::from(INPUT_ERROR));
+    };
+    // Two files name their benchmark explicitly: compare them whatever their names.
+    let (b, h) = (&mut loaded.base[0], &loaded.head[0]);
+    if base.is_file() && head.is_file() && b.name != h.name {
+        eprintln!(
+            "memtrack: note: comparing {} (benchmark {:?}) with {} (benchmark {:?})",
+            base.display(),
+            b.name,
+            head.display(),
+            h.name
+        );
+        b.name = h.name.clone();
+    }
+    let Some(judged) = judge(&loaded, &metric.metrics(), threshold)? else {
+        return Ok(ExitCode::from(INPUT_ERROR));
+    };
+    super::out(&judged.render(format))?;
+    Ok(judged.exit_code())
+}
+
+/// Both sides of a comparison, read whole and found fit to compare.
+pub(crate) struct Loaded {
+    /// The base's benchmarks.
+    pub base: Vec<Benchmark>,
+    /// The head's benchmarks.
+    pub head: Vec<Benchmark>,
+    sites: SiteSets,
+}
+
+/// Reads both sides (an artifact or a directory of them each). `None` when an input is
+/// refused, after one message per problem on stderr.
+pub(crate) fn load_pair(base: &Path, head: &Path) -> Option<Loaded> {
     // The two sides are read at once, on two threads (each decodes on the rayon pool too).
     let load = |path: &Path, side: &str| {
         let (mut errors, mut sites) = (Vec::new(), SiteSets::new());
@@ -107,21 +141,56 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
             errors.len(),
             if errors.len() == 1 { "" } else { "s" }
         );
-        return Ok(ExitCode::from(INPUT_ERROR));
+        return None;
     }
-    let (mut base_set, head_set) = (base_set, head_set);
-    // Two files name their benchmark explicitly: compare them whatever their names.
-    if base.is_file() && head.is_file() && base_set[0].name != head_set[0].name {
-        eprintln!(
-            "memtrack: note: comparing {} (benchmark {:?}) with {} (benchmark {:?})",
-            base.display(),
-            base_set[0].name,
-            head.display(),
-            head_set[0].name
-        );
-        base_set[0].name = head_set[0].name.clone();
+    Some(Loaded {
+        base: base_set,
+        head: head_set,
+        sites,
+    })
+}
+
+/// A comparison and the call sites behind its regressions.
+pub(crate) struct Judged {
+    /// The numbers and verdicts.
+    pub cmp: Comparison,
+    /// The sites behind each regressed row whose recordings have call stacks.
+    pub attributed: Vec<Attributed>,
+}
+
+impl Judged {
+    /// The comparison as a table, markdown or JSON.
+    pub(crate) fn render(&self, format: Format) -> String {
+        match format {
+            Format::Table => render::table(&self.cmp, &self.attributed),
+            Format::Markdown => render::markdown(&self.cmp, &self.attributed),
+            Format::Json => {
+                serde_json::to_string_pretty(&render::json(&self.cmp, &self.attributed))
+                    .expect("json values serialize")
+                    + "\n"
+            }
+        }
     }
-    let cmp = Comparison::new(&base_set, &head_set, &metric.metrics(), threshold);
+
+    /// 1 when a metric regressed, else 0.
+    pub(crate) fn exit_code(&self) -> ExitCode {
+        if self.cmp.regressions() > 0 {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// Compares `loaded` on `metrics` and attributes the regressions. `None` when a benchmark
+/// holds per-iteration figures on one side and plain totals on the other, after a message per
+/// such benchmark on stderr.
+pub(crate) fn judge(
+    loaded: &Loaded,
+    metrics: &[Metric],
+    threshold: Threshold,
+) -> memtrack::Result<Option<Judged>> {
+    let cmp = Comparison::new(&loaded.base, &loaded.head, metrics, threshold);
     if !cmp.mismatched.is_empty() {
         for (b, h) in &cmp.mismatched {
             eprintln!("memtrack: error: {}", render::mismatch(b, h));
@@ -130,29 +199,15 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
             "memtrack: refusing to compare per-iteration figures with plain totals: {}",
             memtrack::human::plural(cmp.mismatched.len() as u64, "benchmark", "benchmarks")
         );
-        return Ok(ExitCode::from(INPUT_ERROR));
+        return Ok(None);
     }
-    let attributed = attribute(&cmp, &base_set, &head_set, &sites)?;
-    let out = match format {
-        Format::Table => render::table(&cmp, &attributed),
-        Format::Markdown => render::markdown(&cmp, &attributed),
-        Format::Json => {
-            serde_json::to_string_pretty(&render::json(&cmp, &attributed))
-                .expect("json values serialize")
-                + "\n"
-        }
-    };
-    super::out(&out)?;
-    Ok(if cmp.regressions() > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    let attributed = attribute(&cmp, &loaded.base, &loaded.head, &loaded.sites)?;
+    Ok(Some(Judged { cmp, attributed }))
 }
 
 /// The benchmarks of one side: a file, or the `*.memtrack` files of a directory. Problems are
 /// appended to `errors` (all of them, so that one run reports every bad input).
-fn load_side(
+pub(crate) fn load_side(
     path: &Path,
     side: &str,
     errors: &mut Vec<String>,

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use memtrack::{analysis::Analyzer, analysis::Totals, artifact::Completeness, artifact::Reader};
 
+mod bench;
 mod callsites;
 mod compare;
 mod export;
@@ -49,6 +50,11 @@ enum Cmd {
     /// threshold; 1: a regression; 2: bad usage or an input refused (corrupt, incomplete, or
     /// with lost events).
     Compare(compare::Args),
+    /// Run a criterion suite on memtrack-criterion in memory mode (`-- <cargo bench args>`) and
+    /// print each benchmark's allocations, bytes, peak and live blocks per iteration. With
+    /// `--base REF`: run it at REF too and compare as `compare` does (exit 1 on a regression,
+    /// 2 if a build, a run or an input failed).
+    Bench(bench::Args),
     /// Draw live heap bytes (and mapped bytes) over time as an SVG, the peak marked.
     Plot(plot::Args),
     /// Draw the call sites as an interactive flame graph (SVG: search, zoom, tooltips), each
@@ -100,7 +106,7 @@ fn main() -> ExitCode {
     // compare's own exit codes: 1 is a regression, so its errors exit 2; record's are the
     // command's, so its own are set apart (see `record::error_code`).
     let kind = match &cli.cmd {
-        Cmd::Compare(_) => Some(2),
+        Cmd::Compare(_) | Cmd::Bench(_) => Some(2),
         Cmd::Flamegraph(a) if a.diff.is_some() => Some(2),
         Cmd::Record(_) => None,
         _ => Some(1),
@@ -109,6 +115,7 @@ fn main() -> ExitCode {
         Cmd::Show(a) => show::run(a),
         Cmd::Verify(a) => verify::run(a),
         Cmd::Compare(a) => compare::run(a),
+        Cmd::Bench(a) => bench::run(a),
         Cmd::Plot(a) => plot::run(a),
         Cmd::Flamegraph(a) => flamegraph::run(a),
         Cmd::Export(a) => export::run(a),

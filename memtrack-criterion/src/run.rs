@@ -88,9 +88,9 @@ impl Figures {
             allocations: report.allocations(),
             bytes: report.bytes_allocated(),
             peak_live_bytes: report.peak_live_bytes(),
-            live_blocks_at_end: report.totals.live_blocks_at_end,
-            live_bytes_at_end: report.totals.live_bytes_at_end,
-            lost_events: report.lost_events,
+            live_blocks_at_end: report.totals().live_blocks_at_end,
+            live_bytes_at_end: report.totals().live_bytes_at_end,
+            lost_events: report.lost_events(),
             path: report.path.clone(),
         }
     }

@@ -100,22 +100,6 @@ impl std::str::FromStr for BackendChoice {
     }
 }
 
-/// Whether this process may load the eBPF tracker: root, or both CAP_BPF (39) and
-/// CAP_PERFMON (38) in its effective capabilities.
-fn privileged() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
-            u64::from_str_radix(hex.trim(), 16).ok()
-        })
-        .is_some_and(|caps| caps & (1 << 39) != 0 && caps & (1 << 38) != 0)
-}
-
 /// The backend a session (or a criterion measurement) uses: `choice`, else
 /// `$MEMTRACK_BACKEND`, else `auto`; see [`BackendChoice`].
 fn resolve_backend(choice: Option<BackendChoice>) -> Result<Backend> {
@@ -129,7 +113,7 @@ fn resolve_backend(choice: Option<BackendChoice>) -> Result<Backend> {
     let backend = match choice {
         BackendChoice::Ebpf => Backend::Ebpf,
         BackendChoice::Alloc => Backend::Alloc,
-        BackendChoice::Auto if privileged() => Backend::Ebpf,
+        BackendChoice::Auto if crate::tracker::privileged() => Backend::Ebpf,
         BackendChoice::Auto if allocator_installed() => Backend::Alloc,
         BackendChoice::Auto => return Err(Error::NoBackend),
     };

@@ -360,7 +360,7 @@ fn summary(c: &Comparison) -> String {
 }
 
 /// A metric's value for people: a count with thousands separators, or bytes in KiB/MiB.
-fn metric_human(m: Metric, v: u64) -> String {
+pub(crate) fn metric_human(m: Metric, v: u64) -> String {
     match m {
         Metric::Allocations => human::count(v),
         Metric::Bytes | Metric::Peak => human::bytes(v),
@@ -368,7 +368,7 @@ fn metric_human(m: Metric, v: u64) -> String {
 }
 
 /// A per-iteration value for people: `1.00/iter`, `64.00 B/iter`.
-fn metric_human_per_iteration(m: Metric, v: f64) -> String {
+pub(crate) fn metric_human_per_iteration(m: Metric, v: f64) -> String {
     match m {
         Metric::Allocations => format!("{v:.2}/iter"),
         Metric::Bytes | Metric::Peak => format!("{}/iter", human::bytes_f64(v)),
@@ -416,7 +416,7 @@ fn change_text(p: Option<f64>) -> String {
 }
 
 /// Backslash-escapes what would break a GFM table cell or start markup.
-fn md_escape(s: &str) -> String {
+pub(crate) fn md_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(

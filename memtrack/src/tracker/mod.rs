@@ -61,6 +61,22 @@ pub(crate) use poll::record_to_event;
 use poll::{Marks, Poller, PollerRecording, monotonic_ns};
 pub(crate) use stacks::{Defined, StackTable};
 
+/// Whether this process may load the eBPF tracker: root, or both CAP_BPF (39) and
+/// CAP_PERFMON (38) in its effective capabilities. `BackendChoice::Auto` picks eBPF then.
+pub fn privileged() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << 39) != 0 && caps & (1 << 38) != 0)
+}
+
 /// How long a paused recording (a session accumulating calls, between two calls) keeps its
 /// probes attached for the next call: after this, and at most 50 ms later, they are
 /// detached (an attached uprobe slows every call of its function even when nothing records),

@@ -1,0 +1,228 @@
+//! `memtrack bench [--base REF] -- <cargo bench args>`: a criterion suite on memtrack-criterion,
+//! run in memory mode and reported per benchmark; with `--base`, also run at REF (a git
+//! worktree) and gated as `memtrack compare` gates. Exit 0: done, no regression; 1: a
+//! regression; 2: bad usage, a failed build or run, or an artifact refused.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use memtrack::{
+    analysis::Benchmark, analysis::Metric, analysis::Threshold, artifact::Backend, artifact::Reader,
+};
+
+use crate::compare::{self, Format};
+
+mod render;
+mod suite;
+
+use suite::{Recorder, Suite, Worktree};
+
+/// Exit code of a run that could not be done or whose inputs were refused.
+const INPUT_ERROR: u8 = 2;
+
+/// `--backend`'s choices.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum BackendArg {
+    /// The eBPF tracker when memtrack may load it (root, or CAP_BPF + CAP_PERFMON), else the
+    /// allocator recorder.
+    Auto,
+    /// The eBPF tracker (`--cfg memtrack_bench`): every allocator, C's too.
+    Ebpf,
+    /// The allocator recorder as the global allocator (`--cfg memtrack_bench="alloc"`): Rust's
+    /// allocations only, no privileges needed.
+    Alloc,
+}
+
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// The artifacts' directory (default: `memtrack/bench` in the target directory), its
+    /// `*.memtrack` of a previous run removed first. With --base: DIR/base and DIR/head.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Also run the suite at this git revision, in a worktree (removed afterwards), and compare
+    /// per iteration: exit 1 on a regression.
+    #[arg(long, value_name = "REF")]
+    base: Option<String>,
+    /// Growth allowed before a metric counts as regressed, with its % sign (as `compare`'s).
+    #[arg(long, default_value = "3%", value_parser = |s: &str| s.parse::<Threshold>())]
+    threshold: Threshold,
+    /// Output format (markdown is ready for a CI job summary; it is also appended to
+    /// $GITHUB_STEP_SUMMARY when that is set).
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    /// The recorder the suite is built for.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+    /// `cargo bench`'s arguments (packages, `--bench NAME`, `--profile`, features; criterion's
+    /// filter after another `--`).
+    #[arg(last = true, value_name = "CARGO_BENCH_ARGS")]
+    cargo: Vec<OsString>,
+}
+
+/// Runs the suite (twice with `--base`) and reports; see the module docs for the exit codes.
+pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+    match bench(args) {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            eprintln!("memtrack: error: {e}");
+            Ok(ExitCode::from(INPUT_ERROR))
+        }
+    }
+}
+
+fn bench(args: Args) -> Result<ExitCode, String> {
+    let here = std::env::current_dir().map_err(|e| format!("no current directory: {e}"))?;
+    let target = suite::target_dir(&here)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| target.join("memtrack/bench"));
+    let recorder = match args.backend {
+        BackendArg::Ebpf => Recorder::Ebpf,
+        BackendArg::Alloc => Recorder::Alloc,
+        BackendArg::Auto if memtrack::tracker::privileged() => Recorder::Ebpf,
+        BackendArg::Auto => Recorder::Alloc,
+    };
+    let suite = Suite {
+        recorder,
+        args: args.cargo.clone(),
+        target: target.join("memtrack-bench"),
+    };
+    match &args.base {
+        None => {
+            clear(&out)?;
+            suite.run(&here, &out, "head")?;
+            report(&out, args.format)
+        }
+        Some(reference) => {
+            // The worktree first: a bad REF is refused before anything is built.
+            let tree = Worktree::add(&here, reference, target.join("memtrack-bench-worktree"))?;
+            let (base, head) = (out.join("base"), out.join("head"));
+            clear(&base)?;
+            clear(&head)?;
+            suite.run(&here, &head, "head")?;
+            let side = format!(
+                "base {reference}, {}",
+                &tree.commit[..tree.commit.len().min(12)]
+            );
+            // A target directory of its own: cargo names a workspace's crates the same wherever
+            // they are, so in the head's it would take the head's build for the base's.
+            let base_suite = Suite {
+                target: target.join("memtrack-bench-base"),
+                ..suite
+            };
+            base_suite.run(&tree.dir, &base, &side)?;
+            drop(tree);
+            gate(&base, &head, &args)
+        }
+    }
+}
+
+/// Creates `dir` if need be and removes the `*.memtrack` a previous run left in it, saying so
+/// when there were some.
+fn clear(dir: &Path) -> Result<(), String> {
+    let fail = |e: std::io::Error| format!("cannot clear {}: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let mut removed = 0u64;
+    for entry in std::fs::read_dir(dir).map_err(fail)? {
+        let p = entry.map_err(fail)?.path();
+        if p.extension().is_some_and(|x| x == "memtrack") && p.is_file() {
+            std::fs::remove_file(&p).map_err(fail)?;
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        eprintln!(
+            "memtrack: removed {} of a previous run from {}",
+            memtrack::human::plural(removed, "artifact", "artifacts"),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The table of the artifacts in `dir`, one row per benchmark.
+fn report(dir: &Path, format: Format) -> Result<ExitCode, String> {
+    let (mut errors, mut sites) = (Vec::new(), compare::SiteSets::new());
+    let set = compare::load_side(dir, "bench", &mut errors, &mut sites);
+    if !errors.is_empty() {
+        for e in &errors[1..] {
+            eprintln!("memtrack: error: {e}");
+        }
+        return Err(errors.swap_remove(0));
+    }
+    let text = match format {
+        Format::Table => render::table(&set),
+        Format::Markdown => render::markdown(&set),
+        Format::Json => render::json(&set),
+    };
+    summary(&render::markdown(&set))?;
+    crate::out(&text).map_err(|e| e.to_string())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Compares base and head as `memtrack compare --threshold` does, both recorded alike.
+fn gate(base: &Path, head: &Path, args: &Args) -> Result<ExitCode, String> {
+    let Some(loaded) = compare::load_pair(base, head) else {
+        return Ok(ExitCode::from(INPUT_ERROR));
+    };
+    mixed(&loaded.base, &loaded.head)?;
+    let judged =
+        compare::judge(&loaded, &Metric::ALL, args.threshold).map_err(|e| e.to_string())?;
+    let Some(judged) = judged else {
+        return Ok(ExitCode::from(INPUT_ERROR));
+    };
+    summary(&judged.render(Format::Markdown))?;
+    crate::out(&judged.render(args.format)).map_err(|e| e.to_string())?;
+    Ok(judged.exit_code())
+}
+
+/// An error when a benchmark was recorded by one recorder in the base and another in the head:
+/// the eBPF tracker counts C's allocations, the allocator recorder does not.
+fn mixed(base: &[Benchmark], head: &[Benchmark]) -> Result<(), String> {
+    let recorder = |b: &Benchmark| {
+        Reader::open(&b.path)
+            .map(|r| match r.metadata().backend {
+                Backend::Ebpf => "the eBPF tracker",
+                Backend::Alloc => "the allocator recorder",
+                _ => "another recorder",
+            })
+            .map_err(|e| e.to_string())
+    };
+    for h in head {
+        let Some(b) = base.iter().find(|b| b.name == h.name) else {
+            continue;
+        };
+        let (rb, rh) = (recorder(b)?, recorder(h)?);
+        if rb != rh {
+            return Err(format!(
+                "{}: the base ({}) was recorded by {rb} and the head ({}) by {rh}, which count different allocations: record both with one --backend",
+                h.name,
+                b.path.display(),
+                h.path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Appends `markdown` to `$GITHUB_STEP_SUMMARY` when it is set (the file a GitHub Actions
+/// step's summary is read from, made by the runner).
+fn summary(markdown: &str) -> Result<(), String> {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|p| !p.is_empty()) else {
+        return Ok(());
+    };
+    let path = PathBuf::from(path);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(markdown.as_bytes()))
+        .map_err(|e| {
+            format!(
+                "cannot append to $GITHUB_STEP_SUMMARY ({}): {e}; unset it or make the file",
+                path.display()
+            )
+        })
+}

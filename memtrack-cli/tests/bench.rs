@@ -1,0 +1,403 @@
+//! `memtrack bench` on a real criterion suite: examples/downstream (a user's project on
+//! memtrack-criterion), copied into a git repository of two commits, the second giving one
+//! routine (`tokenize`) an extra `String` per token. Built by cargo as a user builds it (the
+//! dev profile, one target directory under the workspace's `CARGO_TARGET_TMPDIR` for every
+//! test, where later runs find the head and the base built) and run through the command.
+//!
+//! The expected figures are counted here from the benchmark's input, not by memtrack.
+//! `harness = false` (memtrack-test-support's runner): the eBPF test is reported as ignored
+//! where the tracker cannot load. The tests take turns: they share the target directory.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// Bytes a program printed, as text.
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+use memtrack_test_support::{TRACKER, requires, run, run_ok, test};
+
+/// The input of benches/tokenize.rs, as it spells it.
+const LINE: &str = "fn main() { let x_1 = 42; println!(\"{}\", x_1 + 7); } ";
+const LINES: usize = 50;
+
+/// The tokens of the input: runs of alphanumerics and `_`.
+fn tokens() -> Vec<String> {
+    let src = LINE.repeat(LINES);
+    let mut out = vec![String::new()];
+    for c in src.chars() {
+        if c.is_alphanumeric() || c == '_' {
+            out.last_mut().unwrap().push(c);
+        } else if !out.last().unwrap().is_empty() {
+            out.push(String::new());
+        }
+    }
+    out.retain(|t| !t.is_empty());
+    out
+}
+
+/// The edit of the second commit: each token's `String` copied once more.
+const GROW: (&str, &str) = (
+    "words().map(str::to_lowercase)",
+    "words().map(|t| t.to_lowercase().as_str().to_owned())",
+);
+
+/// The repository (built once per process) and the lock the tests take turns with.
+fn project() -> (MutexGuard<'static, ()>, &'static Path) {
+    static TURN: Mutex<()> = Mutex::new(());
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    (
+        turn,
+        DIR.get_or_init(|| make_project(&tmp().join("project"))),
+    )
+}
+
+/// The tests' directory under the workspace's target directory.
+fn tmp() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("memtrack-bench")
+}
+
+fn git(dir: &Path, args: &[&str]) -> Output {
+    run_ok(
+        Command::new("git")
+            .current_dir(dir)
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args),
+    )
+}
+
+/// examples/downstream copied to `dir` (its memtrack-criterion dependency made absolute), in a
+/// fresh repository: a commit as it is, then one with [`GROW`].
+fn make_project(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/downstream");
+    let _ = std::fs::remove_dir_all(dir);
+    for f in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "src/lib.rs",
+        "benches/tokenize.rs",
+        ".cargo/config.toml",
+    ] {
+        let to = dir.join(f);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        let mut body = std::fs::read_to_string(src.join(f)).unwrap();
+        if f == "Cargo.toml" {
+            let crit = src.join("../../memtrack-criterion").canonicalize().unwrap();
+            body = body.replace("\"../../memtrack-criterion\"", &format!("{:?}", crit));
+        }
+        if f == "benches/tokenize.rs" {
+            assert!(
+                body.contains(&format!("{LINE:?}.repeat({LINES})")),
+                "the input changed"
+            );
+        }
+        std::fs::write(&to, body).unwrap();
+    }
+    std::fs::write(dir.join(".gitignore"), "/target\n").unwrap();
+    git(dir, &["init", "-q"]);
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "-qm", "base"]);
+    let lib = dir.join("src/lib.rs");
+    let body = std::fs::read_to_string(&lib).unwrap();
+    assert!(body.contains(GROW.0));
+    std::fs::write(&lib, body.replace(GROW.0, GROW.1)).unwrap();
+    git(dir, &["commit", "-qam", "tokenize copies each token"]);
+    dir.to_path_buf()
+}
+
+/// The host's target triple: with `--target`, RUSTFLAGS apply to the suite's crates only, so
+/// the eBPF and allocator builds share their build scripts and proc macros.
+fn host() -> String {
+    let out = run_ok(Command::new("rustc").arg("-vV"));
+    let t = text(&out.stdout);
+    t.lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .unwrap()
+        .to_string()
+}
+
+/// `memtrack bench ARGS -- CARGO ARGS` in `dir`, the build cheap: the dev profile, the one
+/// benchmark target, offline when the lock file resolves without the network.
+fn bench(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let offline = Command::new(env!("CARGO"))
+        .current_dir(dir)
+        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memtrack"));
+    cmd.current_dir(dir).arg("bench").args(args).arg("--");
+    cmd.args([
+        "--profile",
+        "dev",
+        "--bench",
+        "tokenize",
+        "--locked",
+        "--target",
+        &host(),
+    ]);
+    if offline {
+        cmd.arg("--offline");
+    }
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "GITHUB_STEP_SUMMARY",
+        "MEMTRACK_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("CARGO_TARGET_DIR", tmp().join("target"));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run memtrack bench")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\nstderr: {}", text(&out.stdout), text(&out.stderr)))
+}
+
+/// Per iteration, the head's `tokenize` makes a vector and two `String`s per token, `render`
+/// one `String` of the tokens and the spaces between them.
+fn expected() -> [(&'static str, f64, f64); 2] {
+    let t = tokens();
+    let chars: usize = t.iter().map(String::len).sum();
+    let n = t.len();
+    assert_eq!(n, 8 * LINES);
+    [
+        ("render", 1.0, (chars + n - 1) as f64),
+        ("tokenize", (1 + 2 * n) as f64, (n * 24 + 2 * chars) as f64),
+    ]
+}
+
+fn check_report(out: &Output) {
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let v = json(out);
+    let rows = v["benchmarks"].as_array().unwrap();
+    let got: Vec<(&str, f64, f64)> = rows
+        .iter()
+        .map(|r| {
+            assert_eq!(r["iterations"], 10);
+            assert_eq!(r["live_blocks_at_end"], 0);
+            (
+                r["benchmark"].as_str().unwrap(),
+                r["allocations_per_iteration"].as_f64().unwrap(),
+                r["bytes_per_iteration"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, expected());
+}
+
+/// Without --base: one row per benchmark, the figures those the routines make.
+fn report_counts_what_each_routine_allocates() {
+    let (_turn, dir) = project();
+    let out_dir = tmp().join("report");
+    let out = bench(
+        dir,
+        &[
+            "--backend",
+            "alloc",
+            "--format",
+            "json",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    check_report(&out);
+    // A second run clears the first's artifacts and says so; the table has the same figures.
+    let out = bench(
+        dir,
+        &["--backend", "alloc", "--out", out_dir.to_str().unwrap()],
+        &[],
+    );
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains(&format!(
+        "memtrack: removed 2 artifacts of a previous run from {}",
+        out_dir.display()
+    )));
+    let table = text(&out.stdout);
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        [
+            "benchmark",
+            "iterations",
+            "allocations",
+            "bytes",
+            "peak",
+            "live",
+            "at",
+            "end"
+        ]
+    );
+    assert_eq!(lines[1][..3], ["render", "10", "1.00/iter"]);
+    assert_eq!(
+        lines[2][..3],
+        ["tokenize", "10", &format!("{:.2}/iter", expected()[1].1)]
+    );
+}
+
+/// The same with the eBPF tracker, which sees the same Rust allocations through malloc.
+fn report_with_the_ebpf_tracker() {
+    let (_turn, dir) = project();
+    let out_dir = tmp().join("report-ebpf");
+    let out = bench(
+        dir,
+        &[
+            "--backend",
+            "ebpf",
+            "--format",
+            "json",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    check_report(&out);
+}
+
+/// --base HEAD~1: exactly tokenize regressed, in allocations and bytes, and its attribution
+/// names it; exit 1; the markdown appended to $GITHUB_STEP_SUMMARY; the worktree removed.
+fn base_finds_and_attributes_the_regression() {
+    let (_turn, dir) = project();
+    let out_dir = tmp().join("gate");
+    let step = tmp().join("step-summary.md");
+    std::fs::write(&step, "earlier step\n").unwrap();
+    let args = [
+        "--backend",
+        "alloc",
+        "--base",
+        "HEAD~1",
+        "--format",
+        "json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = bench(dir, &args, &[("GITHUB_STEP_SUMMARY", &step)]);
+    assert_eq!(out.status.code(), Some(1), "stderr: {}", text(&out.stderr));
+    let v = json(&out);
+    let verdicts: Vec<(&str, &str, &str)> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["benchmark"].as_str().unwrap(),
+                r["metric"].as_str().unwrap(),
+                r["verdict"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("render", "allocations", "unchanged"),
+            ("render", "bytes", "unchanged"),
+            ("render", "peak", "unchanged"),
+            ("tokenize", "allocations", "regressed"),
+            ("tokenize", "bytes", "regressed"),
+            // The copy is dropped at once: the peak grows by one token.
+            ("tokenize", "peak", "within_threshold"),
+        ]
+    );
+    assert_eq!(v["regressions"], 2);
+    let n = tokens().len() as i64;
+    let allocations = &v["attribution"][0];
+    assert_eq!(
+        (
+            allocations["benchmark"].as_str(),
+            allocations["metric"].as_str()
+        ),
+        (Some("tokenize"), Some("allocations"))
+    );
+    assert_eq!(allocations["delta"], 10 * n, "{allocations:#}");
+    let top = &allocations["sites"][0];
+    assert_eq!(top["delta"], 10 * n, "{allocations:#}");
+    let functions: Vec<&str> = top["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["function"].as_str())
+        .collect();
+    assert!(
+        functions
+            .iter()
+            .any(|f| f.starts_with("downstream::tokenize")),
+        "{functions:?}"
+    );
+    let summary = std::fs::read_to_string(&step).unwrap();
+    assert!(
+        summary.starts_with("earlier step\n### memtrack: memory comparison\n\n❌ **2 regressions"),
+        "{summary}"
+    );
+    let worktrees = text(&git(dir, &["worktree", "list"]).stdout);
+    assert_eq!(worktrees.lines().count(), 1, "{worktrees}");
+}
+
+/// --base outside a repository, and a REF that names no commit: exit 2 before any build.
+fn base_is_refused_without_a_commit() {
+    let (_turn, dir) = project();
+    let out = bench(dir, &["--base", "no-such-ref"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "memtrack: error: --base no-such-ref: no such commit in {}: name a branch, tag or commit\n",
+            dir.display()
+        )
+    );
+    // Outside this repository's checkout too.
+    let outside = tempfile::tempdir().unwrap();
+    let plain = outside.path();
+    std::fs::copy(dir.join("Cargo.toml"), plain.join("Cargo.toml")).unwrap();
+    let out = bench(plain, &["--base", "HEAD~1"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with(&format!(
+            "memtrack: error: --base needs a git repository, and {} is in none",
+            plain.display()
+        )),
+        "{err}"
+    );
+}
+
+fn main() {
+    run(vec![
+        test(
+            "report_counts_what_each_routine_allocates",
+            report_counts_what_each_routine_allocates,
+        ),
+        requires(
+            "report_with_the_ebpf_tracker",
+            &[TRACKER],
+            report_with_the_ebpf_tracker,
+        ),
+        test(
+            "base_finds_and_attributes_the_regression",
+            base_finds_and_attributes_the_regression,
+        ),
+        test(
+            "base_is_refused_without_a_commit",
+            base_is_refused_without_a_commit,
+        ),
+    ])
+}
