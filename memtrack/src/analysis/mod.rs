@@ -174,6 +174,9 @@ impl Proc {
 struct Live {
     blocks: u64,
     bytes: u64,
+    /// The most live bytes and blocks since the open iteration began (see [`Iteration`]):
+    /// raised where live bytes and blocks grow, at an allocation.
+    iteration_peak: (u64, u64),
 }
 
 /// What the heap's changes feed besides the totals: nothing ([`Analyzer::update`]), a size
@@ -280,8 +283,6 @@ pub struct Analyzer {
     thread_index: FxHashMap<u64, usize>,
     /// The last event's thread: threads run in bursts, so this skips most index lookups.
     last_thread: Option<(u64, usize)>,
-    /// Most live heap bytes and blocks since the open iteration began (see [`Iteration`]).
-    iteration_peak: (u64, u64),
     /// The iterations the events marked.
     iterations: Iterations,
 }
@@ -387,8 +388,6 @@ impl Analyzer {
             self.t.peak_live_bytes = self.live.bytes;
             self.t.peak_ts = e.ts;
         }
-        self.iteration_peak.0 = self.iteration_peak.0.max(self.live.bytes);
-        self.iteration_peak.1 = self.iteration_peak.1.max(self.live.blocks);
     }
 
     /// The slot of thread `key` (and of its process), created on first sight: the slow path
@@ -441,7 +440,7 @@ impl Analyzer {
         self.end_iteration();
         let (t, live) = (&self.t, &self.live);
         self.iterations.open = Some((t.allocations, t.bytes_allocated, live.bytes, live.blocks));
-        self.iteration_peak = (live.bytes, live.blocks);
+        self.live.iteration_peak = (self.live.bytes, self.live.blocks);
     }
 
     /// The open iteration, if any, ends: its allocations, bytes, and the most live bytes it
@@ -449,7 +448,8 @@ impl Analyzer {
     #[cold]
     fn end_iteration(&mut self) {
         if let Some((allocations, bytes, live_bytes, live_blocks)) = self.iterations.open.take() {
-            let (t, live, peak) = (&self.t, &self.live, self.iteration_peak);
+            let (t, live) = (&self.t, &self.live);
+            let peak = live.iteration_peak;
             self.iterations.done.push(Iteration {
                 allocations: t.allocations - allocations,
                 bytes_allocated: t.bytes_allocated.saturating_sub(bytes),
@@ -498,6 +498,8 @@ impl Analyzer {
         obs.on_alloc(size, tag);
         live.bytes = live.bytes.saturating_add(size);
         t.peak_live_blocks = t.peak_live_blocks.max(live.blocks);
+        live.iteration_peak.0 = live.iteration_peak.0.max(live.bytes);
+        live.iteration_peak.1 = live.iteration_peak.1.max(live.blocks);
     }
 
     #[inline(always)]
