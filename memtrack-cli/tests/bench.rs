@@ -5,8 +5,9 @@
 //! test, where later runs find the head and the base built) and run through the command.
 //!
 //! The expected figures are counted here from the benchmark's input, not by memtrack.
-//! `harness = false` (memtrack-test-support's runner): the eBPF test is reported as ignored
-//! where the tracker cannot load. The tests take turns: they share the target directory.
+//! The allocator recorder (no privileges); the eBPF tracker's memory mode is
+//! memtrack-criterion's tests' and CI's `.ci/examples` run of this command. The tests take
+//! turns: they share the target directory.
 
 mod common;
 
@@ -18,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
-use memtrack_test_support::{TRACKER, requires, run, run_ok, test};
+use memtrack_test_support::{run, run_ok, test};
 
 /// The input of benches/tokenize.rs, as it spells it.
 const LINE: &str = "fn main() { let x_1 = 42; println!(\"{}\", x_1 + 7); } ";
@@ -255,25 +256,6 @@ fn report_counts_what_each_routine_allocates() {
     );
 }
 
-/// The same with the eBPF tracker, which sees the same Rust allocations through malloc.
-fn report_with_the_ebpf_tracker() {
-    let (_turn, dir) = project();
-    let out_dir = tmp().join("report-ebpf");
-    let out = bench(
-        dir,
-        &[
-            "--backend",
-            "ebpf",
-            "--format",
-            "json",
-            "--out",
-            out_dir.to_str().unwrap(),
-        ],
-        &[],
-    );
-    check_report(&out);
-}
-
 /// --base HEAD~1: exactly tokenize regressed, in allocations and bytes, and its attribution
 /// names it; exit 1; the markdown appended to $GITHUB_STEP_SUMMARY; the worktree removed.
 fn base_finds_and_attributes_the_regression() {
@@ -385,11 +367,6 @@ fn main() {
         test(
             "report_counts_what_each_routine_allocates",
             report_counts_what_each_routine_allocates,
-        ),
-        requires(
-            "report_with_the_ebpf_tracker",
-            &[TRACKER],
-            report_with_the_ebpf_tracker,
         ),
         test(
             "base_finds_and_attributes_the_regression",
