@@ -331,7 +331,9 @@ fn frame_row(module: Option<String>, f: &SymFrame) -> FrameRow {
 /// What `--top` says of a recording without stacks: why, and how to get them.
 pub(crate) fn no_stacks_note(reader: &Reader) -> String {
     let why = match reader.metadata().backend {
-        Backend::Alloc => "the allocator recorder (memtrack::Allocator) records none".to_string(),
+        Backend::Alloc => {
+            "the allocator recorder recorded none (a session with stack_depth(0))".to_string()
+        }
         Backend::Synth => "it was made by `memtrack synth` without --stacks".to_string(),
         _ if reader.version() < (1, 5) => format!(
             "it is a format {}.{} file, written before memtrack recorded stacks",
@@ -341,10 +343,9 @@ pub(crate) fn no_stacks_note(reader: &Reader) -> String {
         _ => "its recorder defined none".to_string(),
     };
     format!(
-        "no call stacks in this recording: {why}. Call stacks are recorded by the eBPF recorder \
-         (`memtrack record -- CMD`, or a session with the eBPF backend), into format 1.5; \
-         build the code with frame pointers (RUSTFLAGS=\"-C force-frame-pointers=yes\") so \
-         that they are whole"
+        "no call stacks in this recording: {why}. Both recorders record them by default (a \
+         session, `memtrack record -- CMD`), into format 1.5 or later; build the code with \
+         frame pointers (RUSTFLAGS=\"-C force-frame-pointers=yes\") so that they are whole"
     )
 }
 
