@@ -404,19 +404,21 @@ impl Tracker {
     }
 
     /// Starts the thread that detaches a paused recording's probes once it has been idle for
-    /// [`IDLE_GRACE`]; it ends when the recording stops. Excluded from recording, and it
-    /// allocates nothing while it runs.
+    /// [`IDLE_GRACE`]; it ends when the recording stops. Called while the recording is paused,
+    /// it returns once the thread has excluded itself from recording (its start-up
+    /// allocations happen before: none is seen, not even as another thread's); it allocates
+    /// nothing while it runs.
     fn watch_idle(&'static self) -> Result<(), TrackerError> {
         let excluded = self.in_process.then(|| Arc::clone(&self.bpf.excluded));
-        std::thread::Builder::new()
+        let (ready, started) = std::sync::mpsc::sync_channel::<bool>(1);
+        let spawned = std::thread::Builder::new()
             .name("memtrack-idle".into())
             .spawn(move || {
-                if let Some(ex) = &excluded {
-                    // Not excluded, its rare allocations would be the user's: then it stops.
-                    if exclude_tid(ex, gettid()).is_err() {
-                        self.state().watched = false;
-                        return;
-                    }
+                // Not excluded, its rare allocations would be the user's: then it stops.
+                let excluded = excluded.is_none_or(|ex| exclude_tid(&ex, gettid()).is_ok());
+                let _ = ready.send(excluded);
+                if !excluded {
+                    return;
                 }
                 loop {
                     std::thread::sleep(IDLE_CHECK);
@@ -434,11 +436,20 @@ impl Tracker {
                     }
                 }
             })
-            .map(drop)
             .map_err(|source| TrackerError::Io {
                 what: "starting the idle watcher".into(),
                 source,
-            })
+            })?;
+        match started.recv() {
+            Ok(true) => Ok(()),
+            _ => {
+                let _ = spawned.join();
+                Err(TrackerError::Io {
+                    what: "excluding the idle watcher from recording".into(),
+                    source: std::io::Error::other("pidfd_open(PIDFD_THREAD) needs Linux 6.9+"),
+                })
+            }
+        }
     }
 
     /// Whether the calling thread is in the scope of the recording running now (always, for
