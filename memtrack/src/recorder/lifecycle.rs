@@ -251,25 +251,7 @@ impl<V: View> Lifecycle<V> {
     /// Recording → Paused, between two calls: the switch's `STREAM` bit is off when it
     /// returns; the collector keeps draining what was recorded.
     pub(super) fn pause(&self) -> Result<(), Refused> {
-        let mut st = self.lock();
-        if !matches!(st.phase, Phase::Recording { .. }) {
-            return Err(self.invalid(&st, "pause"));
-        }
-        let Phase::Recording {
-            collector,
-            epoch,
-            scope,
-        } = std::mem::replace(&mut st.phase, Phase::Idle)
-        else {
-            unreachable!("checked above");
-        };
-        st.phase = Phase::Paused {
-            collector,
-            epoch,
-            scope,
-        };
-        self.publish(&st);
-        Ok(())
+        self.between_calls("pause", true).map(drop)
     }
 
     /// Paused → Recording, for the next call, in the recording's scope, whose generation it
@@ -277,22 +259,41 @@ impl<V: View> Lifecycle<V> {
     /// a pool a call started does the next calls' work too). The switch's `STREAM` bit goes
     /// on, the last thing done.
     pub(super) fn resume(&self) -> Result<u32, Refused> {
+        self.between_calls("resume", false)
+    }
+
+    /// Recording → Paused (`pause`) or Paused → Recording, keeping the collector, epoch and
+    /// scope; returns the scope's generation.
+    fn between_calls(&self, transition: &'static str, pause: bool) -> Result<u32, Refused> {
         let mut st = self.lock();
-        if !matches!(st.phase, Phase::Paused { .. }) {
-            return Err(self.invalid(&st, "resume"));
-        }
-        let Phase::Paused {
-            collector,
-            epoch,
-            scope,
-        } = std::mem::replace(&mut st.phase, Phase::Idle)
-        else {
-            unreachable!("checked above");
+        let (collector, epoch, scope) = match std::mem::replace(&mut st.phase, Phase::Idle) {
+            Phase::Recording {
+                collector,
+                epoch,
+                scope,
+            } if pause => (collector, epoch, scope),
+            Phase::Paused {
+                collector,
+                epoch,
+                scope,
+            } if !pause => (collector, epoch, scope),
+            other => {
+                st.phase = other;
+                return Err(self.invalid(&st, transition));
+            }
         };
-        st.phase = Phase::Recording {
-            collector,
-            epoch,
-            scope,
+        st.phase = if pause {
+            Phase::Paused {
+                collector,
+                epoch,
+                scope,
+            }
+        } else {
+            Phase::Recording {
+                collector,
+                epoch,
+                scope,
+            }
         };
         self.publish(&st);
         Ok(scope)
