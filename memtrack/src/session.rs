@@ -555,29 +555,25 @@ impl Session {
         self.iterations = Some(n);
     }
 
+    /// The recording while the session is not finished.
+    fn recording(&self) -> Result<&Recording<Out>> {
+        self.recording.as_ref().ok_or(Error::SessionFinished)
+    }
+
     /// Recording → Paused: a call of an accumulating recording ended (`end_iteration`), or
     /// its session has just started.
     fn pause(&self, end_iteration: bool) -> Result<()> {
-        match &self.recording {
-            Some(r) => Ok(r.pause(end_iteration)?),
-            None => Err(Error::SessionFinished),
-        }
+        Ok(self.recording()?.pause(end_iteration)?)
     }
 
     /// Paused → Recording (the next call, on the calling thread).
     fn resume(&self) -> Result<()> {
-        match &self.recording {
-            Some(r) => Ok(r.resume()?),
-            None => Err(Error::SessionFinished),
-        }
+        Ok(self.recording()?.resume()?)
     }
 
     /// Events lost so far.
     fn lost_events_so_far(&self) -> Result<u64> {
-        match &self.recording {
-            Some(r) => Ok(r.lost_so_far()?),
-            None => Err(Error::SessionFinished),
-        }
+        Ok(self.recording()?.lost_so_far()?)
     }
 
     /// Where the artifact is while the session runs: a temporary file beside
@@ -595,10 +591,7 @@ impl Session {
     /// window. It allocates nothing on the calling thread, so calling it changes no number;
     /// each call ends the artifact's current frame, so call it between phases, not per event.
     pub fn stats(&self) -> Result<Stats> {
-        match &self.recording {
-            Some(r) => Ok(r.stats()?),
-            None => Err(Error::SessionFinished),
-        }
+        Ok(self.recording()?.stats()?)
     }
 
     /// Stops recording, finishes the artifact (replacing any file of the same name

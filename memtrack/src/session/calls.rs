@@ -48,7 +48,11 @@ fn lock() -> MutexGuard<'static, Calls> {
 
 /// Waits until no call runs, then marks one as running.
 fn claim() -> MutexGuard<'static, Calls> {
-    let mut g = lock();
+    claim_in(lock())
+}
+
+/// [`claim`] with the lock already held.
+fn claim_in(mut g: MutexGuard<'static, Calls>) -> MutexGuard<'static, Calls> {
     while g.busy {
         g = CHANGED.wait(g).unwrap_or_else(|e| e.into_inner());
     }
@@ -132,21 +136,14 @@ pub(super) fn call(mut builder: SessionBuilder) -> Result<Call> {
         .start_accumulating()
         .and_then(|s| s.pause(false).map(|()| s));
     let mut g = lock();
-    let resumed = started.and_then(|session| {
-        let open = g.open.insert(Open {
-            name,
-            session,
-            calls: 1,
-        });
-        open.session.resume()
-    });
-    match resumed {
-        Ok(()) => {
-            drop(g);
-            Ok(Call {
-                ended: false,
-                limits,
-            })
+    match started {
+        Ok(session) => {
+            g.open = Some(Open {
+                name,
+                session,
+                calls: 0,
+            });
+            resume(g, limits)
         }
         Err(e) => {
             release(g);
@@ -221,7 +218,7 @@ pub fn finish_calls() -> Result<Option<Report>> {
 /// Makes way for a session started by hand: finishes the open recording of calls, waiting
 /// for a running call to end (`wait`) or refusing while one runs.
 pub(super) fn make_way(wait: bool, requested: &str) -> Result<()> {
-    let mut g = lock();
+    let g = lock();
     if g.open.is_none() {
         return Ok(());
     }
@@ -232,12 +229,7 @@ pub(super) fn make_way(wait: bool, requested: &str) -> Result<()> {
             active,
         });
     }
-    while g.busy {
-        g = CHANGED.wait(g).unwrap_or_else(|e| e.into_inner());
-    }
-    g.busy = true;
-    let open = g.open.take();
-    drop(g);
+    let open = claim_in(g).open.take();
     if let Some(open) = open {
         finish_open(open);
     }
