@@ -10,24 +10,13 @@ const MAX_LINES: usize = 80;
 /// Every `.rs` file under the crates' `src/` folders.
 fn sources() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .unwrap()
-        .map(|e| e.unwrap().path().join("src"))
-        .filter(|p| p.is_dir() && p.parent().is_some_and(|c| c.join("Cargo.toml").is_file()))
-        .collect();
-    let mut out = Vec::new();
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|x| x == "rs") {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
-    out
+    memtrack_test_support::rust_sources(
+        std::fs::read_dir(root)
+            .unwrap()
+            .map(|e| e.unwrap().path().join("src"))
+            .filter(|p| p.is_dir() && p.parent().is_some_and(|c| c.join("Cargo.toml").is_file()))
+            .collect(),
+    )
 }
 
 /// Whether `line` (indentation stripped) begins a function item with a body on later lines.

@@ -10,29 +10,18 @@ use proc_macro2::{TokenStream, TokenTree};
 /// Every `.rs` file under the crates' `src/` folders.
 fn sources() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut out = Vec::new();
-    let mut dirs: Vec<PathBuf> = [
-        "memtrack",
-        "memtrack-cli",
-        "memtrack-criterion",
-        "memtrack-macros",
-        "memtrack-bpf",
-    ]
-    .iter()
-    .map(|c| root.join(c).join("src"))
-    .collect();
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|x| x == "rs") {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
-    out
+    memtrack_test_support::rust_sources(
+        [
+            "memtrack",
+            "memtrack-cli",
+            "memtrack-criterion",
+            "memtrack-macros",
+            "memtrack-bpf",
+        ]
+        .iter()
+        .map(|c| root.join(c).join("src"))
+        .collect(),
+    )
 }
 
 /// The values of the string literals of `tokens`, doc comments (`#[doc = …]`) left out.

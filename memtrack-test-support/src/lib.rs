@@ -407,6 +407,23 @@ pub struct Counted {
     pub mapped_bytes_at_end: u64,
 }
 
+/// Every `.rs` file under `dirs` (recursively), sorted: what the source checks read.
+pub fn rust_sources(mut dirs: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// [`Counted`] over `evs`.
 pub fn count(evs: &[Event]) -> Counted {
     use std::collections::HashMap;
