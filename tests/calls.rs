@@ -87,13 +87,7 @@ fn iterations(events: &[Event]) -> Vec<Vec<Event>> {
 }
 
 fn read(name: &str) -> (Reader, Vec<Event>) {
-    let r = Reader::open(dir().join(format!("{name}.memtrack"))).expect("artifact");
-    assert_eq!(
-        r.completeness(),
-        &memtrack::artifact::Completeness::Complete
-    );
-    let evs = r.events().collect::<Result<_, _>>().expect("decode");
-    (r, evs)
+    memtrack_test_support::read_complete(&dir().join(format!("{name}.memtrack")))
 }
 
 /// Twenty calls with noise between them: one artifact, written when finished; every call's

@@ -20,13 +20,7 @@ fn dir() -> PathBuf {
 /// their calls until then).
 fn read(name: &str) -> (Reader, Vec<Event>) {
     memtrack::finish_calls().expect("finishing the calls' recording");
-    let r = Reader::open(dir().join(format!("{name}.memtrack"))).expect("artifact");
-    assert_eq!(
-        r.completeness(),
-        &memtrack::artifact::Completeness::Complete
-    );
-    let evs = r.events().collect::<Result<_, _>>().expect("decode");
-    (r, evs)
+    memtrack_test_support::read_complete(&dir().join(format!("{name}.memtrack")))
 }
 
 fn totals(name: &str) -> Totals {

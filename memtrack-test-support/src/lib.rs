@@ -407,6 +407,20 @@ pub struct Counted {
     pub mapped_bytes_at_end: u64,
 }
 
+/// The finished artifact at `path` (complete, or the test fails) and its events.
+pub fn read_complete(path: &Path) -> (memtrack::artifact::Reader, Vec<Event>) {
+    let r = memtrack::artifact::Reader::open(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(
+        r.completeness(),
+        &memtrack::artifact::Completeness::Complete,
+        "{}",
+        path.display()
+    );
+    let evs = r.events().collect::<Result<_, _>>().expect("decode");
+    (r, evs)
+}
+
 /// Every `.rs` file under `dirs` (recursively), sorted: what the source checks read.
 pub fn rust_sources(mut dirs: Vec<PathBuf>) -> Vec<PathBuf> {
     let mut out = Vec::new();
