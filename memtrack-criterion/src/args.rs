@@ -84,7 +84,8 @@ const VALUED: &[&str] = &[
 pub(crate) const HELP: &str = "\
 memtrack-criterion memory mode: records each benchmark's allocations into an artifact
 usage: BENCH [FILTER] [--exact] [--list] [--test] [--ignored] (criterion's other options are ignored)
-environment: MEMTRACK_WARMUP (default 2), MEMTRACK_ITERATIONS (default 10), MEMTRACK_DIR, MEMTRACK_BACKEND";
+environment: MEMTRACK_WARMUP (default 2), MEMTRACK_ITERATIONS (default 10), MEMTRACK_DIR, MEMTRACK_BACKEND,
+MEMTRACK_BENCHMARKS (the ids to run, one per line)";
 
 impl Args {
     /// Parses the arguments after the program's name.

@@ -200,12 +200,13 @@ impl<M: Measurement> Criterion<M> {
     }
 
     fn filter_matches(&self, id: &str) -> bool {
-        match &self.filter {
-            BenchmarkFilter::AcceptAll => true,
-            BenchmarkFilter::Regex(r) => r.is_match(id),
-            BenchmarkFilter::Exact(e) => id == e,
-            BenchmarkFilter::RejectAll => false,
-        }
+        run::chosen(id)
+            && match &self.filter {
+                BenchmarkFilter::AcceptAll => true,
+                BenchmarkFilter::Regex(r) => r.is_match(id),
+                BenchmarkFilter::Exact(e) => id == e,
+                BenchmarkFilter::RejectAll => false,
+            }
     }
 
     /// A group of benchmarks, whose ids begin with `group_name`.

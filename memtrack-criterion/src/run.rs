@@ -61,6 +61,25 @@ pub(crate) fn args() -> &'static Args {
     })
 }
 
+/// Whether benchmark `id` is among those `MEMTRACK_BENCHMARKS` names, one id per line (all when
+/// it is unset): `memtrack bench --chain` sets it to the benchmarks it follows along a range of
+/// commits. An id made unique with ` #2` is named by its first id. Read once.
+pub(crate) fn chosen(id: &str) -> bool {
+    static CHOSEN: OnceLock<Option<BTreeSet<String>>> = OnceLock::new();
+    let chosen = CHOSEN.get_or_init(|| {
+        let list = std::env::var_os("MEMTRACK_BENCHMARKS")?;
+        let list = list.to_string_lossy();
+        let first = |line: &str| match line.rsplit_once(" #") {
+            Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+                head.to_string()
+            }
+            _ => line.to_string(),
+        };
+        Some(list.lines().filter(|l| !l.is_empty()).map(first).collect())
+    });
+    chosen.as_ref().is_none_or(|set| set.contains(id))
+}
+
 fn exit_with(message: &str) -> ! {
     eprintln!("{message}");
     std::process::exit(2)

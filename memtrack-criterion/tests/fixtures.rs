@@ -192,7 +192,12 @@ fn built(build: Build) -> Built {
 fn bench(build: Build, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(built(build).exe);
     cmd.args(args).env("MEMTRACK_DIR", dir);
-    for var in ["MEMTRACK_BACKEND", "MEMTRACK_WARMUP", "MEMTRACK_ITERATIONS"] {
+    for var in [
+        "MEMTRACK_BACKEND",
+        "MEMTRACK_WARMUP",
+        "MEMTRACK_ITERATIONS",
+        "MEMTRACK_BENCHMARKS",
+    ] {
         cmd.env_remove(var);
     }
     cmd.envs(env.iter().copied());
@@ -396,7 +401,8 @@ fn memory_mode_records_each_benchmark() {
 }
 
 /// Criterion's command line in memory mode: `--list` lists the ids, a filter (a regex) and
-/// `--exact` pick benchmarks, criterion's other options are accepted, `--test` runs each
+/// `--exact` pick benchmarks, as `MEMTRACK_BENCHMARKS` does, criterion's other options are
+/// accepted, `--test` runs each
 /// benchmark once recording nothing, and an unknown option is refused.
 fn memory_mode_reads_criterions_command_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -438,6 +444,23 @@ fn memory_mode_reads_criterions_command_line() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.lines().count(), 2, "a header and one row:\n{stdout}");
+
+    // `MEMTRACK_BENCHMARKS` (as `memtrack bench --chain` sets it) with a filter: both choose.
+    let chosen = tempfile::tempdir().unwrap();
+    let env = [("MEMTRACK_BENCHMARKS", "parse/json/1024\nformat\nno/such\n")];
+    let out = bench(Build::Memory05, chosen.path(), &["--bench"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        files(chosen.path()),
+        BTreeSet::from(["parse_json_1024.memtrack".into(), "format.memtrack".into()])
+    );
+    let both = tempfile::tempdir().unwrap();
+    let out = bench(Build::Memory05, both.path(), &["json", "--bench"], &env);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        files(both.path()),
+        BTreeSet::from(["parse_json_1024.memtrack".into()])
+    );
 
     let test = tempfile::tempdir().unwrap();
     let out = bench(Build::Memory05, test.path(), &["--bench", "--test"], &[]);
