@@ -1,7 +1,10 @@
-//! `memtrack bench [--base REF] -- <cargo bench args>`: a criterion suite on memtrack-criterion,
-//! run in memory mode and reported per benchmark; with `--base`, also run at REF (a git
-//! worktree) and gated as `memtrack compare` gates. Exit 0: done, no regression; 1: a
-//! regression; 2: bad usage, a failed build or run, or an artifact refused.
+//! `memtrack bench [--base REF | --chain BASE..HEAD] -- <cargo bench args>`: a criterion suite
+//! on memtrack-criterion, run in memory mode and reported per benchmark; with `--base`, also
+//! run at REF (a git worktree) and gated as `memtrack compare` gates; with `--chain`, the
+//! commits of a range that made each regressed benchmark change. Beside its artifacts each run
+//! keeps a copy of the executables they recorded (`.build-id/`), so that they stay named after
+//! the suite is rebuilt. Exit 0: done, no regression; 1: a regression; 2: bad usage, a failed
+//! build or run, or an artifact refused.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -13,6 +16,7 @@ use memtrack::{
 
 use crate::compare::{self, Format};
 
+mod chain;
 mod render;
 mod suite;
 
@@ -37,13 +41,19 @@ pub enum BackendArg {
 #[derive(clap::Args)]
 pub(crate) struct Args {
     /// The artifacts' directory (default: `memtrack/bench` in the target directory), its
-    /// `*.memtrack` of a previous run removed first. With --base: DIR/base and DIR/head.
+    /// `*.memtrack` of a previous run removed first. With --base: DIR/base and DIR/head; with
+    /// --chain, DIR/NN-COMMIT per commit.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Also run the suite at this git revision, in a worktree (removed afterwards), and compare
     /// per iteration: exit 1 on a regression.
     #[arg(long, value_name = "REF")]
     base: Option<String>,
+    /// Which commit of BASE..HEAD made each benchmark that regressed from BASE to HEAD grow:
+    /// runs them at every commit of HEAD's first-parent line between (one worktree, builds
+    /// reused) and names each step with its call sites. Exit 1 when one regressed.
+    #[arg(long, value_name = "BASE..HEAD", conflicts_with = "base")]
+    chain: Option<String>,
     /// Growth allowed before a metric counts as regressed, with its % sign (as `compare`'s).
     #[arg(long, default_value = "3%", value_parser = |s: &str| s.parse::<Threshold>())]
     threshold: Threshold,
@@ -88,7 +98,19 @@ fn bench(args: Args) -> Result<ExitCode, String> {
         recorder,
         args: args.cargo.clone(),
         target: target.join("memtrack-bench"),
+        only: None,
     };
+    if let Some(spec) = &args.chain {
+        return chain::run(
+            &here,
+            &target,
+            &out,
+            suite,
+            spec,
+            args.threshold,
+            args.format,
+        );
+    }
     match &args.base {
         None => {
             clear(&out)?;
@@ -119,8 +141,8 @@ fn bench(args: Args) -> Result<ExitCode, String> {
     }
 }
 
-/// Creates `dir` if need be and removes the `*.memtrack` a previous run left in it, saying so
-/// when there were some.
+/// Creates `dir` if need be and removes the `*.memtrack` a previous run left in it (saying so
+/// when there were some) and the executables kept for them.
 fn clear(dir: &Path) -> Result<(), String> {
     let fail = |e: std::io::Error| format!("cannot clear {}: {e}", dir.display());
     std::fs::create_dir_all(dir).map_err(fail)?;
@@ -131,6 +153,11 @@ fn clear(dir: &Path) -> Result<(), String> {
             std::fs::remove_file(&p).map_err(fail)?;
             removed += 1;
         }
+    }
+    // The copies of the executables those artifacts recorded go with them.
+    let kept = dir.join(crate::BUILD_IDS);
+    if kept.is_dir() {
+        std::fs::remove_dir_all(&kept).map_err(fail)?;
     }
     if removed > 0 {
         eprintln!(

@@ -203,7 +203,7 @@ impl CallSites {
     /// stacks symbolized.
     pub fn symbolized(reader: &Reader, file: &Path, sites: Sites) -> memtrack::Result<CallSites> {
         let table = reader.stacks()?;
-        let mut symbolizer = Symbolizer::new();
+        let mut symbolizer = super::symbolizer(&[reader]);
         let (stacks, named) = symbolizer.symbolize_sites(reader, &sites)?;
         let call_sites = sites
             .sites

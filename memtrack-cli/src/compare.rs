@@ -9,7 +9,6 @@ use memtrack::{
     analysis::Attribution, analysis::Benchmark, analysis::Comparison, analysis::Metric,
     analysis::SiteAnalyzer, analysis::Sites, analysis::Threshold, analysis::Verdict,
     artifact::Completeness, artifact::Reader, symbolize::SiteComparison, symbolize::SiteKey,
-    symbolize::Symbolizer,
 };
 
 pub(crate) mod render;
@@ -113,6 +112,14 @@ pub(crate) struct Loaded {
     /// The head's benchmarks.
     pub head: Vec<Benchmark>,
     sites: SiteSets,
+}
+
+impl Loaded {
+    /// Keeps only the benchmarks named in `names`, on both sides.
+    pub(crate) fn retain(&mut self, names: &std::collections::BTreeSet<String>) {
+        self.base.retain(|b| names.contains(&b.name));
+        self.head.retain(|b| names.contains(&b.name));
+    }
 }
 
 /// Reads both sides (an artifact or a directory of them each). `None` when an input is
@@ -356,7 +363,7 @@ fn attribute(
         .map(|r| r.benchmark.as_str())
         .collect();
     benchmarks.dedup();
-    let mut sym = Symbolizer::new();
+    let mut sym = super::symbolizer_of(base_set.iter().chain(head_set).map(|b| b.path.as_path()));
     let mut without_stacks = Vec::new();
     for name in benchmarks {
         let find = |set: &[Benchmark]| {

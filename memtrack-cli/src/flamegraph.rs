@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use inferno::flamegraph::{self, Options, color::Color, color::PaletteMap};
 use memtrack::{
     artifact::Completeness, artifact::Output, artifact::Reader, human, symbolize::KeyFrame,
-    symbolize::KeyedSites, symbolize::SiteComparison, symbolize::SiteKey, symbolize::Symbolizer,
+    symbolize::KeyedSites, symbolize::SiteComparison, symbolize::SiteKey,
 };
 
 use crate::callsites::{CallSites, Class, Metric, NO_STACK, TRUNCATED};
@@ -243,7 +243,7 @@ fn run_diff(base: &Path, head: &Path, output: &Path, metric: Metric) -> memtrack
     });
     let (sb, sh) = (sb?, sh?);
     // The one matching rule of attribution (`memtrack compare`) and of this picture.
-    let keyed = SiteComparison::new(&mut Symbolizer::new(), &rb, &sb, &rh, &sh)?;
+    let keyed = SiteComparison::new(&mut super::symbolizer(&[&rb, &rh]), &rb, &sb, &rh, &sh)?;
     let b = DiffSide::new(&rb, base, &keyed.base)?;
     let h = DiffSide::new(&rh, head, &keyed.head)?;
     let out = Output::create(output)?;

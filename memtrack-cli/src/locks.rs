@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
-use memtrack::{
-    artifact::Reader, human, locks::LockWaits, locks::WaitClass, symbolize::Symbolizer,
-};
+use memtrack::{artifact::Reader, human, locks::LockWaits, locks::WaitClass};
 
 pub(crate) fn run(path: &Path, json: bool, top: usize) -> memtrack::Result<ExitCode> {
     let mut waits = read(path)?;
@@ -146,7 +144,7 @@ pub(crate) fn read(file: &Path) -> memtrack::Result<LockWaits> {
 /// [`read`], with the recording's name (the file's path if it has none).
 pub(crate) fn read_with_name(file: &Path) -> memtrack::Result<(LockWaits, String)> {
     let reader = Reader::open(file)?;
-    let waits = memtrack::locks::lock_waits(&reader, &mut Symbolizer::new())?;
+    let waits = memtrack::locks::lock_waits(&reader, &mut super::symbolizer(&[&reader]))?;
     let name = reader.metadata().name.clone();
     Ok((waits, name.unwrap_or_else(|| file.display().to_string())))
 }

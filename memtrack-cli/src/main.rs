@@ -205,6 +205,33 @@ pub(crate) fn writing(e: impl Into<memtrack::Error>, path: &Path) -> memtrack::E
     }
 }
 
+/// The directory beside an artifact where `memtrack bench` keeps a copy of each executable it
+/// recorded, named by build id, so that the artifact's frames stay named after a rebuild.
+pub(crate) const BUILD_IDS: &str = ".build-id";
+
+/// A symbolizer for the artifacts `readers` read, which also looks for their executables in
+/// the [`BUILD_IDS`] directory beside each.
+pub(crate) fn symbolizer(readers: &[&Reader]) -> memtrack::symbolize::Symbolizer {
+    symbolizer_of(readers.iter().map(|r| r.path()))
+}
+
+/// [`symbolizer`] for the artifacts at `paths`.
+pub(crate) fn symbolizer_of<'p>(
+    paths: impl IntoIterator<Item = &'p Path>,
+) -> memtrack::symbolize::Symbolizer {
+    let mut dirs: Vec<PathBuf> = paths
+        .into_iter()
+        .map(|p| p.parent().unwrap_or(Path::new(".")).join(BUILD_IDS))
+        .filter(|d| d.is_dir())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs.into_iter().fold(
+        memtrack::symbolize::Symbolizer::new(),
+        memtrack::symbolize::Symbolizer::with_build_ids,
+    )
+}
+
 /// Decodes every frame (in parallel, in order) and computes the totals, with a progress bar
 /// labelled `what` on a terminal.
 pub(crate) fn analyse(reader: &Reader, what: &str) -> memtrack::Result<Totals> {

@@ -13,7 +13,7 @@ use memtrack::{
     analysis::Analyzer, analysis::KindCounts, analysis::Site, analysis::SiteAnalyzer,
     analysis::SiteOrder, analysis::SizeClass, analysis::SizeHistogram, analysis::Totals,
     artifact::Backend, artifact::Metadata, artifact::Reader, event::KindTag, human, stack::Stack,
-    symbolize::ModuleStatus, symbolize::SymFrame, symbolize::Symbolizer,
+    symbolize::ModuleStatus, symbolize::SymFrame,
 };
 use serde::Serialize;
 
@@ -280,7 +280,7 @@ fn top_sites(
         .collect::<Result<_, _>>()?;
     // One symbolizer for all the rows: each module is read once, each distinct frame looked
     // up once.
-    let mut sym = Symbolizer::new();
+    let mut sym = super::symbolizer(&[reader]);
     let named = sym.symbolize_stacks(&stacks, |id| table.module(id));
     for ((site, stack), frames) in ranked.iter().zip(&stacks).zip(named) {
         let frames = stack

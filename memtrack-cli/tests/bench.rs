@@ -78,9 +78,28 @@ fn git(dir: &Path, args: &[&str]) -> Output {
     )
 }
 
-/// examples/downstream copied to `dir` (its memtrack-criterion dependency made absolute), in a
-/// fresh repository: a commit as it is, then one with [`GROW`].
+/// examples/downstream in a fresh repository at `dir`: a commit as it is, then one with
+/// [`GROW`].
 fn make_project(dir: &Path) -> PathBuf {
+    copy_downstream(dir);
+    git(dir, &["init", "-q"]);
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "-qm", "base"]);
+    edit(dir, "src/lib.rs", GROW);
+    git(dir, &["commit", "-qam", "tokenize copies each token"]);
+    dir.to_path_buf()
+}
+
+/// Replaces `what.0` with `what.1` in `file` of `dir` (which must hold it).
+fn edit(dir: &Path, file: &str, what: (&str, &str)) {
+    let path = dir.join(file);
+    let body = std::fs::read_to_string(&path).unwrap();
+    assert!(body.contains(what.0), "{file} holds no {:?}", what.0);
+    std::fs::write(&path, body.replacen(what.0, what.1, 1)).unwrap();
+}
+
+/// examples/downstream copied to `dir`, its memtrack-criterion dependency made absolute.
+fn copy_downstream(dir: &Path) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/downstream");
     let _ = std::fs::remove_dir_all(dir);
     for f in [
@@ -106,15 +125,6 @@ fn make_project(dir: &Path) -> PathBuf {
         std::fs::write(&to, body).unwrap();
     }
     std::fs::write(dir.join(".gitignore"), "/target\n").unwrap();
-    git(dir, &["init", "-q"]);
-    git(dir, &["add", "."]);
-    git(dir, &["commit", "-qm", "base"]);
-    let lib = dir.join("src/lib.rs");
-    let body = std::fs::read_to_string(&lib).unwrap();
-    assert!(body.contains(GROW.0));
-    std::fs::write(&lib, body.replace(GROW.0, GROW.1)).unwrap();
-    git(dir, &["commit", "-qam", "tokenize copies each token"]);
-    dir.to_path_buf()
 }
 
 /// The host's target triple: with `--target`, RUSTFLAGS apply to the suite's crates only, so
@@ -362,6 +372,162 @@ fn base_is_refused_without_a_commit() {
     );
 }
 
+/// The edit that gives `tokenize`'s vector room for one more `String` (24 bytes).
+const GROW_ROOM: (&str, &str) = (
+    "Vec::with_capacity(words().count())",
+    "Vec::with_capacity(words().count() + 1)",
+);
+
+/// The chain's repository: base; a comment; a commit that does not build; [`GROW`] with the
+/// build fixed; another comment; [`GROW_ROOM`]. Each commit's id, oldest first.
+fn make_chain(dir: &Path) -> Vec<String> {
+    let _ = std::fs::remove_dir_all(dir);
+    copy_downstream(dir);
+    git(dir, &["init", "-q"]);
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "-qm", "base"]);
+    let comment = (
+        "//! The code under test",
+        "//! The code under test (unchanged)",
+    );
+    edit(dir, "src/lib.rs", comment);
+    git(dir, &["commit", "-qam", "a comment"]);
+    let broken = ("pub fn render(", "pub fn render(oops");
+    edit(dir, "src/lib.rs", broken);
+    git(dir, &["commit", "-qam", "does not build"]);
+    edit(dir, "src/lib.rs", (broken.1, broken.0));
+    edit(dir, "src/lib.rs", GROW);
+    git(dir, &["commit", "-qam", "tokenize copies each token"]);
+    edit(
+        dir,
+        "benches/tokenize.rs",
+        ("//! The suite", "//! The suite (a comment)"),
+    );
+    git(dir, &["commit", "-qam", "another comment"]);
+    edit(dir, "src/lib.rs", GROW_ROOM);
+    git(dir, &["commit", "-qam", "tokenize makes room for one more"]);
+    let log = git(dir, &["log", "--reverse", "--format=%H"]);
+    text(&log.stdout).lines().map(String::from).collect()
+}
+
+/// --chain over six commits: tokenize regressed from the first to the last, in two steps, each
+/// named by the commit that made it, with its call sites; the commit that does not build is
+/// listed as not measured (the step after it may be its); the commits between run the
+/// regressed benchmark only, and rebuild only the suite's crate.
+fn chain_names_the_commit_of_each_step() {
+    let (_turn, _) = project();
+    let dir = tmp().join("chain");
+    let ids = make_chain(&dir);
+    let out_dir = tmp().join("chain-out");
+    let args = [
+        "--backend",
+        "alloc",
+        "--chain",
+        "HEAD~5..HEAD",
+        "--format",
+        "json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = bench(&dir, &args, &[]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    let v = json(&out);
+    assert_eq!(v["regressed"], serde_json::json!(["tokenize"]));
+    let states: Vec<&str> = v["commits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "measured", "measured", "failed", "measured", "measured", "measured"
+        ]
+    );
+    let steps = v["steps"].as_array().unwrap();
+    let named: Vec<(&str, &str)> = steps
+        .iter()
+        .map(|s| (s["commit"].as_str().unwrap(), s["after"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            (ids[3].as_str(), ids[1].as_str()),
+            (ids[5].as_str(), ids[4].as_str())
+        ]
+    );
+    let n = tokens().len() as i64;
+    for (step, metric, delta) in [
+        (&steps[0], "allocations", 10 * n),
+        (&steps[1], "bytes", 10 * 24),
+    ] {
+        let rows = step["comparison"]["rows"].as_array().unwrap();
+        let changed: Vec<(&str, &str)> = rows
+            .iter()
+            .filter(|r| r["verdict"] != "unchanged")
+            .map(|r| {
+                (
+                    r["benchmark"].as_str().unwrap(),
+                    r["metric"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert!(changed.contains(&("tokenize", metric)), "{rows:?}");
+        let a = step["comparison"]["attribution"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["metric"] == metric)
+            .unwrap_or_else(|| panic!("no attribution of {metric}: {step:#}"));
+        assert_eq!(a["benchmark"], "tokenize");
+        assert_eq!(a["delta"], delta, "{a:#}");
+        let functions: Vec<&str> = a["sites"][0]["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f["function"].as_str())
+            .collect();
+        assert!(
+            functions
+                .iter()
+                .any(|f| f.starts_with("downstream::tokenize")),
+            "{functions:?}"
+        );
+    }
+    // The ends ran the whole suite, the commits between the regressed benchmark only.
+    for (i, id) in ids.iter().enumerate() {
+        let d = out_dir.join(format!("{i:02}-{}", &id[..12]));
+        let files = std::fs::read_dir(&d).map_or(0, |r| {
+            r.filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "memtrack")
+            })
+            .count()
+        });
+        let expected = match i {
+            2 => 0,
+            0 | 5 => 2,
+            _ => 1,
+        };
+        assert_eq!(files, expected, "{}", d.display());
+        // With a copy of the executable they recorded, named by its build id.
+        assert_eq!(d.join(".build-id").is_dir(), i != 2, "{}", d.display());
+    }
+    // Builds are reused: memtrack-criterion compiles at most once along the chain.
+    let compiled = stderr.matches("Compiling memtrack-criterion ").count();
+    assert!(
+        compiled <= 1,
+        "{compiled} builds of memtrack-criterion:\n{stderr}"
+    );
+    let worktrees = text(&git(&dir, &["worktree", "list"]).stdout);
+    assert_eq!(worktrees.lines().count(), 1, "{worktrees}");
+}
+
 fn main() {
     run(vec![
         test(
@@ -371,6 +537,10 @@ fn main() {
         test(
             "base_finds_and_attributes_the_regression",
             base_finds_and_attributes_the_regression,
+        ),
+        test(
+            "chain_names_the_commit_of_each_step",
+            chain_names_the_commit_of_each_step,
         ),
         test(
             "base_is_refused_without_a_commit",

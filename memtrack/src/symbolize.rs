@@ -2,7 +2,7 @@
 //! inlined frames, from the files alone. The guide is [`Symbolizer`]'s documentation.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized};
@@ -155,6 +155,8 @@ impl fmt::Display for ModuleStatus {
 /// What a [`Symbolizer`] keeps of one module.
 struct ModuleCache {
     status: ModuleStatus,
+    /// The file read: the module's path, or its copy in a build-id directory.
+    file: String,
     basename: String,
     /// Offset looked up → its frames (with `offset` the looked-up one).
     frames: FxHashMap<u64, Vec<SymFrame>>,
@@ -194,6 +196,9 @@ struct ModuleCache {
 pub struct Symbolizer {
     blaze: blazesym::symbolize::Symbolizer,
     modules: FxHashMap<Module, ModuleCache>,
+    /// Directories of files named by build id (`ab/cdef…`), looked in when the file at a
+    /// module's path is not the recorded one.
+    build_id_dirs: Vec<PathBuf>,
 }
 
 impl Default for Symbolizer {
@@ -225,7 +230,19 @@ impl Symbolizer {
         Symbolizer {
             blaze,
             modules: FxHashMap::default(),
+            build_id_dirs: Vec::new(),
         }
+    }
+
+    /// Also looks for a module's file in `dir`, laid out as a `.build-id` directory (the file
+    /// of build id `abcdef…` at `dir/ab/cdef…`), when the file at the module's path is not the
+    /// recorded one (rebuilt since, or gone): `memtrack bench` keeps there a copy of each
+    /// executable it recorded, so that its artifacts stay named after the suite is rebuilt.
+    /// A copy is used only if its build id is the recorded one.
+    #[must_use]
+    pub fn with_build_ids(mut self, dir: impl Into<PathBuf>) -> Symbolizer {
+        self.build_id_dirs.push(dir.into());
+        self
     }
 
     /// Symbolizes `offsets` (file offsets of instructions) in `module`: one `Vec` per offset,
@@ -350,11 +367,12 @@ impl Symbolizer {
     /// The cache of `module` with every offset of `offsets` resolved into it.
     fn resolve(&mut self, module: &Module, offsets: &[u64]) -> &ModuleCache {
         if !self.modules.contains_key(module) {
-            let status = verify(module);
+            let (status, file) = self.locate(module);
             self.modules.insert(
                 module.clone(),
                 ModuleCache {
                     status,
+                    file,
                     basename: basename(&module.path).to_string(),
                     frames: FxHashMap::default(),
                 },
@@ -374,15 +392,15 @@ impl Symbolizer {
         }
         missing.sort_unstable();
         missing.dedup();
-        let before = stat(&module.path);
-        let src = Source::Elf(Elf::new(&module.path));
+        let before = stat(&cache.file);
+        let src = Source::Elf(Elf::new(&cache.file));
         // An error of the whole batch (the file vanished since `verify`) leaves every offset a
         // fallback; per-address errors come back as `Symbolized::Unknown`.
         let results = self
             .blaze
             .symbolize(&src, Input::FileOffset(&missing))
             .unwrap_or_default();
-        if cache.frames.is_empty() && before != stat(&module.path) {
+        if cache.frames.is_empty() && before != stat(&cache.file) {
             // The first read of the file (blazesym keeps what it read now) may not be of the
             // file whose build id `verify` checked.
             cache.status = ModuleStatus::Changed;
@@ -397,6 +415,34 @@ impl Symbolizer {
             cache.frames.insert(*off, frames);
         }
         cache
+    }
+}
+
+impl Symbolizer {
+    /// The file to read `module` from and its status: the file at its path when it is the
+    /// recorded one, else a copy of the recorded build in a build-id directory, else the path's
+    /// status.
+    fn locate(&self, module: &Module) -> (ModuleStatus, String) {
+        let status = verify(module);
+        if status == ModuleStatus::Usable {
+            return (status, module.path.clone());
+        }
+        let Some(id) = module.build_id.as_deref().filter(|id| id.len() > 1) else {
+            return (status, module.path.clone());
+        };
+        let id = hex(id);
+        for dir in &self.build_id_dirs {
+            let copy = dir.join(&id[..2]).join(&id[2..]);
+            let Some(copy) = copy.to_str() else { continue };
+            let candidate = Module {
+                path: copy.to_string(),
+                build_id: module.build_id.clone(),
+            };
+            if verify(&candidate) == ModuleStatus::Usable {
+                return (ModuleStatus::Usable, candidate.path);
+            }
+        }
+        (status, module.path.clone())
     }
 }
 
@@ -680,6 +726,73 @@ impl SiteComparison {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The file offset of `addr` in this process's executable, from `/proc/self/maps`.
+    fn exe_offset(addr: u64) -> u64 {
+        let exe = std::env::current_exe().unwrap();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        for line in maps.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (range, off) = (f[0], u64::from_str_radix(f[2], 16).unwrap());
+            let (lo, hi) = range.split_once('-').unwrap();
+            let (lo, hi) = (
+                u64::from_str_radix(lo, 16).unwrap(),
+                u64::from_str_radix(hi, 16).unwrap(),
+            );
+            if (lo..hi).contains(&addr) && f.get(5).is_some_and(|p| Path::new(p) == exe) {
+                return addr - lo + off;
+            }
+        }
+        panic!("{addr:#x} is in no mapping of {}", exe.display());
+    }
+
+    #[inline(never)]
+    fn a_function_to_find() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    /// A module whose file is gone is read from a build-id directory holding a copy of the
+    /// recorded build, and only from a copy whose build id is the recorded one.
+    #[test]
+    fn a_module_gone_from_its_path_is_read_from_a_build_id_directory() {
+        let exe = std::env::current_exe().unwrap();
+        let id = blazesym::helper::read_elf_build_id(&exe)
+            .unwrap()
+            .expect("test binaries have a build id")
+            .into_owned();
+        let gone = Module {
+            path: "/nonexistent/memtrack-test-exe".into(),
+            build_id: Some(id.clone()),
+        };
+        let store = tempfile::tempdir().unwrap();
+        let hexed = hex(&id);
+        let copy = store.path().join(&hexed[..2]).join(&hexed[2..]);
+        std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+        let offset = exe_offset(a_function_to_find as *const () as usize as u64);
+        assert_eq!(a_function_to_find(), 7);
+
+        // Another file under the recorded build's name is not used.
+        std::fs::write(&copy, b"not the recorded build").unwrap();
+        let mut sym = Symbolizer::new().with_build_ids(store.path());
+        assert!(matches!(sym.status(&gone), ModuleStatus::Unreadable(_)));
+
+        std::fs::copy(&exe, &copy).unwrap();
+        let mut plain = Symbolizer::new();
+        assert!(matches!(plain.status(&gone), ModuleStatus::Unreadable(_)));
+        assert!(!plain.symbolize(&gone, &[offset])[0][0].is_resolved());
+        let mut sym = Symbolizer::new().with_build_ids(store.path());
+        assert_eq!(sym.status(&gone), &ModuleStatus::Usable);
+        let frames = &sym.symbolize(&gone, &[offset])[0];
+        let outer = frames.last().unwrap();
+        assert!(
+            outer
+                .function
+                .as_deref()
+                .is_some_and(|f| f.ends_with("a_function_to_find")),
+            "{frames:?}"
+        );
+        assert_eq!(outer.module, "memtrack-test-exe");
+    }
 
     /// A frame outside any file prints as its address, except the broken chain's marker.
     #[test]

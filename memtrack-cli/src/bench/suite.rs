@@ -5,6 +5,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use memtrack::artifact::{Output as OutputFile, Reader};
+
 /// The recorder the suite is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Recorder {
@@ -36,8 +38,11 @@ impl Recorder {
 pub(crate) struct Suite {
     pub recorder: Recorder,
     pub args: Vec<OsString>,
-    /// `<the user's target dir>/memtrack-bench`, or `memtrack-bench-base` for `--base`.
+    /// `<the user's target dir>/memtrack-bench`, or `memtrack-bench-base` for the worktree's
+    /// builds (`--base`, `--chain`).
     pub target: PathBuf,
+    /// Only these benchmark ids (`MEMTRACK_BENCHMARKS`, which memtrack-criterion reads), or all.
+    pub only: Option<Vec<String>>,
 }
 
 /// The cargo that runs memtrack (`$CARGO` under cargo), else the one on the PATH.
@@ -118,6 +123,10 @@ impl Suite {
             }
             cmd.env("RUSTFLAGS", flags);
         }
+        match &self.only {
+            Some(ids) => cmd.env("MEMTRACK_BENCHMARKS", ids.join("\n")),
+            None => cmd.env_remove("MEMTRACK_BENCHMARKS"),
+        };
         cmd.env("CARGO_TARGET_DIR", &self.target)
             .env("MEMTRACK_DIR", out)
             .env("MEMTRACK_BACKEND", self.recorder.name())
@@ -133,8 +142,65 @@ impl Suite {
                 dir.display()
             ));
         }
+        self.keep_executables(out)
+    }
+
+    /// Copies into `out`'s build-id directory (`crate::BUILD_IDS`) each executable of this
+    /// suite's target directory that an artifact in `out` has frames of, named by its build
+    /// id: a later build (the next commit of `--chain`, the user's next run) replaces the file
+    /// at its path, and `show`, `compare` and `flamegraph` then read the copy.
+    fn keep_executables(&self, out: &Path) -> Result<(), String> {
+        let target = self
+            .target
+            .canonicalize()
+            .unwrap_or_else(|_| self.target.clone());
+        let store = out.join(crate::BUILD_IDS);
+        let fail = |what: &Path, e: &dyn std::fmt::Display| {
+            format!("cannot keep a copy of {}: {e}", what.display())
+        };
+        for entry in std::fs::read_dir(out).map_err(|e| fail(out, &e))? {
+            let path = entry.map_err(|e| fail(out, &e))?.path();
+            if path.extension().is_none_or(|x| x != "memtrack") {
+                continue;
+            }
+            let reader = Reader::open(&path).map_err(|e| e.to_string())?;
+            let Ok(table) = reader.stacks() else { continue };
+            for (_, module) in table.modules() {
+                let (file, Some(id)) = (Path::new(&module.path), module.build_id.as_deref()) else {
+                    continue;
+                };
+                if id.len() < 2 || !file.starts_with(&target) {
+                    continue;
+                }
+                let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+                let copy = store.join(&hex[..2]).join(&hex[2..]);
+                if copy.exists() {
+                    continue;
+                }
+                keep(file, &copy).map_err(|e| fail(file, &e))?;
+            }
+        }
         Ok(())
     }
+}
+
+/// Copies `file` to `copy` (a new file, put in place only once whole).
+fn keep(file: &Path, copy: &Path) -> Result<(), String> {
+    if let Some(dir) = copy.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    }
+    let out = OutputFile::create(copy).map_err(|e| e.to_string())?;
+    let mut from = std::fs::File::open(file).map_err(|e| e.to_string())?;
+    let mut to = out.writer().map_err(|e| e.to_string())?;
+    std::io::copy(&mut from, &mut to).map_err(|e| format!("{}: {e}", copy.display()))?;
+    out.commit().map(drop).map_err(|e| e.to_string())
+}
+
+/// `git ARGS` in `dir`: its standard output, trimmed, or an error naming the command.
+pub(crate) fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let mut cmd = Command::new("git");
+    cmd.current_dir(dir).args(args);
+    output(&mut cmd).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 /// A detached git worktree of `--base`'s commit, removed when dropped.
@@ -151,11 +217,7 @@ impl Worktree {
     /// Checks `reference` out at `path` (a worktree left there by an interrupted run is
     /// replaced), for the repository holding `dir`.
     pub(crate) fn add(dir: &Path, reference: &str, path: PathBuf) -> Result<Worktree, String> {
-        let git = |args: &[&str]| {
-            let mut cmd = Command::new("git");
-            cmd.current_dir(dir).args(args);
-            output(&mut cmd).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        };
+        let git = |args: &[&str]| git(dir, args);
         let repo = git(&["rev-parse", "--show-toplevel"]).map_err(|e| {
             format!(
                 "--base needs a git repository, and {} is in none: {e}",
@@ -190,6 +252,17 @@ impl Worktree {
             path,
             commit,
         })
+    }
+}
+
+impl Worktree {
+    /// Checks `commit` out in the worktree, discarding what a previous run changed in it; the
+    /// files the commit does not change keep their times, so cargo rebuilds only what changed.
+    pub(crate) fn checkout(&self, commit: &str) -> Result<(), String> {
+        let mut cmd = Command::new("git");
+        cmd.current_dir(&self.path)
+            .args(["checkout", "--quiet", "--force", "--detach", commit]);
+        output(&mut cmd).map(drop)
     }
 }
 

@@ -131,7 +131,7 @@ fn delta_human(m: Metric, d: i128) -> String {
 }
 
 /// A regressed row's attribution as a compact ranked table.
-fn attribution_table(a: &Attributed) -> String {
+pub(crate) fn attribution_table(a: &Attributed) -> String {
     let at = &a.attribution;
     let mut out = format!("call sites behind {}\n", attribution_title(a));
     let mut cells: Vec<[String; 7]> = vec![[
@@ -167,7 +167,7 @@ fn attribution_table(a: &Attributed) -> String {
 }
 
 /// A regressed row's attribution as a collapsible markdown section.
-fn attribution_markdown(a: &Attributed) -> String {
+pub(crate) fn attribution_markdown(a: &Attributed) -> String {
     let at = &a.attribution;
     let mut out = format!(
         "<details><summary>Call sites behind {}</summary>\n\n",
@@ -285,7 +285,7 @@ pub fn json(c: &Comparison, attributed: &[Attributed]) -> serde_json::Value {
 }
 
 /// A regressed row's sites with exact numbers (deltas as integers, shares as fractions).
-fn attribution_json(a: &Attributed) -> serde_json::Value {
+pub(crate) fn attribution_json(a: &Attributed) -> serde_json::Value {
     let at = &a.attribution;
     let int = |d: i128| {
         serde_json::json!(i64::try_from(d).unwrap_or(if d < 0 { i64::MIN } else { i64::MAX }))
@@ -375,14 +375,14 @@ pub(crate) fn metric_human_per_iteration(m: Metric, v: f64) -> String {
     }
 }
 
-fn human_base(r: &Row) -> String {
+pub(crate) fn human_base(r: &Row) -> String {
     match r.base_per_iteration {
         Some(v) => metric_human_per_iteration(r.metric, v),
         None => metric_human(r.metric, r.base),
     }
 }
 
-fn human_head(r: &Row) -> String {
+pub(crate) fn human_head(r: &Row) -> String {
     match r.head_per_iteration {
         Some(v) => metric_human_per_iteration(r.metric, v),
         None => metric_human(r.metric, r.head),
@@ -407,7 +407,7 @@ fn verdict_markdown(v: Verdict) -> &'static str {
     }
 }
 
-fn change_text(p: Option<f64>) -> String {
+pub(crate) fn change_text(p: Option<f64>) -> String {
     match p {
         None => "from 0".into(),
         Some(0.0) => "0.00%".into(),
