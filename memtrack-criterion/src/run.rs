@@ -61,23 +61,50 @@ pub(crate) fn args() -> &'static Args {
     })
 }
 
-/// Whether benchmark `id` is among those `MEMTRACK_BENCHMARKS` names, one id per line (all when
-/// it is unset): `memtrack bench --chain` sets it to the benchmarks it follows along a range of
-/// commits. An id made unique with ` #2` is named by its first id. Read once.
+/// Whether benchmark `id` is among those `MEMTRACK_BENCHMARKS` names (all when it is unset):
+/// one id per line, a backslash in an id written `\\` and a line break `\n`. `memtrack bench
+/// --chain` sets it to the benchmarks it follows along a range of commits. An id made unique
+/// with ` #2` is named by its first id. Read once.
 pub(crate) fn chosen(id: &str) -> bool {
     static CHOSEN: OnceLock<Option<BTreeSet<String>>> = OnceLock::new();
     let chosen = CHOSEN.get_or_init(|| {
         let list = std::env::var_os("MEMTRACK_BENCHMARKS")?;
-        let list = list.to_string_lossy();
-        let first = |line: &str| match line.rsplit_once(" #") {
+        Some(chosen_ids(&list.to_string_lossy()))
+    });
+    chosen.as_ref().is_none_or(|set| set.contains(id))
+}
+
+/// The ids a `MEMTRACK_BENCHMARKS` value names, each as its first id (without ` #2`).
+fn chosen_ids(list: &str) -> BTreeSet<String> {
+    let first = |line: &str| {
+        let line = unescape(line);
+        match line.rsplit_once(" #") {
             Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
                 head.to_string()
             }
-            _ => line.to_string(),
-        };
-        Some(list.lines().filter(|l| !l.is_empty()).map(first).collect())
-    });
-    chosen.as_ref().is_none_or(|set| set.contains(id))
+            _ => line,
+        }
+    };
+    list.lines().filter(|l| !l.is_empty()).map(first).collect()
+}
+
+/// A line of `MEMTRACK_BENCHMARKS` as the id it stands for: `\n` a line break, `\\` a
+/// backslash (another character after a backslash stands for itself).
+fn unescape(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
 }
 
 fn exit_with(message: &str) -> ! {
@@ -288,6 +315,17 @@ mod tests {
             lost_events: 0,
             path: None,
         }
+    }
+
+    /// `MEMTRACK_BENCHMARKS`' lines: escapes undone, ` #N` dropped, blank lines skipped.
+    #[test]
+    fn chosen_ids_undo_the_escapes() {
+        let list = "a/b\n\n  group {\\n  /3\nback\\\\slash\nparse #2\nend\\";
+        let want = ["a/b", "  group {\n  /3", "back\\slash", "parse", "end\\"];
+        assert_eq!(
+            chosen_ids(list),
+            want.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>()
+        );
     }
 
     #[test]

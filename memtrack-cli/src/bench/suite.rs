@@ -124,7 +124,7 @@ impl Suite {
             cmd.env("RUSTFLAGS", flags);
         }
         match &self.only {
-            Some(ids) => cmd.env("MEMTRACK_BENCHMARKS", ids.join("\n")),
+            Some(ids) => cmd.env("MEMTRACK_BENCHMARKS", benchmark_list(ids)),
             None => cmd.env_remove("MEMTRACK_BENCHMARKS"),
         };
         cmd.env("CARGO_TARGET_DIR", &self.target)
@@ -194,6 +194,16 @@ fn keep(file: &Path, copy: &Path) -> Result<(), String> {
     let mut to = out.writer().map_err(|e| e.to_string())?;
     std::io::copy(&mut from, &mut to).map_err(|e| format!("{}: {e}", copy.display()))?;
     out.commit().map(drop).map_err(|e| e.to_string())
+}
+
+/// `ids` as `MEMTRACK_BENCHMARKS` lists them: one per line, a backslash written `\\` and a
+/// line break `\n` (criterion's ids may hold either).
+fn benchmark_list(ids: &[String]) -> String {
+    let escaped: Vec<String> = ids
+        .iter()
+        .map(|id| id.replace('\\', "\\\\").replace('\n', "\\n"))
+        .collect();
+    escaped.join("\n")
 }
 
 /// `git ARGS` in `dir`: its standard output, trimmed, or an error naming the command.
