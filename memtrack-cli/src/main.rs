@@ -104,7 +104,7 @@ enum Cmd {
     /// 125 if memtrack itself failed. The command never gets memtrack's capabilities, and when
     /// it does not run as root a setuid program it starts gains no privileges (no_new_privs).
     Record(record::Args),
-    /// Print lock waits per thread and the contended call sites (a `record --locks` recording).
+    /// Print lock waits per thread and the contended call sites (`record --locks`).
     ///
     /// Per thread, the time off the CPU by why (mutex, rwlock, condvar, glibc lock, other
     /// futex, I/O, sleep, other, preempted) and on it, then the call sites that waited longest
