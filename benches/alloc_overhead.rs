@@ -261,7 +261,7 @@ fn main() {
 
 /// What this machine's time-stamp counter read costs: every event pays one (its timestamp),
 /// on the measured thread, and it moves with the machine (7.4 ns back to back on one day's
-/// host, 19–21 on another's: README, "Recording cost"), so the figures above are read beside it.
+/// host, 19–21 on another's: benches/NOTES.md), so the figures above are read beside it.
 fn tsc_read() {
     const READS: u32 = 1_000_000;
     const RUNS: usize = 21;

@@ -1,4 +1,4 @@
-//! `hotpaths`: the driver of the hot-path gate (`ir-gate`, README "Performance gate"). One
+//! `hotpaths`: the driver of the hot-path gate (`ir-gate`, CONTRIBUTING.md "The ir-gate"). One
 //! operation per hot path of memtrack, run deterministically: one measured thread, fixed seeds,
 //! no clock read inside the measured function.
 //!

@@ -1,4 +1,4 @@
-//! `ir-gate`: the hot-path performance gate (README "Performance gate").
+//! `ir-gate`: the hot-path performance gate (CONTRIBUTING.md, "The ir-gate").
 //!
 //! ```text
 //! ir-gate [check] [--threshold PCT] [--baseline FILE] [--driver BIN] [--runs N] [--jobs N]
@@ -938,8 +938,8 @@ fn update(a: &Args) -> Result<()> {
     let measured = measure(&driver, &sized, a.runs, a.jobs)?;
     let mut base = Baseline {
         note: "Ir per operation of benches/ir/driver.rs under callgrind; written by `cargo run \
-               --bin ir-gate -- update`, checked by `cargo run --bin ir-gate` (README, \
-               \"Performance gate\"). Commit it with that command's output."
+               --bin ir-gate -- update`, checked by `cargo run --bin ir-gate` \
+               (CONTRIBUTING.md, \"The ir-gate\"). Commit it with that command's output."
             .into(),
         rustc,
         valgrind,

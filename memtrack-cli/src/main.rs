@@ -30,61 +30,87 @@ mod verify;
 #[command(
     name = "memtrack",
     version,
-    about = "Exact memory profiling: record, inspect, verify, compare, plot"
+    about = "Exact memory profiling of Rust benchmarks: record, compare, gate in CI, draw"
 )]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
 }
 
+// Each command's first paragraph is its one line in `memtrack --help`; the whole text is its
+// own `--help`.
 #[derive(Subcommand)]
 enum Cmd {
-    /// Print an artifact's metadata and totals.
+    /// Print a recording's totals, sizes, threads and top call sites.
+    ///
+    /// Metadata, totals (per iteration when the recording knows its iterations), size classes,
+    /// processes; with --threads the per-thread table, with --top N the call sites that
+    /// allocated most, each with its stack.
     Show(show::Args),
-    /// Decode every frame and check checksums, counts and the trailer: exit 0 only if all is
-    /// sound and the recording is whole (no lost events), else exit 1 naming the first
-    /// problem.
+    /// Check that a recording is sound and whole.
+    ///
+    /// Decodes every frame and checks checksums, counts and the trailer: exit 0 only if all is
+    /// sound and the recording is whole (no lost events, no process left uncovered), else exit
+    /// 1 naming the first problem.
     Verify(verify::Args),
-    /// Compare benchmarks' allocations, bytes and peak between two artifacts or two directories
-    /// of `*.memtrack` artifacts (matched by benchmark name). Exit 0: no metric grew past the
-    /// threshold; 1: a regression; 2: bad usage or an input refused (corrupt, incomplete, or
-    /// with lost events).
+    /// Compare recordings per benchmark; exit 1 when one grew past the threshold.
+    ///
+    /// Compares allocations, bytes and peak between two artifacts or two directories of
+    /// `*.memtrack` artifacts (matched by benchmark name), per iteration when they know their
+    /// iterations, with the call sites behind each regression when both have call stacks.
+    /// Exit 0: no metric grew past the threshold; 1: a regression; 2: bad usage or an input
+    /// refused (corrupt, not finished, lost events, processes not covered).
     Compare(compare::Args),
-    /// Run a criterion suite on memtrack-criterion in memory mode (`-- <cargo bench args>`) and
-    /// print each benchmark's allocations, bytes, peak and live blocks per iteration. With
-    /// `--base REF`: run it at REF too and compare as `compare` does (exit 1 on a regression,
-    /// 2 if a build, a run or an input failed).
+    /// Run a memtrack-criterion suite in memory mode; with --base REF, compare it with REF.
+    ///
+    /// Builds the suite with `--cfg memtrack_bench` in a target directory of its own, runs it
+    /// (`-- <cargo bench args>`) and prints each benchmark's allocations, bytes, peak and live
+    /// blocks per iteration. With `--base REF`: runs it at REF too, in a git worktree, and
+    /// compares as `compare` does (exit 1 on a regression, 2 if a build, a run or an input
+    /// failed).
     Bench(bench::Args),
-    /// Draw live heap bytes (and mapped bytes) over time as an SVG, the peak marked.
+    /// Draw live heap bytes over time as an SVG.
+    ///
+    /// Live heap bytes (and mapped bytes) over time, the peak marked with `show`'s number.
     Plot(plot::Args),
-    /// Draw the call sites as an interactive flame graph (SVG: search, zoom, tooltips), each
-    /// frame as wide as its share of the metric, coloured by whose code it is (the program,
-    /// Rust std, libc and ld.so, other libraries). Needs a recording with call stacks. With
-    /// `--diff BASE HEAD`: a differential flame graph of HEAD (growth red, shrink blue, no
-    /// change white), frames matched by function and source file; exit 2 if an input is
-    /// refused (no call stacks, incomplete, lost events, processes not covered). With
-    /// `--locks`: the lock waits of a recording made with `record --locks` instead, each
-    /// contended call site (the code that wanted the lock) as wide as the time waited there.
+    /// Draw the call sites as a flame graph SVG (--diff: what changed; --locks: lock waits).
+    ///
+    /// An interactive SVG (search, zoom, tooltips), each frame as wide as its share of the
+    /// metric, coloured by whose code it is (the program, Rust std, libc and ld.so, other
+    /// libraries). Needs a recording with call stacks. With `--diff BASE HEAD`: a differential
+    /// flame graph of HEAD (growth red, shrink blue, no change white), frames matched by
+    /// function and source file; exit 2 if an input is refused (no call stacks, incomplete,
+    /// lost events, processes not covered). With `--locks`: the lock waits of a recording made
+    /// with `record --locks` instead, each contended call site (the code that wanted the lock)
+    /// as wide as the time waited there.
     Flamegraph(flamegraph::Args),
-    /// Write the call sites in another tool's format: Valgrind DHAT's JSON (dh_view.html),
-    /// pprof's gzipped profile.proto (Go heap profile sample types), folded stacks
-    /// (flamegraph.pl, inferno, speedscope) or the Firefox Profiler's processed format
-    /// (allocations over time). Needs a recording with call stacks.
+    /// Write the call sites for DHAT's viewer, pprof, folded stacks or the Firefox Profiler.
+    ///
+    /// Valgrind DHAT's JSON (dh_view.html), pprof's gzipped profile.proto (Go heap profile
+    /// sample types), folded stacks (flamegraph.pl, inferno, speedscope) or the Firefox
+    /// Profiler's processed format (allocations over time). Needs a recording with call
+    /// stacks.
     Export(export::Args),
-    /// Write an artifact from a seeded model of a multi-threaded program (no privileges needed).
+    /// Write a seeded model recording, to try the tools without privileges.
+    ///
+    /// An artifact from a seeded model of a multi-threaded program's allocations: the same
+    /// seed gives the same recording.
     Synth(synth::Args),
-    /// Run a command with every allocation, free and mapping recorded by the eBPF tracker
-    /// (needs root, or CAP_BPF + CAP_PERFMON). Exits with the command's exit code (128+N if
-    /// signal N ended it); 127 if the command is not found, 126 if it cannot be executed, 2 for
-    /// bad usage, 125 if memtrack itself failed. The command
-    /// never gets memtrack's capabilities, and when it does not run as root a setuid program it
-    /// starts gains no privileges (no_new_privs).
+    /// Run a command and record its allocations, and those of the processes it starts.
+    ///
+    /// Records every allocation, free and mapping with the eBPF tracker (needs root, or
+    /// CAP_BPF + CAP_PERFMON). Exits with the command's exit code (128+N if signal N ended
+    /// it); 127 if the command is not found, 126 if it cannot be executed, 2 for bad usage,
+    /// 125 if memtrack itself failed. The command never gets memtrack's capabilities, and when
+    /// it does not run as root a setuid program it starts gains no privileges (no_new_privs).
     Record(record::Args),
-    /// Lock waits of a recording made with `record --locks` (or `SessionBuilder::lock_waits`):
-    /// per thread, the time off the CPU by why (mutex, rwlock, condvar, glibc lock, other
+    /// Print lock waits per thread and the contended call sites (`record --locks`).
+    ///
+    /// Per thread, the time off the CPU by why (mutex, rwlock, condvar, glibc lock, other
     /// futex, I/O, sleep, other, preempted) and on it, then the call sites that waited longest
     /// for a lock (`flamegraph --locks` draws them, `export --format folded --locks` writes
-    /// them). A recording that lost events is refused.
+    /// them). Also reads sessions made with `SessionBuilder::lock_waits`. A recording that
+    /// lost events is refused.
     Locks {
         /// The artifact.
         file: PathBuf,
@@ -159,7 +185,7 @@ fn refuse_setuid() -> Result<(), String> {
         "memtrack runs setuid or setgid here (real uid {ruid}, effective uid {euid}; real gid \
          {rgid}, effective gid {egid}), which would let any user write any file and run any \
          command as its owner: remove the bit (`chmod u-s,g-s`) and use sudo, or file \
-         capabilities (see the README's Security section)"
+         capabilities (see the guide's Security page)"
     ))
 }
 

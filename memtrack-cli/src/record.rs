@@ -28,7 +28,7 @@ pub(crate) struct Args {
     no_syscalls: bool,
     /// Record mmap/munmap/mremap/brk as raw syscalls, also those that bypass libc (the
     /// dynamic loader's mappings, syscall(2), static programs). Its tracepoint slows every
-    /// syscall of every process on the machine while recording (see the README).
+    /// syscall of every process on the machine while recording (see the guide's record page).
     #[arg(long, conflicts_with = "no_syscalls")]
     raw_syscalls: bool,
     /// Record the command's own process only. By default every process it starts (fork,

@@ -1,6 +1,6 @@
 //! `memtrack show FILE`: what an artifact holds, as one [`ShowReport`] built from it and two
 //! renderers of that report, [`text`] for people and [`json`] for scripts (its field names are
-//! the JSON keys the README lists).
+//! the JSON keys the guide lists: docs/src/reference/json.md).
 //!
 //! A new section (per process, say) is a field of the report, `Option` and skipped in JSON when
 //! absent if it is optional, plus its lines in [`text`].

@@ -20,7 +20,7 @@ fn show_json_reports_exact_totals() {
     assert!(out.status.success(), "{}", text(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
 
-    // The same model's events, counted by the test's own replay of the README's rules, not
+    // The same model's events, counted by the test's own replay of the accounting rules (docs/src/numbers.md), not
     // by memtrack's Analyzer (the code `show` runs).
     let events: Vec<Event> = Synth::new(SynthOptions {
         seed: 9,

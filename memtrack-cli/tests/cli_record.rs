@@ -187,7 +187,7 @@ fn record_exit_codes_tell_its_failures_from_the_commands() {
 
 /// Issue 12, item 12: the default pipeline's resident memory. `record -- /bin/true` was 529 MB
 /// resident with the old 256 MiB ring buffer (its pages are mapped twice, all resident); the
-/// default is now sized from the measured event rate (README "Ring buffer").
+/// default is now sized from the measured event rate (docs/src/record.md, "Memory").
 // The child is reaped by wait4 (for its rusage), which clippy does not see.
 #[allow(clippy::zombie_processes)]
 fn default_record_stays_under_64_mib_resident() {

@@ -225,7 +225,7 @@ fn file_capabilities_of_memtrack_never_reach_the_command() {
     );
 }
 
-/// The README's setup (file capabilities, run by a user) with the default following: memtrack
+/// The guide's set-up (file capabilities, run by a user: docs/src/security.md) with the default following: memtrack
 /// may trace the command before its exec, records every process of the tree, and none of them
 /// gets a capability.
 fn file_capabilities_follow_the_whole_tree_without_giving_it_any() {

@@ -39,8 +39,12 @@ mod expand;
 
 use proc_macro::TokenStream;
 
-/// Records every allocation the function's body makes, writes an artifact and prints a
-/// one-line summary when the body ends (also when it panics). See the crate docs.
+/// Records every allocation the function's body makes. The calls of one function in a process
+/// are one recording of N calls: one artifact (each call bounded, so `memtrack show` and
+/// `compare` give per-call figures) and one summary line, printed when the recording is
+/// finished (`memtrack::finish_calls()`, a recording of another name, or the end of the
+/// process). Limits hold per call: a call that breaks one panics when its body returns, at the
+/// function's location. See the crate docs for the options.
 #[proc_macro_attribute]
 pub fn memtrack(args: TokenStream, item: TokenStream) -> TokenStream {
     let args = match attr::Args::parse(args.into()) {

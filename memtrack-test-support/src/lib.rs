@@ -382,7 +382,7 @@ pub fn check_stats_mid_session(s: memtrack::Session) {
 }
 
 /// Totals computed from the events by the test, with the simplest model of the rules the
-/// README states (not memtrack's `Analyzer`): the independent oracle for `show`, reports and
+/// guide states (docs/src/numbers.md) (not memtrack's `Analyzer`): the independent oracle for `show`, reports and
 /// trailers. For well-formed streams (every free frees a live block, mappings do not overlap),
 /// as the fixtures and `Synth` make.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -490,7 +490,9 @@ pub fn count(evs: &[Event]) -> Counted {
             }
             // Neither changes the heap; `iterations` in tests/calls.rs cuts the events at them.
             EventKind::Brk { .. } | EventKind::IterationStart | EventKind::IterationEnd => {}
-            other => panic!("count() has no rule for {other:?}: add the README's rule for it"),
+            other => panic!(
+                "count() has no rule for {other:?}: add the guide's rule for it (docs/src/numbers.md)"
+            ),
         }
         if let Some((addr, size)) = alloc {
             c.allocations += 1;

@@ -1,63 +1,92 @@
 //! # memtrack: exact memory profiling for Rust benchmarks
 //!
-//! memtrack records every allocation, free, reallocation and mapping of a process, stores them
-//! in a compact artifact, and turns them into the numbers a performance engineer acts on:
-//! allocations, bytes, peak live heap, what is still live at the end, per thread.
+//! How many allocations your code makes, how many bytes, the peak, what it leaves live, and the
+//! call sites behind each: every allocation recorded, none sampled, so the numbers are the same
+//! from run to run and can fail a test or a CI job when they grow.
 //!
-//! ```text
-//!  recorder (eBPF tracker, or   ──▶  Encoder  ──▶  artifact file  ──▶  Reader  ──▶  Analyzer
-//!  `synth` for a model trace)        (rayon:        (FORMAT.md)        (stream or    (Totals)
-//!                                     zstd frames)                      parallel)
+//! ## A function with limits: `#[memtrack]`
+//!
+//! ```
+//! // The allocator recorder needs no privileges; without it (and `backend = "alloc"`), as root
+//! // or with CAP_BPF + CAP_PERFMON, the eBPF tracker records every allocator, C's too.
+//! #[global_allocator]
+//! static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
+//!
+//! #[memtrack::memtrack(backend = "alloc", in_memory, max_allocations = 1, no_leaks)]
+//! fn checksum(data: &[u8]) -> u64 {
+//!     let copy = data.to_vec(); // one allocation, freed before the function returns
+//!     copy.iter().map(|&b| u64::from(b)).sum()
+//! }
+//!
+//! fn main() {
+//!     for n in 1..=3u8 {
+//!         assert_eq!(checksum(&vec![n; 4]), 4 * u64::from(n));
+//!     }
+//!     // The three calls are one recording; finishing it prints its summary line.
+//!     let report = memtrack::finish_calls().unwrap().expect("checksum was called");
+//!     assert_eq!(report.allocations(), 3);
+//! }
 //! ```
 //!
-//! ## Writing and reading an artifact
+//! [`#[memtrack]`](macro@memtrack) records each call of the function; its limits hold per call, and a call that
+//! breaks one panics with the measured numbers, failing the `#[test]` it is in. The calls of one
+//! function in a process are one recording (an artifact under `target/memtrack/`, unless
+//! `in_memory`), whose summary line is printed when [`finish_calls`] or the end of the process
+//! finishes it. The limits: [`Limits`].
+//!
+//! ## A session by hand: [`SessionBuilder`]
+//!
 //! ```
-//! use memtrack::{artifact::Backend, encode::Encoder, encode::EncoderOptions, event::Event, event::EventKind, artifact::Metadata, artifact::Reader};
-//!
-//! let meta = Metadata::now(42, Backend::Other).with_name("example");
-//! let mut enc = Encoder::new(Vec::new(), &meta, EncoderOptions::new().workers(1))?;
-//! enc.push(Event::new(1_000, 42, 42, EventKind::Malloc { addr: 0x1000, size: 64 }))?;
-//! enc.push(Event::new(1_500, 42, 42, EventKind::Free { addr: 0x1000 }))?;
-//! let (bytes, written) = enc.finish_into(0)?;
-//! assert_eq!(written.totals.allocations, 1);
-//!
-//! let reader = Reader::from_bytes(bytes)?;
-//! let events: Vec<Event> = reader.events().collect::<Result<_, _>>()?;
-//! assert_eq!(events.len(), 2);
-//! # Ok::<(), memtrack::Error>(())
+//! # #[global_allocator]
+//! # static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
+//! # fn main() -> Result<(), memtrack::Error> {
+//! let session = memtrack::SessionBuilder::new("build_table")
+//!     .backend(memtrack::BackendChoice::Alloc)
+//!     .in_memory(true)
+//!     .quiet(true)
+//!     .max_bytes(64 * 1024)
+//!     .start()?;
+//! let table: Vec<u64> = (0..1_000).collect();
+//! let report = session.finish()?; // Err(Error::LimitExceeded) if a limit was broken
+//! assert_eq!(report.allocations(), 1);
+//! assert_eq!(report.bytes_allocated(), 8_000);
+//! # drop(table);
+//! # Ok(())
+//! # }
 //! ```
 //!
-//! The accounting rules of the totals (what counts as an allocation, how `realloc` counts, what
-//! the peak is) are in [`analysis`](analysis::Analyzer).
+//! [`Session::finish`] returns a [`Report`]: the totals, sizes by class, the live heap over
+//! time, lost events, where the artifact went. [`Session::stats`] gives the numbers so far.
 //!
-//! ## Layers
-//! The modules form layers that point one way: each names only its own layer and those below
-//! it (`memtrack/tests/layers.rs` checks every `crate::` path and doc link against this
-//! table), and each layer has its own error type, composed upward with `#[from]`.
-//! ```text
-//! presentation   memtrack-cli (the `memtrack` command): tables, JSON, SVG  uses the public API
-//!      ▲
-//! runtime        criterion, __private (the macro's expansion)
-//!                session             SessionBuilder, Session, turns         ─┐
-//!                error               the crate-wide Error: composes these  │ Error
-//!                report              Report, its summary line              │
-//!                locks               lock waits: off-CPU intervals by      │ LockWaitsError
-//!                                    their symbolized stacks               │
-//!                symbolize           Symbolizer: reads the recorded files, │ (never fails:
-//!                                    frames to names (feature `symbolize`) │  falls back)
-//!                tracker, recorder,  eBPF tracker, allocator recorder,     │ TrackerError,
-//!                limits              Limits checked against plain numbers   │ RecorderError
-//!                encode, scope,      the rayon frame pipeline, Scope,      │ EncodeError
-//!                synth               the model trace (feature `synth`)     ─┘
-//!      ▲
-//! analysis       Analyzer, SizeHistogram, Timeline, Comparison, Sites:       InvalidTimeline
-//!                numbers only
-//!      ▲
-//! artifact       the format: codec, Reader, frame writer, Output           FormatError,
-//!      ▲                                                                   OutputError
-//! event model    Event, EventKind, KindTag; Stack, StackId, Module, Frame (call stacks);
-//!                Totals (what a trailer stores); human (numbers as text)
-//! ```
+//! ## Recorders
+//!
+//! A session uses one of two: the eBPF tracker ([`tracker`]: every allocator of the process and
+//! its mappings; Linux 6.9+ with BTF, and root or `CAP_BPF` + `CAP_PERFMON`), or the allocator
+//! recorder ([`Allocator`] as the global allocator: Rust's allocations, no privileges).
+//! [`BackendChoice`] says which; `auto`, the default, takes the tracker when the process may
+//! load it. Threads a session records: [`Scope`]; the allocator recorder sees a spawned thread
+//! when it is spawned through [`in_session`].
+//!
+//! ## Modules
+//!
+//! The front door above is all most users name. The public modules, lowest layer first:
+//!
+//! - [`event`], [`stack`], [`human`]: what a recording holds (events, call stacks) and how its
+//!   numbers are printed;
+//! - [`artifact`]: the file format, its [`Reader`](artifact::Reader) and safe file output;
+//! - [`analysis`]: recordings to numbers (totals, size classes, timeline, call sites,
+//!   comparisons), with the accounting rules;
+//! - [`encode`]: the pipeline that compresses events into an artifact;
+//! - [`tracker`], [`recorder`], [`modules`]: the two recorders, and the code mappings that name
+//!   stack frames; [`limits`]: limits checked against the numbers;
+//! - `symbolize` (feature `symbolize`): frames to functions and lines; [`locks`]: lock waits;
+//! - `criterion` (feature `criterion`): criterion measurements and profiler;
+//!   `synth` (feature `synth`): a seeded model trace.
+//!
+//! Features: `macros` (default: the attribute), `criterion`, `symbolize`, `synth`, and
+//! `system-zstd` (link the system's libzstd). The guide (`docs/` in the repository) covers
+//! criterion suites, CI, `memtrack record`, the numbers' definitions and the command line; the
+//! architecture and the layers are in its `ARCHITECTURE.md`.
 
 // The recorders read the TSC (`rdtsc`), attach uprobes by x86-64 register conventions and
 // find the dynamic loader at its Linux x86-64 path: nothing else is supported yet.
@@ -69,6 +98,7 @@ compile_error!(
 
 #[doc(hidden)]
 pub mod __private;
+// The guide's pages as doctests (see the module).
 pub mod analysis;
 pub mod artifact;
 #[cfg(feature = "criterion")]
@@ -76,6 +106,8 @@ pub mod criterion;
 pub mod encode;
 mod error;
 pub mod event;
+#[cfg(doctest)]
+mod guide;
 pub mod human;
 mod lifecycle;
 pub mod limits;

@@ -164,6 +164,19 @@ impl Limits {
 
     /// `Err` with the reason and the fix if no session can keep these limits: an exact count
     /// combined with a minimum or maximum, or a minimum above the maximum.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidLimits`], naming the two limits that conflict.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use memtrack::Limits;
+    ///
+    /// assert!(Limits::new().max_allocations(10).no_leaks().validate().is_ok());
+    /// assert!(Limits::new().expect_allocations(3).max_allocations(5).validate().is_err());
+    /// ```
     pub fn validate(&self) -> Result<(), InvalidLimits> {
         let bad = |m: String| Err(InvalidLimits(m));
         if let Some(n) = self.exact_allocations {

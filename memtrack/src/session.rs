@@ -52,6 +52,30 @@ pub(crate) fn active_name() -> Option<String> {
 }
 
 /// Settings of a [`Session`]; [`start`] uses the defaults.
+///
+/// # Examples
+///
+/// ```
+/// # #[global_allocator]
+/// # static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
+/// # fn main() -> Result<(), memtrack::Error> {
+/// use memtrack::{BackendChoice, Error, SessionBuilder};
+///
+/// let session = SessionBuilder::new("two_strings")
+///     .backend(BackendChoice::Alloc) // no privileges needed
+///     .in_memory(true)
+///     .quiet(true)
+///     .max_allocations(1)
+///     .start()?;
+/// let (a, b) = (String::from("one"), String::from("two"));
+/// match session.finish() {
+///     Err(Error::LimitExceeded { report, .. }) => assert_eq!(report.allocations(), 2),
+///     other => panic!("expected the limit to be exceeded, got {other:?}"),
+/// }
+/// # drop((a, b));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct SessionBuilder {
     name: String,
@@ -124,6 +148,10 @@ fn resolve_backend(choice: Option<BackendChoice>) -> Result<Backend> {
 }
 
 /// Starts a session named `name` with default settings. See [`SessionBuilder`].
+///
+/// # Errors
+///
+/// As [`SessionBuilder::start`].
 pub fn start(name: impl Into<String>) -> Result<Session> {
     SessionBuilder::new(name).start()
 }
@@ -274,9 +302,16 @@ impl SessionBuilder {
         self
     }
 
-    /// Starts recording. Fails if another session of this process is running, if the tracker
-    /// cannot be loaded (the error says what is missing and how to fix it), or if the artifact
-    /// cannot be created.
+    /// Starts recording.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::SessionActive`]: another session of this process is running;
+    /// - [`Error::InvalidOption`]: an empty name, `workers(0)`, a stack depth above 127,
+    ///   contradictory limits, lock waits with the allocator recorder;
+    /// - [`Error::NoBackend`], [`Error::AllocatorNotInstalled`], [`Error::Tracker`]: no
+    ///   recorder can record here (the message says what is missing and how to fix it);
+    /// - [`Error::Output`]: the artifact cannot be created.
     pub fn start(self) -> Result<Session> {
         self.start_with(false)
     }
@@ -286,6 +321,11 @@ impl SessionBuilder {
     /// with the default [`Scope::Threads`] each counts only its own threads. Called from a
     /// thread that the running session records (a nested start), it returns
     /// [`Error::NestedSession`] instead of waiting for itself.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionBuilder::start`], except that it waits instead of returning
+    /// [`Error::SessionActive`]; [`Error::NestedSession`] as above.
     pub fn start_waiting(self) -> Result<Session> {
         self.start_with(true)
     }
@@ -298,6 +338,10 @@ impl SessionBuilder {
     /// [`finish_calls`], when a call of another name or a session started by hand needs the
     /// recorder, or when the process exits. This is what `#[memtrack]` does. Limits are checked
     /// per call. The first call's options hold for the whole recording.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionBuilder::start`] for the call that starts the recording.
     pub fn call(self) -> Result<Call> {
         self.validate()?;
         calls::call(self)
@@ -590,6 +634,11 @@ impl Session {
     /// up to the eBPF poller's 10 ms drain period, or the allocator recorder's 2 ms merge
     /// window. It allocates nothing on the calling thread, so calling it changes no number;
     /// each call ends the artifact's current frame, so call it between phases, not per event.
+    ///
+    /// # Errors
+    ///
+    /// The recorder's error if it failed while recording ([`Error::Tracker`],
+    /// [`Error::Recorder`]).
     pub fn stats(&self) -> Result<Stats> {
         Ok(self.recording()?.stats()?)
     }
@@ -599,6 +648,13 @@ impl Session {
     /// (see [`SessionBuilder::max_allocations`]) that the report violates, returns
     /// [`Error::LimitExceeded`] with the report and every violation; the artifact is kept.
     /// A dropped session only prints that error: call `finish` to fail on limits.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::LimitExceeded`]: a limit was broken, or events were lost while limits were
+    ///   set; it holds the [`Report`] and the violations;
+    /// - the recorder's or the encoder's error if recording failed, [`Error::Output`] if the
+    ///   artifact could not be put in place (the temporary file is then removed).
     pub fn finish(mut self) -> Result<Report> {
         self.finish_inner()
     }

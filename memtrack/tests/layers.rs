@@ -1,4 +1,4 @@
-//! The library's layers point one way (the diagram at the top of `src/lib.rs`): a module of
+//! The library's layers point one way (the diagram in `ARCHITECTURE.md`): a module of
 //! `memtrack/src` names (`use crate::…`, a `crate::…` path in code or a doc link) only modules
 //! of its own layer or of a layer below it. A name re-exported at the crate root
 //! (`crate::Totals`) counts as the module it comes from, read from `lib.rs`'s `pub use` lines.
@@ -38,6 +38,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("runtime: crate-wide error", &["error"]),
     ("runtime: session", &["session"]),
     ("runtime: integrations", &["criterion", "__private"]),
+    // The guide's pages as doctests (`cfg(doctest)` only): text, no code.
+    ("docs", &["guide"]),
 ];
 
 /// The layer index of each module.
@@ -216,7 +218,7 @@ fn a_planted_upward_import_is_caught() {
     let lib = "mod analysis;\nmod session;\nmod artifact;\nmod event;\nmod totals;\nmod human;\n\
                mod encode;\nmod lifecycle;\nmod scope;\nmod synth;\nmod tracker;\nmod recorder;\nmod recorded;\nmod recording;\nmod limits;\n\
                mod report;\nmod error;\nmod stack;\nmod modules;\nmod locks;\n#[cfg(feature = \"symbolize\")]\nmod symbolize;\n#[cfg(feature = \"criterion\")]\npub mod criterion;\n\
-               #[doc(hidden)]\npub mod __private;\n\
+               #[doc(hidden)]\npub mod __private;\n#[cfg(doctest)]\nmod guide;\n\
                pub use report::Report;\npub use analysis::{Analyzer, Totals};\n";
     let file = |m: &str, text: &str| {
         (

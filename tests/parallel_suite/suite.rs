@@ -10,7 +10,7 @@
 // defining `BACKEND` and a `main` that runs `TESTS` (`harness = false`: memtrack-test-support's
 // runner, so that a test the machine cannot run is reported as ignored, not passed).
 //
-// Run it 100 times (the figure in the README): `cargo test --test parallel_limits --no-run`,
+// Run it 100 times (the rule for every new test): `cargo test --test parallel_limits --no-run`,
 // then `for i in $(seq 100); do ./target/debug/deps/parallel_limits-* -q || break; done`.
 
 use std::hint::black_box;

@@ -975,7 +975,7 @@ int mt_entry(struct pt_regs *ctx)
  * tp_btf/sys_exit(struct pt_regs *regs, long ret) only. At exit the saved user
  * registers still hold the number (orig_ax) and the arguments of these four syscalls, so no
  * sys_enter program and no per-thread state are needed. Any syscall tracepoint puts every
- * syscall of every process on the slow path (the README's performance table gives the cost);
+ * syscall of every process on the slow path (the guide's performance page gives the cost);
  * one program instead of sys_enter + sys_exit halves the BPF part. (fexit on the syscalls
  * themselves would cost nothing elsewhere but needs ftrace direct calls, which kernels without
  * them refuse with -EPERM.)

@@ -119,9 +119,10 @@ pub fn allocator_installed() -> bool {
 /// A `GlobalAlloc` that records every allocation of the program while a memtrack session with
 /// the allocator backend runs, and otherwise only forwards to `A` (one relaxed load).
 ///
-/// ```ignore
+/// ```
 /// #[global_allocator]
 /// static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
+/// # fn main() {}
 /// ```
 /// Needs no privileges. It sees the Rust global allocator only: allocations of C libraries
 /// (through `malloc` directly) and `mmap`s are not recorded; the eBPF backend sees those.
@@ -395,6 +396,25 @@ pub(crate) fn current_thread_in_scope() -> bool {
 /// started through this wrapper (elsewhere its allocations are counted in
 /// the report's `out_of_scope`, not recorded). Outside a session, or
 /// with [`Scope::Process`](crate::Scope::Process), it changes nothing.
+///
+/// # Examples
+///
+/// ```
+/// # #[global_allocator]
+/// # static ALLOC: memtrack::Allocator = memtrack::Allocator::system();
+/// # fn main() -> Result<(), memtrack::Error> {
+/// let session = memtrack::SessionBuilder::new("spawned")
+///     .backend(memtrack::BackendChoice::Alloc)
+///     .in_memory(true)
+///     .quiet(true)
+///     .start()?;
+/// let worker = std::thread::spawn(memtrack::in_session(|| vec![0u8; 4096]));
+/// let buffer = worker.join().unwrap();
+/// assert!(session.finish()?.bytes_allocated() >= 4096); // the thread's buffer is counted
+/// # drop(buffer);
+/// # Ok(())
+/// # }
+/// ```
 pub fn in_session<F, R>(f: F) -> impl FnOnce() -> R + Send + 'static
 where
     F: FnOnce() -> R + Send + 'static,

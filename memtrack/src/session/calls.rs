@@ -157,6 +157,11 @@ impl Call {
     /// against this call's figures ([`Iteration`](crate::analysis::Iteration)), waiting for the recorder to analyse the
     /// call (the allocator recorder's 2 ms merge window, or the eBPF poller's drain), and
     /// returns [`Error::CallLimitExceeded`] for a call that broke one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CallLimitExceeded`] as above, or the recorder's error if it failed during the
+    /// call.
     pub fn end(mut self) -> Result<()> {
         self.end_inner()
     }
@@ -206,6 +211,11 @@ impl Drop for Call {
 /// Finishes the open recording of accumulated calls (waiting for a running call to end):
 /// writes its artifact, prints its summary line, and returns its report. `None` if no
 /// recording of calls is open.
+///
+/// # Errors
+///
+/// As [`Session::finish`](crate::Session::finish): the recorder's or the encoder's error, or
+/// the artifact's.
 pub fn finish_calls() -> Result<Option<Report>> {
     let mut g = claim();
     let open = g.open.take();

@@ -30,8 +30,8 @@ pub(crate) struct Bpf {
     /// How mmap, munmap, mremap and brk are recorded, if at all.
     syscalls: Syscalls,
     /// The raw-syscall tracepoint's link while a recording runs ([`Syscalls::Raw`] only).
-    /// The program runs for every syscall of every process (the README's performance table
-    /// gives the cost), so it is attached only while recording, never for the tracker's
+    /// The program runs for every syscall of every process (the guide's performance
+    /// page gives the cost), so it is attached only while recording, never for the tracker's
     /// lifetime.
     syscall_link: Mutex<Option<Link>>,
     /// The `sched_process_fork` program's link while a thread-scoped recording runs (it runs
@@ -865,8 +865,7 @@ impl Drop for Bpf {
 /// Closes `links` in parallel, each on its own thread up to 256: each close waits for an RCU
 /// grace period, and waits that run at the same time share one. With 8 threads, `record` of
 /// `sh -c 'for i in $(seq 160); do /bin/true; done'` spent 3.8 s closing the 160 processes'
-/// links after the command had ended; with one thread per link, 0.1 s (README, "What following
-/// costs").
+/// links after the command had ended; with one thread per link, 0.1 s (benches/NOTES.md).
 fn detach_all(links: Vec<Link>) {
     let threads = 256.min(links.len());
     if threads <= 1 {

@@ -18,7 +18,7 @@
 //! on the machine pay nothing. No per-syscall stops (no `PTRACE_SYSCALL`): a followed process
 //! stops only when it forks, execs, gets a signal, or maps objects through ld.so.
 //!
-//! Side effects a user must know (README): a followed process is traced, so it cannot be
+//! Side effects a user must know (docs/src/record.md): a followed process is traced, so it cannot be
 //! traced by a debugger (or LeakSanitizer, which ptraces) while recorded; `--no-follow` uses no
 //! ptrace.
 

@@ -138,8 +138,8 @@ impl TrackerOptions {
     /// Record mmap, munmap, mremap and brk as raw syscalls (default: no): also those that
     /// bypass libc's wrappers (the dynamic loader mapping libraries, `syscall(2)`, static or
     /// non-glibc code). Its `tp_btf/sys_exit` program runs for every syscall of every process
-    /// on the machine while recording, slowing other processes (see the README's measured
-    /// cost). Needs [`TrackerOptions::syscalls`] on.
+    /// on the machine while recording, slowing other processes (the guide's performance
+    /// page measures it). Needs [`TrackerOptions::syscalls`] on.
     pub fn raw_syscalls(mut self, on: bool) -> Self {
         self.raw_syscalls = on;
         self
