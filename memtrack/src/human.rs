@@ -46,14 +46,20 @@ pub fn bytes_f64(v: f64) -> String {
 /// column `i` is right-aligned when `right[i]` (numbers), else left-aligned. Widths count
 /// `char`s, which is right for the ASCII and Latin text memtrack prints.
 pub fn table<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String {
+    // A cell keeps to its line: a control character (a criterion id may hold a line break)
+    // is shown escaped.
+    let rows: Vec<[String; N]> = rows
+        .iter()
+        .map(|r| r.clone().map(|c| one_line(&c).into_owned()))
+        .collect();
     let mut width = [0usize; N];
-    for r in rows {
+    for r in &rows {
         for (w, c) in width.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
         }
     }
     let mut out = String::new();
-    for r in rows {
+    for r in &rows {
         let mut line = String::new();
         for (i, c) in r.iter().enumerate() {
             let pad = " ".repeat(width[i] - c.chars().count());
@@ -72,6 +78,23 @@ pub fn table<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String 
         out.push('\n');
     }
     out
+}
+
+/// `s` on one line: each control character (a line break, a tab) written as Rust escapes it
+/// (`\n`, `\t`, `\u{1b}`), the rest as it is.
+pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// The one line said of `short` heap allocations (of `allocations`) whose call stack stops
@@ -96,6 +119,18 @@ pub fn short_stacks_note(short: u64, in_libc: u64, allocations: u64) -> Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cell with a line break stays on its row, the break shown as `\n`.
+    #[test]
+    fn a_line_break_in_a_cell_is_escaped() {
+        assert_eq!(one_line("plain"), "plain");
+        assert_eq!(one_line("a {\n  /3\t\u{1b}"), "a {\\n  /3\\t\\u{1b}");
+        let rows = [
+            ["name".to_string(), "n".to_string()],
+            ["g {\n /1".to_string(), "7".to_string()],
+        ];
+        assert_eq!(table(&rows, &[false, true]), "name      n\ng {\\n /1  7\n");
+    }
 
     #[test]
     fn short_stacks_are_noted_from_one_percent_outside_the_c_library() {
