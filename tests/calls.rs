@@ -267,8 +267,55 @@ fn the_recording_is_finished_at_exit() {
     }
 }
 
+/// Calls of two names in turn: each call finishes the other's recording, so each restart
+/// replaces the artifact of its name; memtrack says so, once per name, and the artifacts hold
+/// the last recording of each (one call).
+fn alternating_names_are_warned_about_once_each() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--calls-child-alternate")
+        .env("MEMTRACK_DIR", out_dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("memtrack: warning:"))
+        .collect();
+    let warning = |name: &str, by: &str| {
+        format!(
+            "memtrack: warning: {name}: a call of {by} finished its recording, and this call \
+             starts a new one that replaces its artifact: one recording of calls is open at a \
+             time (call each function's calls together, or in processes of their own)"
+        )
+    };
+    assert_eq!(
+        warnings,
+        [
+            warning("first_name", "second_name"),
+            warning("second_name", "first_name")
+        ],
+        "{stderr}"
+    );
+    // Six recordings, each finished with its summary line.
+    let summaries = stderr.lines().filter(|l| l.contains(" — ")).count();
+    assert_eq!(summaries, 6, "{stderr}");
+    for name in ["first_name", "second_name"] {
+        let r = Reader::open(out_dir.path().join(format!("{name}.memtrack"))).unwrap();
+        assert_eq!(r.final_metadata().unwrap().iterations, Some(1), "{name}");
+    }
+}
+
 fn main() {
     let child = std::env::args().nth(1);
+    if child.as_deref() == Some("--calls-child-alternate") {
+        for _ in 0..3 {
+            first_name();
+            second_name();
+        }
+        return;
+    }
     if let Some(how) = child.as_deref().filter(|a| a.starts_with("--calls-child")) {
         for i in 0..3 {
             work_alloc(i);
@@ -303,6 +350,10 @@ fn main() {
         test(
             "the_recording_is_finished_at_exit",
             the_recording_is_finished_at_exit,
+        ),
+        test(
+            "alternating_names_are_warned_about_once_each",
+            alternating_names_are_warned_about_once_each,
         ),
     ]);
 }

@@ -26,6 +26,10 @@ struct Calls {
     open: Option<Open>,
     /// A call runs (or a recording is being started or finished): other callers wait.
     busy: bool,
+    /// Names whose recording a call of another name finished, with that name; and the names
+    /// already warned about starting again.
+    displaced: Vec<(String, String)>,
+    warned: Vec<String>,
 }
 
 struct Open {
@@ -38,6 +42,8 @@ struct Open {
 static CALLS: Mutex<Calls> = Mutex::new(Calls {
     open: None,
     busy: false,
+    displaced: Vec::new(),
+    warned: Vec::new(),
 });
 static CHANGED: Condvar = Condvar::new();
 static AT_EXIT: Once = Once::new();
@@ -118,6 +124,10 @@ pub(super) fn call(mut builder: SessionBuilder) -> Result<Call> {
     }
     let mut g = g;
     let previous = g.open.take();
+    if let Some(p) = &previous {
+        g.displaced.push((p.name.clone(), builder.name.clone()));
+    }
+    warn_if_displaced(&mut g, &builder.name);
     // Neither finishing nor starting holds the lock: a session being started waits for its
     // turn, and callers wait on `busy` instead.
     drop(g);
@@ -150,6 +160,28 @@ pub(super) fn call(mut builder: SessionBuilder) -> Result<Call> {
             Err(e)
         }
     }
+}
+
+/// Warns, once per name, that `name`'s recording starts again in this process: its artifact
+/// will hold only the calls from now on, since a call of another name finished the first.
+fn warn_if_displaced(g: &mut Calls, name: &str) {
+    let Some(by) = g
+        .displaced
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, by)| by.clone())
+    else {
+        return;
+    };
+    if g.warned.iter().any(|n| n == name) {
+        return;
+    }
+    g.warned.push(name.to_string());
+    eprintln!(
+        "memtrack: warning: {name}: a call of {by} finished its recording, and this call starts \
+         a new one that replaces its artifact: one recording of calls is open at a time (call \
+         each function's calls together, or in processes of their own)"
+    );
 }
 
 impl Call {
