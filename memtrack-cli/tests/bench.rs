@@ -66,6 +66,9 @@ fn git(dir: &Path, args: &[&str]) -> Output {
     run_ok(
         Command::new("git")
             .current_dir(dir)
+            // Never the repository this test runs in (the test's repositories are inside its
+            // target directory): a missing `.git` fails instead of finding that one.
+            .env("GIT_CEILING_DIRECTORIES", tmp())
             .args([
                 "-c",
                 "user.name=t",
@@ -413,11 +416,31 @@ fn make_chain(dir: &Path) -> Vec<String> {
 /// --chain over six commits: tokenize regressed from the first to the last, in two steps, each
 /// named by the commit that made it, with its call sites; the commit that does not build is
 /// listed as not measured (the step after it may be its); the commits between run the
-/// regressed benchmark only, and rebuild only the suite's crate.
+/// regressed benchmark only, and rebuild only the suite's crate. A worktree left in the way
+/// by an interrupted run is removed.
 fn chain_names_the_commit_of_each_step() {
     let (_turn, _) = project();
     let dir = tmp().join("chain");
     let ids = make_chain(&dir);
+    // A worktree an interrupted run left, of a repository deleted since: removed, not in the way.
+    let gone = tmp().join("gone");
+    let _ = std::fs::remove_dir_all(&gone);
+    std::fs::create_dir_all(&gone).unwrap();
+    git(&gone, &["init", "-q"]);
+    git(&gone, &["commit", "-q", "--allow-empty", "-m", "x"]);
+    let worktree = tmp().join("target/memtrack-bench-worktree");
+    let _ = std::fs::remove_dir_all(&worktree);
+    git(
+        &gone,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "--detach",
+            worktree.to_str().unwrap(),
+        ],
+    );
+    std::fs::remove_dir_all(&gone).unwrap();
     let out_dir = tmp().join("chain-out");
     let args = [
         "--backend",

@@ -246,7 +246,7 @@ impl Worktree {
         })?;
         let repo = PathBuf::from(repo);
         if path.exists() {
-            remove(&repo, &path);
+            remove_left_over(&repo, &path);
             if path.exists() {
                 return Err(format!(
                     "{} is in the way of the base's worktree: remove it",
@@ -273,6 +273,29 @@ impl Worktree {
         cmd.current_dir(&self.path)
             .args(["checkout", "--quiet", "--force", "--detach", commit]);
         output(&mut cmd).map(drop)
+    }
+}
+
+/// Removes the worktree an interrupted run left at `path`: this repository's, another's (a
+/// worktree knows its repository), or one whose repository is gone (its `.git` file names a
+/// git directory that no longer exists). Anything else at `path` stays.
+fn remove_left_over(repo: &Path, path: &Path) {
+    let gitdir = std::fs::read_to_string(path.join(".git"))
+        .ok()
+        .and_then(|t| t.strip_prefix("gitdir: ").map(|d| PathBuf::from(d.trim())));
+    let Some(gitdir) = gitdir else { return };
+    if gitdir.exists() {
+        let owner = git(
+            path,
+            &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+        )
+        .ok()
+        .and_then(|d| PathBuf::from(d).parent().map(Path::to_path_buf));
+        remove(owner.as_deref().unwrap_or(repo), path);
+    } else if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        if let Err(e) = std::fs::remove_dir_all(path) {
+            eprintln!("memtrack: warning: cannot remove {}: {e}", path.display());
+        }
     }
 }
 
