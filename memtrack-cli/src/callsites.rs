@@ -309,6 +309,10 @@ pub struct CallSites {
     pub sites: Sites,
     /// Every site, by increasing stack id.
     pub call_sites: Vec<CallSite>,
+    /// The recorded program's executable (see [`executable`]), if a stack has its frames.
+    pub executable: Option<String>,
+    /// Each module's build id, in hex, by its path as recorded (modules without one absent).
+    pub build_ids: HashMap<String, String>,
     /// The first and the last event's timestamps (ns, CLOCK_MONOTONIC).
     pub first_ts: u64,
     /// See `first_ts`.
@@ -360,7 +364,7 @@ impl CallSites {
         let table = reader.stacks()?;
         let mut symbolizer = Symbolizer::new();
         let (stacks, named) = symbolizer.symbolize_sites(reader, &sites)?;
-        let call_sites = sites
+        let call_sites: Vec<CallSite> = sites
             .sites
             .iter()
             .zip(&stacks)
@@ -372,6 +376,17 @@ impl CallSites {
             })
             .collect();
         let meta = reader.metadata();
+        let executable = executable(reader, &call_sites);
+        let build_ids = table
+            .modules()
+            .filter_map(|(_, m)| {
+                let id = m.build_id.as_ref()?;
+                Some((
+                    m.path.clone(),
+                    id.iter().map(|b| format!("{b:02x}")).collect(),
+                ))
+            })
+            .collect();
         let name = meta.name.clone().unwrap_or_else(|| {
             file.file_stem()
                 .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
@@ -386,6 +401,8 @@ impl CallSites {
             pid: meta.pid,
             sites,
             call_sites,
+            executable,
+            build_ids,
             first_ts,
             last_ts,
             symbolizer,
@@ -425,6 +442,56 @@ impl CallSites {
         lines.sort();
         lines
     }
+}
+
+/// The recorded program's executable, among the modules of `call_sites`' stacks: the program
+/// the recorded process ran (`memtrack record`'s command, its last `execve`'s, in the
+/// trailer's processes), else (an in-process session, which records no process) the module
+/// that is not a shared library under whose frames the most bytes were allocated, the first
+/// seen of equals. `None` if no stack has a frame of such a module.
+pub fn executable(reader: &Reader, call_sites: &[CallSite]) -> Option<String> {
+    let in_stacks = |path: &str| {
+        call_sites.iter().any(|c| {
+            c.locations
+                .iter()
+                .any(|l| l.module.as_deref() == Some(path))
+        })
+    };
+    let pid = reader.metadata().pid;
+    let recorded = reader
+        .final_metadata()
+        .and_then(|f| f.processes.iter().find(|p| p.pid == pid))
+        .map(|p| p.exe.as_str());
+    if let Some(exe) = recorded.filter(|exe| in_stacks(exe)) {
+        return Some(exe.to_string());
+    }
+    let mut bytes: Vec<(&str, u64)> = Vec::new();
+    for c in call_sites {
+        let mut seen: Vec<&str> = Vec::new();
+        for path in c.locations.iter().filter_map(|l| l.module.as_deref()) {
+            if is_shared_library(path) || seen.contains(&path) {
+                continue;
+            }
+            seen.push(path);
+            match bytes.iter_mut().find(|(p, _)| *p == path) {
+                Some((_, b)) => *b += c.site.bytes,
+                None => bytes.push((path, c.site.bytes)),
+            }
+        }
+    }
+    // The first of the largest: `max_by_key` keeps the last of equals.
+    let most = bytes.iter().map(|(_, b)| *b).max()?;
+    bytes
+        .iter()
+        .find(|(_, b)| *b == most)
+        .map(|(p, _)| p.to_string())
+}
+
+/// Whether the file at `path` is a shared library or the dynamic loader, by its name
+/// (`libx.so`, `libx.so.6`, `ld-linux-x86-64.so.2`).
+fn is_shared_library(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    base.contains(".so") || base.starts_with("ld-")
 }
 
 /// A recorded stack's locations from its symbolized frames.

@@ -3,7 +3,8 @@
 //! - DHAT JSON: its documented fields, the program points' sums, and loaded by Valgrind's own
 //!   viewer (dh_view.js run by node, `readers/dh_view_load.js`);
 //! - pprof: decoded by Python's protobuf package from pprof's field numbers
-//!   (`readers/pprof_decode.py`), not by memtrack's encoder;
+//!   (`readers/pprof_decode.py`), not by memtrack's encoder, mapping 1 (pprof's main binary)
+//!   the recorded executable with the build id `readelf` reads;
 //! - folded: lines summing to the metric;
 //! - Firefox: the processed format's required fields and tables, the allocation samples'
 //!   sizes summing to the bytes allocated (positive) and to the live bytes at the end (all);
@@ -39,6 +40,13 @@ const DH_VIEW: &str = "/usr/libexec/valgrind/dh_view.js";
 const NODE: &[Need] = &[
     Need::Tool("node"),
     Need::File(DH_VIEW, "apt-get install valgrind"),
+];
+const PPROF_RECORDED: &[Need] = &[
+    Need::Tool("cc"),
+    Need::Tool("readelf"),
+    Need::Tool("python3"),
+    Need::Python("google.protobuf", "python3 -m pip install protobuf"),
+    memtrack_test_support::TRACKER,
 ];
 const PROTOBUF: &[Need] = &[
     Need::Tool("python3"),
@@ -577,8 +585,13 @@ fn chain_pprof() {
     let dir = tempfile::tempdir().unwrap();
     let input = chain_recording(dir.path());
     let p = pprof_decoded(&export(&input, "pprof", &[]));
+    // A recording without processes (an in-process session's): its executable is the module
+    // that is not a library, its mapping first (built without a build id).
+    let exe = s(&dir.path().join("chain")).to_string();
+    assert_eq!(p["mappings"], serde_json::json!([[exe, ""]]));
     let samples = p["samples"].as_array().unwrap();
     assert_eq!(samples.len(), 1);
+    assert_eq!(samples[0]["mappings"], serde_json::json!([exe, exe, exe]));
     assert_eq!(
         samples[0]["value"],
         serde_json::json!([6, 6 * 4321, 1, 4321])
@@ -944,6 +957,71 @@ fn chain_recorded() {
     assert_eq!(pp_sum(&d, "ebk"), u(&show, "live_blocks_at_end"));
 }
 
+/// The GNU build id of the ELF file at `path` as `readelf -n` prints it (hex).
+fn readelf_build_id(path: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("no build id in {}", path.display()))
+        .trim()
+        .to_string()
+}
+
+/// `memtrack record` of the C fixture (a build id of its own, malloc's frames in libc
+/// outside its stacks but libc's own allocations in libc's): in its pprof export, mapping 1,
+/// the one pprof takes for the main binary (its `File:` and `Build ID:` header), is the
+/// recorded executable with the build id readelf reads, every mapping has its file's build
+/// id, and the function of the largest flat `alloc_space` (the first row of `pprof -top
+/// -sample_index=alloc_space`) is a frame of the executable, as are the chain's.
+fn pprof_main_binary_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixtures::c_chain(dir.path(), "chain", true, &[]);
+    let input = dir.path().join("chain.memtrack");
+    let out = memtrack(&["record", "-o", s(&input), "--", s(&exe)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let p = pprof_decoded(&export(&input, "pprof", &[]));
+    let exe = exe.canonicalize().unwrap();
+    let mappings = p["mappings"].as_array().unwrap();
+    assert_eq!(
+        mappings[0],
+        serde_json::json!([s(&exe), readelf_build_id(&exe)]),
+        "{mappings:?}"
+    );
+    assert!(
+        mappings.len() > 1,
+        "libc's allocations are in its mapping: {mappings:?}"
+    );
+    for m in mappings {
+        let file = Path::new(m[0].as_str().unwrap());
+        assert_eq!(m[1].as_str().unwrap(), readelf_build_id(file), "{m}");
+    }
+    // pprof's flat value of a sample is its leaf's: the first line of its first location.
+    let mut flat: std::collections::BTreeMap<(String, String), i64> = Default::default();
+    let mut chain_in = None;
+    for sample in p["samples"].as_array().unwrap() {
+        let leaf = &sample["stack"][0][0];
+        let module = sample["mappings"][0].as_str().unwrap().to_string();
+        let name = leaf[0].as_str().unwrap().to_string();
+        if name == fixtures::C_CHAIN.chain[0] {
+            chain_in = Some(module.clone());
+        }
+        *flat.entry((name, module)).or_default() += sample["value"][1].as_i64().unwrap();
+    }
+    let ((top, module), _) = flat.iter().max_by_key(|(_, v)| **v).unwrap();
+    assert_eq!(
+        module,
+        s(&exe),
+        "-top starts from {top} in {module}: {flat:?}"
+    );
+    assert_eq!(chain_in.as_deref(), Some(s(&exe)), "{flat:?}");
+}
+
 fn main() {
     let cc: &'static [Need] = &[Need::Tool("cc")];
     let cc_tracker: &'static [Need] = &[Need::Tool("cc"), memtrack_test_support::TRACKER];
@@ -978,6 +1056,11 @@ fn main() {
             flamegraph_diff_unnamed_frames_match_by_build_id,
         ),
         requires("chain_recorded", cc_tracker, chain_recorded),
+        requires(
+            "pprof_main_binary_recorded",
+            PPROF_RECORDED,
+            pprof_main_binary_recorded,
+        ),
     ];
     memtrack_test_support::run(trials);
 }
