@@ -55,11 +55,13 @@ enum Cmd {
     /// `--base REF`: run it at REF too and compare as `compare` does (exit 1 on a regression,
     /// 2 if a build, a run or an input failed).
     Bench(bench::Args),
-    /// Draw live heap bytes (and mapped bytes) over time as an SVG, the peak marked.
+    /// Draw live heap bytes over time as an SVG, the peak and where each recorded call begins
+    /// marked; mapped bytes on a panel and scale of their own below.
     Plot(plot::Args),
     /// Draw the call sites as an interactive flame graph (SVG: search, zoom, tooltips), each
     /// frame as wide as its share of the metric, coloured by whose code it is (the program,
-    /// Rust std, libc and ld.so, other libraries). Needs a recording with call stacks. With
+    /// Rust std, libc and ld.so, other libraries), the allocator's own frames at the top of
+    /// each stack hidden (--no-trim-allocator keeps them). Needs a recording with call stacks. With
     /// `--diff BASE HEAD`: a differential flame graph of HEAD (growth red, shrink blue, no
     /// change white), frames matched by function and source file; exit 2 if an input is
     /// refused (no call stacks, incomplete, lost events, processes not covered). With
