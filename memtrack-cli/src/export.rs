@@ -1,6 +1,7 @@
 //! `memtrack export FILE --format dhat|pprof|folded|firefox -o OUT`: the call sites in the
 //! formats of the tools people already open. Each is a rendering of one
-//! [`CallSites`] (pprof's is in [`crate::pprof`]).
+//! [`CallSites`] (pprof's is in [`crate::pprof`]). Every format keeps each stack whole, the
+//! allocator's own frames included (the flame graph and `show --top` hide those).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -84,7 +85,9 @@ fn run_sites(
             serde_json::to_writer(&mut w, &dhat(&cs)).map_err(|e| io("writing", e.into()))?
         }
         Format::Pprof => crate::pprof::write(&cs, &mut w).map_err(|e| io("writing", e))?,
-        Format::Folded => write_lines(&mut w, &cs.folded(metric)).map_err(|e| io("writing", e))?,
+        Format::Folded => {
+            write_lines(&mut w, &cs.folded(metric, false)).map_err(|e| io("writing", e))?
+        }
         Format::Firefox => {
             let profile = firefox(&reader, &mut cs)?;
             serde_json::to_writer(&mut w, &profile).map_err(|e| io("writing", e.into()))?;
@@ -329,7 +332,7 @@ fn fx_stack(
     table: &memtrack::artifact::StackTable,
 ) -> Option<fx::StackHandle> {
     let names: Vec<(String, Class)> = match (cs.site(id), recorded) {
-        (Some(site), _) => site.names(),
+        (Some(site), _) => site.names(false),
         (None, Some(stack)) => {
             let frames = cs
                 .symbolizer
@@ -341,7 +344,7 @@ fn fx_stack(
                 locations: locations(stack, frames, |m| table.module(m).map(|m| &m.path)),
                 truncated: stack.truncated,
             };
-            site.names()
+            site.names(false)
         }
         (None, None) => vec![(NO_STACK.to_string(), Class::Other)],
     };

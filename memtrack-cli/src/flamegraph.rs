@@ -53,6 +53,13 @@ pub(crate) struct Args {
     /// With `--locks`: the classes of lock waits drawn (comma-separated; default all).
     #[arg(long, value_enum, value_delimiter = ',', requires = "locks")]
     class: Vec<LockClass>,
+    /// Hide the allocator's own frames at the top of each stack (the default).
+    #[arg(long, overrides_with = "no_trim_allocator", conflicts_with_all = ["diff", "locks"],
+          long_help = crate::callsites::TRIM_HELP)]
+    trim_allocator: bool,
+    /// Keep every frame, the allocator's own included.
+    #[arg(long, overrides_with = "trim_allocator", conflicts_with_all = ["diff", "locks"])]
+    no_trim_allocator: bool,
 }
 
 /// Draws what `args` asks for: the call sites, the lock waits or a differential flame graph.
@@ -62,17 +69,18 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
         (_, Some(file)) if args.locks => {
             run_locks(&file, &args.output, crate::lock_classes(&args.class))
         }
-        (_, Some(file)) => run_sites(&file, &args.output, args.metric),
+        (_, Some(file)) => run_sites(&file, &args.output, args.metric, !args.no_trim_allocator),
         _ => unreachable!("clap requires FILE or --diff BASE HEAD"),
     }
 }
 
-/// Reads `file` and writes its flame graph to `output`.
-fn run_sites(file: &Path, output: &Path, metric: Metric) -> memtrack::Result<ExitCode> {
+/// Reads `file` and writes its flame graph to `output`, with `trim` without the allocator's
+/// own frames.
+fn run_sites(file: &Path, output: &Path, metric: Metric, trim: bool) -> memtrack::Result<ExitCode> {
     let reader = Reader::open(file)?;
     let out = Output::create(output)?;
     let cs = CallSites::read(&reader, file, "reading call sites")?;
-    let ((), written) = write_svg(out, output, |svg| render(&cs, metric, svg))?;
+    let ((), written) = write_svg(out, output, |svg| render(&cs, metric, trim, svg))?;
     eprintln!(
         "memtrack: wrote {} ({} call sites, by {})",
         written.display(),
@@ -82,23 +90,36 @@ fn run_sites(file: &Path, output: &Path, metric: Metric) -> memtrack::Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
-/// The flame graph of `cs` by `metric`, as SVG. A recording whose sites all weigh 0 by the
-/// metric (nothing leaked) gives an image, titled as any other, that says so.
-pub fn render(cs: &CallSites, metric: Metric, svg: &mut Vec<u8>) -> std::io::Result<()> {
+/// The flame graph of `cs` by `metric`, as SVG; with `trim`, each stack without the
+/// allocator's own frames ([`crate::callsites::allocator_frames`]). A recording whose sites
+/// all weigh 0 by the metric (nothing leaked) gives an image, titled as any other, that says
+/// so.
+pub fn render(
+    cs: &CallSites,
+    metric: Metric,
+    trim: bool,
+    svg: &mut Vec<u8>,
+) -> std::io::Result<()> {
     let mut palette = PaletteMap::default();
     for c in &cs.call_sites {
-        for (name, class) in c.names() {
+        for (name, class) in c.names(trim) {
             palette.insert(name.replace(';', ","), colour(class));
         }
     }
+    let trimmed = trim && cs.call_sites.iter().any(|c| c.allocator_frames() > 0);
     let subtitle = format!(
-        "{} call sites; colours: the program (orange), Rust std (tan), libc and ld.so (blue), \
-         other libraries (green)",
-        human::count(cs.call_sites.len() as u64)
+        "{} call sites{}; colours: the program (orange), Rust std (tan), libc and ld.so \
+         (blue), other libraries (green)",
+        human::count(cs.call_sites.len() as u64),
+        if trimmed {
+            ", allocator frames hidden (--no-trim-allocator)"
+        } else {
+            ""
+        }
     );
     let title = format!("{}: {}", cs.name, metric.label());
     let empty = format!("no call site has any {}", metric.label());
-    let lines = cs.folded(metric);
+    let lines = cs.folded(metric, trim);
     draw(
         &title,
         &subtitle,

@@ -71,18 +71,21 @@ enum Cmd {
     Bench(bench::Args),
     /// Draw live heap bytes over time as an SVG.
     ///
-    /// Live heap bytes (and mapped bytes) over time, the peak marked with `show`'s number.
+    /// Live heap bytes over time on a scale of their own, the peak marked with `show`'s number
+    /// and where each recorded call begins; mapped bytes on a panel and scale of their own
+    /// below, when the recording has any.
     Plot(plot::Args),
     /// Draw the call sites as a flame graph SVG (--diff: what changed; --locks: lock waits).
     ///
     /// An interactive SVG (search, zoom, tooltips), each frame as wide as its share of the
     /// metric, coloured by whose code it is (the program, Rust std, libc and ld.so, other
-    /// libraries). Needs a recording with call stacks. With `--diff BASE HEAD`: a differential
-    /// flame graph of HEAD (growth red, shrink blue, no change white), frames matched by
-    /// function and source file; exit 2 if an input is refused (no call stacks, incomplete,
-    /// lost events, processes not covered). With `--locks`: the lock waits of a recording made
-    /// with `record --locks` instead, each contended call site (the code that wanted the lock)
-    /// as wide as the time waited there.
+    /// libraries), the allocator's own frames at the top of each stack hidden
+    /// (--no-trim-allocator keeps them). Needs a recording with call stacks. With `--diff BASE
+    /// HEAD`: a differential flame graph of HEAD (growth red, shrink blue, no change white),
+    /// frames matched by function and source file; exit 2 if an input is refused (no call
+    /// stacks, incomplete, lost events, processes not covered). With `--locks`: the lock waits
+    /// of a recording made with `record --locks` instead, each contended call site (the code
+    /// that wanted the lock) as wide as the time waited there.
     Flamegraph(flamegraph::Args),
     /// Write the call sites for DHAT's viewer, pprof, folded stacks or the Firefox Profiler.
     ///

@@ -1,5 +1,8 @@
-//! `memtrack plot FILE -o heap.svg`: live heap bytes over time as a step line, the peak marked
-//! and labelled with its exact value, mapped bytes as a second series.
+//! `memtrack plot FILE -o heap.svg`: live heap bytes over time as a step line on a scale of its
+//! own, the peak marked and labelled with its exact value, where each recorded call (a
+//! session's `IterationStart`) begins marked by a vertical line; below it, when the recording
+//! saw mappings, mapped bytes on a panel and scale of their own (they are often many times the
+//! heap, which would flatten it on a shared axis).
 //!
 //! The events are folded into a [`Timeline`] with one column per pixel of the image width
 //! (min and max kept per column), so the SVG has a few points per pixel however long the
@@ -12,14 +15,24 @@ use std::process::ExitCode;
 
 use memtrack::{
     analysis::Analyzer, analysis::Column, analysis::Extremes, analysis::Timeline, analysis::Totals,
-    artifact::Output, artifact::Reader, human,
+    artifact::Output, artifact::Reader, event::EventKind, human,
 };
 use plotters::backend::SVGBackend;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// Colour of the mapped-bytes series (the heap is blue).
 const MAPPED: RGBColor = RGBColor(230, 120, 0);
+
+/// Colour of the lines where a recorded call begins.
+const CALL: RGBColor = RGBColor(150, 150, 150);
+
+/// The share of the image's height the heap's panel takes when mapped bytes are drawn below.
+const HEAP_SHARE: f64 = 0.7;
+
+/// Pixels kept free above the heap's peak for the legend and the peak's label.
+const HEADROOM_PX: f64 = 90.0;
 
 /// The image size, pixels.
 #[derive(Clone, Copy, Debug)]
@@ -72,11 +85,15 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
         )));
     };
     let mut timeline = Timeline::new(first.first_ts, last.last_ts, size.width.max(1) as usize)?;
+    let mut calls = Calls::new(&timeline);
     let mut a = Analyzer::new();
     let bar = super::progress::events_bar(&reader, "plotting");
     reader.for_each_frame(|_, evs| {
         for e in evs {
             timeline.update(&mut a, e);
+            if matches!(e.kind, EventKind::IterationStart) {
+                calls.push(e.ts);
+            }
         }
         bar.inc(evs.len() as u64);
         Ok(())
@@ -88,11 +105,15 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
             .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
     });
     let mut svg = String::new();
-    draw(&timeline, &totals, first.first_ts, &name, &mut svg, size).map_err(|e| {
-        memtrack::Error::Io {
-            what: format!("drawing {}", output.display()),
-            source: std::io::Error::other(e),
-        }
+    let plot = Plot {
+        timeline: &timeline,
+        totals: &totals,
+        calls: &calls,
+        name: &name,
+    };
+    plot.draw(&mut svg, size).map_err(|e| memtrack::Error::Io {
+        what: format!("drawing {}", output.display()),
+        source: std::io::Error::other(e),
     })?;
     out.writer()?
         .write_all(svg.as_bytes())
@@ -110,19 +131,55 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The step line of one series, in (ms, bytes): per column a vertical stroke through the
-/// value on entry, min, max and the last value, held until the next column and to `end_ms`.
+/// Where the recorded calls begin: per column of the timeline that holds a call's start, the
+/// first such instant (ns after the timeline's start), and how many calls began in all.
+struct Calls {
+    first_ts: u64,
+    /// Columns per nanosecond, as the timeline's.
+    scale: f64,
+    starts: Vec<u64>,
+    last_column: Option<u64>,
+    count: u64,
+}
+
+impl Calls {
+    fn new(t: &Timeline) -> Calls {
+        Calls {
+            first_ts: t.first_ts(),
+            scale: t.width() as f64 / t.span_ns() as f64,
+            starts: Vec::new(),
+            last_column: None,
+            count: 0,
+        }
+    }
+
+    /// A call began at `ts`: marked unless one already marks its column.
+    fn push(&mut self, ts: u64) {
+        self.count += 1;
+        let ns = ts.saturating_sub(self.first_ts);
+        let column = (ns as f64 * self.scale) as u64;
+        if self.last_column != Some(column) {
+            self.last_column = Some(column);
+            self.starts.push(ns);
+        }
+    }
+}
+
+/// The step line of one series, in (ms, units of `unit` bytes): per column a vertical stroke
+/// through the value on entry, min, max and the last value, held until the next column and to
+/// `end_ms`.
 fn step_points(
     cols: &[Column],
     series: impl Fn(&Column) -> Extremes,
     end_ms: f64,
+    unit: f64,
 ) -> Vec<(f64, f64)> {
     let mut pts = Vec::with_capacity(cols.len() * 4 + 1);
     for c in cols {
         let x = c.start_ns as f64 / 1e6;
         let s = series(c);
         for v in [s.enter, s.min, s.max, s.last] {
-            pts.push((x, v as f64));
+            pts.push((x, v as f64 / unit));
         }
     }
     if let Some(&(_, y)) = pts.last() {
@@ -131,68 +188,181 @@ fn step_points(
     pts
 }
 
-fn draw(
-    timeline: &Timeline,
-    totals: &Totals,
-    first_ts: u64,
-    name: &str,
-    svg: &mut String,
-    size: Size,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let cols: Vec<Column> = timeline.columns().copied().collect();
-    let end_ms = timeline.span_ns() as f64 / 1e6;
-    let heap = step_points(&cols, |c| c.heap, end_ms);
-    let mapped = step_points(&cols, |c| c.mapped, end_ms);
-    let peak = totals.peak_live_bytes;
-    let top = (peak.max(totals.mapped_bytes_peak) as f64 * 1.12).max(1.0);
+type DrawResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-    let root = SVGBackend::with_string(svg, (size.width, size.height)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(format!("{name}: live heap over time"), ("sans-serif", 20))
+/// The binary unit an axis up to `max` bytes is drawn in (its ticks then fall on whole KiB,
+/// MiB…): its size in bytes and its name.
+fn unit(max: f64) -> (f64, &'static str) {
+    let mut u = (1.0, "B");
+    for next in [(1024.0, "KiB"), (1048576.0, "MiB"), (1073741824.0, "GiB")] {
+        if max >= 2.0 * next.0 {
+            u = next;
+        }
+    }
+    u
+}
+
+/// A tick's label: `v` units of `name`, without a needless fraction.
+fn tick(v: f64, name: &str) -> String {
+    if v.fract().abs() < 1e-9 {
+        format!("{v:.0} {name}")
+    } else {
+        format!("{v:.1} {name}")
+    }
+}
+
+/// What the chart shows.
+struct Plot<'a> {
+    timeline: &'a Timeline,
+    totals: &'a Totals,
+    calls: &'a Calls,
+    name: &'a str,
+}
+
+impl Plot<'_> {
+    /// The chart as SVG into `svg`: the heap's panel, and mapped bytes' below it when the
+    /// recording saw any.
+    fn draw(&self, svg: &mut String, size: Size) -> DrawResult {
+        let root = SVGBackend::with_string(svg, (size.width, size.height)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let title = format!("{}: live heap over time", self.name);
+        let area = root.titled(&title, ("sans-serif", 20))?;
+        let cols: Vec<Column> = self.timeline.columns().copied().collect();
+        let end_ms = self.timeline.span_ns() as f64 / 1e6;
+        if self.totals.mapped_bytes_peak == 0 {
+            self.heap_panel(&area, &cols, end_ms, true)?;
+        } else {
+            let split = (f64::from(area.dim_in_pixel().1) * HEAP_SHARE) as i32;
+            let (top, bottom) = area.split_vertically(split);
+            self.heap_panel(&top, &cols, end_ms, false)?;
+            mapped_panel(&bottom, &cols, end_ms, self.totals.mapped_bytes_peak)?;
+        }
+        root.present()?;
+        Ok(())
+    }
+
+    /// Live heap bytes on a scale of their own (0 to above the peak, room left above it for
+    /// the legend and the peak's label), the calls' starts, the peak marked; the time axis
+    /// named if `last` (no panel below).
+    fn heap_panel<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, plotters::coord::Shift>,
+        cols: &[Column],
+        end_ms: f64,
+        last: bool,
+    ) -> DrawResult
+    where
+        DB::ErrorType: 'static,
+    {
+        let peak = self.totals.peak_live_bytes;
+        let x_labels = 40;
+        let plot_px = f64::from(area.dim_in_pixel().1) - f64::from(x_labels) - 24.0;
+        let headroom = (HEADROOM_PX / plot_px.max(1.0)).clamp(0.1, 0.5);
+        let (unit, name) = unit((peak as f64).max(1.0));
+        let top = (peak as f64 / (1.0 - headroom)).max(1.0) / unit;
+        let mut chart = ChartBuilder::on(area)
+            .margin(12)
+            .x_label_area_size(x_labels)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..end_ms, 0f64..top)?;
+        let mut mesh = chart.configure_mesh();
+        let ticks = |v: &f64| tick(*v, name);
+        mesh.y_desc("live heap bytes").y_label_formatter(&ticks);
+        if last {
+            mesh.x_desc("time (ms from the first event)");
+        }
+        mesh.draw()?;
+        if self.calls.count > 0 {
+            let label = format!(
+                "a call begins ({})",
+                human::plural(self.calls.count, "call", "calls")
+            );
+            chart
+                .draw_series(self.calls.starts.iter().map(|&ns| {
+                    let x = ns as f64 / 1e6;
+                    PathElement::new(vec![(x, 0.0), (x, top)], CALL.stroke_width(1))
+                }))?
+                .label(label)
+                .legend(|(x, y)| PathElement::new(vec![(x + 10, y - 6), (x + 10, y + 6)], CALL));
+        }
+        let heap = step_points(cols, |c| c.heap, end_ms, unit);
+        chart
+            .draw_series(LineSeries::new(heap, BLUE.stroke_width(1)))?
+            .label("live heap bytes")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+        self.peak_marker(&mut chart, end_ms, unit)?;
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()?;
+        Ok(())
+    }
+
+    /// A dot where the peak was first reached and its exact value beside it, on a white
+    /// ground, towards the middle of the chart so that it stays inside it (`unit`: the bytes
+    /// of the chart's unit).
+    fn peak_marker<DB: DrawingBackend>(
+        &self,
+        chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+        end_ms: f64,
+        unit: f64,
+    ) -> DrawResult
+    where
+        DB::ErrorType: 'static,
+    {
+        let peak = self.totals.peak_live_bytes;
+        let peak_ms = self.totals.peak_ts.saturating_sub(self.timeline.first_ts()) as f64 / 1e6;
+        let label = format!(
+            "peak {} B ({}) at {:.3} ms",
+            human::count(peak),
+            human::bytes(peak),
+            peak_ms
+        );
+        // No font metrics without a font backend: a sans-serif character of 14 px is about
+        // 6.5 px wide.
+        let width = (label.chars().count() as f64 * 6.5) as i32 + 8;
+        let (anchor, dx, left) = if peak_ms > end_ms / 2.0 {
+            (HPos::Right, -8, -8 - width + 4)
+        } else {
+            (HPos::Left, 8, 4)
+        };
+        let style =
+            TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(anchor, VPos::Bottom));
+        chart.draw_series([EmptyElement::at((peak_ms, peak as f64 / unit))
+            + Rectangle::new([(left, -24), (left + width, -4)], WHITE.mix(0.85).filled())
+            + Circle::new((0, 0), 4, BLUE.filled())
+            + Text::new(label, (dx, -6), style)])?;
+        Ok(())
+    }
+}
+
+/// Mapped bytes (page-rounded) on a scale of their own, below the heap's panel, with the time
+/// axis.
+fn mapped_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    cols: &[Column],
+    end_ms: f64,
+    peak: u64,
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let (unit, name) = unit(peak as f64);
+    let mut chart = ChartBuilder::on(area)
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(80)
-        .build_cartesian_2d(0f64..end_ms, 0f64..top)?;
+        .build_cartesian_2d(0f64..end_ms, 0f64..(peak as f64 * 1.1).max(1.0) / unit)?;
     chart
         .configure_mesh()
         .x_desc("time (ms from the first event)")
-        .y_desc("bytes")
-        .y_label_formatter(&|v| human::bytes(*v as u64))
+        .y_desc("mapped bytes")
+        .y_labels(4)
+        .y_label_formatter(&|v| tick(*v, name))
         .draw()?;
-    chart
-        .draw_series(LineSeries::new(heap, BLUE.stroke_width(1)))?
-        .label("live heap bytes")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-    chart
-        .draw_series(LineSeries::new(mapped, MAPPED.stroke_width(1)))?
-        .label("mapped bytes (page-rounded)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MAPPED));
-
-    // The peak: a dot where it was first reached and its exact value.
-    let peak_ms = totals.peak_ts.saturating_sub(first_ts) as f64 / 1e6;
-    let (anchor, dx) = if peak_ms > end_ms / 2.0 {
-        (HPos::Right, -8)
-    } else {
-        (HPos::Left, 8)
-    };
-    let label = format!(
-        "peak {} B ({}) at {:.3} ms",
-        human::count(peak),
-        human::bytes(peak),
-        peak_ms
-    );
-    let style = TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(anchor, VPos::Bottom));
-    chart.draw_series([EmptyElement::at((peak_ms, peak as f64))
-        + Circle::new((0, 0), 4, BLUE.filled())
-        + Text::new(label, (dx, -6), style)])?;
-
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
+    let mapped = step_points(cols, |c| c.mapped, end_ms, unit);
+    chart.draw_series(LineSeries::new(mapped, MAPPED.stroke_width(1)))?;
     Ok(())
 }

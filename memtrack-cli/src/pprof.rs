@@ -2,7 +2,11 @@
 //! (runtime/pprof/protomem.go): sample types `alloc_objects/count`, `alloc_space/bytes`,
 //! `inuse_objects/count`, `inuse_space/bytes` (in use: at the end of the recording), period
 //! type `space/bytes`, default `inuse_space`; one sample per call site, one location per
-//! recorded return address with its inlined functions as several lines.
+//! recorded return address with its inlined functions as several lines, each stack whole (the
+//! allocator's own frames included). Mapping 1 is the recorded program's executable
+//! ([`crate::callsites::executable`]): pprof takes the first mapping for the main binary (the
+//! `File:` and `Build ID:` it prints, whose sources `-list` shows); each mapping has its
+//! module's build id, in hex.
 //!
 //! The messages are derived with prost from the checked-in schema (`proto/profile.proto`, the
 //! fields memtrack writes): prost is the maintained protobuf crate of the Rust ecosystem, and
@@ -176,17 +180,20 @@ pub fn profile(cs: &CallSites) -> Profile {
 
 /// A profile being built: its tables, and the ids already given to mappings, functions and
 /// locations (ids count from 1 in the order of first sight; 0 is "none").
-struct Builder {
+struct Builder<'a> {
     p: Profile,
     st: Strings,
     mappings: HashMap<String, u64>,
     functions: HashMap<(String, String), u64>,
     locations: HashMap<(u64, u64), u64>,
+    /// The modules' build ids, by path.
+    build_ids: &'a HashMap<String, String>,
 }
 
-impl Builder {
-    /// A profile of no samples yet, with Go's sample types and `cs`'s duration and name.
-    fn new(cs: &CallSites) -> Builder {
+impl<'a> Builder<'a> {
+    /// A profile of no samples yet, with Go's sample types and `cs`'s duration and name, and
+    /// its executable's mapping first.
+    fn new(cs: &'a CallSites) -> Builder<'a> {
         let mut st = Strings::new();
         let mut p = Profile {
             sample_type: [
@@ -211,13 +218,18 @@ impl Builder {
         p.default_sample_type = st.get("inuse_space");
         p.duration_nanos = cs.last_ts.saturating_sub(cs.first_ts) as i64;
         p.comment = vec![st.get(&format!("memtrack: {}", cs.name))];
-        Builder {
+        let mut b = Builder {
             p,
             st,
             mappings: HashMap::new(),
             functions: HashMap::new(),
             locations: HashMap::new(),
+            build_ids: &cs.build_ids,
+        };
+        if let Some(exe) = &cs.executable {
+            b.mapping(exe);
         }
+        b
     }
 
     /// The location of a site without a stack: one line naming [`NO_STACK`], no mapping.
@@ -272,13 +284,14 @@ impl Builder {
             return id;
         }
         let id = self.p.mapping.len() as u64 + 1;
+        let build_id = self.build_ids.get(path).map_or(0, |b| self.st.get(b));
         self.p.mapping.push(Mapping {
             id,
             memory_start: 0,
             memory_limit: u64::MAX,
             file_offset: 0,
             filename: self.st.get(path),
-            build_id: 0,
+            build_id,
             has_functions: true,
             has_filenames: true,
             has_line_numbers: true,

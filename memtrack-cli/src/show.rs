@@ -17,6 +17,7 @@ use memtrack::{
 };
 use serde::Serialize;
 
+use crate::callsites::{allocator_frames, classify};
 use crate::{processes, progress, tables};
 
 #[derive(clap::Args)]
@@ -37,6 +38,13 @@ pub(crate) struct Args {
     /// or bytes still live at the end (leaked).
     #[arg(long, value_enum, default_value_t = By::Bytes, requires = "top")]
     by: By,
+    /// With `--top`: hide the allocator's own frames at the top of each stack (the default).
+    #[arg(long, overrides_with = "no_trim_allocator", requires = "top",
+          long_help = crate::callsites::TRIM_HELP)]
+    trim_allocator: bool,
+    /// With `--top`: keep every frame, the allocator's own included.
+    #[arg(long, overrides_with = "trim_allocator", requires = "top")]
+    no_trim_allocator: bool,
 }
 
 /// `show --by`: the orders of `memtrack::analysis::SiteOrder`.
@@ -62,7 +70,11 @@ impl By {
 /// Prints `args.file`'s metadata and totals, as a table or JSON.
 pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
     let path = &args.file;
-    let top = args.top.map(|n| (n, args.by.order()));
+    let top = args.top.map(|n| Top {
+        n,
+        order: args.by.order(),
+        trim: !args.no_trim_allocator,
+    });
     let reader = Reader::open(path)?;
     let recovered = crate::warn_if_recovered(&reader);
     let report = ShowReport::read(&reader, path, !recovered, args.threads, top)?;
@@ -211,8 +223,16 @@ pub struct SiteRow {
     pub site: Site,
     /// The stack was cut at the recorder's depth cap.
     pub truncated: bool,
-    /// The stack, innermost first (empty for the no-stack site, `stack` 0).
+    /// The stack, innermost first (empty for the no-stack site, `stack` 0), without the
+    /// allocator's own innermost frames unless `--no-trim-allocator`.
     pub frames: Vec<FrameRow>,
+    /// How many of the allocator's own innermost frames `frames` leaves out; absent when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub allocator_frames_trimmed: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// One frame of a site's stack, symbolized: a recorded return address gives one row per
@@ -237,6 +257,18 @@ pub struct FrameRow {
     pub location: String,
 }
 
+/// What `--top` asks for: the `n` top sites by `order`, with `trim` without the allocator's
+/// own frames.
+#[derive(Clone, Copy, Debug)]
+pub struct Top {
+    /// How many sites.
+    pub n: usize,
+    /// Ranked by.
+    pub order: SiteOrder,
+    /// Without the allocator's own innermost frames ([`crate::callsites::allocator_frames`]).
+    pub trim: bool,
+}
+
 /// `--by`'s names.
 pub fn order_name(order: SiteOrder) -> &'static str {
     match order {
@@ -247,16 +279,11 @@ pub fn order_name(order: SiteOrder) -> &'static str {
     }
 }
 
-/// The top `n` sites by `order`, with their stacks from `reader`'s tables.
-fn top_sites(
-    reader: &Reader,
-    a: &SiteAnalyzer,
-    n: usize,
-    order: SiteOrder,
-) -> memtrack::Result<TopSites> {
+/// The top sites `want` asks for, with their stacks from `reader`'s tables.
+fn top_sites(reader: &Reader, a: &SiteAnalyzer, want: Top) -> memtrack::Result<TopSites> {
     let sites = a.sites();
     let mut top = TopSites {
-        by: order_name(order),
+        by: order_name(want.order),
         sites: sites.sites.len(),
         stacks: sites.has_stacks(),
         note: None,
@@ -269,7 +296,7 @@ fn top_sites(
         return Ok(top);
     }
     let table = reader.stacks()?;
-    let ranked = sites.top(order, n);
+    let ranked = sites.top(want.order, want.n);
     let none = Stack::default();
     let stacks: Vec<&Stack> = ranked
         .iter()
@@ -283,19 +310,29 @@ fn top_sites(
     let mut sym = super::symbolizer(&[reader]);
     let named = sym.symbolize_stacks(&stacks, |id| table.module(id));
     for ((site, stack), frames) in ranked.iter().zip(&stacks).zip(named) {
-        let frames = stack
+        let paths: Vec<Option<&String>> = stack
             .frames
             .iter()
+            .map(|recorded| table.module(recorded.module).map(|m| &m.path))
+            .collect();
+        let trimmed =
+            match want.trim {
+                true => allocator_frames(paths.iter().zip(&frames).map(|(path, syms)| {
+                    (syms.as_slice(), classify(path.map(String::as_str), syms))
+                })),
+                false => 0,
+            };
+        let frames = paths
+            .iter()
             .zip(frames)
-            .flat_map(|(recorded, syms)| {
-                let path = table.module(recorded.module).map(|m| m.path.clone());
-                syms.into_iter().map(move |f| frame_row(path.clone(), &f))
-            })
+            .flat_map(|(path, syms)| syms.into_iter().map(move |f| frame_row(path.cloned(), &f)))
+            .skip(trimmed)
             .collect();
         top.rows.push(SiteRow {
             site: **site,
             truncated: stack.truncated,
             frames,
+            allocator_frames_trimmed: trimmed,
         });
     }
     let mut shown: Vec<_> = stacks
@@ -378,13 +415,13 @@ pub struct ThreadRow {
 impl ShowReport {
     /// Decodes every frame of `reader` (read from `path`; `complete` says whether it was
     /// finished) with a progress bar on a terminal, and gathers the report; `threads` adds the
-    /// per-thread rows, `top` the top N call sites by an order.
+    /// per-thread rows, `top` the top call sites it asks for.
     pub fn read(
         reader: &Reader,
         path: &Path,
         complete: bool,
         threads: bool,
-        top: Option<(usize, SiteOrder)>,
+        top: Option<Top>,
     ) -> memtrack::Result<Self> {
         let pass = Pass::read(reader, top.is_some())?;
         let (a, sites, sizes) = (pass.analyzer(), &pass.sites, &pass.sizes);
@@ -394,7 +431,7 @@ impl ShowReport {
         let fin = reader.final_metadata();
         let per_process = a.per_process();
         let top_sites = match (top, sites) {
-            (Some((n, order)), Some(s)) => Some(top_sites(reader, s, n, order)?),
+            (Some(want), Some(s)) => Some(top_sites(reader, s, want)?),
             _ => None,
         };
         Ok(ShowReport {
@@ -767,6 +804,13 @@ fn sites_text(o: &mut String, top: &TopSites, r: &ShowReport) {
         if row.truncated {
             let _ = writeln!(o, "        … (cut at the recorder's depth cap)");
         }
+    }
+    if top.rows.iter().any(|r| r.allocator_frames_trimmed > 0) {
+        let _ = writeln!(
+            o,
+            "  not shown     the allocator's own frames at the top of each stack \
+             (--no-trim-allocator shows them)"
+        );
     }
     for u in &top.unsymbolized {
         let _ = writeln!(o, "  not named     {}: {}", u.module, u.reason);

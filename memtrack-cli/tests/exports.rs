@@ -2,8 +2,13 @@
 //! checked against `memtrack show --json`'s totals:
 //! - DHAT JSON: its documented fields, the program points' sums, and loaded by Valgrind's own
 //!   viewer (dh_view.js run by node, `readers/dh_view_load.js`);
+//! - DHAT JSON and the flame graph SVG in the browser users open them in: headless Chromium
+//!   driven through its DevTools protocol (`readers/chromium.js`), Valgrind's `dh_view.html`
+//!   loading the export through its file input and showing `show`'s totals, inferno's script
+//!   searching and showing a frame's tooltip without an error;
 //! - pprof: decoded by Python's protobuf package from pprof's field numbers
-//!   (`readers/pprof_decode.py`), not by memtrack's encoder;
+//!   (`readers/pprof_decode.py`), not by memtrack's encoder, mapping 1 (pprof's main binary)
+//!   the recorded executable with the build id `readelf` reads;
 //! - folded: lines summing to the metric;
 //! - Firefox: the processed format's required fields and tables, the allocation samples'
 //!   sizes summing to the bytes allocated (positive) and to the live bytes at the end (all);
@@ -17,9 +22,9 @@
 //! exports must name main → chain_outer → chain_middle → chain_inner with the counts the
 //! fixture declares.
 //!
-//! `harness = false` (memtrack-test-support's runner): a test whose reader (node, python3's
-//! protobuf, valgrind's viewer, a C compiler) is missing is reported as ignored with what to
-//! install.
+//! `harness = false` (memtrack-test-support's runner): a test whose reader (node, chromium,
+//! python3's protobuf, valgrind's viewer, a C compiler) is missing is reported as ignored with
+//! what to install.
 
 mod common;
 
@@ -39,6 +44,21 @@ const DH_VIEW: &str = "/usr/libexec/valgrind/dh_view.js";
 const NODE: &[Need] = &[
     Need::Tool("node"),
     Need::File(DH_VIEW, "apt-get install valgrind"),
+];
+/// Valgrind's DHAT viewer, the page users open.
+const DH_VIEW_HTML: &str = "/usr/libexec/valgrind/dh_view.html";
+const CHROMIUM_DHAT: &[Need] = &[
+    Need::Tool("node"),
+    Need::Tool("chromium"),
+    Need::File(DH_VIEW_HTML, "apt-get install valgrind"),
+];
+const CHROMIUM_CC: &[Need] = &[Need::Tool("node"), Need::Tool("chromium"), Need::Tool("cc")];
+const PPROF_RECORDED: &[Need] = &[
+    Need::Tool("cc"),
+    Need::Tool("readelf"),
+    Need::Tool("python3"),
+    Need::Python("google.protobuf", "python3 -m pip install protobuf"),
+    memtrack_test_support::TRACKER,
 ];
 const PROTOBUF: &[Need] = &[
     Need::Tool("python3"),
@@ -577,8 +597,13 @@ fn chain_pprof() {
     let dir = tempfile::tempdir().unwrap();
     let input = chain_recording(dir.path());
     let p = pprof_decoded(&export(&input, "pprof", &[]));
+    // A recording without processes (an in-process session's): its executable is the module
+    // that is not a library, its mapping first (built without a build id).
+    let exe = s(&dir.path().join("chain")).to_string();
+    assert_eq!(p["mappings"], serde_json::json!([[exe, ""]]));
     let samples = p["samples"].as_array().unwrap();
     assert_eq!(samples.len(), 1);
+    assert_eq!(samples[0]["mappings"], serde_json::json!([exe, exe, exe]));
     assert_eq!(
         samples[0]["value"],
         serde_json::json!([6, 6 * 4321, 1, 4321])
@@ -944,6 +969,171 @@ fn chain_recorded() {
     assert_eq!(pp_sum(&d, "ebk"), u(&show, "live_blocks_at_end"));
 }
 
+/// The GNU build id of the ELF file at `path` as `readelf -n` prints it (hex).
+fn readelf_build_id(path: &Path) -> String {
+    let out = Command::new("readelf")
+        .arg("-n")
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("no build id in {}", path.display()))
+        .trim()
+        .to_string()
+}
+
+/// `memtrack record` of the C fixture (a build id of its own, malloc's frames in libc
+/// outside its stacks but libc's own allocations in libc's): in its pprof export, mapping 1,
+/// the one pprof takes for the main binary (its `File:` and `Build ID:` header), is the
+/// recorded executable with the build id readelf reads, every mapping has its file's build
+/// id, and the function of the largest flat `alloc_space` (the first row of `pprof -top
+/// -sample_index=alloc_space`) is a frame of the executable, as are the chain's.
+fn pprof_main_binary_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = fixtures::c_chain(dir.path(), "chain", true, &[]);
+    let input = dir.path().join("chain.memtrack");
+    let out = memtrack(&["record", "-o", s(&input), "--", s(&exe)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let p = pprof_decoded(&export(&input, "pprof", &[]));
+    let exe = exe.canonicalize().unwrap();
+    let mappings = p["mappings"].as_array().unwrap();
+    assert_eq!(
+        mappings[0],
+        serde_json::json!([s(&exe), readelf_build_id(&exe)]),
+        "{mappings:?}"
+    );
+    assert!(
+        mappings.len() > 1,
+        "libc's allocations are in its mapping: {mappings:?}"
+    );
+    for m in mappings {
+        let file = Path::new(m[0].as_str().unwrap());
+        assert_eq!(m[1].as_str().unwrap(), readelf_build_id(file), "{m}");
+    }
+    // pprof's flat value of a sample is its leaf's: the first line of its first location.
+    let mut flat: std::collections::BTreeMap<(String, String), i64> = Default::default();
+    let mut chain_in = None;
+    for sample in p["samples"].as_array().unwrap() {
+        let leaf = &sample["stack"][0][0];
+        let module = sample["mappings"][0].as_str().unwrap().to_string();
+        let name = leaf[0].as_str().unwrap().to_string();
+        if name == fixtures::C_CHAIN.chain[0] {
+            chain_in = Some(module.clone());
+        }
+        *flat.entry((name, module)).or_default() += sample["value"][1].as_i64().unwrap();
+    }
+    let ((top, module), _) = flat.iter().max_by_key(|(_, v)| **v).unwrap();
+    assert_eq!(
+        module,
+        s(&exe),
+        "-top starts from {top} in {module}: {flat:?}"
+    );
+    assert_eq!(chain_in.as_deref(), Some(s(&exe)), "{flat:?}");
+}
+
+/// The numbers after `label` on the root program point's line of DHAT's viewer's text (`PP
+/// 1/1`): `Total:     1,234 bytes (100%, …) in 56 blocks (…)` gives [1234, 100, …, 56, …].
+fn dh_view_numbers(page: &str, label: &str) -> Vec<u64> {
+    let root = page
+        .split_once("PP 1/1")
+        .unwrap_or_else(|| panic!("the viewer shows no tree:\n{page}"))
+        .1;
+    let line = root
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(label))
+        .unwrap_or_else(|| panic!("no {label:?} in the viewer's root:\n{root}"));
+    line.split(|c: char| !(c.is_ascii_digit() || c == ',' || c == '.'))
+        .filter(|w| w.contains(|c: char| c.is_ascii_digit()) && !w.contains('.'))
+        .map(|w| w.replace(',', "").parse().unwrap())
+        .collect()
+}
+
+/// Valgrind's viewer page in Chromium, the export chosen in its file input: it shows the tree
+/// of the export, and at its root `show --json`'s totals, without an error.
+fn dhat_in_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, show) = synth_stacks(dir.path());
+    let path = export(&input, "dhat", &[]);
+    let out = Command::new("node")
+        .arg(reader("chromium.js"))
+        .args(["dhat", DH_VIEW_HTML])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["errors"], serde_json::json!([]), "{v}");
+    let page = v["text"].as_str().unwrap();
+    // Total: bytes (100%, rate) in blocks (100%, rate).
+    let total = dh_view_numbers(page, "Total:");
+    assert_eq!(
+        (total[0], total[1], total[2], total[3]),
+        (
+            u(&show, "bytes_allocated"),
+            100,
+            u(&show, "allocations"),
+            100
+        ),
+        "{total:?}"
+    );
+    let gmax = dh_view_numbers(page, "At t-gmax:");
+    assert_eq!(gmax[0], u(&show, "peak_live_bytes"), "{gmax:?}");
+    let end = dh_view_numbers(page, "At t-end:");
+    assert_eq!(
+        (end[0], end[2]),
+        (
+            u(&show, "live_bytes_at_end"),
+            u(&show, "live_blocks_at_end")
+        ),
+        "{end:?}"
+    );
+}
+
+/// The flame graph in Chromium, as a user works it: its script runs without an error, the
+/// Search button's prompt answered `chain_middle` highlights that frame (only) and reports the
+/// share it matched, and the mouse over `chain_outer` shows its tooltip in the details line, with
+/// the numbers of the three sites the artifact holds (chain_middle: 6 × 4,321 bytes,
+/// chain_outer: 3 × 100 more, main: 2 × 50 more).
+fn flamegraph_in_chromium() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let exe = fixtures::c_chain(d, "chain", true, &["-Wl,--build-id=none"]);
+    let input = chain_artifact(
+        &exe,
+        &d.join("sites.memtrack"),
+        &[(0, 6, 4321), (1, 3, 100), (2, 2, 50)],
+    );
+    let svg = d.join("flame.svg");
+    let out = memtrack(&["flamegraph", s(&input), "-o", s(&svg)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = Command::new("node")
+        .arg(reader("chromium.js"))
+        .arg("flamegraph")
+        .arg(&svg)
+        .args(["chain_middle", "chain_outer ("])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["errors"], serde_json::json!([]), "{v}");
+    let (middle, outer, all) = (6 * 4321, 6 * 4321 + 3 * 100, 6 * 4321 + 3 * 100 + 2 * 50);
+    let matched = format!("Matched: {:.1}%", 100.0 * middle as f64 / all as f64);
+    assert_eq!(v["matched"], matched.as_str(), "{v}");
+    // inferno's search colour on the matched frame, set by the page's script; the others
+    // keep the program's colour.
+    assert_eq!(v["fills"]["chain_middle"], "rgb(230,0,230)", "{v}");
+    assert_eq!(v["fills"]["chain_outer"], "rgb(235,110,60)", "{v}");
+    let details = format!(
+        "Function: chain_outer ({} bytes, {:.2}%)",
+        group(outer),
+        100.0 * outer as f64 / all as f64
+    );
+    assert_eq!(v["details"], details.as_str(), "{v}");
+}
+
 fn main() {
     let cc: &'static [Need] = &[Need::Tool("cc")];
     let cc_tracker: &'static [Need] = &[Need::Tool("cc"), memtrack_test_support::TRACKER];
@@ -978,6 +1168,17 @@ fn main() {
             flamegraph_diff_unnamed_frames_match_by_build_id,
         ),
         requires("chain_recorded", cc_tracker, chain_recorded),
+        requires(
+            "pprof_main_binary_recorded",
+            PPROF_RECORDED,
+            pprof_main_binary_recorded,
+        ),
+        requires("dhat_in_chromium", CHROMIUM_DHAT, dhat_in_chromium),
+        requires(
+            "flamegraph_in_chromium",
+            CHROMIUM_CC,
+            flamegraph_in_chromium,
+        ),
     ];
     memtrack_test_support::run(trials);
 }

@@ -1,8 +1,9 @@
 """Decodes a gzipped pprof profile.proto with Python's protobuf package (not memtrack's
 encoder): the message types are described here from pprof's proto/profile.proto field numbers
 and built at run time (no protoc needed). Prints JSON: the sample types, the default one, the
-sums of each sample value, and per sample its value and its stack (leaf first), each location
-as its lines [function, file, line] (innermost first).
+sums of each sample value, the mappings in order as [file, build id], and per sample its value,
+its stack (leaf first), each location as its lines [function, file, line] (innermost first),
+and each location's mapping's file ("" for none).
 
 Usage: python3 pprof_decode.py FILE"""
 import gzip
@@ -108,18 +109,21 @@ def main(path):
         for i, v in enumerate(s.value):
             sums[i] += v
         stack = []
+        modules = []
         for lid in s.location_id:
             loc = locs[lid]
             stack.append(
                 [[st[funcs[ln.function_id].name], st[funcs[ln.function_id].filename], ln.line]
                  for ln in loc.line]
             )
-        samples.append({"value": list(s.value), "stack": stack})
+            modules.append(st[mappings[loc.mapping_id].filename] if loc.mapping_id else "")
+        samples.append({"value": list(s.value), "stack": stack, "mappings": modules})
     print(json.dumps({
         "sample_types": types,
         "default_sample_type": st[p.default_sample_type],
         "period_type": [st[p.period_type.type], st[p.period_type.unit]],
         "sums": sums,
+        "mappings": [[st[m.filename], st[m.build_id]] for m in p.mapping],
         "samples": samples,
     }))
 
