@@ -442,6 +442,8 @@ fn chain_names_the_commit_of_each_step() {
     );
     std::fs::remove_dir_all(&gone).unwrap();
     let out_dir = tmp().join("chain-out");
+    // Each run's commits are new (their times differ), and so are their directories.
+    let _ = std::fs::remove_dir_all(&out_dir);
     let args = [
         "--backend",
         "alloc",
