@@ -216,6 +216,16 @@ fn check_report(out: &Output) {
     assert_eq!(got, expected());
 }
 
+/// The named functions of a site's `frames` (compare's JSON), innermost first.
+fn functions(frames: &serde_json::Value) -> Vec<&str> {
+    frames
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["function"].as_str())
+        .collect()
+}
+
 /// Without --base: one row per benchmark, the figures those the routines make.
 fn report_counts_what_each_routine_allocates() {
     let (_turn, dir) = project();
@@ -326,12 +336,7 @@ fn base_finds_and_attributes_the_regression() {
     assert_eq!(allocations["delta"], 10 * n, "{allocations:#}");
     let top = &allocations["sites"][0];
     assert_eq!(top["delta"], 10 * n, "{allocations:#}");
-    let functions: Vec<&str> = top["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|f| f["function"].as_str())
-        .collect();
+    let functions = functions(&top["frames"]);
     assert!(
         functions
             .iter()
@@ -508,12 +513,7 @@ fn chain_names_the_commit_of_each_step() {
             .unwrap_or_else(|| panic!("no attribution of {metric}: {step:#}"));
         assert_eq!(a["benchmark"], "tokenize");
         assert_eq!(a["delta"], delta, "{a:#}");
-        let functions: Vec<&str> = a["sites"][0]["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|f| f["function"].as_str())
-            .collect();
+        let functions = functions(&a["sites"][0]["frames"]);
         assert!(
             functions
                 .iter()

@@ -180,6 +180,7 @@ pub(crate) fn run(
     };
     let report = Report {
         spec,
+        regressed: &regressed,
         chain: &chain,
         outcomes: &outcomes,
         overall: &overall,
@@ -273,6 +274,8 @@ fn follow(outcomes: &[Outcome], regressed: &BTreeSet<String>) -> Result<Vec<Step
 /// What the chain found, to render.
 struct Report<'a> {
     spec: &'a str,
+    /// The benchmarks that regressed from BASE to HEAD, by name.
+    regressed: &'a BTreeSet<String>,
     chain: &'a [Commit],
     outcomes: &'a [Outcome],
     overall: &'a Judged,
@@ -302,8 +305,7 @@ impl Report<'_> {
     /// The first line: what regressed from BASE to HEAD and how many commits were followed.
     fn headline(&self) -> String {
         let (base, head) = (&self.chain[0], &self.chain[self.chain.len() - 1]);
-        let names = self.regressed();
-        if names.is_empty() {
+        if self.regressed.is_empty() {
             return format!(
                 "no benchmark regressed from {} to {}: no commit to name",
                 base.short(),
@@ -317,26 +319,17 @@ impl Report<'_> {
             .count();
         format!(
             "{} regressed from {} to {}; {} of the chain's {} commits measured, {}",
-            names.join(", "),
+            self.regressed
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
             base.short(),
             head.short(),
             measured,
             self.chain.len(),
             human::plural(self.steps.len() as u64, "step", "steps")
         )
-    }
-
-    fn regressed(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .overall
-            .cmp
-            .rows
-            .iter()
-            .filter(|r| r.verdict == Verdict::Regressed)
-            .map(|r| r.benchmark.clone())
-            .collect();
-        names.dedup();
-        names
     }
 
     /// The call sites behind a step's growth of the metrics that regressed from BASE to HEAD
@@ -508,7 +501,7 @@ impl Report<'_> {
             .collect();
         serde_json::json!({
             "range": self.spec,
-            "regressed": self.regressed(),
+            "regressed": self.regressed,
             "commits": commits,
             "comparison": render::json(&self.overall.cmp, &self.overall.attributed),
             "steps": steps,
