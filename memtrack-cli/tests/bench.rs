@@ -553,6 +553,37 @@ fn chain_names_the_commit_of_each_step() {
     assert_eq!(worktrees.lines().count(), 1, "{worktrees}");
 }
 
+/// --chain with a range that is not BASE..HEAD along HEAD's history: exit 2, saying why and
+/// what to give, before anything is built.
+fn chain_refuses_a_bad_range() {
+    let (_turn, dir) = project();
+    for (range, why) in [
+        (
+            "HEAD~1...HEAD",
+            "`...` is a symmetric difference: give BASE..HEAD, BASE an ancestor of HEAD",
+        ),
+        (
+            "HEAD~1",
+            "expected BASE..HEAD (two revisions joined by `..`)",
+        ),
+        (
+            "no-such..HEAD",
+            "no commit \"no-such\" here: name a branch, tag or commit",
+        ),
+        (
+            "HEAD..HEAD",
+            "the range holds no commit: give BASE older than HEAD",
+        ),
+    ] {
+        let out = bench(dir, &["--chain", range], &[]);
+        assert_eq!(out.status.code(), Some(2), "{range}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stderr),
+            format!("memtrack: error: --chain {range}: {why}\n")
+        );
+    }
+}
+
 fn main() {
     run(vec![
         test(
@@ -567,6 +598,7 @@ fn main() {
             "chain_names_the_commit_of_each_step",
             chain_names_the_commit_of_each_step,
         ),
+        test("chain_refuses_a_bad_range", chain_refuses_a_bad_range),
         test(
             "base_is_refused_without_a_commit",
             base_is_refused_without_a_commit,
