@@ -190,24 +190,41 @@ fn second_name() {
     black_box(Vec::<u8>::with_capacity(20));
 }
 
-/// A call of another name finishes the open recording (three calls, complete), and so does a
-/// session started by hand, which then runs.
-fn another_name_or_a_session_finishes_the_open_recording() {
+/// A call of another name sets the open recording aside, and so does a session started by
+/// hand, which then runs: no artifact until the recordings finish, then each name's holds
+/// every call of it.
+fn another_name_or_a_session_sets_the_open_recording_aside() {
     for _ in 0..3 {
         first_name();
     }
     second_name();
-    let (r, _) = read("first_name");
-    let fin = r.final_metadata().unwrap();
-    assert_eq!((fin.iterations, fin.totals.allocations), (Some(3), 3));
+    let artifact = |name: &str| dir().join(format!("{name}.memtrack"));
+    assert!(!artifact("first_name").exists());
     let s = SessionBuilder::new("by_hand")
         .backend(BackendChoice::Alloc)
         .quiet(true)
         .start()
         .expect("a session started by hand makes way");
-    let (r, _) = read("second_name");
-    assert_eq!(r.final_metadata().unwrap().iterations, Some(1));
     s.finish().unwrap();
+    first_name();
+    assert!(!artifact("second_name").exists());
+    let report = memtrack::finish_calls().unwrap().expect("open");
+    assert_eq!(
+        (
+            report.name.as_str(),
+            report.iterations,
+            report.allocations()
+        ),
+        ("first_name", Some(4), 4)
+    );
+    for (name, calls) in [("first_name", 4), ("second_name", 1)] {
+        let (r, _) = read(name);
+        let fin = r.final_metadata().unwrap();
+        assert_eq!(
+            (fin.iterations, fin.totals.allocations),
+            (Some(calls), calls)
+        );
+    }
     assert!(memtrack::finish_calls().unwrap().is_none());
 }
 
@@ -267,52 +284,90 @@ fn the_recording_is_finished_at_exit() {
     }
 }
 
-/// Calls of two names in turn: each call finishes the other's recording, so each restart
-/// replaces the artifact of its name; memtrack says so, once per name, and the artifacts hold
-/// the last recording of each (one call).
-fn alternating_names_are_warned_about_once_each() {
+#[memtrack(name = "first_ebpf", backend = "ebpf")]
+fn first_ebpf() {
+    black_box(Vec::<u8>::with_capacity(10));
+}
+
+#[memtrack(name = "second_ebpf", backend = "ebpf")]
+fn second_ebpf() {
+    black_box(Vec::<u8>::with_capacity(20));
+}
+
+/// Calls of two names in turn, three times, in a child process: each name's artifact holds its
+/// three calls (its parts joined at exit), each call exactly its one allocation from one call
+/// site, with one summary line per name and no file left beside the artifacts.
+fn alternating_names_each_keep_every_call(backend: &str) {
     let out_dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .arg("--calls-child-alternate")
+        .arg(format!("--calls-child-alternate-{backend}"))
         .env("MEMTRACK_DIR", out_dir.path())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let warnings: Vec<&str> = stderr
+    let lines: Vec<&str> = stderr
         .lines()
-        .filter(|l| l.starts_with("memtrack: warning:"))
+        .filter(|l| l.starts_with("memtrack:"))
         .collect();
-    let warning = |name: &str, by: &str| {
-        format!(
-            "memtrack: warning: {name}: a call of {by} finished its recording, and this call \
-             starts a new one that replaces its artifact: one recording of calls is open at a \
-             time (call each function's calls together, or in processes of their own)"
-        )
+    let (first, second) = match backend {
+        "alloc" => ("first_name", "second_name"),
+        _ => ("first_ebpf", "second_ebpf"),
     };
+    assert_eq!(lines.len(), 2, "{stderr}");
+    for (line, name) in lines.iter().zip([first, second]) {
+        assert!(
+            line.starts_with(&format!("memtrack: {name} — 3 calls")),
+            "{stderr}"
+        );
+    }
+    let mut files: Vec<String> = std::fs::read_dir(out_dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
     assert_eq!(
-        warnings,
-        [
-            warning("first_name", "second_name"),
-            warning("second_name", "first_name")
-        ],
-        "{stderr}"
+        files,
+        [format!("{first}.memtrack"), format!("{second}.memtrack")]
     );
-    // Six recordings, each finished with its summary line.
-    let summaries = stderr.lines().filter(|l| l.contains(" — ")).count();
-    assert_eq!(summaries, 6, "{stderr}");
-    for name in ["first_name", "second_name"] {
-        let r = Reader::open(out_dir.path().join(format!("{name}.memtrack"))).unwrap();
-        assert_eq!(r.final_metadata().unwrap().iterations, Some(1), "{name}");
+    for (name, size) in [(first, 10), (second, 20)] {
+        let (r, events) =
+            memtrack_test_support::read_complete(&out_dir.path().join(format!("{name}.memtrack")));
+        assert_eq!(r.final_metadata().unwrap().iterations, Some(3), "{name}");
+        let calls = iterations(&events);
+        let counted: Vec<(u64, u64)> = calls
+            .iter()
+            .map(|evs| {
+                let c = memtrack_test_support::count(evs);
+                (c.allocations, c.bytes_allocated)
+            })
+            .collect();
+        assert_eq!(counted, [(1, size); 3], "{name}");
+        // One call site: the parts' stacks are one stack of the joined table.
+        let mut stacks: Vec<_> = events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Malloc { .. }))
+            .map(|e| e.stack)
+            .collect();
+        stacks.dedup();
+        assert_eq!(stacks.len(), 1, "{name}: {stacks:?}");
+        assert!(r.stack(stacks[0]).is_ok(), "{name}");
     }
 }
 
 fn main() {
     let child = std::env::args().nth(1);
-    if child.as_deref() == Some("--calls-child-alternate") {
+    if child.as_deref() == Some("--calls-child-alternate-alloc") {
         for _ in 0..3 {
             first_name();
             second_name();
+        }
+        return;
+    }
+    if child.as_deref() == Some("--calls-child-alternate-ebpf") {
+        for _ in 0..3 {
+            first_ebpf();
+            second_ebpf();
         }
         return;
     }
@@ -340,8 +395,8 @@ fn main() {
             a_call_over_its_limits_fails_at_that_call,
         ),
         test(
-            "another_name_or_a_session_finishes_the_open_recording",
-            another_name_or_a_session_finishes_the_open_recording,
+            "another_name_or_a_session_sets_the_open_recording_aside",
+            another_name_or_a_session_sets_the_open_recording_aside,
         ),
         test(
             "calls_from_threads_take_turns",
@@ -351,9 +406,13 @@ fn main() {
             "the_recording_is_finished_at_exit",
             the_recording_is_finished_at_exit,
         ),
-        test(
-            "alternating_names_are_warned_about_once_each",
-            alternating_names_are_warned_about_once_each,
+        test("alternating_names_each_keep_every_call_alloc", || {
+            alternating_names_each_keep_every_call("alloc")
+        }),
+        requires(
+            "alternating_names_each_keep_every_call_ebpf",
+            &[TRACKER],
+            || alternating_names_each_keep_every_call("ebpf"),
         ),
     ]);
 }

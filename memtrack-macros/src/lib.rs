@@ -42,8 +42,8 @@ use proc_macro::TokenStream;
 /// Records every allocation the function's body makes. The calls of one function in a process
 /// are one recording of N calls: one artifact (each call bounded, so `memtrack show` and
 /// `compare` give per-call figures) and one summary line, printed when the recording is
-/// finished (`memtrack::finish_calls()`, a recording of another name, or the end of the
-/// process). Limits hold per call: a call that breaks one panics when its body returns, at the
+/// finished (`memtrack::finish_calls()` or the end of the process), even when calls of other
+/// `#[memtrack]` functions come in between. Limits hold per call: a call that breaks one panics when its body returns, at the
 /// function's location. See the crate docs for the options.
 #[proc_macro_attribute]
 pub fn memtrack(args: TokenStream, item: TokenStream) -> TokenStream {

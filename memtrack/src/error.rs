@@ -131,6 +131,22 @@ pub enum Error {
         /// Every limit it did not keep, with the measured numbers.
         violations: Vec<crate::limits::Violation>,
     },
+    /// The parts of a recording of calls (set aside by calls of other names) could not be
+    /// joined into its artifact; the parts' files are kept.
+    #[error(
+        "{name}: its {} parts could not be joined into one artifact ({source}); they are kept as \
+         {}, which `memtrack show` reads one by one",
+        kept.len(),
+        kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    PartsNotJoined {
+        /// The recording's name.
+        name: String,
+        /// The parts' files, in the order they were recorded.
+        kept: Vec<std::path::PathBuf>,
+        /// Why they could not be joined.
+        source: Box<Error>,
+    },
 }
 
 /// The message of `Display`: `NoBackend` alone tells a user nothing, its message says the fix.

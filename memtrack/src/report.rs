@@ -133,6 +133,15 @@ impl Report {
         }
     }
 
+    /// Prints the summary line on stderr, and the note on short stacks if there is one: what
+    /// a session that is not quiet says when it finishes.
+    pub(crate) fn announce(&self) {
+        eprintln!("{}", self.summary_line());
+        if let Some(note) = self.short_stacks_note() {
+            eprintln!("memtrack: {note}");
+        }
+    }
+
     /// The one-line summary printed when a session ends, e.g.
     /// `memtrack: parse_json — 12,345 allocations, 1.2 MiB allocated in total; peak live heap
     /// 512.0 KiB; still live at the end: 5 blocks (320 B); no events lost; scope: this thread

@@ -18,6 +18,7 @@
 
 mod calls;
 mod lifecycle;
+mod parts;
 
 pub(crate) use calls::resume_open;
 pub use calls::{Call, finish_calls};
@@ -41,6 +42,7 @@ use crate::report::Report;
 use crate::scope::Scope;
 use crate::tracker::{ProbeHold, Tracker};
 use lifecycle::{Lifecycle, Refused, Turn};
+use parts::{Part, PartArtifact};
 
 /// The sessions of this process take turns (each recorder records one session at a time); a
 /// session that ends while another waits hands it the attached eBPF probes. See [`lifecycle`].
@@ -89,6 +91,9 @@ pub struct SessionBuilder {
     in_memory: bool,
     lock_waits: bool,
     stack_depth: u32,
+    /// Started for a recording of calls ([`calls`]): an in-memory one keeps its artifact in
+    /// memory, since a call of another name may set it aside to be joined with later parts.
+    accumulating: bool,
 }
 
 /// Which recorder a session uses. A session uses exactly one, so no allocation is ever
@@ -171,6 +176,7 @@ impl SessionBuilder {
             in_memory: false,
             lock_waits: false,
             stack_depth: crate::recorder::DEFAULT_STACK_DEPTH,
+            accumulating: false,
         }
     }
 
@@ -335,8 +341,9 @@ impl SessionBuilder {
     /// each call ends with [`Call::end`]. The recording writes one artifact holding every
     /// call, its iterations the calls ([`IterationSpread`](crate::analysis::IterationSpread) in its
     /// totals gives each call's spread), and prints one summary line when finished: at
-    /// [`finish_calls`], when a call of another name or a session started by hand needs the
-    /// recorder, or when the process exits. This is what `#[memtrack]` does. Limits are checked
+    /// [`finish_calls`] or when the process exits. A call of another name or a session started
+    /// by hand sets the recording aside, and the next call records its next part: the artifact
+    /// holds every call. This is what `#[memtrack]` does. Limits are checked
     /// per call. The first call's options hold for the whole recording.
     ///
     /// # Errors
@@ -348,7 +355,8 @@ impl SessionBuilder {
     }
 
     /// Starts the session of an accumulating recording ([`calls`]), waiting for its turn.
-    fn start_accumulating(self) -> Result<Session> {
+    fn start_accumulating(mut self) -> Result<Session> {
+        self.accumulating = true;
         self.start_turn(true)
     }
 
@@ -434,8 +442,10 @@ impl SessionBuilder {
         };
         let recorder = Recorder::ready(backend, &options)?;
         // An in-memory session that records lock waits keeps its artifact in memory until it
-        // finishes: the waits are computed from it, as from a file.
-        let memory = (self.in_memory && self.lock_waits).then(|| Arc::new(Mutex::new(Vec::new())));
+        // finishes: the waits are computed from it, as from a file; so does one of a
+        // recording of calls, whose parts may be joined.
+        let memory = (self.in_memory && (self.lock_waits || self.accumulating))
+            .then(|| Arc::new(Mutex::new(Vec::new())));
         let (path, output, file) = if let Some(m) = &memory {
             (None, None, Out::Memory(Arc::clone(m)))
         } else if self.in_memory {
@@ -467,7 +477,8 @@ impl SessionBuilder {
             meta,
             iterations: None,
             turn: None,
-            lock_waits: self.lock_waits.then_some(memory),
+            lock_waits: self.lock_waits,
+            memory,
         };
         // Recording starts last: nothing here may allocate or free after it (the metadata is
         // kept in the session and freed after recording stops). On error, dropping the
@@ -495,9 +506,11 @@ pub struct Session {
     iterations: Option<u64>,
     /// This session's turn in [`SESSIONS`]; ended when the recording has stopped.
     turn: Option<Turn<'static, ProbeHold>>,
-    /// Whether it records lock waits (`Some`), and for an in-memory session the artifact it
-    /// keeps to compute them from.
-    lock_waits: Option<Option<Arc<Mutex<Vec<u8>>>>>,
+    /// Whether it records lock waits.
+    lock_waits: bool,
+    /// The artifact of an in-memory session that keeps it (one recording lock waits, or
+    /// calls).
+    memory: Option<Arc<Mutex<Vec<u8>>>>,
 }
 
 /// Where a session's events go once encoded: its temporary file, nowhere (in memory), or into
@@ -615,6 +628,11 @@ impl Session {
         Ok(self.recording()?.resume()?)
     }
 
+    /// Whether the eBPF tracker records it.
+    fn records_with_ebpf(&self) -> bool {
+        self.recording.as_ref().is_some_and(Recording::is_ebpf)
+    }
+
     /// Events lost so far.
     fn lost_events_so_far(&self) -> Result<u64> {
         Ok(self.recording()?.lost_so_far()?)
@@ -660,6 +678,34 @@ impl Session {
     }
 
     fn finish_inner(&mut self) -> Result<Report> {
+        let (report, _) = self.stop(true)?;
+        if !self.quiet {
+            report.announce();
+        }
+        enforce(&self.limits, report)
+    }
+
+    /// Finishes the session as a part of a recording of calls that is set aside: its artifact
+    /// finished but not put in place, no summary line, no lock waits (both come when the parts
+    /// are joined).
+    fn finish_part(mut self) -> Result<Part> {
+        let (report, output) = self.stop(false)?;
+        let artifact = match (output, self.memory.take()) {
+            (Some(output), _) => PartArtifact::File(output),
+            (None, Some(memory)) => PartArtifact::Memory(memory),
+            (None, None) => unreachable!("a session of calls keeps its artifact"),
+        };
+        Ok(Part {
+            artifact,
+            report,
+            quiet: self.quiet,
+            lock_waits: self.lock_waits,
+        })
+    }
+
+    /// Stops recording and returns the report: with `commit`, the artifact put in place and
+    /// the lock waits computed; without, the finished artifact's [`Output`] handed back.
+    fn stop(&mut self, commit: bool) -> Result<(Report, Option<Output>)> {
         let Some(mut recording) = self.recording.take() else {
             return Err(Error::SessionFinished);
         };
@@ -676,14 +722,16 @@ impl Session {
         };
         let output = self.output.take();
         let result = recording.stop().map_err(Error::from).and_then(|recorded| {
-            if let Some(output) = output {
-                output.commit()?;
-            }
-            let lock_waits = self
-                .lock_waits
-                .as_ref()
-                .map(|memory| session_lock_waits(self.path.as_deref(), memory.as_deref()));
-            Ok(Report {
+            let kept = match output {
+                Some(output) if commit => {
+                    output.commit()?;
+                    None
+                }
+                output => output,
+            };
+            let lock_waits = (self.lock_waits && commit)
+                .then(|| session_lock_waits(self.path.as_deref(), self.memory.as_deref()));
+            let report = Report {
                 name: self.name.clone(),
                 path: self.path.clone(),
                 duration,
@@ -692,20 +740,13 @@ impl Session {
                 iterations: self.iterations,
                 recorded,
                 lock_waits,
-            })
+            };
+            Ok((report, kept))
         });
         if let Some(turn) = self.turn.take() {
             turn.end(hold);
         }
-        if let Ok(report) = &result
-            && !self.quiet
-        {
-            eprintln!("{}", report.summary_line());
-            if let Some(note) = report.short_stacks_note() {
-                eprintln!("memtrack: {note}");
-            }
-        }
-        result.and_then(|report| enforce(&self.limits, report))
+        result
     }
 }
 

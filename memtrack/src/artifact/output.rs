@@ -345,6 +345,19 @@ impl Output {
         })
     }
 
+    /// Keeps the temporary file where it is, under its own name, instead of removing it when
+    /// dropped: for a finished output that cannot be put in place. Returns its path (the
+    /// target's for an output written in place).
+    pub fn keep(self) -> PathBuf {
+        match self.dest {
+            Dest::Temp(t) => match t.keep() {
+                Ok((_, path)) => path,
+                Err(e) => e.file.path().to_path_buf(),
+            },
+            Dest::InPlace(_) => self.target,
+        }
+    }
+
     /// Puts the finished output in place: syncs the temporary file to disk and renames it over
     /// the target (a reader sees the old file or the new one, never a part). Returns the
     /// target's path. If the rename fails, the finished file is kept and the error names it.

@@ -3,47 +3,59 @@
 //! N calls, one artifact holding every call, each bounded by iteration marks.
 //!
 //! ```text
-//!   call(name) ─▶ first call of `name`: finish the open recording of another name (its
-//!                 summary line), start a session; later calls: resume the paused one
+//!   call(name) ─▶ first call of `name`: set the open recording of another name aside (its
+//!                 part so far, finished), start a session (a new part of `name`'s recording
+//!                 if it was set aside); later calls: resume the paused one
 //!   Call::end() ─▶ pause (the recorder's Paused stage); with limits, check this call's figures
-//!   finish_calls(), process exit ─▶ finish the open recording: one summary line per name
+//!   finish_calls(), process exit ─▶ finish every recording: its parts joined into its
+//!                 artifact (`parts`), one summary line per name
 //! ```
-//! One recording is open at a time, like one session: a call of another name, or a session
-//! started by hand, finishes it first (then a later call of the first name starts its artifact
-//! again). One call runs at a time; a call from another thread waits for the running one.
+//! One recording records at a time, like one session: a call of another name, or a session
+//! started by hand, sets the open one aside, and a later call of its name records its next
+//! part; the artifact holds every call of the name, as if the recording had paused in
+//! between. One call runs at a time; a call from another thread waits for the running one.
 //! Between calls the recorder records nothing, the allocator wrapper costs what it costs idle,
 //! and the eBPF probes are detached once idle for [`IDLE_GRACE`](crate::tracker::IDLE_GRACE).
 
 use std::sync::{Condvar, Mutex, MutexGuard, Once};
 
+use super::parts::{Part, join};
 use super::{Session, SessionBuilder};
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::report::Report;
+use crate::tracker::Tracker;
 
 /// The open recording of accumulated calls, and whether a call of it runs.
 struct Calls {
     open: Option<Open>,
     /// A call runs (or a recording is being started or finished): other callers wait.
     busy: bool,
-    /// Names whose recording a call of another name finished, with that name; and the names
-    /// already warned about starting again.
-    displaced: Vec<(String, String)>,
-    warned: Vec<String>,
+    /// Recordings set aside by a call of another name or a session started by hand, in the
+    /// order they were: their finished parts, joined when the recordings finish.
+    aside: Vec<Aside>,
 }
 
 struct Open {
     name: String,
     session: Session,
-    /// Calls begun so far.
+    /// Calls begun so far in this part.
+    calls: u64,
+    /// The recording's parts before this one (set aside), and their calls.
+    earlier: Vec<Part>,
+    calls_before: u64,
+}
+
+struct Aside {
+    name: String,
+    parts: Vec<Part>,
     calls: u64,
 }
 
 static CALLS: Mutex<Calls> = Mutex::new(Calls {
     open: None,
     busy: false,
-    displaced: Vec::new(),
-    warned: Vec::new(),
+    aside: Vec::new(),
 });
 static CHANGED: Condvar = Condvar::new();
 static AT_EXIT: Once = Once::new();
@@ -113,26 +125,33 @@ fn resume(mut g: MutexGuard<'static, Calls>, limits: Limits) -> Result<Call> {
     }
 }
 
-/// Begins a call of `builder`'s name: resumes the open recording of that name, or finishes
-/// the open one of another name and starts this name's.
+/// Begins a call of `builder`'s name: resumes the open recording of that name, or sets the
+/// open one of another name aside and starts a part of this name's recording.
 pub(super) fn call(mut builder: SessionBuilder) -> Result<Call> {
     // Checked per call, never against the recording's totals.
     let limits = std::mem::take(&mut builder.limits);
-    let g = claim();
+    let mut g = claim();
     if g.open.as_ref().is_some_and(|o| o.name == builder.name) {
         return resume(g, limits);
     }
-    let mut g = g;
     let previous = g.open.take();
-    if let Some(p) = &previous {
-        g.displaced.push((p.name.clone(), builder.name.clone()));
-    }
-    warn_if_displaced(&mut g, &builder.name);
-    // Neither finishing nor starting holds the lock: a session being started waits for its
-    // turn, and callers wait on `busy` instead.
+    let earlier = g
+        .aside
+        .iter()
+        .position(|a| a.name == builder.name)
+        .map(|i| g.aside.remove(i));
+    // Neither setting aside nor starting holds the lock: a session being started waits for
+    // its turn, and callers wait on `busy` instead.
     drop(g);
+    // The eBPF probes stay attached from the recording set aside to the one starting, as a
+    // session hands them to the next (detaching and attaching again would cost ~70 ms).
+    let hold = previous
+        .as_ref()
+        .filter(|p| p.session.records_with_ebpf())
+        .and_then(|_| Tracker::loaded())
+        .and_then(|t| t.hold().ok());
     if let Some(previous) = previous {
-        finish_open(previous);
+        set_aside(previous);
     }
     AT_EXIT.call_once(|| {
         // SAFETY: registers a function with no arguments that never unwinds out of it.
@@ -145,43 +164,64 @@ pub(super) fn call(mut builder: SessionBuilder) -> Result<Call> {
     let started = builder
         .start_accumulating()
         .and_then(|s| s.pause(false).map(|()| s));
+    drop(hold);
     let mut g = lock();
+    let (earlier, calls_before) = earlier.map_or((Vec::new(), 0), |a| (a.parts, a.calls));
     match started {
         Ok(session) => {
             g.open = Some(Open {
                 name,
                 session,
                 calls: 0,
+                earlier,
+                calls_before,
             });
             resume(g, limits)
         }
         Err(e) => {
+            // The earlier parts stay a recording of their own calls.
+            g.aside.push(Aside {
+                name,
+                parts: earlier,
+                calls: calls_before,
+            });
+            g.aside.retain(|a| !a.parts.is_empty());
             release(g);
             Err(e)
         }
     }
 }
 
-/// Warns, once per name, that `name`'s recording starts again in this process: its artifact
-/// will hold only the calls from now on, since a call of another name finished the first.
-fn warn_if_displaced(g: &mut Calls, name: &str) {
-    let Some(by) = g
-        .displaced
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, by)| by.clone())
-    else {
-        return;
-    };
-    if g.warned.iter().any(|n| n == name) {
-        return;
+/// Sets `open` aside: its session finishes as a part, kept with the earlier ones until the
+/// recording finishes. If it cannot finish, the error is printed and the earlier parts are
+/// finished now, as the recording of the calls before.
+fn set_aside(open: Open) {
+    let Open {
+        name,
+        mut session,
+        calls,
+        mut earlier,
+        calls_before,
+    } = open;
+    session.set_iterations(calls);
+    match session.finish_part() {
+        Ok(part) => {
+            earlier.push(part);
+            lock().aside.push(Aside {
+                name,
+                parts: earlier,
+                calls: calls_before + calls,
+            });
+        }
+        Err(e) => {
+            eprintln!("memtrack: {name}: {e}");
+            if !earlier.is_empty()
+                && let Err(e) = join(&name, earlier)
+            {
+                eprintln!("memtrack: {name}: {e}");
+            }
+        }
     }
-    g.warned.push(name.to_string());
-    eprintln!(
-        "memtrack: warning: {name}: a call of {by} finished its recording, and this call starts \
-         a new one that replaces its artifact: one recording of calls is open at a time (call \
-         each function's calls together, or in processes of their own)"
-    );
 }
 
 impl Call {
@@ -221,7 +261,7 @@ impl Call {
             }
             Err(Error::CallLimitExceeded {
                 name: open.name.clone(),
-                call: open.calls,
+                call: open.calls_before + open.calls,
                 path: open.session.path().map(ToOwned::to_owned),
                 iteration: Box::new(iteration),
                 violations,
@@ -240,25 +280,26 @@ impl Drop for Call {
     }
 }
 
-/// Finishes the open recording of accumulated calls (waiting for a running call to end):
-/// writes its artifact, prints its summary line, and returns its report. `None` if no
-/// recording of calls is open.
+/// Finishes every recording of calls of the process (waiting for a running call to end):
+/// joins each one's parts into its artifact and prints its summary line, and returns the
+/// report of the open one (the name called last). `None` if no recording of calls is open.
 ///
 /// # Errors
 ///
-/// As [`Session::finish`](crate::Session::finish): the recorder's or the encoder's error, or
-/// the artifact's.
+/// As [`Session::finish`](crate::Session::finish), for the open recording: the recorder's or
+/// the encoder's error, or the artifact's. Those of recordings set aside are printed.
 pub fn finish_calls() -> Result<Option<Report>> {
     let mut g = claim();
-    let open = g.open.take();
+    let (open, aside) = (g.open.take(), std::mem::take(&mut g.aside));
     drop(g);
-    let report = open.map(finish_session).transpose();
+    let report = finish_all(open, aside).transpose();
     release(lock());
     report
 }
 
-/// Makes way for a session started by hand: finishes the open recording of calls, waiting
-/// for a running call to end (`wait`) or refusing while one runs.
+/// Makes way for a session started by hand: sets the open recording of calls aside (its
+/// next call starts its next part), waiting for a running call to end (`wait`) or refusing
+/// while one runs.
 pub(super) fn make_way(wait: bool, requested: &str) -> Result<()> {
     let g = lock();
     if g.open.is_none() {
@@ -273,41 +314,60 @@ pub(super) fn make_way(wait: bool, requested: &str) -> Result<()> {
     }
     let open = claim_in(g).open.take();
     if let Some(open) = open {
-        finish_open(open);
+        set_aside(open);
     }
     release(lock());
     Ok(())
 }
 
-fn finish_session(open: Open) -> Result<Report> {
+/// Finishes the recordings set aside (printing their errors), then the open one, returning
+/// its result.
+fn finish_all(open: Option<Open>, aside: Vec<Aside>) -> Option<Result<Report>> {
+    for Aside { name, parts, .. } in aside {
+        if let Err(e) = join(&name, parts) {
+            eprintln!("memtrack: {name}: {e}");
+        }
+    }
+    open.map(finish_open)
+}
+
+/// Finishes the open recording: its session's artifact is the recording's, or its last part.
+fn finish_open(open: Open) -> Result<Report> {
     let Open {
-        mut session, calls, ..
+        name,
+        mut session,
+        calls,
+        mut earlier,
+        ..
     } = open;
     session.set_iterations(calls);
-    session.finish()
-}
-
-/// Finishes a recording that another name's call or a hand-started session replaces: its
-/// summary line is printed by the session; an error is printed here, as a dropped session's.
-fn finish_open(open: Open) {
-    let name = open.name.clone();
-    if let Err(e) = finish_session(open) {
-        eprintln!("memtrack: {name}: {e}");
+    if earlier.is_empty() {
+        return session.finish();
     }
+    earlier.push(session.finish_part()?);
+    join(&name, earlier)
 }
 
-/// At process exit: finishes the open recording on a thread of its own (the exiting thread's
+/// At process exit: finishes every recording on a thread of its own (the exiting thread's
 /// thread-locals may be gone), without waiting for a call that did not return.
 extern "C" fn finish_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        let open = lock().open.take();
-        if let Some(open) = open {
-            let finished = std::thread::Builder::new()
-                .name("memtrack-exit".into())
-                .spawn(move || finish_open(open));
-            if let Ok(t) = finished {
-                let _ = t.join();
-            }
+        let mut g = lock();
+        let (open, aside) = (g.open.take(), std::mem::take(&mut g.aside));
+        drop(g);
+        if open.is_none() && aside.is_empty() {
+            return;
+        }
+        let finished = std::thread::Builder::new()
+            .name("memtrack-exit".into())
+            .spawn(move || {
+                let name = open.as_ref().map(|o| o.name.clone());
+                if let (Some(Err(e)), Some(name)) = (finish_all(open, aside), name) {
+                    eprintln!("memtrack: {name}: {e}");
+                }
+            });
+        if let Ok(t) = finished {
+            let _ = t.join();
         }
     });
 }
