@@ -12,6 +12,11 @@
 //! each round (which starts the recording) is in the warm-up, and so is the eBPF recorder's
 //! attach.
 //!
+//! Then the cost of calls of two functions in turn (`a(); b(); a(); …`): each call sets the
+//! other's recording aside (its part finished, a session started for the next part), and
+//! finishing joins each name's parts into its artifact. It is reported, not gated: it is a
+//! session's stop and start per switch, which the docs state.
+//!
 //! ```text
 //! cargo bench --bench calls -- [CALLS] [ROUNDS]
 //! ```
@@ -78,6 +83,55 @@ fn round(tracked: fn(), calls: u32) -> (f64, f64) {
     (per(tw, bw), per(tc, bc))
 }
 
+#[memtrack(backend = "alloc", name = "calls_bench_turn_a_alloc")]
+fn turn_a_alloc() {
+    body();
+}
+
+#[memtrack(backend = "alloc", name = "calls_bench_turn_b_alloc")]
+fn turn_b_alloc() {
+    body();
+}
+
+#[memtrack(backend = "ebpf", name = "calls_bench_turn_a_ebpf")]
+fn turn_a_ebpf() {
+    body();
+}
+
+#[memtrack(backend = "ebpf", name = "calls_bench_turn_b_ebpf")]
+fn turn_b_ebpf() {
+    body();
+}
+
+/// Two functions called in turn on one recorder, `switches` times.
+struct Turns {
+    label: &'static str,
+    a: fn(),
+    b: fn(),
+    switches: u32,
+}
+
+/// `switches` calls alternating between `a` and `b`: (wall µs per switch, wall ms to finish,
+/// joining each name's `switches / 2` parts).
+fn in_turn(a: fn(), b: fn(), switches: u32) -> (f64, f64) {
+    let (w, _) = timed(|| {
+        for _ in 0..switches / 2 {
+            a();
+            b();
+        }
+    });
+    let start = Instant::now();
+    let report = memtrack::finish_calls()
+        .expect("the recordings finish")
+        .expect("one was open");
+    let finish = start.elapsed();
+    assert_eq!(report.iterations, Some(u64::from(switches / 2)));
+    (
+        w.as_secs_f64() * 1e6 / f64::from(switches),
+        finish.as_secs_f64() * 1e3,
+    )
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -129,6 +183,35 @@ fn main() {
         println!(
             "  {label:5}  wall {mw:8.0} [{wl:.0}–{wh:.0}]  process CPU {mc:8.0} [{cl:.0}–{ch:.0}]  \
              ({verdict} the {target:.0} ns target)"
+        );
+    }
+    let mut turns = vec![Turns {
+        label: "alloc",
+        a: turn_a_alloc,
+        b: turn_b_alloc,
+        switches: 200,
+    }];
+    if ebpf {
+        turns.push(Turns {
+            label: "ebpf",
+            a: turn_a_ebpf,
+            b: turn_b_ebpf,
+            switches: 40,
+        });
+    }
+    println!("calls of two functions in turn (each call sets the other's recording aside)");
+    for Turns {
+        label,
+        a,
+        b,
+        switches,
+    } in turns
+    {
+        let (per, finish) = in_turn(a, b, switches);
+        println!(
+            "  {label:5}  {per:8.0} µs per switch ({switches} switches); finishing, joining \
+             {} parts per name: {finish:.0} ms",
+            switches / 2
         );
     }
     if missed {
