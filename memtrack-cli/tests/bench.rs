@@ -582,6 +582,31 @@ fn chain_refuses_a_bad_range() {
             format!("memtrack: error: --chain {range}: {why}\n")
         );
     }
+    // A BASE that HEAD reaches only through a merge's second parent: the chain of HEAD's first
+    // parents never passes through it.
+    let side = tmp().join("side");
+    let _ = std::fs::remove_dir_all(&side);
+    git(
+        tmp().as_path(),
+        &["clone", "-q", &dir.display().to_string(), "side"],
+    );
+    git(&side, &["checkout", "-qb", "side", "HEAD~1"]);
+    git(&side, &["commit", "-q", "--allow-empty", "-m", "side"]);
+    git(&side, &["checkout", "-q", "main"]);
+    git(&side, &["merge", "-q", "--no-ff", "-m", "merge", "side"]);
+    let first = text(&git(&side, &["rev-parse", "HEAD~2"]).stdout);
+    let out = bench(&side, &["--chain", "side..main"], &[]);
+    let _ = std::fs::remove_dir_all(&side);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "memtrack: error: --chain side..main: side is not on main's first-parent line (its \
+             first commit after the range's start has parent {}): name a BASE that main \
+             descends from by first parents\n",
+            first.trim()
+        )
+    );
 }
 
 fn main() {
