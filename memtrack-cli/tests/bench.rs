@@ -609,6 +609,37 @@ fn chain_refuses_a_bad_range() {
     );
 }
 
+/// A build-id directory that cannot be made (a file in its place): the run fails, naming the
+/// executable it could not keep and the directory it could not create.
+fn a_copy_that_cannot_be_kept_is_an_error() {
+    let (_turn, dir) = project();
+    let out_dir = tmp().join("unkept");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    std::fs::create_dir_all(&out_dir).unwrap();
+    std::fs::write(out_dir.join(".build-id"), "a file").unwrap();
+    let out = bench(
+        dir,
+        &["--backend", "alloc", "--out", out_dir.to_str().unwrap()],
+        &[],
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    let (exe, rest) = last
+        .strip_prefix("memtrack: error: cannot keep a copy of ")
+        .and_then(|l| l.split_once(": creating "))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        Path::new(exe)
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("tokenize-"))
+            && rest.starts_with(&format!("{}/.build-id/", out_dir.display()))
+            && last.ends_with(": Not a directory (os error 20)"),
+        "{stderr}"
+    );
+}
+
 fn main() {
     run(vec![
         test(
@@ -624,6 +655,10 @@ fn main() {
             chain_names_the_commit_of_each_step,
         ),
         test("chain_refuses_a_bad_range", chain_refuses_a_bad_range),
+        test(
+            "a_copy_that_cannot_be_kept_is_an_error",
+            a_copy_that_cannot_be_kept_is_an_error,
+        ),
         test(
             "base_is_refused_without_a_commit",
             base_is_refused_without_a_commit,

@@ -187,7 +187,7 @@ impl Suite {
 /// Copies `file` to `copy` (a new file, put in place only once whole).
 fn keep(file: &Path, copy: &Path) -> Result<(), String> {
     if let Some(dir) = copy.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
     let out = OutputFile::create(copy).map_err(|e| e.to_string())?;
     let mut from = std::fs::File::open(file).map_err(|e| e.to_string())?;
