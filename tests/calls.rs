@@ -228,6 +228,44 @@ fn another_name_or_a_session_sets_the_open_recording_aside() {
     assert!(memtrack::finish_calls().unwrap().is_none());
 }
 
+#[memtrack(name = "first_in_memory", backend = "alloc", in_memory)]
+fn first_in_memory() {
+    black_box(Vec::<u8>::with_capacity(10));
+}
+
+#[memtrack(name = "second_in_memory", backend = "alloc", in_memory)]
+fn second_in_memory() {
+    black_box(Vec::<u8>::with_capacity(20));
+}
+
+/// In-memory recordings set aside keep their parts in memory: joined, the open one's report
+/// has its three calls, each its one allocation.
+fn in_memory_names_in_turn_keep_every_call() {
+    for _ in 0..3 {
+        second_in_memory();
+        first_in_memory();
+    }
+    let report = memtrack::finish_calls().unwrap().expect("open");
+    assert_eq!(report.path, None);
+    assert_eq!(
+        (
+            report.name.as_str(),
+            report.iterations,
+            report.allocations()
+        ),
+        ("first_in_memory", Some(3), 3)
+    );
+    let p = report.totals().iteration_spread.unwrap();
+    assert_eq!(
+        (
+            p.allocations.min,
+            p.allocations.max,
+            p.bytes_allocated.total
+        ),
+        (1, 1, 30)
+    );
+}
+
 #[memtrack(name = "from_threads", backend = "alloc")]
 fn from_threads() {
     black_box(Vec::<u8>::with_capacity(48));
@@ -397,6 +435,10 @@ fn main() {
         test(
             "another_name_or_a_session_sets_the_open_recording_aside",
             another_name_or_a_session_sets_the_open_recording_aside,
+        ),
+        test(
+            "in_memory_names_in_turn_keep_every_call",
+            in_memory_names_in_turn_keep_every_call,
         ),
         test(
             "calls_from_threads_take_turns",

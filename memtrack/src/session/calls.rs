@@ -41,15 +41,25 @@ struct Open {
     session: Session,
     /// Calls begun so far in this part.
     calls: u64,
-    /// The recording's parts before this one (set aside), and their calls.
+    /// The recording's parts before this one (set aside).
     earlier: Vec<Part>,
-    calls_before: u64,
+}
+
+impl Open {
+    /// Calls begun so far in the whole recording: the earlier parts' and this one's.
+    fn calls_so_far(&self) -> u64 {
+        let before: u64 = self
+            .earlier
+            .iter()
+            .filter_map(|p| p.report.iterations)
+            .sum();
+        before + self.calls
+    }
 }
 
 struct Aside {
     name: String,
     parts: Vec<Part>,
-    calls: u64,
 }
 
 static CALLS: Mutex<Calls> = Mutex::new(Calls {
@@ -166,26 +176,19 @@ pub(super) fn call(mut builder: SessionBuilder) -> Result<Call> {
         .and_then(|s| s.pause(false).map(|()| s));
     drop(hold);
     let mut g = lock();
-    let (earlier, calls_before) = earlier.map_or((Vec::new(), 0), |a| (a.parts, a.calls));
     match started {
         Ok(session) => {
             g.open = Some(Open {
                 name,
                 session,
                 calls: 0,
-                earlier,
-                calls_before,
+                earlier: earlier.map_or_else(Vec::new, |a| a.parts),
             });
             resume(g, limits)
         }
         Err(e) => {
             // The earlier parts stay a recording of their own calls.
-            g.aside.push(Aside {
-                name,
-                parts: earlier,
-                calls: calls_before,
-            });
-            g.aside.retain(|a| !a.parts.is_empty());
+            g.aside.extend(earlier);
             release(g);
             Err(e)
         }
@@ -193,33 +196,43 @@ pub(super) fn call(mut builder: SessionBuilder) -> Result<Call> {
 }
 
 /// Sets `open` aside: its session finishes as a part, kept with the earlier ones until the
-/// recording finishes. If it cannot finish, the error is printed and the earlier parts are
-/// finished now, as the recording of the calls before.
+/// recording finishes. If it cannot finish, the error is printed (and the earlier parts are
+/// finished now, by [`with_last_part`]).
 fn set_aside(open: Open) {
     let Open {
         name,
-        mut session,
+        session,
         calls,
-        mut earlier,
-        calls_before,
+        earlier,
     } = open;
+    match with_last_part(&name, session, calls, earlier) {
+        Ok(parts) => lock().aside.push(Aside { name, parts }),
+        Err(e) => eprintln!("memtrack: {name}: {e}"),
+    }
+}
+
+/// `earlier` with `session` (of `calls` calls) finished as their last part. If it cannot
+/// finish, the earlier parts are joined now, as the recording of the calls before (nothing
+/// recorded is dropped), and the session's error is returned.
+fn with_last_part(
+    name: &str,
+    mut session: Session,
+    calls: u64,
+    mut earlier: Vec<Part>,
+) -> Result<Vec<Part>> {
     session.set_iterations(calls);
     match session.finish_part() {
         Ok(part) => {
             earlier.push(part);
-            lock().aside.push(Aside {
-                name,
-                parts: earlier,
-                calls: calls_before + calls,
-            });
+            Ok(earlier)
         }
         Err(e) => {
-            eprintln!("memtrack: {name}: {e}");
             if !earlier.is_empty()
-                && let Err(e) = join(&name, earlier)
+                && let Err(joined) = join(name, earlier)
             {
-                eprintln!("memtrack: {name}: {e}");
+                eprintln!("memtrack: {name}: {joined}");
             }
+            Err(e)
         }
     }
 }
@@ -261,7 +274,7 @@ impl Call {
             }
             Err(Error::CallLimitExceeded {
                 name: open.name.clone(),
-                call: open.calls_before + open.calls,
+                call: open.calls_so_far(),
                 path: open.session.path().map(ToOwned::to_owned),
                 iteration: Box::new(iteration),
                 violations,
@@ -323,7 +336,7 @@ pub(super) fn make_way(wait: bool, requested: &str) -> Result<()> {
 /// Finishes the recordings set aside (printing their errors), then the open one, returning
 /// its result.
 fn finish_all(open: Option<Open>, aside: Vec<Aside>) -> Option<Result<Report>> {
-    for Aside { name, parts, .. } in aside {
+    for Aside { name, parts } in aside {
         if let Err(e) = join(&name, parts) {
             eprintln!("memtrack: {name}: {e}");
         }
@@ -337,15 +350,13 @@ fn finish_open(open: Open) -> Result<Report> {
         name,
         mut session,
         calls,
-        mut earlier,
-        ..
+        earlier,
     } = open;
-    session.set_iterations(calls);
     if earlier.is_empty() {
+        session.set_iterations(calls);
         return session.finish();
     }
-    earlier.push(session.finish_part()?);
-    join(&name, earlier)
+    join(&name, with_last_part(&name, session, calls, earlier)?)
 }
 
 /// At process exit: finishes every recording on a thread of its own (the exiting thread's

@@ -14,11 +14,12 @@
 //! computation as for a recording that never paused for another name.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use super::{Out, session_lock_waits};
 use crate::artifact::{Final, FormatError, Output, ProcessInfo, Reader};
-use crate::encode::{Encoder, EncoderOptions};
+use crate::encode::{EncodeError, Encoder, EncoderOptions};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::recording::Recorded;
@@ -57,9 +58,10 @@ impl Part {
                 };
                 Reader::open(path)?
             }
-            PartArtifact::Memory(m) => {
-                Reader::from_bytes(m.lock().unwrap_or_else(|e| e.into_inner()).clone())?
-            }
+            // Read once, by the join that consumes the part: the bytes are taken, not copied.
+            PartArtifact::Memory(m) => Reader::from_bytes(std::mem::take(
+                &mut *m.lock().unwrap_or_else(|e| e.into_inner()),
+            ))?,
         };
         if reader.final_metadata().is_none() {
             return Err(FormatError::CorruptTrailer {
@@ -127,15 +129,16 @@ fn join_parts(name: &str, parts: &[Part]) -> Result<Report> {
         .iter()
         .map(|p| p.reader(name))
         .collect::<Result<Vec<_>>>()?;
-    let memory = target.is_none().then(|| Arc::new(Mutex::new(Vec::new())));
-    let (output, out) = match (&target, &memory) {
-        (Some(path), _) => {
+    let (output, out, memory) = match &target {
+        Some(path) => {
             let output = Output::create(path)?;
             let file = output.writer()?;
-            (Some(output), Out::File(file))
+            (Some(output), Out::File(file), None)
         }
-        (None, Some(m)) => (None, Out::Memory(Arc::clone(m))),
-        (None, None) => unreachable!("memory is made when there is no target"),
+        None => {
+            let memory = Arc::new(Mutex::new(Vec::new()));
+            (None, Out::Memory(Arc::clone(&memory)), Some(memory))
+        }
     };
     let (written, stacks) = reencode(&readers, out)?;
     if let Some(output) = output {
@@ -181,24 +184,7 @@ fn reencode(readers: &[Reader], out: Out) -> Result<(crate::encode::Written, u64
     for reader in readers {
         let mut ids = PartIds::default();
         for frame in 0..reader.frames().len() {
-            let defs = reader.frame_definitions(frame)?;
-            for (id, module) in defs.modules {
-                define_module(&mut enc, &mut tables, &mut ids, id, module)?;
-            }
-            for (id, stack) in defs.stacks {
-                if let Err(module) = define_stack(&mut enc, &mut tables, &mut ids, id, stack)? {
-                    return Err(FormatError::CorruptFrame {
-                        path: reader.path().to_path_buf(),
-                        frame: frame as u64,
-                        offset: reader.frames()[frame].offset,
-                        problem: format!(
-                            "stack {} has a frame in module {}, which no frame defines",
-                            id.0, module.0
-                        ),
-                    }
-                    .into());
-                }
-            }
+            define_frame(&mut enc, &mut tables, &mut ids, reader, frame)?;
             reader.decode_frame(frame, &mut events)?;
             for ev in &mut events {
                 if ev.stack.is_none() {
@@ -234,55 +220,64 @@ fn reencode(readers: &[Reader], out: Out) -> Result<(crate::encode::Written, u64
     Ok((written, tables.stacks.len() as u64))
 }
 
-/// Defines the part's module `id` in the joined table (once per distinct module).
-fn define_module(
+/// Defines frame `frame`'s modules and stacks in the joined tables, mapping the part's ids.
+fn define_frame(
     enc: &mut Encoder<Out>,
     tables: &mut Tables,
     ids: &mut PartIds,
-    id: ModuleId,
-    module: Module,
+    reader: &Reader,
+    frame: usize,
 ) -> Result<()> {
-    let next = ModuleId(tables.modules.len() as u32 + 1);
-    let joined = match tables.modules.get(&module) {
-        Some(&joined) => joined,
-        None => {
-            tables.modules.insert(module.clone(), next);
-            enc.define_module(next, module)?;
-            next
-        }
-    };
-    ids.modules.insert(id, joined);
-    Ok(())
-}
-
-/// Defines the part's stack `id` in the joined table (once per distinct stack), its frames'
-/// modules mapped; `Ok(Err(module))` if a frame names a module the part did not define.
-fn define_stack(
-    enc: &mut Encoder<Out>,
-    tables: &mut Tables,
-    ids: &mut PartIds,
-    id: StackId,
-    mut stack: Stack,
-) -> Result<std::result::Result<(), ModuleId>> {
-    for f in &mut stack.frames {
-        if f.module != ModuleId::UNKNOWN {
+    let defs = reader.frame_definitions(frame)?;
+    for (id, module) in defs.modules {
+        let joined = intern(&mut tables.modules, module, ModuleId, |id, m| {
+            enc.define_module(id, m)
+        })?;
+        ids.modules.insert(id, joined);
+    }
+    for (id, mut stack) in defs.stacks {
+        for f in stack
+            .frames
+            .iter_mut()
+            .filter(|f| f.module != ModuleId::UNKNOWN)
+        {
             let Some(&joined) = ids.modules.get(&f.module) else {
-                return Ok(Err(f.module));
+                return Err(FormatError::CorruptFrame {
+                    path: reader.path().to_path_buf(),
+                    frame: frame as u64,
+                    offset: reader.frames()[frame].offset,
+                    problem: format!(
+                        "stack {} has a frame in module {}, which no frame defines",
+                        id.0, f.module.0
+                    ),
+                }
+                .into());
             };
             f.module = joined;
         }
+        let joined = intern(&mut tables.stacks, stack, StackId, |id, s| {
+            enc.define_stack(id, s)
+        })?;
+        ids.stacks.insert(id, joined);
     }
-    let next = StackId(tables.stacks.len() as u32 + 1);
-    let joined = match tables.stacks.get(&stack) {
-        Some(&joined) => joined,
-        None => {
-            tables.stacks.insert(stack.clone(), next);
-            enc.define_stack(next, stack)?;
-            next
-        }
-    };
-    ids.stacks.insert(id, joined);
-    Ok(Ok(()))
+    Ok(())
+}
+
+/// The joined table's id of `key`: its id if the table has it, else the next one (ids from
+/// 1), which `define` gives the encoder.
+fn intern<K: Eq + Hash + Clone, I: Copy>(
+    table: &mut HashMap<K, I>,
+    key: K,
+    id: fn(u32) -> I,
+    define: impl FnOnce(I, K) -> std::result::Result<(), EncodeError>,
+) -> Result<I> {
+    if let Some(&known) = table.get(&key) {
+        return Ok(known);
+    }
+    let next = id(table.len() as u32 + 1);
+    table.insert(key.clone(), next);
+    define(next, key)?;
+    Ok(next)
 }
 
 #[cfg(test)]
