@@ -216,6 +216,54 @@ fn threads_outside_the_scope_are_counted_apart() {
     );
 }
 
+/// A recorded thread's calls take the fast path once its first call found it in the scope;
+/// leaving the scope (running a closure wrapped outside any session) must end that, for its
+/// frees and (without call stacks: with them, allocations always take the full call) its
+/// allocations.
+fn a_thread_that_leaves_the_scope_is_no_longer_recorded() {
+    for depth in [0, 8] {
+        let leave = memtrack::in_session(|| ());
+        let s = SessionBuilder::new("alloc_leave_scope")
+            .backend(BackendChoice::Alloc)
+            .stack_depth(depth)
+            .quiet(true)
+            .start()
+            .unwrap();
+        std::thread::spawn(memtrack::in_session(move || {
+            let mut held = Vec::with_capacity(10);
+            for _ in 0..10 {
+                held.push(black_box(Vec::<u8>::with_capacity(778)));
+            }
+            leave();
+            drop(held);
+            for _ in 0..10 {
+                black_box(Vec::<u8>::with_capacity(779));
+            }
+        }))
+        .join()
+        .unwrap();
+        let r = s.finish().unwrap();
+        let evs = events(&r);
+        let sized = |size| {
+            evs.iter()
+                .filter(|e| matches!(e.kind, EventKind::Malloc { size: s, .. } if s == size))
+                .count()
+        };
+        assert_eq!((sized(778), sized(779)), (10, 0), "depth {depth}");
+        assert!(r.out_of_scope() >= 20, "{}", r.summary_line());
+        // The thread freed its blocks only after it left.
+        let tid = evs
+            .iter()
+            .find(|e| matches!(e.kind, EventKind::Malloc { size: 778, .. }))
+            .map(|e| e.tid);
+        let frees = evs
+            .iter()
+            .filter(|e| Some(e.tid) == tid && matches!(e.kind, EventKind::Free { .. }))
+            .count();
+        assert_eq!(frees, 0, "depth {depth}");
+    }
+}
+
 fn sequential_sessions_are_independent() {
     memtrack_test_support::check_sequential_sessions(session);
 }
@@ -532,6 +580,10 @@ fn main() {
         test(
             "threads_outside_the_scope_are_counted_apart",
             threads_outside_the_scope_are_counted_apart,
+        ),
+        test(
+            "a_thread_that_leaves_the_scope_is_no_longer_recorded",
+            a_thread_that_leaves_the_scope_is_no_longer_recorded,
         ),
         test(
             "sequential_sessions_are_independent",

@@ -13,6 +13,10 @@
 //! - **Re-entrancy**: memtrack's own allocations while recording (a ring, the collector's
 //!   buffers) pass through unrecorded: a thread-local flag marks "inside memtrack", and
 //!   memtrack's threads (collector, encoder) carry it for their whole life.
+//! - **Fast path**: a thread's first recording call checks everything (the flag, the scope,
+//!   counting) and leaves the thread a pass for that session word; its next calls compare
+//!   one word and write their slot (no flag, no checks), until the session, the thread's scope
+//!   or its exclusion changes, or call stacks are on (allocations then take the full call).
 //! - **Order**: events are merged by TSC, which is invariant and synchronised across cores on
 //!   the machines memtrack supports (checked at session start). An allocation is stamped after
 //!   the inner allocator returns and a free before it is called, so a block handed to another
@@ -83,6 +87,8 @@ impl View for HotPath {
     /// hot path reads them with one RIP-relative load each, not through the GOT.
     #[inline(never)]
     fn publish(&self, switch: u32, session: Option<u64>) {
+        // The fast path closes first and opens last.
+        FAST.store(FAST_CLOSED, Ordering::SeqCst);
         if let Some(word) = session {
             SESSION.store(word, Ordering::SeqCst);
         }
@@ -94,8 +100,20 @@ impl View for HotPath {
             LEARN
         };
         SWITCH.store(switch | learn, Ordering::SeqCst);
+        let word = SESSION.load(Ordering::SeqCst);
+        if switch == STREAM && word < NEVER {
+            FAST.store(word, Ordering::SeqCst);
+        }
     }
 }
+
+/// The session word while the switch is exactly [`STREAM`] (recording, nobody counting), else
+/// [`FAST_CLOSED`]: the one word the fast path compares with its thread's [`Pass`]. Written
+/// only by [`HotPath::publish`]. A session whose word is [`NEVER`] or above has no fast path.
+static FAST: AtomicU64 = AtomicU64::new(FAST_CLOSED);
+const FAST_CLOSED: u64 = u64::MAX;
+/// A [`Pass`] word that [`FAST`] never holds.
+const NEVER: u64 = u64::MAX - 1;
 /// Events dropped because recording stopped while their thread waited for room (the
 /// collector failed), or whose record the collector could not read (an unknown kind): reported
 /// as lost.
@@ -148,7 +166,10 @@ impl<A> Allocator<A> {
 
 /// One recorded call, as the producer writes it (converted to an [`Event`](crate::event::Event) by
 /// the collector, which knows the thread).
+/// `repr(C)`: the fast path writes the last word (stack id, alignment, kind, epoch) in one store
+/// ([`Raw::write_meta`]).
 #[derive(Clone, Copy, Default)]
+#[repr(C)]
 pub(crate) struct Raw {
     pub tsc: u64,
     /// The block's address (a realloc's new block).
@@ -164,7 +185,41 @@ pub(crate) struct Raw {
     pub epoch: u8,
 }
 
+/// Where [`Raw::write_meta`] writes, and the layout it writes (little-endian: x86-64 only).
+const META: usize = std::mem::offset_of!(Raw, stack);
+const _: () = assert!(
+    META == 32
+        && std::mem::offset_of!(Raw, align_log) == META + 4
+        && std::mem::offset_of!(Raw, kind) == META + 5
+        && std::mem::offset_of!(Raw, epoch) == META + 6
+        && size_of::<Raw>() == META + 8
+);
+
 impl Raw {
+    /// The slot's last word for `kind` with `align_log` and no stack: `stack`, `align_log`,
+    /// `kind` and `epoch` (OR [`Raw::epoch_meta`]) in one value.
+    #[inline(always)]
+    pub(crate) const fn meta(kind: KindTag, align_log: u8) -> u64 {
+        (align_log as u64) << 32 | (kind as u64) << 40
+    }
+
+    /// `epoch`'s bits in [`Raw::meta`].
+    pub(crate) const fn epoch_meta(epoch: u8) -> u64 {
+        (epoch as u64) << 48
+    }
+
+    /// Writes `meta` over the slot's `stack`, `align_log`, `kind` and `epoch` (and its padding
+    /// byte).
+    ///
+    /// # Safety
+    /// `slot` is valid for writes of a `Raw`.
+    #[inline(always)]
+    unsafe fn write_meta(slot: *mut Raw, meta: u64) {
+        // SAFETY: bytes META..META + 8 are the slot's last (see the layout assertion), and
+        // 8-aligned: `Raw` is (it holds u64s) and META is a multiple of 8.
+        unsafe { slot.cast::<u8>().add(META).cast::<u64>().write(meta) }
+    }
+
     /// `align_log` for `align` (a power of two, or 0 for none).
     #[inline(always)]
     pub(crate) fn align_log(align: u64) -> u8 {
@@ -343,6 +398,7 @@ struct RingHandle(Option<Arc<Ring>>);
 impl Drop for RingHandle {
     fn drop(&mut self) {
         // From here on the thread's calls take the locked overflow path.
+        revoke_pass();
         RING_PTR.with(|p| p.set(std::ptr::null()));
         if let Some(r) = &self.0 {
             r.closed.store(true, Ordering::Release);
@@ -359,22 +415,69 @@ thread_local! {
     /// registration check on every call) for the hot path. Cleared when the handle drops.
     static RING_PTR: Cell<*const Ring> = const { Cell::new(std::ptr::null()) };
     static TID: Cell<u32> = const { Cell::new(0) };
-    /// The generation of the thread-scoped session this thread belongs to (0: none).
+    /// The generation of the thread-scoped session this thread belongs to (0: none). Set only
+    /// through [`set_scope`], which revokes the thread's [`PASS`].
     static THREAD_SCOPE: Cell<u32> = const { Cell::new(0) };
+    /// The thread's pass for the recording call's fast path (see [`Pass`]).
+    static PASS: Cell<Pass> = const { Cell::new(Pass::NONE) };
+}
+
+/// What the full recording call checked of a thread, so that its next calls need not check it
+/// again: the thread is not memtrack's own, has a ring, and is in the scope of the recording
+/// whose session word is `word`. A call takes the fast path ([`fast_push`]) while [`FAST`]
+/// holds `word` (for an allocation: `alloc_word`, which is `word` only if the recording takes
+/// no call stacks); anything that changes what was checked revokes the pass ([`revoke_pass`]:
+/// the thread's scope, its exclusion, its ring's end). One TLS read and one compare replace
+/// the re-entrancy flag's two writes, the switch's, scope's and counting's checks of a call.
+#[derive(Clone, Copy)]
+struct Pass {
+    /// The thread's ring (valid while a word is not [`NEVER`]).
+    ring: *const Ring,
+    /// The session word the checks were made under ([`NEVER`]: no pass).
+    word: u64,
+    /// `word` if allocations take the fast path too, else [`NEVER`].
+    alloc_word: u64,
+    /// The epoch as [`Raw::meta`] bits.
+    epoch: u64,
+    /// [`Raw::meta`] of a free and of a malloc, with the epoch: their calls store it as it is
+    /// (two instructions fewer than making it).
+    free_meta: u64,
+    malloc_meta: u64,
+}
+
+impl Pass {
+    const NONE: Pass = Pass {
+        ring: std::ptr::null(),
+        word: NEVER,
+        alloc_word: NEVER,
+        epoch: 0,
+        free_meta: 0,
+        malloc_meta: 0,
+    };
+}
+
+fn revoke_pass() {
+    PASS.with(|p| p.set(Pass::NONE));
+}
+
+/// Puts the calling thread in the thread scope `generation` (0: none).
+fn set_scope(generation: u32) {
+    revoke_pass();
+    THREAD_SCOPE.with(|t| t.set(generation));
 }
 
 /// Puts the calling thread (the session's) in the thread scope of `generation` (0: the
 /// session records the whole process; nothing to do).
 fn join_scope(generation: u32) {
     if generation != 0 {
-        THREAD_SCOPE.with(|t| t.set(generation));
+        set_scope(generation);
     }
 }
 
 /// Takes the calling thread out of any thread scope (a paused recording's caller, between its
 /// calls).
 fn leave_scope() {
-    THREAD_SCOPE.with(|t| t.set(0));
+    set_scope(0);
 }
 
 /// Whether the calling thread is in the scope of the allocator recorder's running session.
@@ -421,7 +524,7 @@ where
 {
     let generation = THREAD_SCOPE.with(|t| t.get());
     move || {
-        THREAD_SCOPE.with(|t| t.set(generation));
+        set_scope(generation);
         f()
     }
 }
@@ -429,6 +532,7 @@ where
 /// Marks the current thread as memtrack's own for the rest of its life (collector, encoder).
 pub(crate) fn exclude_current_thread() {
     INSIDE.with(|i| i.set(true));
+    revoke_pass();
 }
 
 fn tid() -> u32 {
@@ -447,21 +551,110 @@ fn tsc() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
-/// Records one call. Called only when the switch is on. `kind_align` is the kind's tag in the
-/// low byte and [`Raw::align_log`] in the next (one argument: six fit in registers); `at` is
-/// where the allocator wrapper runs, an allocation's call stack's start (0 for a free: none).
+/// Stamps `slot` with the TSC, its two halves stored as `rdtsc` gives them (one instruction
+/// fewer than joining them first).
+///
+/// # Safety
+/// `slot` is valid for writes of a `Raw`.
+#[inline(always)]
+unsafe fn stamp(slot: *mut Raw) {
+    let (lo, hi): (u32, u32);
+    // SAFETY: rdtsc is available on every x86-64 CPU; it touches no memory.
+    unsafe {
+        std::arch::asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags))
+    };
+    // SAFETY: the slot's `tsc` is 8 bytes, little-endian (x86-64): low half first.
+    unsafe {
+        let at = (&raw mut (*slot).tsc).cast::<u32>();
+        at.write(lo);
+        at.add(1).write(hi);
+    }
+}
+
+/// Records an allocation on the fast path ([`fast_push`]) and returns true, or returns false:
+/// the caller then makes the full call, [`record`]. `meta` gives [`Raw::meta`] of the kind and
+/// alignment, with the pass's epoch. `MOVE`: a realloc, whose old block is `old` (the other
+/// kinds leave that field of the slot as it was: their events do not read it).
+#[inline(always)]
+fn fast_alloc<const MOVE: bool>(
+    meta: impl FnOnce(&Pass) -> u64,
+    addr: u64,
+    old: u64,
+    size: u64,
+) -> bool {
+    // Allocations with call stacks take the full call (no `alloc_word`): the walk may allocate.
+    fast_push::<true>(|slot, pass| {
+        // SAFETY: `fast_push` hands a free slot of this thread's ring.
+        unsafe {
+            (&raw mut (*slot).addr).write(addr);
+            if MOVE {
+                (&raw mut (*slot).addr2).write(old);
+            }
+            (&raw mut (*slot).size).write(size);
+            Raw::write_meta(slot, meta(pass));
+            stamp(slot);
+        }
+    })
+}
+
+/// [`fast_alloc`] of a free.
+#[inline(always)]
+fn fast_free(addr: u64) -> bool {
+    fast_push::<false>(|slot, pass| {
+        // SAFETY: `fast_push` hands a free slot of this thread's ring. A free's event reads
+        // its address only: the old block and size fields are left as they were.
+        unsafe {
+            (&raw mut (*slot).addr).write(addr);
+            Raw::write_meta(slot, pass.free_meta);
+            stamp(slot);
+        }
+    })
+}
+
+/// Records one allocation in full: when [`fast_alloc`] could not (no valid [`Pass`], call
+/// stacks, a check of the ring's room). `kind_align` is the kind's tag in the low byte and
+/// [`Raw::align_log`] in the next; `at` is where the allocator wrapper runs, the call stack's
+/// start; `addr2` a realloc's old block. The arguments come in the registers the wrapper's
+/// recording calls hold them in (block, where, size), so that none moves on the fast path.
 #[cold]
 #[inline(never)]
-fn record(kind_align: u32, addr: u64, addr2: u64, size: u64, at: walk::Here) {
+fn record(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
     record_inner::<true>(kind_align, addr, addr2, size, at)
 }
 
-/// [`record`] of a free: its own entry, with one argument and no stack to consider (the
-/// constants fold), which paid for the allocations' stack arguments in the ir-gate.
+/// [`record`] of a free: its own entry, with one argument and no stack to consider.
 #[cold]
 #[inline(never)]
 fn record_free(addr: u64) {
     record_inner::<false>(KindTag::Free as u32, addr, 0, 0, walk::Here::NONE)
+}
+
+/// The recording call's fast path: with a valid [`Pass`] and room in the ring before its next
+/// check, has `fill` write the next slot (given the pass, for the epoch's [`Raw::meta`] bits),
+/// publishes it and returns true; else returns false and the caller takes the full call
+/// ([`record_inner`]). `ALLOCATION`: the call is an allocation's.
+#[inline(always)]
+fn fast_push<const ALLOCATION: bool>(fill: impl FnOnce(*mut Raw, &Pass)) -> bool {
+    let pass = PASS.with(Cell::get);
+    let word = if ALLOCATION {
+        pass.alloc_word
+    } else {
+        pass.word
+    };
+    if FAST.load(Ordering::Relaxed) != word {
+        return false;
+    }
+    // SAFETY: a pass's ring is this thread's, alive while the pass is (revoked before the
+    // ring's handle drops).
+    let ring = unsafe { &*pass.ring };
+    let head = ring.head.0.load(Ordering::Relaxed);
+    // At a check the full call waits for room or wakes the collector, which may allocate.
+    if head >= ring.next_check.0.load(Ordering::Relaxed) {
+        return false;
+    }
+    fill(ring.slots[head % RING].get(), &pass);
+    ring.head.0.store(head + 1, Ordering::Release);
+    true
 }
 
 /// `ALLOCATION`: the call is an allocation's, which learns [`INSTALLED`] (a free does not
@@ -483,6 +676,8 @@ fn record_inner<const ALLOCATION: bool>(
     if inside {
         return;
     }
+    // No fast path while inside: what this call allocates or frees is memtrack's own.
+    revoke_pass();
     let session = SESSION.load(Ordering::Relaxed);
     let scope = session as u32;
     if scope != 0 && sw & STREAM != 0 && THREAD_SCOPE.with(|t| t.get()) != scope {
@@ -521,7 +716,30 @@ fn record_inner<const ALLOCATION: bool>(
             });
         }
     }
+    grant_pass(sw, session);
     INSIDE.with(|i| i.set(false));
+}
+
+/// After a full recording call that found the thread in the scope of the recording with
+/// session word `session` and switch `sw`: the thread's next calls may take the fast path
+/// while both stay (only a pure [`STREAM`] switch has one: counting and learning need the
+/// full call).
+fn grant_pass(sw: u32, session: u64) {
+    let ring = RING_PTR.with(|p| p.get());
+    if sw == STREAM && !ring.is_null() && FAST.load(Ordering::SeqCst) == session {
+        let stacks = walk::STACK_DEPTH.load(Ordering::Relaxed) != 0;
+        let epoch = Raw::epoch_meta((session >> 32) as u8);
+        PASS.with(|p| {
+            p.set(Pass {
+                ring,
+                word: session,
+                alloc_word: if stacks { NEVER } else { session },
+                epoch,
+                free_meta: Raw::meta(KindTag::Free, 0) | epoch,
+                malloc_meta: Raw::meta(KindTag::Malloc, 0) | epoch,
+            })
+        });
+    }
 }
 
 /// Events the recording has lost so far (none unless its collector failed).
@@ -535,6 +753,7 @@ pub(crate) fn mark(kind: KindTag) {
     if INSIDE.with(|i| i.replace(true)) {
         return;
     }
+    let pass = PASS.with(|p| p.replace(Pass::NONE));
     let epoch = (SESSION.load(Ordering::Relaxed) >> 32) as u8;
     push(|| Raw {
         tsc: tsc(),
@@ -546,6 +765,7 @@ pub(crate) fn mark(kind: KindTag) {
         kind: kind as u8,
         epoch,
     });
+    PASS.with(|p| p.set(pass));
     INSIDE.with(|i| i.set(false));
 }
 
@@ -632,7 +852,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Allocator<A> {
         // SAFETY: forwarded as is; the caller upholds `GlobalAlloc::alloc`'s contract.
         let p = unsafe { self.inner.alloc(layout) };
         if SWITCH.load(Ordering::Relaxed) != 0 && !p.is_null() {
-            record_alloc(KindTag::Malloc, p, layout, walk::Here::now());
+            Self::note_alloc::<false>(p, walk::Here::now(), layout);
         }
         p
     }
@@ -642,7 +862,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Allocator<A> {
         // SAFETY: forwarded as is.
         let p = unsafe { self.inner.alloc_zeroed(layout) };
         if SWITCH.load(Ordering::Relaxed) != 0 && !p.is_null() {
-            record_alloc(KindTag::Calloc, p, layout, walk::Here::now());
+            Self::note_alloc::<true>(p, walk::Here::now(), layout);
         }
         p
     }
@@ -650,7 +870,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Allocator<A> {
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if SWITCH.load(Ordering::Relaxed) != 0 {
-            record_free(ptr as u64);
+            Self::note_free(ptr as u64);
         }
         // SAFETY: forwarded as is.
         unsafe { self.inner.dealloc(ptr, layout) }
@@ -661,13 +881,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Allocator<A> {
         // SAFETY: forwarded as is.
         let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
         if SWITCH.load(Ordering::Relaxed) != 0 && !p.is_null() {
-            record(
-                KindTag::Realloc as u32,
-                p as u64,
-                ptr as u64,
-                new_size as u64,
-                walk::Here::now(),
-            );
+            let (new, old, size) = (p as u64, ptr as u64, new_size as u64);
+            Self::note_realloc(new, walk::Here::now(), size, old);
         }
         p
     }
@@ -676,19 +891,66 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Allocator<A> {
 /// Alignments up to this are what `malloc` gives anyway: recorded as `Malloc`/`Calloc`.
 const MIN_ALIGN: usize = 16;
 
-#[inline]
-fn record_alloc(kind: KindTag, p: *mut u8, layout: Layout, at: walk::Here) {
-    if layout.align() > MIN_ALIGN && kind == KindTag::Malloc {
-        let align_log = Raw::align_log(layout.align() as u64) as u32;
-        record(
-            KindTag::AlignedAlloc as u32 | align_log << 8,
-            p as u64,
-            0,
-            layout.size() as u64,
-            at,
-        );
-    } else {
-        record(kind as u32, p as u64, 0, layout.size() as u64, at);
+// The recording calls of the wrapper, made only while the switch is on. Cold and out of line,
+// so that the forwarding path stays as short as it is. Generic (through `A`), so that they
+// are compiled in the program's own crate: there the fast path reads its thread-local
+// `Pass` with one `fs`-relative load, where a library's code reaches a thread-local
+// through what is, to the compiler, a call to `__tls_get_addr`, which made every recording
+// call save and restore the registers holding its arguments. `at` is where the wrapper runs,
+// the start of an allocation's call stack.
+impl<A> Allocator<A> {
+    /// `ZEROED`: `alloc_zeroed`'s (a `Calloc`, whatever its alignment), else `alloc`'s.
+    #[cold]
+    #[inline(never)]
+    fn note_alloc<const ZEROED: bool>(p: *mut u8, at: walk::Here, layout: Layout) {
+        if !ZEROED && layout.align() > MIN_ALIGN {
+            return Self::note_aligned(p, at, layout);
+        }
+        let kind = if ZEROED {
+            KindTag::Calloc
+        } else {
+            KindTag::Malloc
+        };
+        let (addr, size) = (p as u64, layout.size() as u64);
+        let meta = |pass: &Pass| {
+            if ZEROED {
+                Raw::meta(kind, 0) | pass.epoch
+            } else {
+                pass.malloc_meta
+            }
+        };
+        if !fast_alloc::<false>(meta, addr, 0, size) {
+            record(addr, at, size, kind as u32, 0);
+        }
+    }
+
+    /// [`Self::note_alloc`] of a block aligned past what `malloc` gives: an `AlignedAlloc`.
+    #[cold]
+    #[inline(never)]
+    fn note_aligned(p: *mut u8, at: walk::Here, layout: Layout) {
+        let (kind, align_log) = (KindTag::AlignedAlloc, Raw::align_log(layout.align() as u64));
+        let (addr, size) = (p as u64, layout.size() as u64);
+        let meta = |pass: &Pass| Raw::meta(kind, align_log) | pass.epoch;
+        if !fast_alloc::<false>(meta, addr, 0, size) {
+            record(addr, at, size, kind as u32 | u32::from(align_log) << 8, 0);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn note_realloc(new: u64, at: walk::Here, size: u64, old: u64) {
+        let meta = |pass: &Pass| Raw::meta(KindTag::Realloc, 0) | pass.epoch;
+        if !fast_alloc::<true>(meta, new, old, size) {
+            record(new, at, size, KindTag::Realloc as u32, old);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn note_free(addr: u64) {
+        if !fast_free(addr) {
+            record_free(addr);
+        }
     }
 }
 
