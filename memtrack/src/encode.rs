@@ -681,12 +681,12 @@ impl Figures {
 
     /// Counts `frames`' events, in order.
     fn count(&mut self, frames: &[Vec<Event>]) {
-        // Sizes and timeline beside the totals, overlapping the compression on the pool; the
-        // sizes are counted in the analyzer's pass (one match of the kind).
-        for e in frames.iter().flatten() {
-            self.analyzer.update_sized(e, &mut self.sizes);
-            let (live, mapped) = (self.analyzer.live_bytes(), self.analyzer.mapped_bytes());
-            self.timeline.push(e.ts, live, mapped);
+        // Sizes and timeline beside the totals, overlapping the compression on the pool, in
+        // the analyzer's pass (one match of the kind; runs of one thread's heap events in one
+        // step).
+        for f in frames {
+            self.analyzer
+                .update_timed(f, &mut self.sizes, &mut self.timeline);
         }
     }
 

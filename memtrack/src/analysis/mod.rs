@@ -34,6 +34,7 @@ mod blocks;
 mod compare;
 mod histogram;
 mod offcpu;
+mod runs;
 mod sites;
 mod timeline;
 

@@ -272,6 +272,27 @@ impl Timeline {
         self.mapped = mapped;
     }
 
+    /// The timestamps `[lo, hi)` of the column the last sample went to: a sample stamped in
+    /// them goes to that column too.
+    pub(super) fn current_range(&self) -> (u64, u64) {
+        (self.cur_lo, self.cur_hi)
+    }
+
+    /// Records `events` samples in the current column, after one [`Timeline::push`] there, with
+    /// mapped bytes unchanged and heap bytes whose least is `min`, most `max` and last `last`:
+    /// what pushing each of them gives (the writer's runs, `runs.rs`). `min` may be `u64::MAX`
+    /// and `max` 0 (no sample went below or above the column's extremes).
+    pub(super) fn extend_current(&mut self, events: u64, min: u64, max: u64, last: u64) {
+        let c = self.cols[self.cur]
+            .as_mut()
+            .expect("a run follows a sample in its column");
+        c.events += events;
+        c.heap.min = c.heap.min.min(min);
+        c.heap.max = c.heap.max.max(max);
+        c.heap.last = last;
+        self.heap = last;
+    }
+
     /// Feeds `e` to `analyzer` and records the live heap and mapped bytes after it.
     #[inline]
     pub fn update(&mut self, analyzer: &mut Analyzer, e: &Event) {
