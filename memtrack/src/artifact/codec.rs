@@ -42,7 +42,8 @@ fn prefix_varint(v: u64) -> ([u8; 9], usize) {
 }
 
 /// A column being written: a buffer that only grows (so it is zeroed once, not per frame)
-/// and the length written so far. Every store writes 9 bytes and advances by the varint's length.
+/// and the length written so far. Every store writes 8 or 9 bytes and advances by the varint's
+/// length.
 #[derive(Default)]
 struct OutCol {
     buf: Vec<u8>,
@@ -58,41 +59,117 @@ impl OutCol {
         }
     }
 
-    /// One prefix varint (see [`prefix_varint`]), written as a single 8-byte store, not built
-    /// as a 9-byte array and copied.
+    /// One prefix varint (see [`prefix_varint`]) at the end of the column.
     /// The caller must have reserved room for this value ([`OutCol::reserve`]): a value more
     /// than reserved panics.
+    #[cfg(test)]
+    fn put(&mut self, v: u64) {
+        let mut c = Cursor::new(self);
+        c.put(v);
+        self.len = c.len(self);
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// `n − 1` for the prefix varint of a value below 2^56 whose highest set bit is bit `b`
+/// (`(v | 1).ilog2()`): ⌈(b + 1) / 7⌉ − 1 (8 above: those take [`Cursor::put_wide`]).
+const VARINT_SHIFT: [u8; 64] = {
+    let mut t = [8u8; 64];
+    let mut b = 0;
+    while b < 56 {
+        t[b] = ((b + 1).div_ceil(7) - 1) as u8;
+        b += 1;
+    }
+    t
+};
+
+/// Where the column loop writes into an [`OutCol`]'s buffer: a pointer that stays in a
+/// register (a length stored back per value cost a load and a store per value), with the last
+/// position an 8-byte store fits at. Made from a reserved column by [`Cursor::new`]; the loop
+/// must not touch the column otherwise until [`Cursor::len`] hands the length back.
+#[derive(Clone, Copy)]
+struct Cursor {
+    at: *mut u8,
+    last: *mut u8,
+}
+
+impl Cursor {
+    /// A cursor at the end of `col`, whose buffer is at least 9 bytes long ([`OutCol::reserve`]).
+    fn new(col: &mut OutCol) -> Cursor {
+        assert!(col.buf.len() >= col.len + 9, "a column is reserved first");
+        let base = col.buf.as_mut_ptr();
+        // SAFETY: `len + 9 <= buf.len()` (asserted), so both are inside the buffer.
+        unsafe {
+            Cursor {
+                at: base.add(col.len),
+                last: base.add(col.buf.len() - 8),
+            }
+        }
+    }
+
+    /// The length of `col` once this cursor (made from it) has written.
+    fn len(self, col: &OutCol) -> usize {
+        self.at as usize - col.buf.as_ptr() as usize
+    }
+
+    /// One prefix varint (see [`prefix_varint`]): below 2^56 one 8-byte store of
+    /// `(2v + 1) << (n − 1)`, the value's `n` bytes and garbage the next value overwrites.
     #[inline(always)]
     fn put(&mut self, v: u64) {
-        if v < 1 << 56 && self.len + 8 <= self.buf.len() {
-            let n = VARINT_LEN[(v | 1).leading_zeros() as usize] as usize;
-            let w = (v << n) | (1 << (n - 1));
-            // SAFETY: `len + 8 <= buf.len()` was checked just above (one compare, where the
-            // slice copy it replaces checked the range twice and its length).
+        if v < 1 << 56 && self.at <= self.last {
+            // A table, not `div_ceil(7)`: a division per value is the encoder's largest cost.
+            let shift = VARINT_SHIFT[(v | 1).ilog2() as usize] as u32;
+            let w = (2 * v + 1) << shift;
+            // SAFETY: `at <= last` (checked just above), so the 8 bytes at `at` are inside the
+            // buffer, and `at + n` (n ≤ 8) is at most its end.
             unsafe {
-                self.buf
-                    .as_mut_ptr()
-                    .add(self.len)
-                    .cast::<[u8; 8]>()
-                    .write_unaligned(w.to_le_bytes());
+                self.at.cast::<[u8; 8]>().write_unaligned(w.to_le_bytes());
+                self.at = self.at.add(shift as usize + 1);
             }
-            self.len += n;
         } else {
-            self.put_wide(v);
+            *self = self.put_wide(v);
+        }
+    }
+
+    /// [`Cursor::put`] without the room check, for the column loop's per-event columns.
+    ///
+    /// # Safety
+    /// The buffer has room for 9 bytes past the cursor (an 8-byte store, or a 9-byte value).
+    #[inline(always)]
+    unsafe fn put_unchecked(&mut self, v: u64) {
+        if v < 1 << 56 {
+            let shift = VARINT_SHIFT[(v | 1).ilog2() as usize] as u32;
+            let w = (2 * v + 1) << shift;
+            // SAFETY: the caller's room.
+            unsafe {
+                self.at.cast::<[u8; 8]>().write_unaligned(w.to_le_bytes());
+                self.at = self.at.add(shift as usize + 1);
+            }
+        } else {
+            *self = self.put_wide(v);
         }
     }
 
     /// A value of 2^56 or more (9 bytes), or a store past the reserved room (which panics).
     #[cold]
     #[inline(never)]
-    fn put_wide(&mut self, v: u64) {
+    fn put_wide(self, v: u64) -> Cursor {
         let (b, n) = prefix_varint(v);
-        self.buf[self.len..self.len + 9].copy_from_slice(&b);
-        self.len += n;
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
+        assert!(
+            self.at < self.last,
+            "a column got more values than were reserved"
+        );
+        // SAFETY: `at < last = end − 8`, so the 9 bytes at `at` are inside the buffer.
+        unsafe {
+            self.at.copy_from_nonoverlapping(b.as_ptr(), 9);
+            Cursor {
+                at: self.at.add(n),
+                last: self.last,
+            }
+        }
     }
 }
 
@@ -119,20 +196,22 @@ impl Default for Runs {
 }
 
 impl Runs {
+    /// `n` events of value `v` (what `n` pushes of one event each give).
     #[inline(always)]
-    fn push(&mut self, v: u32, out: &mut OutCol) {
+    fn push(&mut self, v: u32, n: u64, out: &mut Cursor) {
         if v as u64 == self.open {
-            self.run += 1;
+            self.run += n;
         } else {
             self.flush(out);
             out.put(zigzag(v.wrapping_sub(self.value) as i32 as i64));
             self.value = v;
             self.open = v as u64;
-            self.run = 1;
+            self.run = n;
         }
     }
 
-    fn flush(&mut self, out: &mut OutCol) {
+    #[inline(always)]
+    fn flush(&mut self, out: &mut Cursor) {
         if self.run > 0 {
             out.put(self.run);
         }
@@ -164,19 +243,19 @@ fn put_varint(out: &mut Vec<u8>, v: u64) {
 }
 
 /// The columns of one payload being written, one method per column in the format's order
-/// (FORMAT.md, "Frame payload"); [`ColumnReader`] mirrors it method for method.
-/// `STACKS`: the frame has a stack-id column (a separate instantiation, so that a frame without
-/// stacks is encoded by the same loop as before format 1.5).
-struct ColumnWriter<'c, const STACKS: bool> {
-    kinds: &'c mut Vec<u8>,
-    tid: &'c mut OutCol,
-    pid: &'c mut OutCol,
-    ts: &'c mut OutCol,
-    addr: &'c mut OutCol,
-    addr2: &'c mut OutCol,
-    size: &'c mut OutCol,
-    align: &'c mut OutCol,
-    stack: &'c mut OutCol,
+/// (FORMAT.md, "Frame payload"); [`ColumnReader`] mirrors it method for method. All its state
+/// is plain values (cursors, runs, the previous values), so that the column loop keeps it in
+/// registers. `STACKS`: the frame has a stack-id column (a separate instantiation, so that a
+/// frame without stacks is encoded by the same loop as before format 1.5).
+struct ColumnWriter<const STACKS: bool> {
+    tid: Cursor,
+    pid: Cursor,
+    ts: Cursor,
+    addr: Cursor,
+    addr2: Cursor,
+    size: Cursor,
+    align: Cursor,
+    stack: Cursor,
     /// The OR of the stack ids of events whose kind carries none (must stay 0).
     stray_stacks: u32,
     tid_runs: Runs,
@@ -185,22 +264,30 @@ struct ColumnWriter<'c, const STACKS: bool> {
     prev_addr: u64,
 }
 
-impl<'c, const STACKS: bool> ColumnWriter<'c, STACKS> {
-    /// Empties `cols` and makes room for `events` events.
-    fn new(cols: &'c mut Columns, events: usize) -> Self {
-        cols.kinds.clear();
-        cols.kinds.reserve(events);
-        for c in &mut cols.cols {
+/// Why a column loop stopped before the frame's end.
+#[derive(Debug, PartialEq)]
+enum Stop {
+    /// An event has a stack (the loop without a stack column stops: the frame needs one).
+    Stack,
+    /// An event whose kind carries no stack has one.
+    Stray,
+}
+
+impl<const STACKS: bool> ColumnWriter<STACKS> {
+    /// Empties `cols` and `stack` and makes room for `events` events; the writer's cursors
+    /// point into them until [`ColumnWriter::finish`] (which the caller must call with them,
+    /// untouched in between).
+    fn new(cols: &mut [OutCol; VAR_COLUMNS], stack: &mut OutCol, events: usize) -> Self {
+        for c in cols.iter_mut() {
             c.len = 0;
             c.reserve(events);
         }
-        cols.stack.len = 0;
-        if STACKS {
-            cols.stack.reserve(events);
-        }
-        let [tid, pid, ts, addr, addr2, size, align] = &mut cols.cols;
+        // A tid or pid run of `n` events fits the 9 n bytes reserved for them: its two values
+        // take at most 5 bytes (a u32's zigzag delta) and 1 + log2(n) / 7 (its length).
+        stack.len = 0;
+        stack.reserve(if STACKS { events } else { 0 });
+        let [tid, pid, ts, addr, addr2, size, align] = cols.each_mut().map(Cursor::new);
         ColumnWriter {
-            kinds: &mut cols.kinds,
             tid,
             pid,
             ts,
@@ -208,7 +295,7 @@ impl<'c, const STACKS: bool> ColumnWriter<'c, STACKS> {
             addr2,
             size,
             align,
-            stack: &mut cols.stack,
+            stack: Cursor::new(stack),
             stray_stacks: 0,
             tid_runs: Runs::default(),
             pid_runs: Runs::default(),
@@ -217,131 +304,125 @@ impl<'c, const STACKS: bool> ColumnWriter<'c, STACKS> {
         }
     }
 
-    /// One event: the kind, tid, pid, ts and addr columns always, the others as its kind has
-    /// them.
+    /// A run of events of one thread at the start of `events` (up to an event with a stack,
+    /// without `STACKS`), with their kind bytes in `kinds`: the tid and pid columns get the
+    /// run's length at once, the other columns each event's values. Returns the run's length
+    /// (0: the first event has a stack and the frame needs a stack column).
+    ///
+    /// # Safety
+    /// Every column but the tid's and pid's has room for 9 bytes per event of `events` and 9
+    /// more past its cursor (each event writes at most one value, of at most 9 bytes, to each).
     #[inline(always)]
-    fn event(&mut self, ev: &Event) {
-        self.kind(ev.kind.tag());
-        self.tid(ev.tid);
-        self.pid(ev.pid);
-        self.ts(ev.ts);
-        match ev.kind {
-            EventKind::Malloc { addr, size }
-            | EventKind::Calloc { addr, size }
-            | EventKind::Mmap { addr, size }
-            | EventKind::Munmap { addr, size } => {
-                self.addr(addr);
-                self.size(size);
+    unsafe fn run(&mut self, events: &[Event], kinds: &mut [u8]) -> usize {
+        let Some(first) = events.first() else {
+            return 0;
+        };
+        let (tid, pid) = (first.tid, first.pid);
+        let mut n = 0;
+        for (ev, kind) in events.iter().zip(kinds) {
+            if ev.tid != tid || ev.pid != pid || (!STACKS && !ev.stack.is_none()) {
+                break;
             }
-            EventKind::Realloc {
-                old_addr,
-                new_addr,
-                size,
-            }
-            | EventKind::Mremap {
-                old_addr,
-                new_addr,
-                size,
-            } => {
-                self.addr(old_addr);
-                self.addr2(new_addr, old_addr);
-                self.size(size);
-            }
-            EventKind::AlignedAlloc { addr, size, align } => {
-                self.addr(addr);
-                self.size(size);
-                self.align(align);
-            }
-            EventKind::Free { addr } | EventKind::Brk { addr } => self.addr(addr),
-            EventKind::Exec => self.addr(0),
-            // Rare next to the heap's kinds: kept out of this loop's body.
-            EventKind::SwitchOut { .. }
-            | EventKind::SwitchIn
-            | EventKind::ThreadStart
-            | EventKind::ThreadExit
-            | EventKind::IterationStart
-            | EventKind::IterationEnd => self.switch(ev.kind),
+            *kind = ev.kind.tag() as u8;
+            // SAFETY: the caller's room, for this event's values.
+            unsafe { self.event(ev) };
+            n += 1;
         }
-        if STACKS {
-            self.stack(ev);
+        if n > 0 {
+            self.tid_runs.push(tid, n as u64, &mut self.tid);
+            self.pid_runs.push(pid, n as u64, &mut self.pid);
+        }
+        n
+    }
+
+    /// One event but its kind, tid and pid: the ts and addr columns always, the others as its
+    /// kind has them.
+    ///
+    /// # Safety
+    /// As [`ColumnWriter::run`]'s, for one event.
+    #[inline(always)]
+    unsafe fn event(&mut self, ev: &Event) {
+        let (ts, addr) = (&mut self.ts, &mut self.addr);
+        // SAFETY: every `put_unchecked` below has the caller's room (one value per column).
+        unsafe {
+            ts.put_unchecked(zigzag(ev.ts.wrapping_sub(self.prev_ts) as i64));
+            self.prev_ts = ev.ts;
+            // Zigzag delta from the previous event's address (0 for the kinds without one).
+            let mut addr_put = |a: u64| {
+                addr.put_unchecked(zigzag(a.wrapping_sub(self.prev_addr) as i64));
+                self.prev_addr = a;
+            };
+            match ev.kind {
+                EventKind::Malloc { addr, size }
+                | EventKind::Calloc { addr, size }
+                | EventKind::Mmap { addr, size }
+                | EventKind::Munmap { addr, size } => {
+                    addr_put(addr);
+                    self.size.put_unchecked(size);
+                }
+                EventKind::Realloc {
+                    old_addr,
+                    new_addr,
+                    size,
+                }
+                | EventKind::Mremap {
+                    old_addr,
+                    new_addr,
+                    size,
+                } => {
+                    addr_put(old_addr);
+                    // A realloc's or mremap's new address: zigzag delta from its old one.
+                    let moved = new_addr.wrapping_sub(old_addr) as i64;
+                    self.addr2.put_unchecked(zigzag(moved));
+                    self.size.put_unchecked(size);
+                }
+                EventKind::AlignedAlloc { addr, size, align } => {
+                    addr_put(addr);
+                    self.size.put_unchecked(size);
+                    self.align.put_unchecked(align);
+                }
+                EventKind::Free { addr } | EventKind::Brk { addr } => addr_put(addr),
+                // A scheduling event (lock waits): a switch-out's `preempted` in `size`.
+                EventKind::SwitchOut { preempted } => {
+                    addr_put(0);
+                    self.size.put_unchecked(preempted as u64);
+                }
+                EventKind::Exec
+                | EventKind::SwitchIn
+                | EventKind::ThreadStart
+                | EventKind::ThreadExit
+                | EventKind::IterationStart
+                | EventKind::IterationEnd => addr_put(0),
+            }
+            // The stack id of an event whose kind carries one ([`KindTag::carries_stack`]);
+            // any other kind's must be [`StackId::NONE`] (checked by `finish`).
+            if STACKS {
+                if ev.kind.tag().carries_stack() {
+                    self.stack.put_unchecked(ev.stack.0 as u64);
+                } else {
+                    self.stray_stacks |= ev.stack.0;
+                }
+            }
         }
     }
 
-    /// A scheduling event (lock waits): `addr` 0, and a switch-out's `preempted` in `size`.
-    #[cold]
-    #[inline(never)]
-    fn switch(&mut self, kind: EventKind) {
-        self.addr(0);
-        if let EventKind::SwitchOut { preempted } = kind {
-            self.size(preempted as u64);
+    /// Ends the open tid and pid runs and hands the lengths back to the columns the writer
+    /// was made of; [`Stop::Stray`] if an event whose kind carries no stack had one.
+    fn finish(mut self, cols: &mut [OutCol; VAR_COLUMNS], stack: &mut OutCol) -> Result<(), Stop> {
+        self.tid_runs.flush(&mut self.tid);
+        self.pid_runs.flush(&mut self.pid);
+        let cursors = [
+            self.tid, self.pid, self.ts, self.addr, self.addr2, self.size, self.align,
+        ];
+        for (c, cur) in cols.iter_mut().zip(cursors) {
+            c.len = cur.len(c);
         }
-    }
-
-    /// The stack id of an event whose kind carries one ([`KindTag::carries_stack`]); any
-    /// other kind's must be [`StackId::NONE`] (checked by [`ColumnWriter::finish`]).
-    #[inline(always)]
-    fn stack(&mut self, ev: &Event) {
-        if ev.kind.tag().carries_stack() {
-            self.stack.put(ev.stack.0 as u64);
+        stack.len = self.stack.len(stack);
+        if self.stray_stacks == 0 {
+            Ok(())
         } else {
-            self.stray_stacks |= ev.stack.0;
+            Err(Stop::Stray)
         }
-    }
-
-    #[inline(always)]
-    fn kind(&mut self, tag: KindTag) {
-        self.kinds.push(tag as u8);
-    }
-
-    /// Runs of (zigzag delta, length).
-    #[inline(always)]
-    fn tid(&mut self, tid: u32) {
-        self.tid_runs.push(tid, self.tid);
-    }
-
-    /// Runs of (zigzag delta, length).
-    #[inline(always)]
-    fn pid(&mut self, pid: u32) {
-        self.pid_runs.push(pid, self.pid);
-    }
-
-    /// Zigzag delta from the previous event's.
-    #[inline(always)]
-    fn ts(&mut self, ts: u64) {
-        self.ts.put(zigzag(ts.wrapping_sub(self.prev_ts) as i64));
-        self.prev_ts = ts;
-    }
-
-    /// Zigzag delta from the previous event's (0 for an exec).
-    #[inline(always)]
-    fn addr(&mut self, addr: u64) {
-        self.addr
-            .put(zigzag(addr.wrapping_sub(self.prev_addr) as i64));
-        self.prev_addr = addr;
-    }
-
-    /// A realloc's or mremap's new address: zigzag delta from its old one.
-    #[inline(always)]
-    fn addr2(&mut self, new_addr: u64, old_addr: u64) {
-        let delta = new_addr.wrapping_sub(old_addr);
-        self.addr2.put(zigzag(delta as i64));
-    }
-
-    #[inline(always)]
-    fn size(&mut self, size: u64) {
-        self.size.put(size);
-    }
-
-    #[inline(always)]
-    fn align(&mut self, align: u64) {
-        self.align.put(align);
-    }
-
-    /// Ends the open tid and pid runs; `false` if an event whose kind carries no stack had one.
-    fn finish(mut self) -> bool {
-        self.tid_runs.flush(self.tid);
-        self.pid_runs.flush(self.pid);
-        self.stray_stacks == 0
     }
 }
 
@@ -356,14 +437,14 @@ pub(crate) fn encode_events(
     cols: &mut Columns,
     raw: &mut Vec<u8>,
 ) -> Result<bool, EncodeProblem> {
-    // One pass over the ids (no per-event branch in the column loop of a frame without stacks).
-    let stacks = events.iter().any(|e| !e.stack.is_none());
-    let clean = if stacks {
-        encode_columns::<true>(events, cols)
-    } else {
-        encode_columns::<false>(events, cols)
-    };
-    if !clean {
+    // Without a stack column until an event has a stack (none has, without stack recording):
+    // then again from the start with one.
+    let mut result = encode_columns::<false>(events, cols);
+    let stacks = result == Err(Stop::Stack);
+    if stacks {
+        result = encode_columns::<true>(events, cols);
+    }
+    if result.is_err() {
         let ev = events
             .iter()
             .find(|e| !e.stack.is_none() && !e.kind.tag().carries_stack())
@@ -393,12 +474,28 @@ pub(crate) fn encode_events(
     Ok(stacks)
 }
 
-fn encode_columns<const STACKS: bool>(events: &[Event], cols: &mut Columns) -> bool {
-    let mut w = ColumnWriter::<STACKS>::new(cols, events.len());
-    for ev in events {
-        w.event(ev);
+/// The column loop: the events run by run of one thread (the tid and pid columns get a run
+/// at once), the kind bytes straight into their column, the other columns through a
+/// [`ColumnWriter`]. Without `STACKS`, stops at the first event that has a stack.
+fn encode_columns<const STACKS: bool>(events: &[Event], cols: &mut Columns) -> Result<(), Stop> {
+    let Columns { kinds, cols, stack } = cols;
+    kinds.clear();
+    kinds.resize(events.len(), 0);
+    let mut w = ColumnWriter::<STACKS>::new(cols, stack, events.len());
+    let mut done = 0;
+    let mut stopped = Ok(());
+    while done < events.len() {
+        // SAFETY: `new` reserved 9 bytes per event of `events` and 9 more in each column, and
+        // the runs take each event once.
+        let n = unsafe { w.run(&events[done..], &mut kinds[done..]) };
+        if n == 0 {
+            stopped = Err(Stop::Stack);
+            break;
+        }
+        done += n;
     }
-    w.finish()
+    let finished = w.finish(cols, stack);
+    stopped.and(finished)
 }
 
 /// Frame flag (FORMAT.md, since 1.5): the payload's column table has an eighth length, and a
@@ -1206,6 +1303,194 @@ mod tests {
                 .unwrap_err()
                 .contains("a free event carries stack 4")
         );
+    }
+
+    /// The frame payload of `events` as FORMAT.md states it, one plain step per value (no
+    /// cursors, no runs kept open across events): what the encoder's fast loop must write.
+    fn reference_payload(events: &[Event]) -> Vec<u8> {
+        let stacks = events.iter().any(|e| !e.stack.is_none());
+        let mut cols: [Vec<u8>; VAR_COLUMNS + 1] = Default::default();
+        let (mut kinds, mut prev_ts, mut prev_addr) = (Vec::new(), 0u64, 0u64);
+        // Runs of tid and pid: (zigzag delta from the previous run's value, length).
+        let mut runs: [Vec<(u32, u64)>; 2] = Default::default();
+        for e in events {
+            for (r, v) in runs.iter_mut().zip([e.tid, e.pid]) {
+                match r.last_mut() {
+                    Some((last, n)) if *last == v => *n += 1,
+                    _ => r.push((v, 1)),
+                }
+            }
+            kinds.push(e.kind.tag() as u8);
+            put_varint(&mut cols[2], zigzag(e.ts.wrapping_sub(prev_ts) as i64));
+            prev_ts = e.ts;
+            let (addr, addr2, size, align) = match e.kind {
+                EventKind::Malloc { addr, size }
+                | EventKind::Calloc { addr, size }
+                | EventKind::Mmap { addr, size }
+                | EventKind::Munmap { addr, size } => (addr, None, Some(size), None),
+                EventKind::Realloc {
+                    old_addr,
+                    new_addr,
+                    size,
+                }
+                | EventKind::Mremap {
+                    old_addr,
+                    new_addr,
+                    size,
+                } => (
+                    old_addr,
+                    Some(new_addr.wrapping_sub(old_addr)),
+                    Some(size),
+                    None,
+                ),
+                EventKind::AlignedAlloc { addr, size, align } => {
+                    (addr, None, Some(size), Some(align))
+                }
+                EventKind::Free { addr } | EventKind::Brk { addr } => (addr, None, None, None),
+                EventKind::SwitchOut { preempted } => (0, None, Some(preempted as u64), None),
+                _ => (0, None, None, None),
+            };
+            put_varint(&mut cols[3], zigzag(addr.wrapping_sub(prev_addr) as i64));
+            prev_addr = addr;
+            if let Some(d) = addr2 {
+                put_varint(&mut cols[4], zigzag(d as i64));
+            }
+            if let Some(v) = size {
+                put_varint(&mut cols[5], v);
+            }
+            if let Some(v) = align {
+                put_varint(&mut cols[6], v);
+            }
+            if stacks && e.kind.tag().carries_stack() {
+                put_varint(&mut cols[7], e.stack.0 as u64);
+            }
+        }
+        for (col, r) in cols.iter_mut().zip(&runs) {
+            let mut base = 0u32;
+            for &(v, n) in r {
+                put_varint(col, zigzag(v.wrapping_sub(base) as i32 as i64));
+                put_varint(col, n);
+                base = v;
+            }
+        }
+        let used = if stacks { VAR_COLUMNS + 1 } else { VAR_COLUMNS };
+        let mut raw = Vec::new();
+        put_varint(&mut raw, events.len() as u64);
+        for c in &cols[..used] {
+            put_varint(&mut raw, c.len() as u64);
+        }
+        raw.extend_from_slice(&kinds);
+        for c in &cols[..used] {
+            raw.extend_from_slice(c);
+        }
+        raw
+    }
+
+    /// Events of every kind, mostly one thread's with bursts of others (a tid shared by two
+    /// processes, a pid change alone), timestamps and addresses stepping both ways and by
+    /// 2^56 and more (9-byte values), stacks on some allocations when `stacks`.
+    fn mixed(n: usize, stacks: bool) -> Vec<Event> {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let (mut ts, mut addr) = (1u64 << 40, 0x5555_0000_0000u64);
+        (0..n)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let r = x;
+                ts = match r % 97 {
+                    0 => ts.wrapping_sub(r >> 40),
+                    1 => r,
+                    _ => ts + (r >> 50),
+                };
+                addr = match (r >> 8) % 89 {
+                    0 => r,
+                    1 => 0,
+                    _ => addr.wrapping_add((r >> 20) % 4096).wrapping_sub(2048),
+                };
+                let size = if r % 53 == 0 {
+                    u64::MAX - (r >> 60)
+                } else {
+                    (r >> 30) % 5000
+                };
+                let kinds = KindTag::ALL.len() as u64;
+                let kind = match (r >> 16) % (kinds + 8) {
+                    k if k >= kinds => {
+                        [EventKind::Malloc { addr, size }, EventKind::Free { addr }][k as usize % 2]
+                    }
+                    0 => EventKind::Malloc { addr, size },
+                    1 => EventKind::Calloc { addr, size },
+                    2 => EventKind::Realloc {
+                        old_addr: addr,
+                        new_addr: addr ^ r,
+                        size,
+                    },
+                    3 => EventKind::AlignedAlloc {
+                        addr,
+                        size,
+                        align: 1 << (r % 64),
+                    },
+                    4 => EventKind::Free { addr },
+                    5 => EventKind::Mmap { addr, size },
+                    6 => EventKind::Munmap { addr, size },
+                    7 => EventKind::Mremap {
+                        old_addr: addr,
+                        new_addr: r,
+                        size,
+                    },
+                    8 => EventKind::Brk { addr },
+                    9 => EventKind::Exec,
+                    10 => EventKind::SwitchOut {
+                        preempted: r & 1 == 0,
+                    },
+                    11 => EventKind::SwitchIn,
+                    12 => EventKind::ThreadStart,
+                    13 => EventKind::ThreadExit,
+                    14 => EventKind::IterationStart,
+                    _ => EventKind::IterationEnd,
+                };
+                let (pid, tid) = match (r >> 24) % 50 {
+                    0 => (7, 9),
+                    1 => (8, 9),
+                    2 => (8, 3),
+                    3 => (u32::MAX, 0),
+                    _ => (7, 3),
+                };
+                let e = Event::new(ts, pid, tid, kind);
+                let stack = (i as u32 % 5) * 1000 + (r >> 58) as u32;
+                match stacks && kind.tag().carries_stack() {
+                    true => e.with_stack(StackId(stack)),
+                    false => e,
+                }
+            })
+            .collect()
+    }
+
+    /// The column loop writes what the plain reference writes, with and without stacks, for
+    /// frames of any length (a run or a wide value at a frame's start and end), and the reader
+    /// reads it back.
+    #[test]
+    fn the_encoder_writes_the_formats_bytes() {
+        let (mut cols, mut raw) = (Columns::default(), Vec::new());
+        for stacks in [false, true] {
+            let events = mixed(20_000, stacks);
+            for len in [1, 2, 3, 7, 64, 1000, 20_000] {
+                for frame in events.chunks(len) {
+                    assert_eq!(
+                        encode_events(frame, &mut cols, &mut raw),
+                        Ok(frame.iter().any(|e| !e.stack.is_none()))
+                    );
+                    assert_eq!(raw, reference_payload(frame), "frames of {len}");
+                }
+            }
+            encode_events(&events, &mut cols, &mut raw).unwrap();
+            let back = if stacks {
+                decode_stacks(&raw, 20_000)
+            } else {
+                decode(&raw, 20_000)
+            };
+            assert_eq!(back.unwrap(), events);
+        }
     }
 
     fn decode_stacks(raw: &[u8], n: u32) -> Result<Vec<Event>, DecodeError> {
