@@ -64,8 +64,21 @@ fn exact_counts() {
     );
 }
 
+/// Every kind, with call stacks (the full recording call) and without (the fast path, after the
+/// thread's first call).
 fn realloc_aligned_and_zeroed_paths() {
-    let s = session("alloc_paths");
+    for depth in [64, 0] {
+        paths_recorded(depth);
+    }
+}
+
+fn paths_recorded(depth: u32) {
+    let s = SessionBuilder::new("alloc_paths")
+        .backend(BackendChoice::Alloc)
+        .stack_depth(depth)
+        .quiet(true)
+        .start()
+        .expect("allocator backend session");
     let mut v: Vec<u8> = Vec::with_capacity(10);
     v.reserve_exact(90);
     v.shrink_to_fit();
@@ -98,7 +111,7 @@ fn realloc_aligned_and_zeroed_paths() {
         EventKind::Free { addr: fz },
     ] = kinds[..]
     else {
-        panic!("unexpected events: {kinds:?}");
+        panic!("depth {depth}: unexpected events: {kinds:?}");
     };
     assert_eq!((old_addr, f, fp, fz), (m, new_addr, p, z));
     assert_eq!(r.totals().allocations, 4);
