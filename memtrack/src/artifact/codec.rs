@@ -119,16 +119,10 @@ impl Cursor {
     /// `(2v + 1) << (n − 1)`, the value's `n` bytes and garbage the next value overwrites.
     #[inline(always)]
     fn put(&mut self, v: u64) {
-        if v < 1 << 56 && self.at <= self.last {
-            // A table, not `div_ceil(7)`: a division per value is the encoder's largest cost.
-            let shift = VARINT_SHIFT[(v | 1).ilog2() as usize] as u32;
-            let w = (2 * v + 1) << shift;
-            // SAFETY: `at <= last` (checked just above), so the 8 bytes at `at` are inside the
-            // buffer, and `at + n` (n ≤ 8) is at most its end.
-            unsafe {
-                self.at.cast::<[u8; 8]>().write_unaligned(w.to_le_bytes());
-                self.at = self.at.add(shift as usize + 1);
-            }
+        if self.at <= self.last {
+            // SAFETY: `at <= last`: the 8 bytes at `at` are inside the buffer, and `at + n`
+            // (n ≤ 8) is at most its end; a 9-byte value takes `put_wide`, which checks.
+            unsafe { self.put_unchecked(v) }
         } else {
             *self = self.put_wide(v);
         }
@@ -141,6 +135,7 @@ impl Cursor {
     #[inline(always)]
     unsafe fn put_unchecked(&mut self, v: u64) {
         if v < 1 << 56 {
+            // A table, not `div_ceil(7)`: a division per value is the encoder's largest cost.
             let shift = VARINT_SHIFT[(v | 1).ilog2() as usize] as u32;
             let w = (2 * v + 1) << shift;
             // SAFETY: the caller's room.
