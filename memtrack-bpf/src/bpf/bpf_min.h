@@ -91,12 +91,12 @@ struct rq {
 struct cfs_rq {
 	struct rq *rq;
 } __attribute__((preserve_access_index));
-/* `sum_exec_runtime`: ns the task ran; 0 until it first got a CPU. */
 struct sched_entity {
 	struct cfs_rq *cfs_rq;
-	__u64 sum_exec_runtime;
 } __attribute__((preserve_access_index));
-/* `start_time`: when it was created, CLOCK_MONOTONIC ns (bpf_ktime_get_ns's clock). */
+/* `start_time`: when it was created, CLOCK_MONOTONIC ns (bpf_ktime_get_ns's clock).
+ * `nvcsw`, `nivcsw`: how many times it left a CPU, blocked or preempted; zeroed at creation
+ * (copy_mm), counted by __schedule before it fires sched_switch. */
 struct task_struct {
 	int pid;
 	int tgid;
@@ -104,6 +104,8 @@ struct task_struct {
 	struct sched_info sched_info;
 	struct sched_entity se;
 	__u64 start_time;
+	unsigned long nvcsw;
+	unsigned long nivcsw;
 } __attribute__((preserve_access_index));
 /* bpf_core_field_exists() of libbpf's bpf_core_read.h. */
 #define BPF_FIELD_EXISTS 2

@@ -1191,8 +1191,10 @@ int mt_switch(__u64 *ctx)
 	if (in) {
 		cs = bpf_task_storage_get(&calls, next, 0, 0);
 		if (switch_recorded(next, cs)) {
-			/* Its first time on a CPU: it was created at `start_time`, runnable since. */
-			if (next->se.sum_exec_runtime == 0 && next->start_time)
+			/* Its first time on a CPU (it never left one): it was created at
+			 * `start_time`, runnable since. Not `se.sum_exec_runtime == 0`: on a VM that was
+			 * seen still 0 at a thread's second switch-in, after 50 us on a CPU. */
+			if (next->nvcsw + next->nivcsw == 0 && next->start_time)
 				emit_at(0, ((__u64)ntgid << 32) | (__u32)next->pid,
 					MT_KIND_THREAD_START, 0, 0, 0, 0, next->start_time);
 			emit(0, ((__u64)ntgid << 32) | (__u32)next->pid, MT_KIND_SWITCH_IN, 0, 0, 0,
