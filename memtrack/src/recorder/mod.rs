@@ -83,11 +83,9 @@ static RECORDER: Lifecycle<HotPath> = Lifecycle::new(HotPath);
 struct HotPath;
 
 impl View for HotPath {
-    /// Never inlined: the statics are then referenced only from this module's code, where the
-    /// hot path reads them with one RIP-relative load each, not through the GOT.
-    #[inline(never)]
+    /// Writes the view in an order the hot path can read at any point: [`FAST`] closes first
+    /// and opens last, once [`SWITCH`] and [`SESSION`] hold the new state.
     fn publish(&self, switch: u32, session: Option<u64>) {
-        // The fast path closes first and opens last.
         FAST.store(FAST_CLOSED, Ordering::SeqCst);
         if let Some(word) = session {
             SESSION.store(word, Ordering::SeqCst);
