@@ -393,6 +393,80 @@ fn alternating_names_each_keep_every_call(backend: &str) {
     }
 }
 
+/// Calls of two names in turn where the first's artifact is a FIFO: its parts were written in
+/// place, to the FIFO's reader, so they cannot be joined. One line says so and what to do; the
+/// other name's artifact holds its three calls.
+fn a_name_written_to_a_fifo_is_not_joined() {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let out_dir = tempfile::tempdir().unwrap();
+    let fifo = out_dir.path().join("first_name.memtrack");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // Opened before the child so that its open for writing does not wait; non-blocking, so a
+    // read before the child opens it returns at once.
+    let mut reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let drain = {
+        let done = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            let (mut bytes, mut buf) = (0usize, [0u8; 1 << 16]);
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) if done.load(std::sync::atomic::Ordering::SeqCst) => return bytes,
+                    Ok(n) => bytes += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("reading the FIFO: {e}"),
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })
+    };
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--calls-child-alternate-alloc")
+        .env("MEMTRACK_DIR", out_dir.path())
+        .output()
+        .unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let read = drain.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(read > 0, "nothing went to the FIFO");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("memtrack:"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert_eq!(
+        lines[0],
+        format!(
+            "memtrack: first_name: {} is a device or a FIFO, so the 3 parts of this recording \
+             (its calls, interrupted by calls of another name) went to it as 3 artifacts in a \
+             row, not joined: call first_name's calls together, or write its artifact to a \
+             regular file",
+            fifo.display()
+        )
+    );
+    assert!(
+        lines[1].starts_with("memtrack: second_name — 3 calls"),
+        "{stderr}"
+    );
+    // No part is left beside them.
+    let mut files: Vec<String> = std::fs::read_dir(out_dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["first_name.memtrack", "second_name.memtrack"]);
+    let (r, _) = memtrack_test_support::read_complete(&out_dir.path().join("second_name.memtrack"));
+    assert_eq!(r.final_metadata().unwrap().iterations, Some(3));
+}
+
 fn main() {
     let child = std::env::args().nth(1);
     if child.as_deref() == Some("--calls-child-alternate-alloc") {
@@ -451,6 +525,10 @@ fn main() {
         test("alternating_names_each_keep_every_call_alloc", || {
             alternating_names_each_keep_every_call("alloc")
         }),
+        test(
+            "a_name_written_to_a_fifo_is_not_joined",
+            a_name_written_to_a_fifo_is_not_joined,
+        ),
         requires(
             "alternating_names_each_keep_every_call_ebpf",
             &[TRACKER],

@@ -131,6 +131,22 @@ pub enum Error {
         /// Every limit it did not keep, with the measured numbers.
         violations: Vec<crate::limits::Violation>,
     },
+    /// A recording of calls whose artifact is written in place (a device or a FIFO) was set
+    /// aside by calls of other names: its parts went to it as artifacts in a row, not joined.
+    #[error(
+        "{} is a device or a FIFO, so the {parts} parts of this recording (its calls, \
+         interrupted by calls of another name) went to it as {parts} artifacts in a row, not \
+         joined: call {name}'s calls together, or write its artifact to a regular file",
+        path.display()
+    )]
+    PartsWrittenInPlace {
+        /// The recording's name.
+        name: String,
+        /// Its artifact.
+        path: std::path::PathBuf,
+        /// How many parts went to it.
+        parts: usize,
+    },
     /// The parts of a recording of calls (set aside by calls of other names) could not be
     /// joined into its artifact; the parts' files are kept.
     #[error(

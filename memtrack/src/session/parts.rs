@@ -43,18 +43,17 @@ pub(crate) enum PartArtifact {
 }
 
 impl Part {
-    /// Its artifact, read back whole; an error if it is not (it was finished by its session).
-    fn reader(&self, name: &str) -> Result<Reader> {
+    /// Its artifact, read back whole; an error if it is not (it was finished by its session),
+    /// or if it went to a device or a FIFO (one of `parts`).
+    fn reader(&self, name: &str, parts: usize) -> Result<Reader> {
         let reader = match &self.artifact {
             PartArtifact::File(output) => {
                 let Some(path) = output.partial_path() else {
-                    return Err(Error::InvalidOption(format!(
-                        "{name}: the calls of this recording were interrupted by calls of \
-                         another name, and its artifact {} is written in place (a device or a \
-                         FIFO), so its parts cannot be read back and joined: call its calls \
-                         together, or write it to a regular file",
-                        output.path().display()
-                    )));
+                    return Err(Error::PartsWrittenInPlace {
+                        name: name.to_string(),
+                        path: output.path().to_path_buf(),
+                        parts,
+                    });
                 };
                 Reader::open(path)?
             }
@@ -98,6 +97,17 @@ struct PartIds {
 /// summary line unless the recording is quiet. If they cannot be joined, the parts' files are
 /// kept, and the error names them.
 pub(super) fn join(name: &str, parts: Vec<Part>) -> Result<Report> {
+    let in_place = parts.iter().find_map(|p| match &p.artifact {
+        PartArtifact::File(output) if output.partial_path().is_none() => Some(output.path()),
+        _ => None,
+    });
+    if let Some(path) = in_place {
+        return Err(Error::PartsWrittenInPlace {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            parts: parts.len(),
+        });
+    }
     let joined = join_parts(name, &parts);
     if joined.is_ok() {
         return joined;
@@ -127,7 +137,7 @@ fn join_parts(name: &str, parts: &[Part]) -> Result<Report> {
     let target = first.report.path.clone();
     let readers = parts
         .iter()
-        .map(|p| p.reader(name))
+        .map(|p| p.reader(name, parts.len()))
         .collect::<Result<Vec<_>>>()?;
     let (output, out, memory) = match &target {
         Some(path) => {
