@@ -292,6 +292,24 @@ fn calls_from_threads_take_turns() {
     );
 }
 
+/// memtrack's lines of a child's stderr.
+fn summary_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("memtrack:"))
+        .collect()
+}
+
+/// The names of the files in `dir`, sorted.
+fn files_in(dir: &std::path::Path) -> Vec<String> {
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    files
+}
+
 /// A child process that calls `work_alloc` three times and ends (`exit` by returning from
 /// main, or `std::process::exit`): its recording is finished at exit, with one summary line.
 fn the_recording_is_finished_at_exit() {
@@ -304,10 +322,7 @@ fn the_recording_is_finished_at_exit() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{how}: {stderr}");
-        let lines: Vec<&str> = stderr
-            .lines()
-            .filter(|l| l.starts_with("memtrack:"))
-            .collect();
+        let lines = summary_lines(&stderr);
         assert_eq!(lines.len(), 1, "{how}: {stderr}");
         assert!(
             lines[0].starts_with("memtrack: calls_alloc — 3 calls"),
@@ -344,10 +359,7 @@ fn alternating_names_each_keep_every_call(backend: &str) {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let lines: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("memtrack:"))
-        .collect();
+    let lines = summary_lines(&stderr);
     let (first, second) = match backend {
         "alloc" => ("first_name", "second_name"),
         _ => ("first_ebpf", "second_ebpf"),
@@ -359,11 +371,7 @@ fn alternating_names_each_keep_every_call(backend: &str) {
             "{stderr}"
         );
     }
-    let mut files: Vec<String> = std::fs::read_dir(out_dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    files.sort();
+    let files = files_in(out_dir.path());
     assert_eq!(
         files,
         [format!("{first}.memtrack"), format!("{second}.memtrack")]
@@ -437,10 +445,7 @@ fn a_name_written_to_a_fifo_is_not_joined() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(read > 0, "nothing went to the FIFO");
-    let lines: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("memtrack:"))
-        .collect();
+    let lines = summary_lines(&stderr);
     assert_eq!(lines.len(), 2, "{stderr}");
     assert_eq!(
         lines[0],
@@ -457,11 +462,7 @@ fn a_name_written_to_a_fifo_is_not_joined() {
         "{stderr}"
     );
     // No part is left beside them.
-    let mut files: Vec<String> = std::fs::read_dir(out_dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    files.sort();
+    let files = files_in(out_dir.path());
     assert_eq!(files, ["first_name.memtrack", "second_name.memtrack"]);
     let (r, _) = memtrack_test_support::read_complete(&out_dir.path().join("second_name.memtrack"));
     assert_eq!(r.final_metadata().unwrap().iterations, Some(3));

@@ -97,19 +97,9 @@ struct PartIds {
 /// summary line unless the recording is quiet. If they cannot be joined, the parts' files are
 /// kept, and the error names them.
 pub(super) fn join(name: &str, parts: Vec<Part>) -> Result<Report> {
-    let in_place = parts.iter().find_map(|p| match &p.artifact {
-        PartArtifact::File(output) if output.partial_path().is_none() => Some(output.path()),
-        _ => None,
-    });
-    if let Some(path) = in_place {
-        return Err(Error::PartsWrittenInPlace {
-            name: name.to_string(),
-            path: path.to_path_buf(),
-            parts: parts.len(),
-        });
-    }
     let joined = join_parts(name, &parts);
-    if joined.is_ok() {
+    // Parts written in place have no files to keep.
+    if matches!(joined, Ok(_) | Err(Error::PartsWrittenInPlace { .. })) {
         return joined;
     }
     let kept: Vec<_> = parts
