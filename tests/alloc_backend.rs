@@ -414,6 +414,8 @@ fn attribute_with_the_allocator_backend_and_limits() {
     std::panic::set_hook(hook);
     let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("allocations 3 > max_allocations 2"), "{msg}");
+    // The calls' recordings end here, not at the process's exit, when their directory is gone.
+    memtrack::finish_calls().expect("finishing the calls");
 }
 
 /// The line of `fn located_violation` below (its name is where the failure points).
@@ -446,6 +448,8 @@ fn limit_panic_points_at_the_users_function() {
         (file.as_str(), line),
         ("tests/alloc_backend.rs", LOCATED_LINE)
     );
+    // The calls' recordings end here, not at the process's exit, when their directory is gone.
+    memtrack::finish_calls().expect("finishing the calls");
 }
 
 /// Three blocks live at once, all freed: exactly the expectation.
@@ -533,6 +537,8 @@ fn expectations_and_in_memory_sessions() {
         .err()
         .expect("contradictory limits are refused");
     assert!(err.to_string().contains("keep one"), "{err}");
+    // The calls' recordings end here, not at the process's exit, when their directory is gone.
+    memtrack::finish_calls().expect("finishing the calls");
 }
 
 /// Whether this process may use the eBPF recorder (what `auto` checks).
