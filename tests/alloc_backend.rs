@@ -541,6 +541,90 @@ fn expectations_and_in_memory_sessions() {
     memtrack::finish_calls().expect("finishing the calls");
 }
 
+/// Allocates `size` bytes at one call site, whoever calls it.
+#[inline(never)]
+fn site(size: usize) {
+    black_box(Vec::<u8>::with_capacity(black_box(size)));
+}
+
+#[inline(never)]
+fn mid(size: usize) {
+    site(size);
+    black_box(());
+}
+
+#[inline(never)]
+fn mid2(size: usize) {
+    site(size);
+    black_box(());
+}
+
+#[inline(never)]
+fn outer_a(size: usize, second: bool) {
+    if black_box(second) {
+        mid2(size)
+    } else {
+        mid(size)
+    }
+    black_box(());
+}
+
+#[inline(never)]
+fn outer_b(size: usize) {
+    mid(size);
+    black_box(());
+}
+
+/// Allocations at one site from three routes in a pseudo-random order, taken again without a
+/// walk when a recent one still holds (the recording call's fast path): each route's
+/// allocations have one stack, of their own. Routes `outer_a → mid` and `outer_b → mid`
+/// differ only in the frame below `mid`, `outer_a → mid` and `outer_a → mid2` in `site`'s
+/// caller.
+fn allocations_keep_their_stacks_on_the_fast_path() {
+    let s = SessionBuilder::new("alloc_fast_stacks")
+        .backend(BackendChoice::Alloc)
+        .stack_depth(16)
+        .quiet(true)
+        .start()
+        .expect("allocator backend session");
+    let mut x = 12345u32;
+    let mut made = [0u64; 3];
+    for _ in 0..3000 {
+        x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        let route = (x >> 28) as usize % 3;
+        // Runs of one route (which its recent walk answers) and changes of route.
+        for _ in 0..1 + (x >> 24) % 4 {
+            match route {
+                0 => outer_a(1001, false),
+                1 => outer_b(1002),
+                _ => outer_a(1003, true),
+            }
+            made[route] += 1;
+        }
+    }
+    let r = s.finish().unwrap();
+    let mut stacks: [std::collections::BTreeSet<u32>; 3] = Default::default();
+    let mut count = [0u64; 3];
+    for e in events(&r) {
+        if let EventKind::Malloc {
+            size: size @ 1001..=1003,
+            ..
+        } = e.kind
+        {
+            let route = (size - 1001) as usize;
+            stacks[route].insert(e.stack.0);
+            count[route] += 1;
+        }
+    }
+    assert_eq!(count, made, "every allocation recorded");
+    for (route, ids) in stacks.iter().enumerate() {
+        assert_eq!(ids.len(), 1, "route {route}: one stack, got {ids:?}");
+        assert!(!ids.contains(&0), "route {route}: a stack");
+    }
+    let ids: std::collections::BTreeSet<u32> = stacks.iter().flatten().copied().collect();
+    assert_eq!(ids.len(), 3, "three routes, three stacks: {stacks:?}");
+}
+
 /// Whether this process may use the eBPF recorder (what `auto` checks).
 fn privileged() -> bool {
     memtrack_test_support::missing(&[TRACKER]).is_none()
@@ -625,6 +709,10 @@ fn main() {
         test(
             "expectations_and_in_memory_sessions",
             expectations_and_in_memory_sessions,
+        ),
+        test(
+            "allocations_keep_their_stacks_on_the_fast_path",
+            allocations_keep_their_stacks_on_the_fast_path,
         ),
         test(
             "limit_panic_points_at_the_users_function",

@@ -104,6 +104,15 @@ const OPS: &[Op] = &[
         run: alloc_record,
     },
     Op {
+        name: "alloc_record_stacks",
+        scope: "thread",
+        unit: BURST as u64,
+        small: 98 * BURST as u64,
+        large: 293 * BURST as u64,
+        about: "alloc_record with 20-frame call stacks (one call site): the measured thread's work; per pair",
+        run: alloc_record_stacks,
+    },
+    Op {
         name: "alloc_idle",
         scope: "thread",
         unit: BURST as u64,
@@ -353,13 +362,18 @@ fn churn_state() -> (u32, [(*mut u8, Layout); 64], usize) {
 }
 
 fn session(name: &str) -> memtrack::Session {
+    session_with(name, 0)
+}
+
+/// [`session`] recording call stacks of up to `depth` frames.
+fn session_with(name: &str, depth: u32) -> memtrack::Session {
     SessionBuilder::new(name)
         .backend(BackendChoice::Alloc)
         .output_dir(std::env::temp_dir().join(format!("memtrack-hotpaths-{}", std::process::id())))
         .workers(1)
         // The gate measures the recording call without call stacks (the default records 64
-        // frames; their cost is benches/alloc_overhead.rs's figure).
-        .stack_depth(0)
+        // frames) but in `alloc_record_stacks`.
+        .stack_depth(depth)
         .quiet(true)
         .start()
         .expect("an allocator backend session")
@@ -386,6 +400,48 @@ fn alloc_record(reps: u64, m: &mut Measure) -> u64 {
     }
     free_all(&GLOBAL, &mut state.1);
     finish(s, reps * BURST as u64)
+}
+
+/// Frames under the measured work in [`alloc_record_stacks`]: with the runtime's below and the
+/// allocator's above, every stack is deeper than the 20 frames recorded.
+const NEST: u32 = 20;
+
+/// [`alloc_record`] recording 20-frame call stacks, the bursts run [`NEST`] frames deep.
+fn alloc_record_stacks(reps: u64, m: &mut Measure) -> u64 {
+    nested(NEST, &mut || {
+        let mut state = churn_state();
+        let s = session_with("hotpaths_alloc_record_stacks", 20);
+        for _ in 0..reps {
+            while alloc_undrained() > 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            m.call(|| churn(&GLOBAL, &mut state, BURST));
+        }
+        free_all(&GLOBAL, &mut state.1);
+        let r = s.finish().expect("finishing the session");
+        assert_eq!(r.lost_events(), 0, "events lost");
+        assert!(r.totals().allocations >= reps * BURST as u64);
+        let path = r.path.as_deref().expect("the session wrote an artifact");
+        let reader = Reader::open(path).expect("the session's artifact");
+        let stacks = reader.stacks().expect("its call stacks");
+        assert!(stacks.stacks().len() > 0, "stacks recorded");
+        for (id, stack) in stacks.stacks() {
+            assert_eq!(stack.frames.len(), 20, "stack {id:?} has 20 frames");
+        }
+        let _ = std::fs::remove_dir_all(path.parent().expect("a directory"));
+        r.totals().allocations
+    })
+}
+
+/// Runs `f` `n` frames deeper than the caller.
+#[inline(never)]
+fn nested(n: u32, f: &mut dyn FnMut() -> u64) -> u64 {
+    if n == 0 {
+        f()
+    } else {
+        // Used after the call: not a tail call, so every level keeps its frame.
+        black_box(nested(n - 1, f)) + black_box(0)
+    }
 }
 
 /// `alloc_record`'s bursts with no session: the wrapper's one relaxed load per call over

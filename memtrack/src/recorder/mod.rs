@@ -198,6 +198,12 @@ impl Raw {
     /// `kind` and `epoch` (OR [`Raw::epoch_meta`]) in one value.
     #[inline(always)]
     pub(crate) const fn meta(kind: KindTag, align_log: u8) -> u64 {
+        Raw::meta_of(kind as u8, align_log)
+    }
+
+    /// [`Raw::meta`] of a kind given by its tag's value.
+    #[inline(always)]
+    pub(crate) const fn meta_of(kind: u8, align_log: u8) -> u64 {
         (align_log as u64) << 32 | (kind as u64) << 40
     }
 
@@ -435,6 +441,9 @@ struct Pass {
     word: u64,
     /// `word` if allocations take the fast path too, else [`NEVER`].
     alloc_word: u64,
+    /// `word` if allocations take the fast path with their call stack (found again without a
+    /// walk: [`walk::recent`]), else [`NEVER`].
+    stack_word: u64,
     /// The epoch as [`Raw::meta`] bits.
     epoch: u64,
     /// [`Raw::meta`] of a free and of a malloc, with the epoch: their calls store it as it is
@@ -448,6 +457,7 @@ impl Pass {
         ring: std::ptr::null(),
         word: NEVER,
         alloc_word: NEVER,
+        stack_word: NEVER,
         epoch: 0,
         free_meta: 0,
         malloc_meta: 0,
@@ -595,6 +605,40 @@ fn fast_alloc<const MOVE: bool>(
     })
 }
 
+/// The fast path of a recording that takes call stacks, in [`record`]: when the stack at `at`
+/// is one of the thread's recent walks' and still holds ([`walk::recent`]), the slot gets its
+/// id without the full call; else returns false (a walk may allocate: the full call makes it).
+/// Arguments as [`record`]'s; a kind that is not a realloc's ignores the `addr2` it writes.
+#[inline(always)]
+fn fast_alloc_stack(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) -> bool {
+    let pass = PASS.with(Cell::get);
+    if FAST.load(Ordering::Relaxed) != pass.stack_word || at.ip == 0 {
+        return false;
+    }
+    // SAFETY: as in `fast_push`.
+    let ring = unsafe { &*pass.ring };
+    let head = ring.head.0.load(Ordering::Relaxed);
+    if head >= ring.next_check.0.load(Ordering::Relaxed) {
+        return false;
+    }
+    let stack = walk::recent(at, walk::STACK_DEPTH.load(Ordering::Relaxed));
+    if stack == 0 {
+        return false;
+    }
+    let meta = Raw::meta_of(kind_align as u8, (kind_align >> 8) as u8) | pass.epoch;
+    let slot = ring.slots[head % RING].get();
+    // SAFETY: slot `head` is free (below the next check) and this thread's to write.
+    unsafe {
+        (&raw mut (*slot).addr).write(addr);
+        (&raw mut (*slot).addr2).write(addr2);
+        (&raw mut (*slot).size).write(size);
+        Raw::write_meta(slot, meta | u64::from(stack));
+        stamp(slot);
+    }
+    ring.head.0.store(head + 1, Ordering::Release);
+    true
+}
+
 /// [`fast_alloc`] of a free.
 #[inline(always)]
 fn fast_free(addr: u64) -> bool {
@@ -614,9 +658,22 @@ fn fast_free(addr: u64) -> bool {
 /// [`Raw::align_log`] in the next; `at` is where the allocator wrapper runs, the call stack's
 /// start; `addr2` a realloc's old block. The arguments come in the registers the wrapper's
 /// recording calls hold them in (block, where, size), so that none moves on the fast path.
+///
+/// With call stacks, an allocation whose stack is found again without a walk takes
+/// [`fast_alloc_stack`] here: a small function, so that the full call's saved registers are
+/// not the fast path's, nor the recording call's without stacks (which [`fast_alloc`] takes).
 #[cold]
 #[inline(never)]
 fn record(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
+    if !fast_alloc_stack(addr, at, size, kind_align, addr2) {
+        record_full(addr, at, size, kind_align, addr2)
+    }
+}
+
+/// [`record`] without its fast path.
+#[cold]
+#[inline(never)]
+fn record_full(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
     record_inner::<true>(kind_align, addr, addr2, size, at)
 }
 
@@ -732,6 +789,13 @@ fn grant_pass(sw: u32, session: u64) {
                 ring,
                 word: session,
                 alloc_word: if stacks { NEVER } else { session },
+                // Once the thread has walked: its first `walk::recent` would set up what it
+                // reads, and allocate.
+                stack_word: if stacks && walk::ready() {
+                    session
+                } else {
+                    NEVER
+                },
                 epoch,
                 free_meta: Raw::meta(KindTag::Free, 0) | epoch,
                 malloc_meta: Raw::meta(KindTag::Malloc, 0) | epoch,

@@ -58,6 +58,8 @@ thread_local! {
     static BOUNDS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     /// The stacks this thread sent, and the last one it recorded.
     static SEEN: RefCell<Seen> = RefCell::new(Seen::default());
+    /// `SEEN` is set up (see [`ready`]).
+    static READY: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The calling thread's stack range `[low, high)` (glibc's `pthread_getattr_np`, which also
@@ -98,8 +100,14 @@ fn thread_bounds() -> (u64, u64) {
 pub(crate) struct Trace {
     len: usize,
     frames: [u64; TRACE_MAX],
-    words: [[u64; 2]; TRACE_MAX],
+    words: [Words; TRACE_MAX],
 }
+
+/// A frame's two words, 16-byte aligned as the frame itself is (the walk reads only aligned
+/// frames): [`Trace::still_holds`] compares them in one aligned SSE2 operation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(16))]
+struct Words([u64; 2]);
 
 const TRACE_MAX: usize = STACK_MAX as usize + 1;
 
@@ -108,7 +116,7 @@ impl Trace {
         Box::new(Trace {
             len: 0,
             frames: [0; TRACE_MAX],
-            words: [[0; 2]; TRACE_MAX],
+            words: [Words([0; 2]); TRACE_MAX],
         })
     }
 
@@ -132,16 +140,27 @@ impl Trace {
         // differ there (another call site in the same function), and a thread that allocates
         // at several places in turn checks each of its recent walks.
         // SAFETY: by the contract, `first` was read by this thread's walk: readable.
-        if unsafe { *(first as *const [u64; 2]) } != words[0] {
+        if unsafe { *(first as *const Words) } != words[0] {
             return false;
         }
-        let mut same = true;
-        for (&at, want) in rest.iter().zip(&words[1..]) {
-            // SAFETY: as `first`.
-            let got = unsafe { *(at as *const [u64; 2]) };
-            same &= got == *want;
+        // The rest as one difference, 16 bytes a frame (SSE2, part of x86-64): per frame two
+        // aligned loads (one folded into the xor), an xor and an or, no branch.
+        use std::arch::x86_64::{
+            __m128i, _mm_cmpeq_epi8, _mm_load_si128, _mm_movemask_epi8, _mm_or_si128,
+            _mm_setzero_si128, _mm_xor_si128,
+        };
+        // SAFETY: SSE2 is part of x86-64 (these intrinsics only lack its `target_feature`
+        // attribute); every `at` as `first`, and 16-byte aligned (the walk reads only aligned
+        // frames); every `want` is a `Words`, 16 bytes, aligned.
+        unsafe {
+            let mut diff = _mm_setzero_si128();
+            for (&at, want) in rest.iter().zip(&words[1..]) {
+                let got = _mm_load_si128(at as *const __m128i);
+                let want = _mm_load_si128((want as *const Words).cast::<__m128i>());
+                diff = _mm_or_si128(diff, _mm_xor_si128(got, want));
+            }
+            _mm_movemask_epi8(_mm_cmpeq_epi8(diff, _mm_setzero_si128())) == 0xFFFF
         }
-        same
     }
 }
 
@@ -175,7 +194,7 @@ pub(crate) unsafe fn walk(
         // SAFETY: `valid(fp)`: both words lie inside `[low, high)`, readable by the contract.
         let (next, ret) = unsafe { (*(fp as *const u64), *((fp + 8) as *const u64)) };
         trace.frames[n] = fp;
-        trace.words[n] = [next, ret];
+        trace.words[n] = Words([next, ret]);
         trace.len = n + 1;
         if ret == 0 {
             break;
@@ -205,16 +224,9 @@ pub(crate) fn capture(at: Here, depth: u32) -> u32 {
     SEEN.try_with(|seen| {
         let mut seen = seen.borrow_mut();
         let seen = &mut *seen;
-        // The walk that answered last first: a loop with one stack checks one.
-        for k in 0..RECENT {
-            let i = (seen.answered + k) % RECENT;
-            let w = &seen.recent[i];
-            let starts_here = w.id != 0 && (w.ip, w.fp, w.depth) == (at.ip, at.fp, depth);
-            // SAFETY: the trace is of this thread's own walk.
-            if starts_here && unsafe { w.trace.still_holds() } {
-                seen.answered = i;
-                return w.id;
-            }
+        let id = seen.recent_id(at, depth);
+        if id != 0 {
+            return id;
         }
         let (low, high) = thread_bounds();
         // Not zeroed: 1 KiB of stores on every allocation (the walk writes what is read).
@@ -237,9 +249,30 @@ pub(crate) fn capture(at: Here, depth: u32) -> u32 {
         let w = &mut seen.recent[i];
         (w.ip, w.fp, w.depth, w.id) = (at.ip, at.fp, depth, id);
         seen.answered = i;
+        READY.with(|r| r.set(true));
         id
     })
     .unwrap_or(0)
+}
+
+/// [`capture`]'s answer without a walk: the id of the stack at `at` if one of the thread's
+/// recent walks still holds, else 0 (also during the thread's teardown, and before its first
+/// [`capture`]). Never walks, never allocates: the recording call's fast path calls it.
+#[inline(always)]
+pub(crate) fn recent(at: Here, depth: u32) -> u32 {
+    let depth = depth.clamp(1, STACK_MAX) as usize;
+    SEEN.try_with(|seen| {
+        seen.try_borrow_mut()
+            .map_or(0, |mut s| s.recent_id(at, depth))
+    })
+    .unwrap_or(0)
+}
+
+/// Whether the calling thread has made a [`capture`] (its [`recent`] then needs no set-up,
+/// which would allocate).
+#[inline]
+pub(crate) fn ready() -> bool {
+    READY.with(Cell::get)
 }
 
 /// The walks a thread keeps to find a stack again without walking it (see [`capture`]): a loop
@@ -264,6 +297,25 @@ struct Walked {
     depth: usize,
     id: u32,
     trace: Box<Trace>,
+}
+
+impl Seen {
+    /// The id of the recent walk that starts at `at` with cap `depth` and still holds; 0 if none.
+    #[inline(always)]
+    fn recent_id(&mut self, at: Here, depth: usize) -> u32 {
+        // The walk that answered last first: a loop with one stack checks one.
+        for k in 0..RECENT {
+            let i = (self.answered + k) % RECENT;
+            let w = &self.recent[i];
+            let starts_here = w.id != 0 && (w.ip, w.fp, w.depth) == (at.ip, at.fp, depth);
+            // SAFETY: the trace is of this thread's own walk.
+            if starts_here && unsafe { w.trace.still_holds() } {
+                self.answered = i;
+                return w.id;
+            }
+        }
+        0
+    }
 }
 
 impl Default for Seen {
