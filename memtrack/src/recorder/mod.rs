@@ -590,19 +590,23 @@ fn fast_alloc<const MOVE: bool>(
     old: u64,
     size: u64,
 ) -> bool {
-    // Allocations with call stacks take the full call (no `alloc_word`): the walk may allocate.
-    fast_push::<true>(|slot, pass| {
-        // SAFETY: `fast_push` hands a free slot of this thread's ring.
-        unsafe {
-            (&raw mut (*slot).addr).write(addr);
-            if MOVE {
-                (&raw mut (*slot).addr2).write(old);
+    // Allocations with call stacks take `fast_alloc_stack` or the full call (no `alloc_word`).
+    fast_push(
+        |pass| pass.alloc_word,
+        |slot, pass| {
+            // SAFETY: `fast_push` hands a free slot of this thread's ring.
+            unsafe {
+                (&raw mut (*slot).addr).write(addr);
+                if MOVE {
+                    (&raw mut (*slot).addr2).write(old);
+                }
+                (&raw mut (*slot).size).write(size);
+                Raw::write_meta(slot, meta(pass));
+                stamp(slot);
             }
-            (&raw mut (*slot).size).write(size);
-            Raw::write_meta(slot, meta(pass));
-            stamp(slot);
-        }
-    })
+            true
+        },
+    )
 }
 
 /// The fast path of a recording that takes call stacks, in [`record`]: when the stack at `at`
@@ -611,46 +615,46 @@ fn fast_alloc<const MOVE: bool>(
 /// Arguments as [`record`]'s; a kind that is not a realloc's ignores the `addr2` it writes.
 #[inline(always)]
 fn fast_alloc_stack(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) -> bool {
-    let pass = PASS.with(Cell::get);
-    if FAST.load(Ordering::Relaxed) != pass.stack_word || at.ip == 0 {
+    if at.ip == 0 {
         return false;
     }
-    // SAFETY: as in `fast_push`.
-    let ring = unsafe { &*pass.ring };
-    let head = ring.head.0.load(Ordering::Relaxed);
-    if head >= ring.next_check.0.load(Ordering::Relaxed) {
-        return false;
-    }
-    let stack = walk::recent(at, walk::STACK_DEPTH.load(Ordering::Relaxed));
-    if stack == 0 {
-        return false;
-    }
-    let meta = Raw::meta_of(kind_align as u8, (kind_align >> 8) as u8) | pass.epoch;
-    let slot = ring.slots[head % RING].get();
-    // SAFETY: slot `head` is free (below the next check) and this thread's to write.
-    unsafe {
-        (&raw mut (*slot).addr).write(addr);
-        (&raw mut (*slot).addr2).write(addr2);
-        (&raw mut (*slot).size).write(size);
-        Raw::write_meta(slot, meta | u64::from(stack));
-        stamp(slot);
-    }
-    ring.head.0.store(head + 1, Ordering::Release);
-    true
+    fast_push(
+        |pass| pass.stack_word,
+        |slot, pass| {
+            let stack = walk::recent(at, walk::STACK_DEPTH.load(Ordering::Relaxed));
+            if stack == 0 {
+                return false;
+            }
+            let meta = Raw::meta_of(kind_align as u8, (kind_align >> 8) as u8) | pass.epoch;
+            // SAFETY: `fast_push` hands a free slot of this thread's ring.
+            unsafe {
+                (&raw mut (*slot).addr).write(addr);
+                (&raw mut (*slot).addr2).write(addr2);
+                (&raw mut (*slot).size).write(size);
+                Raw::write_meta(slot, meta | u64::from(stack));
+                stamp(slot);
+            }
+            true
+        },
+    )
 }
 
 /// [`fast_alloc`] of a free.
 #[inline(always)]
 fn fast_free(addr: u64) -> bool {
-    fast_push::<false>(|slot, pass| {
-        // SAFETY: `fast_push` hands a free slot of this thread's ring. A free's event reads
-        // its address only: the old block and size fields are left as they were.
-        unsafe {
-            (&raw mut (*slot).addr).write(addr);
-            Raw::write_meta(slot, pass.free_meta);
-            stamp(slot);
-        }
-    })
+    fast_push(
+        |pass| pass.word,
+        |slot, pass| {
+            // SAFETY: `fast_push` hands a free slot of this thread's ring. A free's event reads
+            // its address only: the old block and size fields are left as they were.
+            unsafe {
+                (&raw mut (*slot).addr).write(addr);
+                Raw::write_meta(slot, pass.free_meta);
+                stamp(slot);
+            }
+            true
+        },
+    )
 }
 
 /// Records one allocation in full: when [`fast_alloc`] could not (no valid [`Pass`], call
@@ -684,19 +688,15 @@ fn record_free(addr: u64) {
     record_inner::<false>(KindTag::Free as u32, addr, 0, 0, walk::Here::NONE)
 }
 
-/// The recording call's fast path: with a valid [`Pass`] and room in the ring before its next
-/// check, has `fill` write the next slot (given the pass, for the epoch's [`Raw::meta`] bits),
-/// publishes it and returns true; else returns false and the caller takes the full call
-/// ([`record_inner`]). `ALLOCATION`: the call is an allocation's.
+/// The recording call's fast path: with a valid [`Pass`] (the session word in force is the
+/// pass's `word` of it) and room in the ring before its next check, has `fill` write the next
+/// slot (given the pass, for the epoch's [`Raw::meta`] bits) and, if `fill` returns true,
+/// publishes it and returns true; else returns false, the slot unpublished, and the caller
+/// takes the full call ([`record_inner`]).
 #[inline(always)]
-fn fast_push<const ALLOCATION: bool>(fill: impl FnOnce(*mut Raw, &Pass)) -> bool {
+fn fast_push(word: impl FnOnce(&Pass) -> u64, fill: impl FnOnce(*mut Raw, &Pass) -> bool) -> bool {
     let pass = PASS.with(Cell::get);
-    let word = if ALLOCATION {
-        pass.alloc_word
-    } else {
-        pass.word
-    };
-    if FAST.load(Ordering::Relaxed) != word {
+    if FAST.load(Ordering::Relaxed) != word(&pass) {
         return false;
     }
     // SAFETY: a pass's ring is this thread's, alive while the pass is (revoked before the
@@ -707,7 +707,9 @@ fn fast_push<const ALLOCATION: bool>(fill: impl FnOnce(*mut Raw, &Pass)) -> bool
     if head >= ring.next_check.0.load(Ordering::Relaxed) {
         return false;
     }
-    fill(ring.slots[head % RING].get(), &pass);
+    if !fill(ring.slots[head % RING].get(), &pass) {
+        return false;
+    }
     ring.head.0.store(head + 1, Ordering::Release);
     true
 }
