@@ -18,6 +18,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -380,10 +381,17 @@ fn session_with(name: &str, depth: u32) -> memtrack::Session {
 }
 
 fn finish(s: memtrack::Session, pairs: u64) -> u64 {
+    finish_checked(s, pairs, |_| ())
+}
+
+/// [`finish`], with `check` run on the artifact's path before it is removed (`finish` opens
+/// nothing: `alloc_session` counts the whole process).
+fn finish_checked(s: memtrack::Session, pairs: u64, check: impl FnOnce(&Path)) -> u64 {
     let r = s.finish().expect("finishing the session");
     assert_eq!(r.lost_events(), 0, "events lost");
     assert!(r.totals().allocations >= pairs, "every allocation recorded");
     let path = r.path.as_deref().expect("the session wrote an artifact");
+    check(path);
     let _ = std::fs::remove_dir_all(path.parent().expect("a directory"));
     r.totals().allocations
 }
@@ -418,18 +426,14 @@ fn alloc_record_stacks(reps: u64, m: &mut Measure) -> u64 {
             m.call(|| churn(&GLOBAL, &mut state, BURST));
         }
         free_all(&GLOBAL, &mut state.1);
-        let r = s.finish().expect("finishing the session");
-        assert_eq!(r.lost_events(), 0, "events lost");
-        assert!(r.totals().allocations >= reps * BURST as u64);
-        let path = r.path.as_deref().expect("the session wrote an artifact");
-        let reader = Reader::open(path).expect("the session's artifact");
-        let stacks = reader.stacks().expect("its call stacks");
-        assert!(stacks.stacks().len() > 0, "stacks recorded");
-        for (id, stack) in stacks.stacks() {
-            assert_eq!(stack.frames.len(), 20, "stack {id:?} has 20 frames");
-        }
-        let _ = std::fs::remove_dir_all(path.parent().expect("a directory"));
-        r.totals().allocations
+        finish_checked(s, reps * BURST as u64, |path| {
+            let reader = Reader::open(path).expect("the session's artifact");
+            let stacks = reader.stacks().expect("its call stacks");
+            assert!(stacks.stacks().len() > 0, "stacks recorded");
+            for (id, stack) in stacks.stacks() {
+                assert_eq!(stack.frames.len(), 20, "stack {id:?} has 20 frames");
+            }
+        })
     })
 }
 
