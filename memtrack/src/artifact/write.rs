@@ -20,9 +20,6 @@ pub(crate) struct FrameScratch {
     cols: Columns,
     raw: Vec<u8>,
     defs_raw: Vec<u8>,
-    payload: Vec<u8>,
-    /// A zstd frame of a payload that has a definitions block.
-    block: Vec<u8>,
     zstd: zstd::bulk::Compressor<'static>,
 }
 
@@ -38,8 +35,6 @@ impl FrameScratch {
             cols: Columns::default(),
             raw: Vec::new(),
             defs_raw: Vec::new(),
-            payload: Vec::new(),
-            block: Vec::new(),
             zstd,
         })
     }
@@ -57,38 +52,22 @@ pub(crate) fn encode_frame(
     let stacks = encode_events(events, &mut scratch.cols, &mut scratch.raw)
         .map_err(|problem| Error::Unwritable { problem })?;
     let mut flags = if stacks { FLAG_STACKS } else { 0 };
-    let payload = &mut scratch.payload;
-    payload.clear();
-    match defs.filter(|d| !d.is_empty()) {
-        None => {
-            payload.reserve(zstd::zstd_safe::compress_bound(scratch.raw.len()));
-            scratch
-                .zstd
-                .compress_to_buffer(&scratch.raw, payload)
-                .map_err(|e| Error::io("compressing a frame", e))?;
-        }
-        Some(defs) => {
-            // u32 length of the definitions' zstd frame, that frame, then the events' one.
-            flags |= FLAG_DEFINITIONS;
-            encode_definitions(defs, &mut scratch.defs_raw);
-            let block = &mut scratch.block;
-            block.clear();
-            block.reserve(zstd::zstd_safe::compress_bound(scratch.defs_raw.len()));
-            scratch
-                .zstd
-                .compress_to_buffer(&scratch.defs_raw, block)
-                .map_err(|e| Error::io("compressing a frame's definitions", e))?;
-            payload.extend_from_slice(&(block.len() as u32).to_le_bytes());
-            payload.extend_from_slice(block);
-            block.clear();
-            block.reserve(zstd::zstd_safe::compress_bound(scratch.raw.len()));
-            scratch
-                .zstd
-                .compress_to_buffer(&scratch.raw, block)
-                .map_err(|e| Error::io("compressing a frame", e))?;
-            payload.extend_from_slice(block);
-        }
+    // The payload is compressed straight into `out` after room for the header, which is
+    // written last (its CRC covers the payload): no copy of the compressed bytes.
+    out.clear();
+    out.resize(FRAME_HEADER, 0);
+    if let Some(defs) = defs.filter(|d| !d.is_empty()) {
+        // u32 length of the definitions' zstd frame, that frame, then the events' one.
+        flags |= FLAG_DEFINITIONS;
+        encode_definitions(defs, &mut scratch.defs_raw);
+        out.extend_from_slice(&[0; 4]);
+        let len = compress_after(&mut scratch.zstd, &scratch.defs_raw, out)
+            .map_err(|e| Error::io("compressing a frame's definitions", e))?;
+        out[FRAME_HEADER..FRAME_HEADER + 4].copy_from_slice(&(len as u32).to_le_bytes());
     }
+    compress_after(&mut scratch.zstd, &scratch.raw, out)
+        .map_err(|e| Error::io("compressing a frame", e))?;
+    let payload = &out[FRAME_HEADER..];
     let first_ts = events.first().map_or(0, |e| e.ts);
     let last_ts = events.last().map_or(0, |e| e.ts);
     let mut hdr = [0u8; FRAME_HEADER];
@@ -101,10 +80,22 @@ pub(crate) fn encode_frame(
     hdr[32..40].copy_from_slice(&last_ts.to_le_bytes());
     let crc = frame_crc(&hdr, payload);
     hdr[20..24].copy_from_slice(&crc.to_le_bytes());
-    out.clear();
-    out.extend_from_slice(&hdr);
-    out.extend_from_slice(payload);
+    out[..FRAME_HEADER].copy_from_slice(&hdr);
     Ok(())
+}
+
+/// Compresses `src` into one zstd frame appended to `out`; returns its length.
+fn compress_after(
+    zstd: &mut zstd::bulk::Compressor<'static>,
+    src: &[u8],
+    out: &mut Vec<u8>,
+) -> std::io::Result<usize> {
+    let start = out.len();
+    out.reserve(zstd::zstd_safe::compress_bound(src.len()));
+    let mut at = std::io::Cursor::new(&mut *out);
+    at.set_position(start as u64);
+    zstd.compress_to_buffer(src, &mut at)?;
+    Ok(out.len() - start)
 }
 
 /// CRC-32 of a frame: its header (without the CRC field) and its payload.
