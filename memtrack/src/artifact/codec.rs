@@ -1,9 +1,11 @@
 //! The column encoding inside a frame (FORMAT.md, "Frame payload").
 //!
-//! Events are split into columns, each delta/zigzag/LEB128-encoded so that the common case
-//! (a timestamp a few hundred ns after the previous one, an address near the previous one,
-//! a small size) takes one or two bytes, then the columns are concatenated and compressed with
-//! zstd. Column order and encodings are part of the format: change them only with a version bump.
+//! Events are split into columns, each delta/zigzag/prefix-varint-encoded so that the common
+//! case (a timestamp a few hundred ns after the previous one, an address near the previous one,
+//! a small size) takes one or two bytes; a free of a block allocated shortly before names that
+//! allocation by distance (its ref) instead. The columns are concatenated and compressed with
+//! zstd, but for the addr column, stored as it is after the zstd frame (since 1.9). Column
+//! order and encodings are part of the format: change them only with a version bump.
 
 use crate::event::{Event, EventKind, KindTag};
 use crate::stack::{Frame, Module, ModuleId, Stack, StackId};
@@ -148,6 +150,19 @@ impl Cursor {
         }
     }
 
+    /// [`Cursor::put_unchecked`] of 0: its one byte.
+    ///
+    /// # Safety
+    /// As [`Cursor::put_unchecked`]'s.
+    #[inline(always)]
+    unsafe fn put_zero(&mut self) {
+        // SAFETY: the caller's room.
+        unsafe {
+            self.at.write(1);
+            self.at = self.at.add(1);
+        }
+    }
+
     /// A value of 2^56 or more (9 bytes), or a store past the reserved room (which panics).
     #[cold]
     #[inline(never)]
@@ -220,6 +235,47 @@ pub(crate) struct Columns {
     cols: [OutCol; VAR_COLUMNS],
     /// The stack-id column of a frame whose events carry stacks (FORMAT.md, since 1.5).
     stack: OutCol,
+    /// The ref column: one value per free (FORMAT.md, since 1.9).
+    refs: OutCol,
+    /// The frame's recent allocations, for the ref column.
+    recent: Recent,
+}
+
+/// Slots of [`Recent`]: 2^12 (64 KiB), a power of two.
+const RECENT_BITS: u32 = 12;
+
+/// The frame's recent allocations by address, direct-mapped (the address's Fibonacci hash picks
+/// the slot; a later allocation takes the slot over): where a free finds the event that
+/// allocated its block, to name it by distance instead of by address. Only a hint for the
+/// encoder: a free it does not find is written with its address, as before 1.9. A slot is
+/// valid in the frame whose number its stamp holds, so nothing is cleared between frames.
+struct Recent {
+    slots: Box<[RecentSlot]>,
+    /// The number of the frame being encoded (slots of other frames are stale); starts at 1.
+    frame: u32,
+}
+
+#[derive(Clone, Copy, Default)]
+struct RecentSlot {
+    addr: u64,
+    /// The allocation's frame number (high 32 bits) and index in its frame (low 32 bits).
+    stamp: u64,
+}
+
+impl Default for Recent {
+    fn default() -> Self {
+        Recent {
+            slots: vec![RecentSlot::default(); 1 << RECENT_BITS].into_boxed_slice(),
+            frame: 0,
+        }
+    }
+}
+
+impl Recent {
+    #[inline(always)]
+    fn slot(addr: u64) -> usize {
+        (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RECENT_BITS)) as usize
+    }
 }
 
 #[inline(always)]
@@ -251,6 +307,11 @@ struct ColumnWriter<const STACKS: bool> {
     size: Cursor,
     align: Cursor,
     stack: Cursor,
+    refs: Cursor,
+    /// [`Columns::recent`]'s slots.
+    recent: *mut RecentSlot,
+    /// The next event's stamp: the frame's number (high 32 bits), its index (low 32 bits).
+    stamp: u64,
     /// The OR of the stack ids of events whose kind carries none (must stay 0).
     stray_stacks: u32,
     tid_runs: Runs,
@@ -272,7 +333,13 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
     /// Empties `cols` and `stack` and makes room for `events` events; the writer's cursors
     /// point into them until [`ColumnWriter::finish`] (which the caller must call with them,
     /// untouched in between).
-    fn new(cols: &mut [OutCol; VAR_COLUMNS], stack: &mut OutCol, events: usize) -> Self {
+    fn new(
+        cols: &mut [OutCol; VAR_COLUMNS],
+        stack: &mut OutCol,
+        refs: &mut OutCol,
+        recent: &mut Recent,
+        events: usize,
+    ) -> Self {
         for c in cols.iter_mut() {
             c.len = 0;
             c.reserve(events);
@@ -281,6 +348,15 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
         // take at most 5 bytes (a u32's zigzag delta) and 1 + log2(n) / 7 (its length).
         stack.len = 0;
         stack.reserve(if STACKS { events } else { 0 });
+        refs.len = 0;
+        refs.reserve(events);
+        // A new frame number makes every slot stale; after 2^32 frames the numbers start
+        // again from cleared slots.
+        recent.frame = recent.frame.wrapping_add(1);
+        if recent.frame == 0 {
+            recent.slots.fill(RecentSlot::default());
+            recent.frame = 1;
+        }
         let [tid, pid, ts, addr, addr2, size, align] = cols.each_mut().map(Cursor::new);
         ColumnWriter {
             tid,
@@ -291,6 +367,9 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
             size,
             align,
             stack: Cursor::new(stack),
+            refs: Cursor::new(refs),
+            recent: recent.slots.as_mut_ptr(),
+            stamp: u64::from(recent.frame) << 32,
             stray_stacks: 0,
             tid_runs: Runs::default(),
             pid_runs: Runs::default(),
@@ -343,15 +422,28 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
             ts.put_unchecked(zigzag(ev.ts.wrapping_sub(self.prev_ts) as i64));
             self.prev_ts = ev.ts;
             // Zigzag delta from the previous event's address (0 for the kinds without one).
-            let mut addr_put = |a: u64| {
-                addr.put_unchecked(zigzag(a.wrapping_sub(self.prev_addr) as i64));
+            // `named`: a free named by its ref, whose address takes no value (but is the base
+            // of the next delta all the same).
+            let mut addr_at = |a: u64, named: bool| {
+                if !named {
+                    addr.put_unchecked(zigzag(a.wrapping_sub(self.prev_addr) as i64));
+                }
                 self.prev_addr = a;
             };
+            let mut addr_put = |a: u64| addr_at(a, false);
+            let (recent, stamp) = (self.recent, self.stamp);
+            // An allocation takes its address's slot of the recent allocations.
+            let allocated = |addr: u64| {
+                // SAFETY: `Recent::slot` is below the slots' count, 2^RECENT_BITS.
+                *recent.add(Recent::slot(addr)) = RecentSlot { addr, stamp };
+            };
             match ev.kind {
-                EventKind::Malloc { addr, size }
-                | EventKind::Calloc { addr, size }
-                | EventKind::Mmap { addr, size }
-                | EventKind::Munmap { addr, size } => {
+                EventKind::Malloc { addr, size } | EventKind::Calloc { addr, size } => {
+                    addr_put(addr);
+                    self.size.put_unchecked(size);
+                    allocated(addr);
+                }
+                EventKind::Mmap { addr, size } | EventKind::Munmap { addr, size } => {
                     addr_put(addr);
                     self.size.put_unchecked(size);
                 }
@@ -359,14 +451,20 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
                     old_addr,
                     new_addr,
                     size,
+                } => {
+                    addr_put(old_addr);
+                    // A realloc's new address: zigzag delta from its old one.
+                    let moved = new_addr.wrapping_sub(old_addr) as i64;
+                    self.addr2.put_unchecked(zigzag(moved));
+                    self.size.put_unchecked(size);
+                    allocated(new_addr);
                 }
-                | EventKind::Mremap {
+                EventKind::Mremap {
                     old_addr,
                     new_addr,
                     size,
                 } => {
                     addr_put(old_addr);
-                    // A realloc's or mremap's new address: zigzag delta from its old one.
                     let moved = new_addr.wrapping_sub(old_addr) as i64;
                     self.addr2.put_unchecked(zigzag(moved));
                     self.size.put_unchecked(size);
@@ -375,8 +473,26 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
                     addr_put(addr);
                     self.size.put_unchecked(size);
                     self.align.put_unchecked(align);
+                    allocated(addr);
                 }
-                EventKind::Free { addr } | EventKind::Brk { addr } => addr_put(addr),
+                // A free of a block allocated earlier in the frame names the allocation by its
+                // distance in events, in the ref column, and has no address value; any other
+                // has ref 0 and its address.
+                EventKind::Free { addr } => {
+                    // SAFETY: as in `allocated`.
+                    let slot = *recent.add(Recent::slot(addr));
+                    // A slot of this frame is at most this event's index back (an empty or
+                    // older frame's is further: its stamp is below the frame's first).
+                    let back = stamp.wrapping_sub(slot.stamp);
+                    if slot.addr == addr && back <= stamp & u64::from(u32::MAX) {
+                        self.refs.put_unchecked(back);
+                        addr_at(addr, true);
+                    } else {
+                        self.refs.put_zero();
+                        addr_put(addr);
+                    }
+                }
+                EventKind::Brk { addr } => addr_put(addr),
                 // A scheduling event (lock waits): a switch-out's `preempted` in `size`.
                 EventKind::SwitchOut { preempted } => {
                     addr_put(0);
@@ -389,6 +505,7 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
                 | EventKind::IterationStart
                 | EventKind::IterationEnd => addr_put(0),
             }
+            self.stamp = stamp + 1;
             // The stack id of an event whose kind carries one ([`KindTag::carries_stack`]);
             // any other kind's must be [`StackId::NONE`] (checked by `finish`).
             if STACKS {
@@ -403,7 +520,12 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
 
     /// Ends the open tid and pid runs and hands the lengths back to the columns the writer
     /// was made of; [`Stop::Stray`] if an event whose kind carries no stack had one.
-    fn finish(mut self, cols: &mut [OutCol; VAR_COLUMNS], stack: &mut OutCol) -> Result<(), Stop> {
+    fn finish(
+        mut self,
+        cols: &mut [OutCol; VAR_COLUMNS],
+        stack: &mut OutCol,
+        refs: &mut OutCol,
+    ) -> Result<(), Stop> {
         self.tid_runs.flush(&mut self.tid);
         self.pid_runs.flush(&mut self.pid);
         let cursors = [
@@ -413,6 +535,7 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
             c.len = cur.len(c);
         }
         stack.len = self.stack.len(stack);
+        refs.len = self.refs.len(refs);
         if self.stray_stacks == 0 {
             Ok(())
         } else {
@@ -424,14 +547,14 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
 /// An event the format cannot store: a stack on an event whose kind carries none.
 pub(crate) type EncodeProblem = String;
 
-/// Serialises `events` into `raw` (cleared first): the uncompressed frame payload. Returns
-/// whether it has a stack-id column (some event carries a stack: the frame then needs
-/// [`FLAG_STACKS`]). A frame without stacks is written as before format 1.5.
+/// Serialises `events` into `raw` (cleared first): the uncompressed frame payload. Returns its
+/// frame flags: [`FLAG_REFS`] always (it has a ref column), and [`FLAG_STACKS`] when it has a
+/// stack-id column (some event carries a stack).
 pub(crate) fn encode_events(
     events: &[Event],
     cols: &mut Columns,
     raw: &mut Vec<u8>,
-) -> Result<bool, EncodeProblem> {
+) -> Result<u32, EncodeProblem> {
     // Without a stack column until an event has a stack (none has, without stack recording):
     // then again from the start with one.
     let mut result = encode_columns::<false>(events, cols);
@@ -459,24 +582,46 @@ pub(crate) fn encode_events(
     if stacks {
         put_varint(raw, cols.stack.len as u64);
     }
+    put_varint(raw, cols.refs.len as u64);
     raw.extend_from_slice(&cols.kinds);
-    for c in &cols.cols {
-        raw.extend_from_slice(c.bytes());
+    for (i, c) in cols.cols.iter().enumerate() {
+        // The addr column is stored after the compressed part, as it is.
+        if i != ADDR {
+            raw.extend_from_slice(c.bytes());
+        }
     }
     if stacks {
         raw.extend_from_slice(cols.stack.bytes());
     }
-    Ok(stacks)
+    raw.extend_from_slice(cols.refs.bytes());
+    Ok(FLAG_REFS | FLAG_PLAIN_ADDR | if stacks { FLAG_STACKS } else { 0 })
+}
+
+/// The index of the addr column among the length-prefixed columns.
+const ADDR: usize = 3;
+
+impl Columns {
+    /// The addr column of the frame [`encode_events`] last encoded: with [`FLAG_PLAIN_ADDR`],
+    /// stored after the payload's zstd frame, uncompressed.
+    pub(crate) fn plain_addr(&self) -> &[u8] {
+        self.cols[ADDR].bytes()
+    }
 }
 
 /// The column loop: the events run by run of one thread (the tid and pid columns get a run
 /// at once), the kind bytes straight into their column, the other columns through a
 /// [`ColumnWriter`]. Without `STACKS`, stops at the first event that has a stack.
 fn encode_columns<const STACKS: bool>(events: &[Event], cols: &mut Columns) -> Result<(), Stop> {
-    let Columns { kinds, cols, stack } = cols;
+    let Columns {
+        kinds,
+        cols,
+        stack,
+        refs,
+        recent,
+    } = cols;
     kinds.clear();
     kinds.resize(events.len(), 0);
-    let mut w = ColumnWriter::<STACKS>::new(cols, stack, events.len());
+    let mut w = ColumnWriter::<STACKS>::new(cols, stack, refs, recent, events.len());
     let mut done = 0;
     let mut stopped = Ok(());
     while done < events.len() {
@@ -489,7 +634,7 @@ fn encode_columns<const STACKS: bool>(events: &[Event], cols: &mut Columns) -> R
         }
         done += n;
     }
-    let finished = w.finish(cols, stack);
+    let finished = w.finish(cols, stack, refs);
     stopped.and(finished)
 }
 
@@ -499,8 +644,15 @@ pub(crate) const FLAG_STACKS: u32 = 1;
 /// Frame flag (FORMAT.md, since 1.5): the payload starts with a definitions block (modules and
 /// stacks defined in this frame) before the columns' zstd frame.
 pub(crate) const FLAG_DEFINITIONS: u32 = 2;
+/// Frame flag (FORMAT.md, since 1.9): the payload's column table ends with one more length,
+/// of the ref column, which follows the others; a free's address may be a ref.
+pub(crate) const FLAG_REFS: u32 = 4;
+/// Frame flag (FORMAT.md, since 1.9): the addr column is not in the compressed payload but
+/// follows its zstd frame, uncompressed (its bytes are nearly random: entropy coding them cost
+/// more than it saved).
+pub(crate) const FLAG_PLAIN_ADDR: u32 = 8;
 /// Every frame flag this build reads.
-pub(crate) const KNOWN_FLAGS: u32 = FLAG_STACKS | FLAG_DEFINITIONS;
+pub(crate) const KNOWN_FLAGS: u32 = FLAG_STACKS | FLAG_DEFINITIONS | FLAG_REFS | FLAG_PLAIN_ADDR;
 
 /// What is wrong with a frame payload; the reader adds the frame index and offset.
 pub(crate) type DecodeError = String;
@@ -566,6 +718,9 @@ struct ColumnReader<'a, const STACKS: bool> {
     size: Col<'a>,
     align: Col<'a>,
     stack: Col<'a>,
+    refs: Col<'a>,
+    /// The frame has a ref column ([`FLAG_REFS`]): each free reads a ref first.
+    with_refs: bool,
     tid_run: Run,
     pid_run: Run,
     prev_ts: u64,
@@ -601,8 +756,13 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
     /// into its columns. `expected` is the event count the frame header announces. Inlined:
     /// it saves an instruction per event in the decode loop.
     #[inline(always)]
-    fn new(padded: &'a [u8], expected: u32) -> Result<Self, DecodeError> {
-        let raw_len = padded
+    fn new(
+        padded: &'a [u8],
+        expected: u32,
+        with_refs: bool,
+        plain_addr: bool,
+    ) -> Result<Self, DecodeError> {
+        let mut raw_len = padded
             .len()
             .checked_sub(PAD)
             .ok_or("payload buffer is not padded")?;
@@ -618,11 +778,28 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
                 "payload holds {n} events but the frame header says {expected}"
             ));
         }
-        let mut lens = [0usize; VAR_COLUMNS + 1];
-        let columns = if STACKS { VAR_COLUMNS + 1 } else { VAR_COLUMNS };
-        for l in &mut lens[..columns] {
-            *l = usize::try_from(head.varint()?)
-                .map_err(|_| "column length overflows".to_string())?;
+        // tid … align, then the stack column's and the ref column's if the frame has them.
+        let mut lens = [0usize; VAR_COLUMNS + 2];
+        let mut length =
+            || usize::try_from(head.varint()?).map_err(|_| "column length overflows".to_string());
+        for l in &mut lens[..VAR_COLUMNS] {
+            *l = length()?;
+        }
+        if STACKS {
+            lens[VAR_COLUMNS] = length()?;
+        }
+        if with_refs {
+            lens[VAR_COLUMNS + 1] = length()?;
+        }
+        // A plain addr column is the payload's last bytes, after the others.
+        let whole = raw_len;
+        if plain_addr {
+            raw_len = raw_len.checked_sub(lens[ADDR]).ok_or_else(|| {
+                format!(
+                    "addr column of {} bytes is longer than the payload",
+                    lens[ADDR]
+                )
+            })?;
         }
         let mut pos = head.pos;
         let mut take = |len: usize, name: &'static str| -> Result<Col<'a>, DecodeError> {
@@ -641,16 +818,29 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
         };
         let kinds = take(n as usize, "kind")?;
         let [tid, pid, ts, addr, addr2, size, align] = NAMES;
+        let (tid, pid, ts) = (take(lens[0], tid)?, take(lens[1], pid)?, take(lens[2], ts)?);
+        let addr = if plain_addr {
+            Col {
+                data: padded,
+                pos: raw_len,
+                end: whole,
+                name: addr,
+            }
+        } else {
+            take(lens[ADDR], addr)?
+        };
         let reader = ColumnReader {
             kinds: &padded[kinds.pos..kinds.end],
-            tid: take(lens[0], tid)?,
-            pid: take(lens[1], pid)?,
-            ts: take(lens[2], ts)?,
-            addr: take(lens[3], addr)?,
+            tid,
+            pid,
+            ts,
+            addr,
             addr2: take(lens[4], addr2)?,
             size: take(lens[5], size)?,
             align: take(lens[6], align)?,
             stack: take(lens[7], "stack")?,
+            refs: take(lens[8], "ref")?,
+            with_refs,
             tid_run: Run::default(),
             pid_run: Run::default(),
             prev_ts: 0,
@@ -662,14 +852,20 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
         Ok(reader)
     }
 
-    /// The event of kind byte `k`, reading each column the writer wrote for it.
+    /// The event of kind byte `k`, reading each column the writer wrote for it; `done` holds
+    /// the frame's events before it (a free's ref names one of them).
     #[inline(always)]
-    fn event(&mut self, k: u8) -> Result<Event, DecodeError> {
+    fn event(&mut self, k: u8, done: &[Event]) -> Result<Event, DecodeError> {
         let tid = self.tid()?;
         let pid = self.pid()?;
         let ts = self.ts()?;
-        let addr = self.addr()?;
-        let kind = match Self::kind(k)? {
+        let tag = Self::kind(k)?;
+        let addr = if tag == KindTag::Free && self.with_refs {
+            self.free_addr(done)?
+        } else {
+            self.addr()?
+        };
+        let kind = match tag {
             KindTag::Malloc => EventKind::Malloc {
                 addr,
                 size: self.size()?,
@@ -773,6 +969,31 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
         Ok(self.prev_addr)
     }
 
+    /// A free's address: its ref's (the block allocated by the event that many before it in
+    /// the frame), or for ref 0 the address column's.
+    #[inline(always)]
+    fn free_addr(&mut self, done: &[Event]) -> Result<u64, DecodeError> {
+        let distance = self.refs.varint()?;
+        if distance == 0 {
+            return self.addr();
+        }
+        let Some(at) = usize::try_from(distance)
+            .ok()
+            .and_then(|d| done.len().checked_sub(d))
+        else {
+            return Err(ref_before_frame(distance, done.len()));
+        };
+        let addr = match done[at].kind {
+            EventKind::Malloc { addr, .. }
+            | EventKind::Calloc { addr, .. }
+            | EventKind::AlignedAlloc { addr, .. } => addr,
+            EventKind::Realloc { new_addr, .. } => new_addr,
+            other => return Err(ref_not_allocation(at, other)),
+        };
+        self.prev_addr = addr;
+        Ok(addr)
+    }
+
     /// A realloc's or mremap's new address: zigzag delta from its old one.
     #[inline(always)]
     fn addr2(&mut self, old_addr: u64) -> Result<u64, DecodeError> {
@@ -803,6 +1024,7 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
             &self.size,
             &self.align,
             &self.stack,
+            &self.refs,
         ] {
             c.finish()?;
         }
@@ -818,6 +1040,22 @@ fn overrun(column: &str) -> DecodeError {
 }
 
 #[cold]
+fn ref_before_frame(distance: u64, index: usize) -> DecodeError {
+    format!(
+        "the free at event {index} of its frame names the event {distance} before it, \
+         before the frame's first"
+    )
+}
+
+#[cold]
+fn ref_not_allocation(at: usize, kind: EventKind) -> DecodeError {
+    format!(
+        "a free names event {at} of its frame, a {}, as its allocation",
+        kind.name()
+    )
+}
+
+#[cold]
 fn empty_run(column: &str) -> DecodeError {
     format!("{column} column holds a run of length 0")
 }
@@ -825,7 +1063,7 @@ fn empty_run(column: &str) -> DecodeError {
 /// Decodes a payload written by [`encode_events`], appending to `out`. `expected` is the event
 /// count the frame header announces; any disagreement, left-over byte or unknown kind is an error.
 /// `padded` is the payload followed by at least [`PAD`] bytes (of any value).
-/// `stacks`: the frame has [`FLAG_STACKS`].
+/// `flags`: the frame header's ([`FLAG_STACKS`]: a stack-id column; [`FLAG_REFS`]: a ref column).
 ///
 /// Never inlined: called once per frame, so inlining gains nothing, and left to LLVM, whether
 /// it is inlined (and its loop compiled worse) depends on how unrelated code falls into codegen
@@ -834,26 +1072,30 @@ fn empty_run(column: &str) -> DecodeError {
 pub(crate) fn decode_events(
     padded: &[u8],
     expected: u32,
-    stacks: bool,
+    flags: u32,
     out: &mut Vec<Event>,
 ) -> Result<(), DecodeError> {
-    if stacks {
-        decode_columns::<true>(padded, expected, out)
+    let (refs, plain) = (flags & FLAG_REFS != 0, flags & FLAG_PLAIN_ADDR != 0);
+    if flags & FLAG_STACKS != 0 {
+        decode_columns::<true>(padded, expected, (refs, plain), out)
     } else {
-        decode_columns::<false>(padded, expected, out)
+        decode_columns::<false>(padded, expected, (refs, plain), out)
     }
 }
 
 fn decode_columns<const STACKS: bool>(
     padded: &[u8],
     expected: u32,
+    (refs, plain): (bool, bool),
     out: &mut Vec<Event>,
 ) -> Result<(), DecodeError> {
-    let mut r = ColumnReader::<STACKS>::new(padded, expected)?;
+    let mut r = ColumnReader::<STACKS>::new(padded, expected, refs, plain)?;
     // `kinds` holds `expected` bytes of this payload: a count bounded by real input, not a claim.
     out.reserve(r.kinds.len());
+    let start = out.len();
     for &k in r.kinds {
-        out.push(r.event(k)?);
+        let ev = r.event(k, &out[start..])?;
+        out.push(ev);
     }
     r.finish()
 }
@@ -1110,11 +1352,23 @@ mod tests {
         }
     }
 
+    /// [`encode_events`], with the plain addr column appended to `raw`: the layout the reader
+    /// decodes (the decompressed part, then the plain column).
+    fn encode_whole(
+        events: &[Event],
+        cols: &mut Columns,
+        raw: &mut Vec<u8>,
+    ) -> Result<u32, EncodeProblem> {
+        let flags = encode_events(events, cols, raw)?;
+        raw.extend_from_slice(cols.plain_addr());
+        Ok(flags)
+    }
+
     fn decode(raw: &[u8], n: u32) -> Result<Vec<Event>, DecodeError> {
         let mut padded = raw.to_vec();
         padded.resize(raw.len() + PAD, 0);
         let mut out = Vec::new();
-        decode_events(&padded, n, false, &mut out).map(|()| out)
+        decode_events(&padded, n, FLAG_REFS | FLAG_PLAIN_ADDR, &mut out).map(|()| out)
     }
 
     #[test]
@@ -1168,7 +1422,7 @@ mod tests {
             .map(|(i, &k)| Event::new(1_000 + 10 * i as u64, 7, 7 + (i as u32 % 2), k))
             .collect();
         let (mut cols, mut raw) = (Columns::default(), Vec::new());
-        encode_events(&events, &mut cols, &mut raw).unwrap();
+        encode_whole(&events, &mut cols, &mut raw).unwrap();
         assert_eq!(decode(&raw, events.len() as u32).unwrap(), events);
         // With stacks on the kinds that carry one.
         let with: Vec<Event> = events
@@ -1179,19 +1433,22 @@ mod tests {
                 false => *e,
             })
             .collect();
-        assert_eq!(encode_events(&with, &mut cols, &mut raw), Ok(true));
+        assert_eq!(
+            encode_whole(&with, &mut cols, &mut raw),
+            Ok(FLAG_REFS | FLAG_PLAIN_ADDR | FLAG_STACKS)
+        );
         assert_eq!(decode_stacks(&raw, with.len() as u32).unwrap(), with);
     }
 
     #[test]
     fn a_run_of_length_zero_names_its_column() {
-        // One malloc: the count, 7 column lengths, 1 kind byte, then the tid column's
-        // (delta, run) pair and the pid column's, every value one byte.
+        // One malloc: the count, 7 column lengths and the ref column's, 1 kind byte, then the
+        // tid column's (delta, run) pair and the pid column's, every value one byte.
         let ev = Event::new(100, 7, 5, EventKind::Malloc { addr: 64, size: 8 });
         let (mut cols, mut raw) = (Columns::default(), Vec::new());
-        encode_events(&[ev], &mut cols, &mut raw).unwrap();
+        encode_whole(&[ev], &mut cols, &mut raw).unwrap();
         assert_eq!(decode(&raw, 1).unwrap(), [ev]);
-        for (offset, column) in [(10, "tid"), (12, "pid")] {
+        for (offset, column) in [(11, "tid"), (13, "pid")] {
             let mut bad = raw.clone();
             assert_eq!(bad[offset], 1 << 1 | 1, "a run of 1 at {offset}");
             bad[offset] = 1; // a run of 0
@@ -1283,10 +1540,13 @@ mod tests {
     fn a_stack_on_a_free_is_refused() {
         let (mut cols, mut raw) = (Columns::default(), Vec::new());
         let alloc = Event::new(1, 2, 3, EventKind::Malloc { addr: 8, size: 8 });
-        assert_eq!(encode_events(&[alloc], &mut cols, &mut raw), Ok(false));
         assert_eq!(
-            encode_events(&[alloc.with_stack(StackId(4))], &mut cols, &mut raw),
-            Ok(true)
+            encode_whole(&[alloc], &mut cols, &mut raw),
+            Ok(FLAG_REFS | FLAG_PLAIN_ADDR)
+        );
+        assert_eq!(
+            encode_whole(&[alloc.with_stack(StackId(4))], &mut cols, &mut raw),
+            Ok(FLAG_REFS | FLAG_PLAIN_ADDR | FLAG_STACKS)
         );
         assert_eq!(
             decode_stacks(&raw, 1).unwrap(),
@@ -1294,7 +1554,7 @@ mod tests {
         );
         let free = Event::new(1, 2, 3, EventKind::Free { addr: 8 }).with_stack(StackId(4));
         assert!(
-            encode_events(&[alloc, free], &mut cols, &mut raw)
+            encode_whole(&[alloc, free], &mut cols, &mut raw)
                 .unwrap_err()
                 .contains("a free event carries stack 4")
         );
@@ -1304,11 +1564,13 @@ mod tests {
     /// cursors, no runs kept open across events): what the encoder's fast loop must write.
     fn reference_payload(events: &[Event]) -> Vec<u8> {
         let stacks = events.iter().any(|e| !e.stack.is_none());
-        let mut cols: [Vec<u8>; VAR_COLUMNS + 1] = Default::default();
+        let mut cols: [Vec<u8>; VAR_COLUMNS + 2] = Default::default();
         let (mut kinds, mut prev_ts, mut prev_addr) = (Vec::new(), 0u64, 0u64);
+        // The encoder's recent allocations: slot -> (address, index of the event).
+        let mut recent: std::collections::HashMap<usize, (u64, usize)> = Default::default();
         // Runs of tid and pid: (zigzag delta from the previous run's value, length).
         let mut runs: [Vec<(u32, u64)>; 2] = Default::default();
-        for e in events {
+        for (i, e) in events.iter().enumerate() {
             for (r, v) in runs.iter_mut().zip([e.tid, e.pid]) {
                 match r.last_mut() {
                     Some((last, n)) if *last == v => *n += 1,
@@ -1345,8 +1607,27 @@ mod tests {
                 EventKind::SwitchOut { preempted } => (0, None, Some(preempted as u64), None),
                 _ => (0, None, None, None),
             };
-            put_varint(&mut cols[3], zigzag(addr.wrapping_sub(prev_addr) as i64));
+            let named = match e.kind {
+                EventKind::Free { addr } => {
+                    let hit = recent.get(&Recent::slot(addr)).filter(|r| r.0 == addr);
+                    put_varint(&mut cols[8], hit.map_or(0, |r| (i - r.1) as u64));
+                    hit.is_some()
+                }
+                _ => false,
+            };
+            if !named {
+                put_varint(&mut cols[3], zigzag(addr.wrapping_sub(prev_addr) as i64));
+            }
             prev_addr = addr;
+            match e.kind {
+                EventKind::Malloc { addr, .. }
+                | EventKind::Calloc { addr, .. }
+                | EventKind::AlignedAlloc { addr, .. }
+                | EventKind::Realloc { new_addr: addr, .. } => {
+                    recent.insert(Recent::slot(addr), (addr, i));
+                }
+                _ => {}
+            }
             if let Some(d) = addr2 {
                 put_varint(&mut cols[4], zigzag(d as i64));
             }
@@ -1368,25 +1649,36 @@ mod tests {
                 base = v;
             }
         }
-        let used = if stacks { VAR_COLUMNS + 1 } else { VAR_COLUMNS };
+        let used: Vec<&Vec<u8>> = cols[..VAR_COLUMNS]
+            .iter()
+            .chain(stacks.then_some(&cols[VAR_COLUMNS]))
+            .chain([&cols[VAR_COLUMNS + 1]])
+            .collect();
         let mut raw = Vec::new();
         put_varint(&mut raw, events.len() as u64);
-        for c in &cols[..used] {
+        for c in &used {
             put_varint(&mut raw, c.len() as u64);
         }
         raw.extend_from_slice(&kinds);
-        for c in &cols[..used] {
-            raw.extend_from_slice(c);
+        // The addr column last: it is stored after the zstd frame.
+        for (i, c) in used.iter().enumerate() {
+            if i != ADDR {
+                raw.extend_from_slice(c);
+            }
         }
+        raw.extend_from_slice(used[ADDR]);
         raw
     }
 
     /// Events of every kind, mostly one thread's with bursts of others (a tid shared by two
     /// processes, a pid change alone), timestamps and addresses stepping both ways and by
-    /// 2^56 and more (9-byte values), stacks on some allocations when `stacks`.
+    /// 2^56 and more (9-byte values), frees mostly of one of the last 64 blocks allocated
+    /// (named by ref when the encoder still has them), stacks on some allocations when `stacks`.
     fn mixed(n: usize, stacks: bool) -> Vec<Event> {
         let mut x: u64 = 0x2545_f491_4f6c_dd1d;
         let (mut ts, mut addr) = (1u64 << 40, 0x5555_0000_0000u64);
+        // The last 64 blocks allocated: most frees free one of them (the ref column's case).
+        let mut blocks = [0u64; 64];
         (0..n)
             .map(|i| {
                 x ^= x << 13;
@@ -1444,6 +1736,19 @@ mod tests {
                     14 => EventKind::IterationStart,
                     _ => EventKind::IterationEnd,
                 };
+                let kind = match kind {
+                    EventKind::Free { .. } if r % 4 != 0 => EventKind::Free {
+                        addr: blocks[(r >> 33) as usize % 64],
+                    },
+                    EventKind::Malloc { addr, .. }
+                    | EventKind::Calloc { addr, .. }
+                    | EventKind::AlignedAlloc { addr, .. }
+                    | EventKind::Realloc { new_addr: addr, .. } => {
+                        blocks[i % 64] = addr;
+                        kind
+                    }
+                    _ => kind,
+                };
                 let (pid, tid) = match (r >> 24) % 50 {
                     0 => (7, 9),
                     1 => (8, 9),
@@ -1472,13 +1777,19 @@ mod tests {
             for len in [1, 2, 3, 7, 64, 1000, 20_000] {
                 for frame in events.chunks(len) {
                     assert_eq!(
-                        encode_events(frame, &mut cols, &mut raw),
-                        Ok(frame.iter().any(|e| !e.stack.is_none()))
+                        encode_whole(frame, &mut cols, &mut raw),
+                        Ok(FLAG_REFS
+                            | FLAG_PLAIN_ADDR
+                            | if frame.iter().any(|e| !e.stack.is_none()) {
+                                FLAG_STACKS
+                            } else {
+                                0
+                            })
                     );
                     assert_eq!(raw, reference_payload(frame), "frames of {len}");
                 }
             }
-            encode_events(&events, &mut cols, &mut raw).unwrap();
+            encode_whole(&events, &mut cols, &mut raw).unwrap();
             let back = if stacks {
                 decode_stacks(&raw, 20_000)
             } else {
@@ -1488,10 +1799,110 @@ mod tests {
         }
     }
 
+    /// Frees are named by ref when their block was allocated earlier in the frame (by any
+    /// allocating kind, a realloc by its new address) and its slot was not taken since; any other
+    /// free, of a block from an earlier frame or whose slot a later allocation took, has its
+    /// address. Damaged refs are named.
+    #[test]
+    fn frees_are_named_by_the_event_that_allocated_their_block() {
+        let ev = |i: u64, kind| Event::new(1000 + i, 7, 3, kind);
+        let a = 0x7f00_0000_1000u64;
+        // An address whose slot is `a`'s: found by search, as a crafted workload could.
+        let b = (1..)
+            .map(|k| a + 16 * k)
+            .find(|&b| Recent::slot(b) == Recent::slot(a))
+            .expect("a colliding address");
+        let events = [
+            ev(0, EventKind::Malloc { addr: a, size: 8 }),
+            ev(
+                1,
+                EventKind::Calloc {
+                    addr: a + 64,
+                    size: 8,
+                },
+            ),
+            ev(2, EventKind::Free { addr: a }),
+            ev(
+                3,
+                EventKind::Realloc {
+                    old_addr: a + 64,
+                    new_addr: a + 4096,
+                    size: 64,
+                },
+            ),
+            ev(4, EventKind::Free { addr: a + 4096 }),
+            ev(5, EventKind::Free { addr: 0x1234 }),
+            ev(
+                6,
+                EventKind::AlignedAlloc {
+                    addr: a,
+                    size: 32,
+                    align: 64,
+                },
+            ),
+            ev(7, EventKind::Malloc { addr: b, size: 8 }),
+            ev(8, EventKind::Free { addr: a }),
+            ev(9, EventKind::Free { addr: b }),
+        ];
+        let (mut cols, mut raw) = (Columns::default(), Vec::new());
+        encode_whole(&events, &mut cols, &mut raw).unwrap();
+        assert_eq!(raw, reference_payload(&events));
+        // One ref per free: 2 back, 1 back, none (unknown address), none (its slot was
+        // taken by `b`'s malloc), 2 back.
+        assert_eq!(
+            cols.refs.bytes(),
+            [2 << 1 | 1, 1 << 1 | 1, 1, 1, 2 << 1 | 1]
+        );
+        assert_eq!(decode(&raw, events.len() as u32).unwrap(), events);
+        // The plain addr column is the payload's last bytes: a payload one byte short moves
+        // its start a byte into the ref column before it.
+        assert_eq!(
+            decode(&raw[..raw.len() - 1], events.len() as u32).unwrap_err(),
+            "ref column runs past the end of the payload"
+        );
+        // A later frame does not name a block of an earlier one.
+        encode_whole(&events[8..], &mut cols, &mut raw).unwrap();
+        assert_eq!(cols.refs.bytes(), [1, 1]);
+        assert_eq!(decode(&raw, 2).unwrap(), events[8..]);
+
+        // Damage: the free at event 2 names the event 3 before it (there is none), or the
+        // event 1 before it, which is a free (frames of `Malloc, Free, Free`).
+        let frame = [
+            ev(0, EventKind::Malloc { addr: a, size: 8 }),
+            ev(1, EventKind::Free { addr: a }),
+            ev(2, EventKind::Free { addr: a }),
+        ];
+        encode_whole(&frame, &mut cols, &mut raw).unwrap();
+        assert_eq!(cols.refs.bytes(), [1 << 1 | 1, 2 << 1 | 1]);
+        // The second free's ref: the ref column's last byte, before the plain addr column.
+        let at = raw.len() - cols.plain_addr().len() - 1;
+        for (distance, problem) in [
+            (
+                3,
+                "the free at event 2 of its frame names the event 3 before it, before the \
+                 frame's first",
+            ),
+            (
+                1,
+                "a free names event 1 of its frame, a free, as its allocation",
+            ),
+        ] {
+            let mut bad = raw.clone();
+            bad[at] = distance << 1 | 1;
+            assert_eq!(decode(&bad, 3).unwrap_err(), problem);
+        }
+    }
+
     fn decode_stacks(raw: &[u8], n: u32) -> Result<Vec<Event>, DecodeError> {
         let mut padded = raw.to_vec();
         padded.resize(raw.len() + PAD, 0);
         let mut out = Vec::new();
-        decode_events(&padded, n, true, &mut out).map(|()| out)
+        decode_events(
+            &padded,
+            n,
+            FLAG_REFS | FLAG_PLAIN_ADDR | FLAG_STACKS,
+            &mut out,
+        )
+        .map(|()| out)
     }
 }

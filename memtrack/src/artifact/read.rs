@@ -15,7 +15,8 @@ use rayon::prelude::*;
 
 use super::FormatError as Error;
 use super::codec::{
-    Definitions, FLAG_DEFINITIONS, FLAG_STACKS, KNOWN_FLAGS, PAD, decode_definitions, decode_events,
+    Definitions, FLAG_DEFINITIONS, FLAG_PLAIN_ADDR, FLAG_REFS, FLAG_STACKS, KNOWN_FLAGS, PAD,
+    decode_definitions, decode_events,
 };
 use super::write::{frame_crc, trailer_crc};
 use super::{
@@ -603,13 +604,13 @@ impl Reader {
             self.read_frame(index, &mut rec)?;
             let (hdr, payload) = rec.split_at(FRAME_HEADER);
             let flags = le32(hdr, 4);
-            let stacks = flags & FLAG_STACKS != 0;
             let raw_len = le32(hdr, 12) as usize;
             // Check sizes before allocating for them: damaged input must not make us reserve
-            // hundreds of MiB (a frame's payload is at most ~72 bytes per event, 81 with
-            // stacks, see FORMAT.md).
-            let per_event = if stacks { 81 } else { 72 };
-            if raw_len > 90 + per_event * info.events as usize {
+            // hundreds of MiB (a frame's payload is at most ~72 bytes per event, 9 more with
+            // stacks and 9 more with refs, see FORMAT.md).
+            let columns = |flag| if flags & flag != 0 { 9 } else { 0 };
+            let per_event = 72 + columns(FLAG_STACKS) + columns(FLAG_REFS);
+            if raw_len > 99 + per_event * info.events as usize {
                 return Err(self.frame_err(
                     frame,
                     offset,
@@ -620,10 +621,23 @@ impl Reader {
                 ));
             }
             let (_, z) = self.split_payload(index, flags, payload)?;
+            // With a plain addr column, it follows the zstd frame.
+            let (z, plain) = if flags & FLAG_PLAIN_ADDR != 0 {
+                let n = zstd::zstd_safe::find_frame_compressed_size(z)
+                    .map_err(|_| self.frame_err(frame, offset, "payload is not a zstd frame"))?;
+                z.split_at(n)
+            } else {
+                (z, &[][..])
+            };
             RAW.with(|raw| {
                 let raw = &mut *raw.borrow_mut();
                 self.decompress(index, "payload", z, Some(raw_len), u64::MAX, raw)?;
-                decode_events(raw, info.events, stacks, out)
+                if !plain.is_empty() {
+                    raw.truncate(raw_len);
+                    raw.extend_from_slice(plain);
+                    raw.resize(raw.len() + PAD, 0);
+                }
+                decode_events(raw, info.events, flags, out)
                     .map_err(|p| self.frame_err(frame, offset, p))
             })
         })();

@@ -4,9 +4,7 @@
 use std::io::Write;
 
 use super::FormatError as Error;
-use super::codec::{
-    Columns, Definitions, FLAG_DEFINITIONS, FLAG_STACKS, encode_definitions, encode_events,
-};
+use super::codec::{Columns, Definitions, FLAG_DEFINITIONS, encode_definitions, encode_events};
 use super::{
     END_MAGIC, FRAME_HEADER, FRAME_MAGIC, Final, INDEX_ENTRY, MAGIC, Metadata, TRAILER_MAGIC,
     VERSION_MAJOR, VERSION_MINOR,
@@ -49,9 +47,8 @@ pub(crate) fn encode_frame(
     scratch: &mut FrameScratch,
     out: &mut Vec<u8>,
 ) -> Result<()> {
-    let stacks = encode_events(events, &mut scratch.cols, &mut scratch.raw)
+    let mut flags = encode_events(events, &mut scratch.cols, &mut scratch.raw)
         .map_err(|problem| Error::Unwritable { problem })?;
-    let mut flags = if stacks { FLAG_STACKS } else { 0 };
     // The payload is compressed straight into `out` after room for the header, which is
     // written last (its CRC covers the payload): no copy of the compressed bytes.
     out.clear();
@@ -67,6 +64,7 @@ pub(crate) fn encode_frame(
     }
     compress_after(&mut scratch.zstd, &scratch.raw, out)
         .map_err(|e| Error::io("compressing a frame", e))?;
+    out.extend_from_slice(scratch.cols.plain_addr());
     let payload = &out[FRAME_HEADER..];
     let first_ts = events.first().map_or(0, |e| e.ts);
     let last_ts = events.last().map_or(0, |e| e.ts);
