@@ -90,10 +90,8 @@ impl Run {
     #[inline(always)]
     fn free(&mut self, blocks: &mut BlockMap, addr: u64) {
         match blocks.get_mut(addr) {
-            Some(b @ Block::Live(..)) => {
-                let Block::Live(size, _) = std::mem::replace(b, Block::Freed) else {
-                    unreachable!("matched Live")
-                };
+            Some(b @ &mut Block::Live(size, _)) => {
+                *b = Block::Freed;
                 self.bytes_freed = self.bytes_freed.saturating_add(size);
                 self.live_bytes = self.live_bytes.saturating_sub(size);
                 self.live_blocks -= 1;
@@ -202,9 +200,12 @@ impl Analyzer {
         };
         let pslot = self.threads[slot].1;
         let blocks = &mut self.procs[pslot].1.blocks;
+        // Thread and process in one compare (one load: the fields are adjacent).
+        let who = |tid: u32, pid: u32| u64::from(tid) << 32 | u64::from(pid);
+        let run_who = who(tid, pid);
         let mut n = 0;
         for e in events {
-            let ours = e.pid == pid && e.tid == tid && e.ts.wrapping_sub(lo) < width;
+            let ours = (who(e.tid, e.pid) == run_who) & (e.ts.wrapping_sub(lo) < width);
             if !ours || !r.event(blocks, sizes, e) {
                 break;
             }

@@ -392,9 +392,12 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
             return 0;
         };
         let (tid, pid) = (first.tid, first.pid);
+        // Thread and process in one compare (one load: the fields are adjacent).
+        let who = |ev: &Event| u64::from(ev.tid) << 32 | u64::from(ev.pid);
+        let first_who = who(first);
         let mut n = 0;
         for (ev, kind) in events.iter().zip(kinds) {
-            if ev.tid != tid || ev.pid != pid || (!STACKS && !ev.stack.is_none()) {
+            if who(ev) != first_who || (!STACKS && !ev.stack.is_none()) {
                 break;
             }
             *kind = ev.kind.tag() as u8;
