@@ -25,15 +25,30 @@ const EMPTY: Slot = Slot {
 const FIB: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Address → [`Block`]; see the module docs.
-#[derive(Default)]
 pub(super) struct BlockMap {
-    /// A power of two long (or empty), at most 3/4 full.
+    /// A power of two long (16 at first), at most 3/4 full.
     slots: Box<[Slot]>,
     len: usize,
+    /// The length at which the next insert grows the table: 3/4 of its slots.
+    grow_at: usize,
     /// 64 − log2(slots.len()): the top bits of the hash index the table.
     shift: u32,
     /// The block at address 0 (only damaged input has one; 0 marks an empty slot).
     zero: Option<Block>,
+}
+
+impl Default for BlockMap {
+    fn default() -> Self {
+        let mut m = BlockMap {
+            slots: Box::new([]),
+            len: 0,
+            grow_at: 0,
+            shift: 0,
+            zero: None,
+        };
+        m.grow();
+        m
+    }
 }
 
 impl BlockMap {
@@ -48,15 +63,15 @@ impl BlockMap {
         if addr == 0 {
             return self.zero.as_mut();
         }
-        if self.slots.is_empty() {
-            return None;
-        }
         let mask = self.slots.len() - 1;
         let mut i = self.home(addr);
         loop {
-            let key = self.slots[i].key;
+            // SAFETY: `home` and `& mask` give an index below the slots' count (a power of
+            // two, never 0: `default` makes 16), so no bounds check is needed per probe.
+            let key = unsafe { self.slots.get_unchecked(i) }.key;
             if key == addr {
-                return Some(&mut self.slots[i].block);
+                // SAFETY: as above.
+                return Some(&mut unsafe { self.slots.get_unchecked_mut(i) }.block);
             }
             if key == 0 {
                 return None;
@@ -70,9 +85,6 @@ impl BlockMap {
     /// heap's table does not fit in the cache, and its look-ups otherwise wait on memory.
     #[inline(always)]
     pub(super) fn prefetch(&self, addr: u64) {
-        if self.slots.is_empty() {
-            return;
-        }
         super::prefetch(&self.slots[self.home(addr)]);
     }
 
@@ -82,13 +94,14 @@ impl BlockMap {
         if addr == 0 {
             return self.zero.replace(block);
         }
-        if (self.len + 1) * 4 > self.slots.len() * 3 {
+        if self.len >= self.grow_at {
             self.grow();
         }
         let mask = self.slots.len() - 1;
         let mut i = self.home(addr);
         loop {
-            let slot = &mut self.slots[i];
+            // SAFETY: as in `get_mut`.
+            let slot = unsafe { self.slots.get_unchecked_mut(i) };
             if slot.key == addr {
                 return Some(std::mem::replace(&mut slot.block, block));
             }
@@ -108,6 +121,7 @@ impl BlockMap {
         let n = (self.slots.len() * 2).max(16);
         let old = std::mem::replace(&mut self.slots, vec![EMPTY; n].into_boxed_slice());
         self.shift = 64 - n.trailing_zeros();
+        self.grow_at = n / 4 * 3;
         let mask = n - 1;
         for s in old.iter().filter(|s| s.key != 0) {
             let mut i = self.home(s.key);
