@@ -515,7 +515,6 @@ fn collect_with<W: Write + Send + 'static>(
         if snapshot_at.is_none() && snapshot.take_request() {
             *snapshot_at = Some(now);
         }
-        let before = pending.len();
         let mut unknown = 0;
         drain_all(|tid, run| unknown += pending.push_run(tid, epoch, run));
         // Never silently another kind: the session reports it lost, so its numbers say they
@@ -525,7 +524,7 @@ fn collect_with<W: Write + Send + 'static>(
         }
         // After the rings: every stack an event drained above names was sent before it.
         absorb(&mut stacks.0, pid, counts);
-        pending.sort_from(before);
+        pending.sort();
         clock.refine();
         let c = &*clock;
         let horizon = now.saturating_sub((LAG_NS as f64 / c.scale) as u64);

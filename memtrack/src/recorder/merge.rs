@@ -29,7 +29,7 @@ struct Drained {
     tid: u32,
 }
 
-/// Slots drained from the rings, in timestamp order once [`Pending::sort_from`] ran, of
+/// Slots drained from the rings, in timestamp order once [`Pending::sort`] ran, of
 /// process `pid`. Their stack ids are the recorder's process-wide ones until
 /// [`Pending::emit`] gives the recording's.
 pub(super) struct Pending {
@@ -39,6 +39,10 @@ pub(super) struct Pending {
     stacks: bool,
     /// A deque: the emitted front is popped without moving the rest (up to `LAG_NS` of slots).
     slots: VecDeque<Drained>,
+    /// Whether every slot appended since the last [`Pending::sort`] came after the one
+    /// before it in timestamp order (checked as they are appended, in the pass that checks
+    /// their kind).
+    ordered: bool,
 }
 
 impl Pending {
@@ -48,6 +52,7 @@ impl Pending {
             pid,
             stacks,
             slots: VecDeque::new(),
+            ordered: true,
         }
     }
 
@@ -63,6 +68,7 @@ impl Pending {
         if KindTag::from_u8(r.kind).is_none() {
             return false;
         }
+        self.ordered &= self.slots.back().is_none_or(|d| d.raw.tsc <= r.tsc);
         self.slots.push_back(Drained { raw: *r, tid });
         true
     }
@@ -75,10 +81,19 @@ impl Pending {
     /// and copied in one `extend`, which reserves room once instead of per slot.
     #[inline]
     pub(super) fn push_run(&mut self, tid: u32, epoch: u8, run: &[Raw]) -> u64 {
-        if run
-            .iter()
-            .all(|r| r.epoch == epoch && KindTag::from_u8(r.kind).is_some())
-        {
+        // One pass without branches: whether every slot is this recording's, of a known kind,
+        // and after the one before it.
+        let last = self.slots.back().map_or(0, |d| d.raw.tsc);
+        let (common, ordered, _) = run.iter().fold((true, true, last), |(ok, ord, last), r| {
+            let known = KindTag::from_u8(r.kind).is_some();
+            (
+                ok & (r.epoch == epoch) & known,
+                ord & (last <= r.tsc),
+                r.tsc,
+            )
+        });
+        if common {
+            self.ordered &= ordered;
             self.slots
                 .extend(run.iter().map(|&raw| Drained { raw, tid }));
             return 0;
@@ -90,18 +105,14 @@ impl Pending {
         unknown
     }
 
-    /// Puts the slots in timestamp order, given that the first `before` already were and
-    /// that each ring's slots arrive in order. With one thread allocating, the new slots
-    /// follow the old ones and checking them is all the work; otherwise a stable sort merges
-    /// the runs.
-    pub(super) fn sort_from(&mut self, before: usize) {
-        let sorted = self
-            .slots
-            .range(before.saturating_sub(1)..)
-            .is_sorted_by_key(|d| d.raw.tsc);
-        if !sorted {
+    /// Puts the slots in timestamp order, given that those before the last call already were.
+    /// With one thread allocating, the new slots follow the old ones (as their appending
+    /// checked) and there is nothing to do; otherwise a stable sort merges the runs.
+    pub(super) fn sort(&mut self) {
+        if !self.ordered {
             self.slots.make_contiguous().sort_by_key(|d| d.raw.tsc);
         }
+        self.ordered = true;
     }
 
     /// How many of the pending slots (from the oldest) have a TSC below `horizon`.
@@ -251,6 +262,33 @@ mod tests {
         );
     }
 
+    /// Runs of two threads that interleave in time, one of them out of order in itself (a
+    /// thread whose TSC went back), are put in order by `sort`, whichever path appended them;
+    /// runs that follow each other need no sort and keep their order.
+    #[test]
+    fn sort_orders_what_was_appended_out_of_order() {
+        let tscs = |p: &Pending| p.slots.iter().map(|d| d.raw.tsc).collect::<Vec<_>>();
+        let run = |tscs: &[u64]| -> Vec<Raw> {
+            tscs.iter().map(|&t| raw(t, KindTag::Malloc, t)).collect()
+        };
+        let mut p = Pending::new(1, false);
+        p.push_run(5, 0, &run(&[10, 40]));
+        p.push_run(6, 0, &run(&[20, 30]));
+        assert!(p.push(7, &raw(25, KindTag::Free, 25)));
+        p.push_run(5, 0, &run(&[50, 45]));
+        p.sort();
+        assert_eq!(tscs(&p), [10, 20, 25, 30, 40, 45, 50]);
+        assert!(p.ordered);
+        // In order from here: after the last slot, then by `push`.
+        p.push_run(5, 0, &run(&[50, 60, 70]));
+        assert!(p.push(5, &raw(80, KindTag::Free, 80)));
+        assert!(p.ordered);
+        assert!(p.push(5, &raw(75, KindTag::Free, 75)));
+        assert!(!p.ordered);
+        p.sort();
+        assert_eq!(tscs(&p), [10, 20, 25, 30, 40, 45, 50, 50, 60, 70, 75, 80]);
+    }
+
     /// A run keeps its recording's slots in order and counts those of unknown kinds, whether
     /// it is copied whole (every slot this recording's, of a known kind) or slot by slot.
     #[test]
@@ -323,14 +361,13 @@ mod tests {
             assert!(p.push(7, &slot(next)));
             next += 1;
         }
-        p.sort_from(0);
+        p.sort();
         p.emit(2 * CHUNK + 5, |t| t, &mut enc, &mut stacks).unwrap();
-        let before = p.len();
         for _ in 0..4 * CHUNK + 3 {
             assert!(p.push(7, &slot(next)));
             next += 1;
         }
-        p.sort_from(before);
+        p.sort();
         assert!(!p.slots.as_slices().1.is_empty(), "the deque wrapped");
         p.emit(p.len(), |t| t, &mut enc, &mut stacks).unwrap();
         let (bytes, written) = enc.finish_into(0).unwrap();
@@ -414,12 +451,11 @@ mod tests {
         for (tid, tsc) in [(5, 10), (5, 30), (5, 50)] {
             assert!(p.push(tid, &raw(tsc, KindTag::Malloc, tsc)));
         }
-        p.sort_from(0);
-        let before = p.len();
+        p.sort();
         for (tid, tsc) in [(6, 20), (6, 30), (6, 60)] {
             assert!(p.push(tid, &raw(tsc, KindTag::Free, tsc)));
         }
-        p.sort_from(before);
+        p.sort();
         assert_eq!(p.ready(31), 4);
         let meta = Metadata::now(1, Backend::Alloc);
         let opts = EncoderOptions::new().workers(1).frame_events(3);
