@@ -416,38 +416,23 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
     /// kind has them.
     ///
     /// # Safety
-    /// As [`ColumnWriter::run`]'s, for one event.
+    /// As [`ColumnWriter::run`]'s, for one event: every `put_unchecked` below, and in the
+    /// helpers it calls, has the caller's room (one value per column).
     #[inline(always)]
     unsafe fn event(&mut self, ev: &Event) {
-        let (ts, addr) = (&mut self.ts, &mut self.addr);
-        // SAFETY: every `put_unchecked` below has the caller's room (one value per column).
+        // SAFETY: the caller's room, as above.
         unsafe {
-            ts.put_unchecked(zigzag(ev.ts.wrapping_sub(self.prev_ts) as i64));
+            self.ts
+                .put_unchecked(zigzag(ev.ts.wrapping_sub(self.prev_ts) as i64));
             self.prev_ts = ev.ts;
-            // Zigzag delta from the previous event's address (0 for the kinds without one).
-            // `named`: a free named by its ref, whose address takes no value (but is the base
-            // of the next delta all the same).
-            let mut addr_at = |a: u64, named: bool| {
-                if !named {
-                    addr.put_unchecked(zigzag(a.wrapping_sub(self.prev_addr) as i64));
-                }
-                self.prev_addr = a;
-            };
-            let mut addr_put = |a: u64| addr_at(a, false);
-            let (recent, stamp) = (self.recent, self.stamp);
-            // An allocation takes its address's slot of the recent allocations.
-            let allocated = |addr: u64| {
-                // SAFETY: `Recent::slot` is below the slots' count, 2^RECENT_BITS.
-                *recent.add(Recent::slot(addr)) = RecentSlot { addr, stamp };
-            };
             match ev.kind {
                 EventKind::Malloc { addr, size } | EventKind::Calloc { addr, size } => {
-                    addr_put(addr);
+                    self.put_addr(addr);
                     self.size.put_unchecked(size);
-                    allocated(addr);
+                    self.allocated(addr);
                 }
                 EventKind::Mmap { addr, size } | EventKind::Munmap { addr, size } => {
-                    addr_put(addr);
+                    self.put_addr(addr);
                     self.size.put_unchecked(size);
                 }
                 EventKind::Realloc {
@@ -455,50 +440,25 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
                     new_addr,
                     size,
                 } => {
-                    addr_put(old_addr);
-                    // A realloc's new address: zigzag delta from its old one.
-                    let moved = new_addr.wrapping_sub(old_addr) as i64;
-                    self.addr2.put_unchecked(zigzag(moved));
-                    self.size.put_unchecked(size);
-                    allocated(new_addr);
+                    self.put_moved(old_addr, new_addr, size);
+                    self.allocated(new_addr);
                 }
                 EventKind::Mremap {
                     old_addr,
                     new_addr,
                     size,
-                } => {
-                    addr_put(old_addr);
-                    let moved = new_addr.wrapping_sub(old_addr) as i64;
-                    self.addr2.put_unchecked(zigzag(moved));
-                    self.size.put_unchecked(size);
-                }
+                } => self.put_moved(old_addr, new_addr, size),
                 EventKind::AlignedAlloc { addr, size, align } => {
-                    addr_put(addr);
+                    self.put_addr(addr);
                     self.size.put_unchecked(size);
                     self.align.put_unchecked(align);
-                    allocated(addr);
+                    self.allocated(addr);
                 }
-                // A free of a block allocated earlier in the frame names the allocation by its
-                // distance in events, in the ref column, and has no address value; any other
-                // has ref 0 and its address.
-                EventKind::Free { addr } => {
-                    // SAFETY: as in `allocated`.
-                    let slot = *recent.add(Recent::slot(addr));
-                    // A slot of this frame is at most this event's index back (an empty or
-                    // older frame's is further: its stamp is below the frame's first).
-                    let back = stamp.wrapping_sub(slot.stamp);
-                    if slot.addr == addr && back <= stamp & u64::from(u32::MAX) {
-                        self.refs.put_unchecked(back);
-                        addr_at(addr, true);
-                    } else {
-                        self.refs.put_zero();
-                        addr_put(addr);
-                    }
-                }
-                EventKind::Brk { addr } => addr_put(addr),
+                EventKind::Free { addr } => self.free(addr),
+                EventKind::Brk { addr } => self.put_addr(addr),
                 // A scheduling event (lock waits): a switch-out's `preempted` in `size`.
                 EventKind::SwitchOut { preempted } => {
-                    addr_put(0);
+                    self.put_addr(0);
                     self.size.put_unchecked(preempted as u64);
                 }
                 EventKind::Exec
@@ -506,9 +466,9 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
                 | EventKind::ThreadStart
                 | EventKind::ThreadExit
                 | EventKind::IterationStart
-                | EventKind::IterationEnd => addr_put(0),
+                | EventKind::IterationEnd => self.put_addr(0),
             }
-            self.stamp = stamp + 1;
+            self.stamp += 1;
             // The stack id of an event whose kind carries one ([`KindTag::carries_stack`]);
             // any other kind's must be [`StackId::NONE`] (checked by `finish`).
             if STACKS {
@@ -517,6 +477,74 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
                 } else {
                     self.stray_stacks |= ev.stack.0;
                 }
+            }
+        }
+    }
+
+    /// The addr column's value for `a` (0 for the kinds without an address): the zigzag delta
+    /// from the previous event's address.
+    ///
+    /// # Safety
+    /// Room for one addr value.
+    #[inline(always)]
+    unsafe fn put_addr(&mut self, a: u64) {
+        // SAFETY: the caller's room.
+        unsafe {
+            self.addr
+                .put_unchecked(zigzag(a.wrapping_sub(self.prev_addr) as i64))
+        };
+        self.prev_addr = a;
+    }
+
+    /// A realloc's or mremap's values: its old address in addr, its new one as the zigzag
+    /// delta from the old in addr2, its size.
+    ///
+    /// # Safety
+    /// Room for one addr, addr2 and size value.
+    #[inline(always)]
+    unsafe fn put_moved(&mut self, old_addr: u64, new_addr: u64, size: u64) {
+        // SAFETY: the caller's room.
+        unsafe {
+            self.put_addr(old_addr);
+            let moved = new_addr.wrapping_sub(old_addr) as i64;
+            self.addr2.put_unchecked(zigzag(moved));
+            self.size.put_unchecked(size);
+        }
+    }
+
+    /// An allocation of the block at `addr` takes its address's slot of the recent
+    /// allocations, stamped with this event.
+    ///
+    /// # Safety
+    /// `self.recent` points at [`Columns::recent`]'s slots (as [`ColumnWriter::new`] made it).
+    #[inline(always)]
+    unsafe fn allocated(&mut self, addr: u64) {
+        let stamp = self.stamp;
+        // SAFETY: `Recent::slot` is below the slots' count, 2^RECENT_BITS.
+        unsafe { *self.recent.add(Recent::slot(addr)) = RecentSlot { addr, stamp } };
+    }
+
+    /// A free of a block allocated earlier in the frame names the allocation by its distance
+    /// in events, in the ref column, and has no address value (its address is the base of the
+    /// next delta all the same); any other has ref 0 and its address.
+    ///
+    /// # Safety
+    /// As [`ColumnWriter::allocated`]'s, and room for one ref and addr value.
+    #[inline(always)]
+    unsafe fn free(&mut self, addr: u64) {
+        let stamp = self.stamp;
+        // SAFETY: as in `allocated`; the caller's room.
+        unsafe {
+            let slot = *self.recent.add(Recent::slot(addr));
+            // A slot of this frame is at most this event's index back (an empty or older
+            // frame's is further: its stamp is below the frame's first).
+            let back = stamp.wrapping_sub(slot.stamp);
+            if slot.addr == addr && back <= stamp & u64::from(u32::MAX) {
+                self.refs.put_unchecked(back);
+                self.prev_addr = addr;
+            } else {
+                self.refs.put_zero();
+                self.put_addr(addr);
             }
         }
     }
@@ -730,6 +758,15 @@ struct ColumnReader<'a, const STACKS: bool> {
     prev_addr: u64,
 }
 
+/// A payload's column table, read: its event count, where the columns start, the payload's
+/// length without its padding, and each column's length (tid … align, stack, ref).
+struct Table {
+    events: u64,
+    pos: usize,
+    raw_len: usize,
+    lens: [usize; VAR_COLUMNS + 2],
+}
+
 /// The run being read in a run-length column (tid, pid): its value and how many more events
 /// it covers.
 #[derive(Default)]
@@ -755,9 +792,9 @@ impl Run {
 }
 
 impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
-    /// Reads the column table (event count, then each column's length) and splits the payload
-    /// into its columns. `expected` is the event count the frame header announces. Inlined:
-    /// it saves an instruction per event in the decode loop.
+    /// Reads the column table ([`ColumnReader::table`]) and splits the payload into its
+    /// columns. `expected` is the event count the frame header announces. Inlined: it saves
+    /// an instruction per event in the decode loop.
     #[inline(always)]
     fn new(
         padded: &'a [u8],
@@ -765,35 +802,12 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
         with_refs: bool,
         plain_addr: bool,
     ) -> Result<Self, DecodeError> {
-        let mut raw_len = padded
-            .len()
-            .checked_sub(PAD)
-            .ok_or("payload buffer is not padded")?;
-        let mut head = Col {
-            data: padded,
-            pos: 0,
-            end: raw_len,
-            name: "column table",
-        };
-        let n = head.varint()?;
-        if n != expected as u64 {
-            return Err(format!(
-                "payload holds {n} events but the frame header says {expected}"
-            ));
-        }
-        // tid … align, then the stack column's and the ref column's if the frame has them.
-        let mut lens = [0usize; VAR_COLUMNS + 2];
-        let mut length =
-            || usize::try_from(head.varint()?).map_err(|_| "column length overflows".to_string());
-        for l in &mut lens[..VAR_COLUMNS] {
-            *l = length()?;
-        }
-        if STACKS {
-            lens[VAR_COLUMNS] = length()?;
-        }
-        if with_refs {
-            lens[VAR_COLUMNS + 1] = length()?;
-        }
+        let Table {
+            events: n,
+            pos,
+            mut raw_len,
+            lens,
+        } = Self::table(padded, expected, with_refs)?;
         // A plain addr column is the payload's last bytes, after the others.
         let whole = raw_len;
         if plain_addr {
@@ -804,7 +818,7 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
                 )
             })?;
         }
-        let mut pos = head.pos;
+        let mut pos = pos;
         let mut take = |len: usize, name: &'static str| -> Result<Col<'a>, DecodeError> {
             let end = pos
                 .checked_add(len)
@@ -853,6 +867,47 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
             return Err(format!("{} bytes follow the last column", raw_len - pos));
         }
         Ok(reader)
+    }
+
+    /// The column table at the payload's start: the event count (which must be `expected`),
+    /// then each column's length: tid … align, then the stack column's and the ref column's if
+    /// the frame has them.
+    #[inline(always)]
+    fn table(padded: &[u8], expected: u32, with_refs: bool) -> Result<Table, DecodeError> {
+        let raw_len = padded
+            .len()
+            .checked_sub(PAD)
+            .ok_or("payload buffer is not padded")?;
+        let mut head = Col {
+            data: padded,
+            pos: 0,
+            end: raw_len,
+            name: "column table",
+        };
+        let n = head.varint()?;
+        if n != expected as u64 {
+            return Err(format!(
+                "payload holds {n} events but the frame header says {expected}"
+            ));
+        }
+        let mut lens = [0usize; VAR_COLUMNS + 2];
+        let mut length =
+            || usize::try_from(head.varint()?).map_err(|_| "column length overflows".to_string());
+        for l in &mut lens[..VAR_COLUMNS] {
+            *l = length()?;
+        }
+        if STACKS {
+            lens[VAR_COLUMNS] = length()?;
+        }
+        if with_refs {
+            lens[VAR_COLUMNS + 1] = length()?;
+        }
+        Ok(Table {
+            events: n,
+            pos: head.pos,
+            raw_len,
+            lens,
+        })
     }
 
     /// The event of kind byte `k`, reading each column the writer wrote for it; `done` holds
@@ -1583,33 +1638,7 @@ mod tests {
             kinds.push(e.kind.tag() as u8);
             put_varint(&mut cols[2], zigzag(e.ts.wrapping_sub(prev_ts) as i64));
             prev_ts = e.ts;
-            let (addr, addr2, size, align) = match e.kind {
-                EventKind::Malloc { addr, size }
-                | EventKind::Calloc { addr, size }
-                | EventKind::Mmap { addr, size }
-                | EventKind::Munmap { addr, size } => (addr, None, Some(size), None),
-                EventKind::Realloc {
-                    old_addr,
-                    new_addr,
-                    size,
-                }
-                | EventKind::Mremap {
-                    old_addr,
-                    new_addr,
-                    size,
-                } => (
-                    old_addr,
-                    Some(new_addr.wrapping_sub(old_addr)),
-                    Some(size),
-                    None,
-                ),
-                EventKind::AlignedAlloc { addr, size, align } => {
-                    (addr, None, Some(size), Some(align))
-                }
-                EventKind::Free { addr } | EventKind::Brk { addr } => (addr, None, None, None),
-                EventKind::SwitchOut { preempted } => (0, None, Some(preempted as u64), None),
-                _ => (0, None, None, None),
-            };
+            let (addr, addr2, size, align) = reference_values(e.kind);
             let named = match e.kind {
                 EventKind::Free { addr } => {
                     let hit = recent.get(&Recent::slot(addr)).filter(|r| r.0 == addr);
@@ -1652,17 +1681,58 @@ mod tests {
                 base = v;
             }
         }
+        reference_assemble(events.len(), &kinds, &cols, stacks)
+    }
+
+    /// An event's (addr, addr2 delta, size, align) values as FORMAT.md's column table has them
+    /// for its kind (addr 0 for the kinds without an address).
+    fn reference_values(kind: EventKind) -> (u64, Option<u64>, Option<u64>, Option<u64>) {
+        match kind {
+            EventKind::Malloc { addr, size }
+            | EventKind::Calloc { addr, size }
+            | EventKind::Mmap { addr, size }
+            | EventKind::Munmap { addr, size } => (addr, None, Some(size), None),
+            EventKind::Realloc {
+                old_addr,
+                new_addr,
+                size,
+            }
+            | EventKind::Mremap {
+                old_addr,
+                new_addr,
+                size,
+            } => (
+                old_addr,
+                Some(new_addr.wrapping_sub(old_addr)),
+                Some(size),
+                None,
+            ),
+            EventKind::AlignedAlloc { addr, size, align } => (addr, None, Some(size), Some(align)),
+            EventKind::Free { addr } | EventKind::Brk { addr } => (addr, None, None, None),
+            EventKind::SwitchOut { preempted } => (0, None, Some(preempted as u64), None),
+            _ => (0, None, None, None),
+        }
+    }
+
+    /// A payload from its columns' bytes (tid … align, stack, ref): the column table, the
+    /// kinds, the columns in order but addr, which is stored last, after the zstd frame.
+    fn reference_assemble(
+        events: usize,
+        kinds: &[u8],
+        cols: &[Vec<u8>; VAR_COLUMNS + 2],
+        stacks: bool,
+    ) -> Vec<u8> {
         let used: Vec<&Vec<u8>> = cols[..VAR_COLUMNS]
             .iter()
             .chain(stacks.then_some(&cols[VAR_COLUMNS]))
             .chain([&cols[VAR_COLUMNS + 1]])
             .collect();
         let mut raw = Vec::new();
-        put_varint(&mut raw, events.len() as u64);
+        put_varint(&mut raw, events as u64);
         for c in &used {
             put_varint(&mut raw, c.len() as u64);
         }
-        raw.extend_from_slice(&kinds);
+        raw.extend_from_slice(kinds);
         // The addr column last: it is stored after the zstd frame.
         for (i, c) in used.iter().enumerate() {
             if i != ADDR {
@@ -1703,42 +1773,7 @@ mod tests {
                 } else {
                     (r >> 30) % 5000
                 };
-                let kinds = KindTag::ALL.len() as u64;
-                let kind = match (r >> 16) % (kinds + 8) {
-                    k if k >= kinds => {
-                        [EventKind::Malloc { addr, size }, EventKind::Free { addr }][k as usize % 2]
-                    }
-                    0 => EventKind::Malloc { addr, size },
-                    1 => EventKind::Calloc { addr, size },
-                    2 => EventKind::Realloc {
-                        old_addr: addr,
-                        new_addr: addr ^ r,
-                        size,
-                    },
-                    3 => EventKind::AlignedAlloc {
-                        addr,
-                        size,
-                        align: 1 << (r % 64),
-                    },
-                    4 => EventKind::Free { addr },
-                    5 => EventKind::Mmap { addr, size },
-                    6 => EventKind::Munmap { addr, size },
-                    7 => EventKind::Mremap {
-                        old_addr: addr,
-                        new_addr: r,
-                        size,
-                    },
-                    8 => EventKind::Brk { addr },
-                    9 => EventKind::Exec,
-                    10 => EventKind::SwitchOut {
-                        preempted: r & 1 == 0,
-                    },
-                    11 => EventKind::SwitchIn,
-                    12 => EventKind::ThreadStart,
-                    13 => EventKind::ThreadExit,
-                    14 => EventKind::IterationStart,
-                    _ => EventKind::IterationEnd,
-                };
+                let kind = mixed_kind(r, addr, size);
                 let kind = match kind {
                     EventKind::Free { .. } if r % 4 != 0 => EventKind::Free {
                         addr: blocks[(r >> 33) as usize % 64],
@@ -1767,6 +1802,47 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    /// [`mixed`]'s event kind for the random `r`: each kind alike, and mallocs and frees
+    /// more often.
+    fn mixed_kind(r: u64, addr: u64, size: u64) -> EventKind {
+        let kinds = KindTag::ALL.len() as u64;
+        match (r >> 16) % (kinds + 8) {
+            k if k >= kinds => {
+                [EventKind::Malloc { addr, size }, EventKind::Free { addr }][k as usize % 2]
+            }
+            0 => EventKind::Malloc { addr, size },
+            1 => EventKind::Calloc { addr, size },
+            2 => EventKind::Realloc {
+                old_addr: addr,
+                new_addr: addr ^ r,
+                size,
+            },
+            3 => EventKind::AlignedAlloc {
+                addr,
+                size,
+                align: 1 << (r % 64),
+            },
+            4 => EventKind::Free { addr },
+            5 => EventKind::Mmap { addr, size },
+            6 => EventKind::Munmap { addr, size },
+            7 => EventKind::Mremap {
+                old_addr: addr,
+                new_addr: r,
+                size,
+            },
+            8 => EventKind::Brk { addr },
+            9 => EventKind::Exec,
+            10 => EventKind::SwitchOut {
+                preempted: r & 1 == 0,
+            },
+            11 => EventKind::SwitchIn,
+            12 => EventKind::ThreadStart,
+            13 => EventKind::ThreadExit,
+            14 => EventKind::IterationStart,
+            _ => EventKind::IterationEnd,
+        }
     }
 
     /// The column loop writes what the plain reference writes, with and without stacks, for
@@ -1805,7 +1881,7 @@ mod tests {
     /// Frees are named by ref when their block was allocated earlier in the frame (by any
     /// allocating kind, a realloc by its new address) and its slot was not taken since; any other
     /// free, of a block from an earlier frame or whose slot a later allocation took, has its
-    /// address. Damaged refs are named.
+    /// address.
     #[test]
     fn frees_are_named_by_the_event_that_allocated_their_block() {
         let ev = |i: u64, kind| Event::new(1000 + i, 7, 3, kind);
@@ -1867,7 +1943,15 @@ mod tests {
         encode_whole(&events[8..], &mut cols, &mut raw).unwrap();
         assert_eq!(cols.refs.bytes(), [1, 1]);
         assert_eq!(decode(&raw, 2).unwrap(), events[8..]);
+    }
 
+    /// A damaged ref is named: one reaching before the frame's first event, or naming an
+    /// event that allocated nothing.
+    #[test]
+    fn damaged_refs_are_named() {
+        let ev = |i: u64, kind| Event::new(1000 + i, 7, 3, kind);
+        let a = 0x7f00_0000_1000u64;
+        let (mut cols, mut raw) = (Columns::default(), Vec::new());
         // Damage: the free at event 2 names the event 3 before it (there is none), or the
         // event 1 before it, which is a free (frames of `Malloc, Free, Free`).
         let frame = [
