@@ -4,7 +4,8 @@
 //! case (a timestamp a few hundred ns after the previous one, an address near the previous one,
 //! a small size) takes one or two bytes; a free of a block allocated shortly before names that
 //! allocation by distance (its ref) instead. The columns are concatenated and compressed with
-//! zstd, but for the addr column, stored as it is after the zstd frame (since 1.9). Column
+//! zstd, but for the ts and addr columns, stored as they are after the zstd frame (addr since
+//! 1.9, ts since 1.10). Column
 //! order and encodings are part of the format: change them only with a version bump.
 
 use crate::event::{Event, EventKind, KindTag};
@@ -616,8 +617,8 @@ pub(crate) fn encode_events(
     put_varint(raw, cols.refs.len as u64);
     raw.extend_from_slice(&cols.kinds);
     for (i, c) in cols.cols.iter().enumerate() {
-        // The addr column is stored after the compressed part, as it is.
-        if i != ADDR {
+        // The ts and addr columns are stored after the compressed part, as they are.
+        if i != TS && i != ADDR {
             raw.extend_from_slice(c.bytes());
         }
     }
@@ -625,17 +626,22 @@ pub(crate) fn encode_events(
         raw.extend_from_slice(cols.stack.bytes());
     }
     raw.extend_from_slice(cols.refs.bytes());
-    Ok(FLAG_REFS | FLAG_PLAIN_ADDR | if stacks { FLAG_STACKS } else { 0 })
+    Ok(FLAGS_WRITTEN | if stacks { FLAG_STACKS } else { 0 })
 }
 
-/// The index of the addr column among the length-prefixed columns.
+/// The flags of every frame [`encode_events`] writes (and [`FLAG_STACKS`] where it has stacks).
+const FLAGS_WRITTEN: u32 = FLAG_REFS | FLAG_PLAIN_TS | FLAG_PLAIN_ADDR;
+
+/// The indices of the ts and addr columns among the length-prefixed columns.
+const TS: usize = 2;
 const ADDR: usize = 3;
 
 impl Columns {
-    /// The addr column of the frame [`encode_events`] last encoded: with [`FLAG_PLAIN_ADDR`],
-    /// stored after the payload's zstd frame, uncompressed.
-    pub(crate) fn plain_addr(&self) -> &[u8] {
-        self.cols[ADDR].bytes()
+    /// The plain columns of the frame [`encode_events`] last encoded, ts's then addr's
+    /// ([`FLAG_PLAIN_TS`], [`FLAG_PLAIN_ADDR`]): stored after the payload's zstd frame, in
+    /// this order, uncompressed.
+    pub(crate) fn plain(&self) -> [&[u8]; 2] {
+        [self.cols[TS].bytes(), self.cols[ADDR].bytes()]
     }
 }
 
@@ -682,8 +688,13 @@ pub(crate) const FLAG_REFS: u32 = 4;
 /// follows its zstd frame, uncompressed (its bytes are nearly random: entropy coding them cost
 /// more than it saved).
 pub(crate) const FLAG_PLAIN_ADDR: u32 = 8;
+/// Frame flag (FORMAT.md, since 1.10): the ts column is not in the compressed payload but
+/// follows its zstd frame, uncompressed, before the addr column if that is plain too (zstd
+/// spent half the compression worker's instructions on it for a third of its size).
+pub(crate) const FLAG_PLAIN_TS: u32 = 16;
 /// Every frame flag this build reads.
-pub(crate) const KNOWN_FLAGS: u32 = FLAG_STACKS | FLAG_DEFINITIONS | FLAG_REFS | FLAG_PLAIN_ADDR;
+pub(crate) const KNOWN_FLAGS: u32 =
+    FLAG_STACKS | FLAG_DEFINITIONS | FLAG_REFS | FLAG_PLAIN_ADDR | FLAG_PLAIN_TS;
 
 /// What is wrong with a frame payload; the reader adds the frame index and offset.
 pub(crate) type DecodeError = String;
@@ -800,7 +811,7 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
         padded: &'a [u8],
         expected: u32,
         with_refs: bool,
-        plain_addr: bool,
+        plain: [bool; 2],
     ) -> Result<Self, DecodeError> {
         let Table {
             events: n,
@@ -808,16 +819,8 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
             mut raw_len,
             lens,
         } = Self::table(padded, expected, with_refs)?;
-        // A plain addr column is the payload's last bytes, after the others.
-        let whole = raw_len;
-        if plain_addr {
-            raw_len = raw_len.checked_sub(lens[ADDR]).ok_or_else(|| {
-                format!(
-                    "addr column of {} bytes is longer than the payload",
-                    lens[ADDR]
-                )
-            })?;
-        }
+        let [ts_plain, addr_plain] = Self::plain_tail(padded, &mut raw_len, &lens, plain)?;
+        let [tid, pid, ts, addr, addr2, size, align] = NAMES;
         let mut pos = pos;
         let mut take = |len: usize, name: &'static str| -> Result<Col<'a>, DecodeError> {
             let end = pos
@@ -834,17 +837,14 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
             Ok(col)
         };
         let kinds = take(n as usize, "kind")?;
-        let [tid, pid, ts, addr, addr2, size, align] = NAMES;
-        let (tid, pid, ts) = (take(lens[0], tid)?, take(lens[1], pid)?, take(lens[2], ts)?);
-        let addr = if plain_addr {
-            Col {
-                data: padded,
-                pos: raw_len,
-                end: whole,
-                name: addr,
-            }
-        } else {
-            take(lens[ADDR], addr)?
+        let (tid, pid) = (take(lens[0], tid)?, take(lens[1], pid)?);
+        let ts = match ts_plain {
+            Some(col) => col,
+            None => take(lens[TS], ts)?,
+        };
+        let addr = match addr_plain {
+            Some(col) => col,
+            None => take(lens[ADDR], addr)?,
         };
         let reader = ColumnReader {
             kinds: &padded[kinds.pos..kinds.end],
@@ -867,6 +867,35 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
             return Err(format!("{} bytes follow the last column", raw_len - pos));
         }
         Ok(reader)
+    }
+
+    /// The plain columns ([`FLAG_PLAIN_TS`], [`FLAG_PLAIN_ADDR`] as `plain` says), ts's and
+    /// addr's: the payload's last bytes, after the others, in this order. Takes them off
+    /// `raw_len`, which then ends the decompressed columns.
+    #[inline(always)]
+    fn plain_tail(
+        padded: &'a [u8],
+        raw_len: &mut usize,
+        lens: &[usize; VAR_COLUMNS + 2],
+        plain: [bool; 2],
+    ) -> Result<[Option<Col<'a>>; 2], DecodeError> {
+        let mut cols = [None, None];
+        // addr's first from the end, then ts's before it.
+        for (slot, column) in [(1, ADDR), (0, TS)] {
+            if plain[slot] {
+                let (len, name) = (lens[column], NAMES[column]);
+                *raw_len = raw_len.checked_sub(len).ok_or_else(|| {
+                    format!("{name} column of {len} bytes is longer than the payload")
+                })?;
+                cols[slot] = Some(Col {
+                    data: padded,
+                    pos: *raw_len,
+                    end: *raw_len + len,
+                    name,
+                });
+            }
+        }
+        Ok(cols)
     }
 
     /// The column table at the payload's start: the event count (which must be `expected`),
@@ -1133,7 +1162,8 @@ pub(crate) fn decode_events(
     flags: u32,
     out: &mut Vec<Event>,
 ) -> Result<(), DecodeError> {
-    let (refs, plain) = (flags & FLAG_REFS != 0, flags & FLAG_PLAIN_ADDR != 0);
+    let refs = flags & FLAG_REFS != 0;
+    let plain = [flags & FLAG_PLAIN_TS != 0, flags & FLAG_PLAIN_ADDR != 0];
     if flags & FLAG_STACKS != 0 {
         decode_columns::<true>(padded, expected, (refs, plain), out)
     } else {
@@ -1144,7 +1174,7 @@ pub(crate) fn decode_events(
 fn decode_columns<const STACKS: bool>(
     padded: &[u8],
     expected: u32,
-    (refs, plain): (bool, bool),
+    (refs, plain): (bool, [bool; 2]),
     out: &mut Vec<Event>,
 ) -> Result<(), DecodeError> {
     let mut r = ColumnReader::<STACKS>::new(padded, expected, refs, plain)?;
@@ -1410,15 +1440,17 @@ mod tests {
         }
     }
 
-    /// [`encode_events`], with the plain addr column appended to `raw`: the layout the reader
-    /// decodes (the decompressed part, then the plain column).
+    /// [`encode_events`], with the plain ts and addr columns appended to `raw`: the layout the
+    /// reader decodes (the decompressed part, then the plain columns).
     fn encode_whole(
         events: &[Event],
         cols: &mut Columns,
         raw: &mut Vec<u8>,
     ) -> Result<u32, EncodeProblem> {
         let flags = encode_events(events, cols, raw)?;
-        raw.extend_from_slice(cols.plain_addr());
+        for plain in cols.plain() {
+            raw.extend_from_slice(plain);
+        }
         Ok(flags)
     }
 
@@ -1426,7 +1458,7 @@ mod tests {
         let mut padded = raw.to_vec();
         padded.resize(raw.len() + PAD, 0);
         let mut out = Vec::new();
-        decode_events(&padded, n, FLAG_REFS | FLAG_PLAIN_ADDR, &mut out).map(|()| out)
+        decode_events(&padded, n, FLAGS_WRITTEN, &mut out).map(|()| out)
     }
 
     #[test]
@@ -1493,7 +1525,7 @@ mod tests {
             .collect();
         assert_eq!(
             encode_whole(&with, &mut cols, &mut raw),
-            Ok(FLAG_REFS | FLAG_PLAIN_ADDR | FLAG_STACKS)
+            Ok(FLAGS_WRITTEN | FLAG_STACKS)
         );
         assert_eq!(decode_stacks(&raw, with.len() as u32).unwrap(), with);
     }
@@ -1600,11 +1632,11 @@ mod tests {
         let alloc = Event::new(1, 2, 3, EventKind::Malloc { addr: 8, size: 8 });
         assert_eq!(
             encode_whole(&[alloc], &mut cols, &mut raw),
-            Ok(FLAG_REFS | FLAG_PLAIN_ADDR)
+            Ok(FLAGS_WRITTEN)
         );
         assert_eq!(
             encode_whole(&[alloc.with_stack(StackId(4))], &mut cols, &mut raw),
-            Ok(FLAG_REFS | FLAG_PLAIN_ADDR | FLAG_STACKS)
+            Ok(FLAGS_WRITTEN | FLAG_STACKS)
         );
         assert_eq!(
             decode_stacks(&raw, 1).unwrap(),
@@ -1621,6 +1653,13 @@ mod tests {
     /// The frame payload of `events` as FORMAT.md states it, one plain step per value (no
     /// cursors, no runs kept open across events): what the encoder's fast loop must write.
     fn reference_payload(events: &[Event]) -> Vec<u8> {
+        reference_laid_out(events, &[TS, ADDR])
+    }
+
+    /// [`reference_payload`] with the columns `plain` (in column order) stored after the
+    /// others, as the frame flags of plain columns say: `[TS, ADDR]` since 1.10, `[ADDR]` in
+    /// 1.9.
+    fn reference_laid_out(events: &[Event], plain: &[usize]) -> Vec<u8> {
         let stacks = events.iter().any(|e| !e.stack.is_none());
         let mut cols: [Vec<u8>; VAR_COLUMNS + 2] = Default::default();
         let (mut kinds, mut prev_ts, mut prev_addr) = (Vec::new(), 0u64, 0u64);
@@ -1681,7 +1720,7 @@ mod tests {
                 base = v;
             }
         }
-        reference_assemble(events.len(), &kinds, &cols, stacks)
+        reference_assemble(events.len(), &kinds, &cols, stacks, plain)
     }
 
     /// An event's (addr, addr2 delta, size, align) values as FORMAT.md's column table has them
@@ -1721,6 +1760,7 @@ mod tests {
         kinds: &[u8],
         cols: &[Vec<u8>; VAR_COLUMNS + 2],
         stacks: bool,
+        plain: &[usize],
     ) -> Vec<u8> {
         let used: Vec<&Vec<u8>> = cols[..VAR_COLUMNS]
             .iter()
@@ -1733,13 +1773,15 @@ mod tests {
             put_varint(&mut raw, c.len() as u64);
         }
         raw.extend_from_slice(kinds);
-        // The addr column last: it is stored after the zstd frame.
+        // The plain columns last: they are stored after the zstd frame.
         for (i, c) in used.iter().enumerate() {
-            if i != ADDR {
+            if !plain.contains(&i) {
                 raw.extend_from_slice(c);
             }
         }
-        raw.extend_from_slice(used[ADDR]);
+        for &i in plain {
+            raw.extend_from_slice(used[i]);
+        }
         raw
     }
 
@@ -1857,8 +1899,7 @@ mod tests {
                 for frame in events.chunks(len) {
                     assert_eq!(
                         encode_whole(frame, &mut cols, &mut raw),
-                        Ok(FLAG_REFS
-                            | FLAG_PLAIN_ADDR
+                        Ok(FLAGS_WRITTEN
                             | if frame.iter().any(|e| !e.stack.is_none()) {
                                 FLAG_STACKS
                             } else {
@@ -1933,8 +1974,8 @@ mod tests {
             [2 << 1 | 1, 1 << 1 | 1, 1, 1, 2 << 1 | 1]
         );
         assert_eq!(decode(&raw, events.len() as u32).unwrap(), events);
-        // The plain addr column is the payload's last bytes: a payload one byte short moves
-        // its start a byte into the ref column before it.
+        // The plain columns are the payload's last bytes: a payload one byte short moves ts's
+        // start a byte into the ref column before it.
         assert_eq!(
             decode(&raw[..raw.len() - 1], events.len() as u32).unwrap_err(),
             "ref column runs past the end of the payload"
@@ -1943,6 +1984,28 @@ mod tests {
         encode_whole(&events[8..], &mut cols, &mut raw).unwrap();
         assert_eq!(cols.refs.bytes(), [1, 1]);
         assert_eq!(decode(&raw, 2).unwrap(), events[8..]);
+    }
+
+    /// Frames of the earlier layouts read as they did: 1.9's (only addr plain), and ts plain
+    /// alone or no plain column (each flag stands on its own), with and without stacks.
+    #[test]
+    fn every_layout_of_plain_columns_decodes() {
+        for stacks in [false, true] {
+            let events = mixed(5000, stacks);
+            let stack_flag = if stacks { FLAG_STACKS } else { 0 };
+            for (plain, flags) in [
+                (&[ADDR][..], FLAG_REFS | FLAG_PLAIN_ADDR),
+                (&[TS][..], FLAG_REFS | FLAG_PLAIN_TS),
+                (&[][..], FLAG_REFS),
+                (&[TS, ADDR][..], FLAGS_WRITTEN),
+            ] {
+                let mut padded = reference_laid_out(&events, plain);
+                padded.resize(padded.len() + PAD, 0);
+                let mut out = Vec::new();
+                decode_events(&padded, 5000, flags | stack_flag, &mut out).unwrap();
+                assert_eq!(out, events, "plain columns {plain:?}");
+            }
+        }
     }
 
     /// A damaged ref is named: one reaching before the frame's first event, or naming an
@@ -1962,7 +2025,7 @@ mod tests {
         encode_whole(&frame, &mut cols, &mut raw).unwrap();
         assert_eq!(cols.refs.bytes(), [1 << 1 | 1, 2 << 1 | 1]);
         // The second free's ref: the ref column's last byte, before the plain addr column.
-        let at = raw.len() - cols.plain_addr().len() - 1;
+        let at = raw.len() - cols.plain().iter().map(|c| c.len()).sum::<usize>() - 1;
         for (distance, problem) in [
             (
                 3,
@@ -1984,12 +2047,6 @@ mod tests {
         let mut padded = raw.to_vec();
         padded.resize(raw.len() + PAD, 0);
         let mut out = Vec::new();
-        decode_events(
-            &padded,
-            n,
-            FLAG_REFS | FLAG_PLAIN_ADDR | FLAG_STACKS,
-            &mut out,
-        )
-        .map(|()| out)
+        decode_events(&padded, n, FLAGS_WRITTEN | FLAG_STACKS, &mut out).map(|()| out)
     }
 }

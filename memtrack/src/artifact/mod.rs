@@ -39,8 +39,9 @@ pub const VERSION_MAJOR: u16 = 1;
 /// definitions block); 6 the context-switch kinds `SwitchOut` and `SwitchIn` (lock waits); 7
 /// the thread kinds `ThreadStart` and `ThreadExit` (lock waits); 8 the kinds `IterationStart`
 /// and `IterationEnd` and the totals' `iteration_spread` (sessions that accumulate calls); 9
-/// frees named by refs (a frame flag and a ref column).
-pub const VERSION_MINOR: u16 = 9;
+/// frees named by refs (a frame flag and a ref column) and the addr column stored plainly; 10
+/// the ts column stored plainly (a frame flag).
+pub const VERSION_MINOR: u16 = 10;
 /// Size of the fixed part of the header before the metadata JSON.
 pub(crate) const HEADER_FIXED: usize = 20;
 /// Size of a frame header.

@@ -15,8 +15,8 @@ use rayon::prelude::*;
 
 use super::FormatError as Error;
 use super::codec::{
-    Definitions, FLAG_DEFINITIONS, FLAG_PLAIN_ADDR, FLAG_REFS, FLAG_STACKS, KNOWN_FLAGS, PAD,
-    decode_definitions, decode_events,
+    Definitions, FLAG_DEFINITIONS, FLAG_PLAIN_ADDR, FLAG_PLAIN_TS, FLAG_REFS, FLAG_STACKS,
+    KNOWN_FLAGS, PAD, decode_definitions, decode_events,
 };
 use super::write::{frame_crc, trailer_crc};
 use super::{
@@ -621,8 +621,8 @@ impl Reader {
                 ));
             }
             let (_, z) = self.split_payload(index, flags, payload)?;
-            // With a plain addr column, it follows the zstd frame.
-            let (z, plain) = if flags & FLAG_PLAIN_ADDR != 0 {
+            // Plain columns (addr's, ts's) follow the zstd frame.
+            let (z, plain) = if flags & (FLAG_PLAIN_ADDR | FLAG_PLAIN_TS) != 0 {
                 let n = zstd::zstd_safe::find_frame_compressed_size(z)
                     .map_err(|_| self.frame_err(frame, offset, "payload is not a zstd frame"))?;
                 z.split_at(n)
