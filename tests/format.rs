@@ -271,6 +271,8 @@ fn synth_with_stacks(n: usize, frame: usize) -> (Vec<Event>, Vec<u8>) {
     (events, enc.finish_into(0).expect("finish").0)
 }
 
+/// CRC-32/ISO-HDLC (FORMAT.md's) of the concatenated `parts`, bit by bit: the tests' own, not
+/// the writer's.
 fn crc32(parts: &[&[u8]]) -> u32 {
     let mut crc = !0u32;
     for &b in parts.iter().flat_map(|p| p.iter()) {

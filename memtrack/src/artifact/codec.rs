@@ -5,8 +5,8 @@
 //! a small size) takes one or two bytes; a free of a block allocated shortly before names that
 //! allocation by distance (its ref) instead. The columns are concatenated and compressed with
 //! zstd, but for the ts and addr columns, stored as they are after the zstd frame (addr since
-//! 1.9, ts since 1.10). Column
-//! order and encodings are part of the format: change them only with a version bump.
+//! 1.9, ts since 1.10). Column order and encodings are part of the format: change them only
+//! with a version bump.
 
 use crate::event::{Event, EventKind, KindTag};
 use crate::stack::{Frame, Module, ModuleId, Stack, StackId};
@@ -579,9 +579,10 @@ impl<const STACKS: bool> ColumnWriter<STACKS> {
 /// An event the format cannot store: a stack on an event whose kind carries none.
 pub(crate) type EncodeProblem = String;
 
-/// Serialises `events` into `raw` (cleared first): the uncompressed frame payload. Returns its
-/// frame flags: [`FLAG_REFS`] always (it has a ref column), and [`FLAG_STACKS`] when it has a
-/// stack-id column (some event carries a stack).
+/// Serialises `events` into `raw` (cleared first): the part of the frame payload that is
+/// compressed; [`Columns::append_plain`] gives the rest. Returns its frame flags:
+/// [`FLAGS_WRITTEN`] always, and [`FLAG_STACKS`] when it has a stack-id column (some event
+/// carries a stack).
 pub(crate) fn encode_events(
     events: &[Event],
     cols: &mut Columns,
@@ -643,6 +644,14 @@ impl Columns {
     pub(crate) fn plain(&self) -> [&[u8]; 2] {
         [self.cols[TS].bytes(), self.cols[ADDR].bytes()]
     }
+
+    /// Appends [`Columns::plain`] to `out`, after the payload's zstd frame: the end of the
+    /// frame payload.
+    pub(crate) fn append_plain(&self, out: &mut Vec<u8>) {
+        for col in self.plain() {
+            out.extend_from_slice(col);
+        }
+    }
 }
 
 /// The column loop: the events run by run of one thread (the tid and pid columns get a run
@@ -689,8 +698,8 @@ pub(crate) const FLAG_REFS: u32 = 4;
 /// more than it saved).
 pub(crate) const FLAG_PLAIN_ADDR: u32 = 8;
 /// Frame flag (FORMAT.md, since 1.10): the ts column is not in the compressed payload but
-/// follows its zstd frame, uncompressed, before the addr column if that is plain too (zstd
-/// spent half the compression worker's instructions on it for a third of its size).
+/// follows its zstd frame, uncompressed, before the addr column if that is plain too (its time
+/// deltas made zstd cost more instructions per byte than any other column did; FORMAT.md).
 pub(crate) const FLAG_PLAIN_TS: u32 = 16;
 /// Every frame flag this build reads.
 pub(crate) const KNOWN_FLAGS: u32 =
@@ -815,13 +824,12 @@ impl<'a, const STACKS: bool> ColumnReader<'a, STACKS> {
     ) -> Result<Self, DecodeError> {
         let Table {
             events: n,
-            pos,
+            mut pos,
             mut raw_len,
             lens,
         } = Self::table(padded, expected, with_refs)?;
         let [ts_plain, addr_plain] = Self::plain_tail(padded, &mut raw_len, &lens, plain)?;
         let [tid, pid, ts, addr, addr2, size, align] = NAMES;
-        let mut pos = pos;
         let mut take = |len: usize, name: &'static str| -> Result<Col<'a>, DecodeError> {
             let end = pos
                 .checked_add(len)
@@ -1150,7 +1158,9 @@ fn empty_run(column: &str) -> DecodeError {
 /// Decodes a payload written by [`encode_events`], appending to `out`. `expected` is the event
 /// count the frame header announces; any disagreement, left-over byte or unknown kind is an error.
 /// `padded` is the payload followed by at least [`PAD`] bytes (of any value).
-/// `flags`: the frame header's ([`FLAG_STACKS`]: a stack-id column; [`FLAG_REFS`]: a ref column).
+/// `flags`: the frame header's ([`FLAG_STACKS`]: a stack-id column; [`FLAG_REFS`]: a ref column;
+/// [`FLAG_PLAIN_TS`], [`FLAG_PLAIN_ADDR`]: those columns at the end of `padded`, as the reader
+/// appends them after the decompressed part).
 ///
 /// Never inlined: called once per frame, so inlining gains nothing, and left to LLVM, whether
 /// it is inlined (and its loop compiled worse) depends on how unrelated code falls into codegen
@@ -1448,9 +1458,7 @@ mod tests {
         raw: &mut Vec<u8>,
     ) -> Result<u32, EncodeProblem> {
         let flags = encode_events(events, cols, raw)?;
-        for plain in cols.plain() {
-            raw.extend_from_slice(plain);
-        }
+        cols.append_plain(raw);
         Ok(flags)
     }
 
@@ -1754,7 +1762,8 @@ mod tests {
     }
 
     /// A payload from its columns' bytes (tid … align, stack, ref): the column table, the
-    /// kinds, the columns in order but addr, which is stored last, after the zstd frame.
+    /// kinds, the columns in order but those of `plain`, then those, as they are stored after
+    /// the zstd frame.
     fn reference_assemble(
         events: usize,
         kinds: &[u8],
@@ -2024,7 +2033,7 @@ mod tests {
         ];
         encode_whole(&frame, &mut cols, &mut raw).unwrap();
         assert_eq!(cols.refs.bytes(), [1 << 1 | 1, 2 << 1 | 1]);
-        // The second free's ref: the ref column's last byte, before the plain addr column.
+        // The second free's ref: the ref column's last byte, before the plain columns.
         let at = raw.len() - cols.plain().iter().map(|c| c.len()).sum::<usize>() - 1;
         for (distance, problem) in [
             (

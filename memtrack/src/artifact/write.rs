@@ -64,9 +64,7 @@ pub(crate) fn encode_frame(
     }
     compress_after(&mut scratch.zstd, &scratch.raw, out)
         .map_err(|e| Error::io("compressing a frame", e))?;
-    for plain in scratch.cols.plain() {
-        out.extend_from_slice(plain);
-    }
+    scratch.cols.append_plain(out);
     let payload = &out[FRAME_HEADER..];
     let first_ts = events.first().map_or(0, |e| e.ts);
     let last_ts = events.last().map_or(0, |e| e.ts);
