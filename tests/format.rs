@@ -557,10 +557,7 @@ fn an_unknown_frame_flag_is_refused() {
         "the first frame has stacks, definitions, refs and plain ts and addr columns"
     );
     bytes[at + 4] |= 32;
-    let crc_at = at + 20;
-    let payload_len = u32::from_le_bytes(bytes[at + 16..at + 20].try_into().unwrap()) as usize;
-    let crc = crc32(&[&bytes[at..at + 20], &bytes[at + 24..at + 40 + payload_len]]);
-    bytes[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+    reseal_frame(&mut bytes, at);
     let r = Reader::from_bytes(bytes).unwrap();
     let err = r
         .events()
@@ -570,6 +567,43 @@ fn an_unknown_frame_flag_is_refused() {
     assert!(
         err.contains(&format!(
             "corrupt frame 0 at byte offset {at}: unknown frame flags 0x3f (written by a newer memtrack?)"
+        )),
+        "{err}"
+    );
+}
+
+/// Rewrites the CRC of the frame at byte `at` for its header and payload as they now are, so
+/// that a reader gets past the CRC to the damage a test made.
+fn reseal_frame(bytes: &mut [u8], at: usize) {
+    let payload_len = u32::from_le_bytes(bytes[at + 16..at + 20].try_into().unwrap()) as usize;
+    let crc = crc32(&[&bytes[at..at + 20], &bytes[at + 24..at + 40 + payload_len]]);
+    bytes[at + 20..at + 24].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A frame whose payload does not start with a zstd frame (its CRC right) is named: the
+/// reader cannot find where the plain columns after it begin.
+#[test]
+fn a_payload_that_is_not_a_zstd_frame_is_named() {
+    let mut bytes = encode(&synth(100), 100);
+    let at = frame_spans(&bytes)[0].0 as usize;
+    // No definitions: the payload is the events' zstd frame, then the plain columns.
+    assert_eq!(bytes[at + 4] & 2, 0, "a frame without definitions");
+    assert_eq!(
+        bytes[at + 40..at + 44],
+        [0x28, 0xb5, 0x2f, 0xfd],
+        "zstd's magic"
+    );
+    bytes[at + 40] ^= 0xff;
+    reseal_frame(&mut bytes, at);
+    let err = Reader::from_bytes(bytes)
+        .unwrap()
+        .events()
+        .find_map(Result::err)
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "corrupt frame 0 at byte offset {at}: payload is not a zstd frame"
         )),
         "{err}"
     );

@@ -2017,6 +2017,24 @@ mod tests {
         }
     }
 
+    /// A column table whose plain ts or addr column is longer than the payload is named.
+    #[test]
+    fn a_plain_column_longer_than_the_payload_is_named() {
+        for (column, name) in [(TS, "ts"), (ADDR, "addr")] {
+            // One event; every column empty but `column`, said to hold 100 bytes.
+            let mut raw = Vec::new();
+            put_varint(&mut raw, 1);
+            for i in 0..VAR_COLUMNS {
+                put_varint(&mut raw, if i == column { 100 } else { 0 });
+            }
+            put_varint(&mut raw, 0);
+            assert_eq!(
+                decode(&raw, 1).unwrap_err(),
+                format!("{name} column of 100 bytes is longer than the payload")
+            );
+        }
+    }
+
     /// A damaged ref is named: one reaching before the frame's first event, or naming an
     /// event that allocated nothing.
     #[test]
