@@ -592,6 +592,95 @@ static __always_inline void emit(struct pt_regs *regs, __u64 pid_tgid, __u32 kin
 	emit_at(regs, pid_tgid, kind, addr, old_addr, size, align, 0);
 }
 
+/*
+ * A thread's switch-in the kernel did not report (see mt_switch) is recovered from
+ * `sched_info.last_arrival`, the runqueue clock when the thread last got a CPU, converted to
+ * the events' clock by the runqueue clock's distance from now. In mt_switch the scheduler has
+ * just updated that clock; elsewhere it may be a tick old, so each recorded switch keeps its
+ * CPU's distance between the two clocks, `rq_offsets`, and a probe in the thread's own code
+ * estimates the runqueue clock from it.
+ */
+struct rq_offset {
+	__u64 offset; /* CLOCK_MONOTONIC less the runqueue clock (wrapping) */
+	__u64 valid;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rq_offset);
+} rq_offsets SEC(".maps");
+
+/* The runqueue clock of `task`'s CPU as the scheduler last updated it; 0: unknown (a kernel
+ * without the fields: no CONFIG_SCHED_INFO or CONFIG_FAIR_GROUP_SCHED). */
+static __always_inline __u64 rq_clock(struct task_struct *task)
+{
+	struct cfs_rq *cfs;
+	struct rq *rq;
+
+	if (!core_field_exists(task->se.cfs_rq) || !core_field_exists(task->sched_info.last_arrival))
+		return 0;
+	cfs = task->se.cfs_rq;
+	if (!cfs)
+		return 0;
+	rq = cfs->rq;
+	if (!rq)
+		return 0;
+	return rq->clock;
+}
+
+/* When `task` (current) last got a CPU, on the events' clock, `clock` being the runqueue
+ * clock at `now`; 0: unknown. */
+static __always_inline __u64 last_arrival(struct task_struct *task, __u64 clock, __u64 now)
+{
+	__u64 arrival;
+
+	if (!clock || !core_field_exists(task->sched_info.last_arrival))
+		return 0;
+	arrival = task->sched_info.last_arrival;
+	if (arrival == 0 || arrival > clock || clock - arrival >= now)
+		return 0;
+	return now - (clock - arrival);
+}
+
+/* Sends the switch-in of a thread whose last recorded switch was a switch-out, recovered (see
+ * above), stamped after that switch-out; else counts it as lost: the recording is refused,
+ * never paired wrongly. */
+static __always_inline void recover_switch_in(struct task_struct *task, struct call_state *cs,
+					      __u64 pid_tgid, __u64 clock, __u64 now)
+{
+	__u64 arrival = last_arrival(task, clock, now);
+	struct memtrack_stats *st;
+	__u32 zero = 0;
+
+	if (arrival > cs->off_ts)
+		emit_at(0, pid_tgid, MT_KIND_SWITCH_IN, 0, 0, 0, 0, arrival);
+	else if ((st = bpf_map_lookup_elem(&stats, &zero)))
+		st->drops++;
+}
+
+/*
+ * The thread (current) is running: it is in an allocator call or a syscall of its own. If its
+ * last recorded switch was a switch-out, the kernel did not report its switch-in: it is
+ * recovered here, before the thread's memory event. Waiting for the thread's next switch-out
+ * would not do: the recording may end first (a session's thread that stops it).
+ */
+static __always_inline void running(struct call_state *cs, __u64 pid_tgid)
+{
+	struct rq_offset *o;
+	__u32 zero = 0;
+	__u64 now;
+
+	if (!cs || !cs->off_cpu || cs->switch_gen != sw.generation)
+		return;
+	cs->off_cpu = 0;
+	o = bpf_map_lookup_elem(&rq_offsets, &zero);
+	now = bpf_ktime_get_ns();
+	recover_switch_in(bpf_get_current_task_btf(), cs, pid_tgid,
+			  o && o->valid ? now - o->offset : 0, now);
+}
+
 /* Entry of an allocator call whose result comes at return (paired with mt_ret). */
 static __always_inline int enter(struct pt_regs *ctx, __u32 kind, __u64 addr, __u64 size,
 				 __u64 align, __u32 flags)
@@ -785,6 +874,7 @@ static __always_inline int sys_ret(struct pt_regs *ctx, __u64 pid_tgid, __u64 re
 	cs->sys_entry = 0;
 	if (!sw.enabled || ret == (__u64)-1)
 		return 0;
+	running(cs, pid_tgid);
 	switch (entry) {
 	case MT_ENTRY_MMAP:
 		emit(ctx, pid_tgid, MT_KIND_MMAP, ret, 0, cs->sys_len, 0);
@@ -826,6 +916,7 @@ int mt_ret(struct pt_regs *ctx)
 	/* The outer call was entered while recording; drop it if recording stopped since. */
 	if (!sw.enabled)
 		return 0;
+	running(cs, pid_tgid);
 	switch (cs->kind) {
 	case MT_KIND_FREE:
 		/* operator delete: emitted at entry. */
@@ -871,6 +962,7 @@ static __always_inline int mt_free(struct pt_regs *ctx, struct args a)
 		return 0;
 	if (!in_scope(cs, 1))
 		return 0;
+	running(cs, pid_tgid);
 	emit(0, pid_tgid, MT_KIND_FREE, addr, 0, 0, 0);
 	return 0;
 }
@@ -901,6 +993,7 @@ static __always_inline int mt_free_outer(struct pt_regs *ctx, struct args a)
 	cs->addr = addr;
 	cs->size = 0;
 	cs->align = 0;
+	running(cs, pid_tgid);
 	if (addr)
 		emit(0, pid_tgid, MT_KIND_FREE, addr, 0, 0, 0);
 	return 0;
@@ -1005,6 +1098,7 @@ int mt_sys_exit(__u64 *ctx)
 	cs = thread_state(0);
 	if ((cs && cs->excluded) || !in_scope(cs, 0))
 		return 0;
+	running(cs, pid_tgid);
 	switch (nr) {
 	case NR_MMAP: /* mmap(addr, len, ...) -> the mapping */
 		emit(regs, pid_tgid, MT_KIND_MMAP, ret, 0, regs->si, 0);
@@ -1093,15 +1187,15 @@ int mt_exec(__u64 *ctx)
  *
  * Switches the kernel does not report: some kernels switch tasks without firing sched_switch
  * (on some machines no switch out of the idle task or of one other process's threads reaches
- * the tracepoint, for tracefs as for BPF). A recorded thread
- * switched in that way has no SwitchIn, but it is always seen leaving again (it is `prev`
- * then). Each thread's state keeps whether its last recorded switch was a switch-out; a
- * switch-out that follows one has its switch-in recovered from the kernel's own account:
- * `sched_info.last_arrival`, the runqueue clock when the thread last got a CPU, converted to
- * the events' clock by the runqueue clock's distance from now (a few microseconds late: the
- * clock was read at the start of this switch). If that cannot be done (no state, an arrival
+ * the tracepoint, for tracefs as for BPF). A recorded thread switched in that way has no
+ * SwitchIn. Each thread's state keeps whether its last recorded switch was a switch-out; the
+ * next time the thread is seen running, its switch-in is recovered from the kernel's own
+ * account (recover_switch_in: a few microseconds late, the runqueue clock having been read at
+ * the start of a switch): when it leaves the CPU again (it is `prev` then), or before its next
+ * memory event (running), whichever comes first. If that cannot be done (no state, an arrival
  * not after the last switch-out), the switch-in is counted as lost (`drops`): the recording
- * is refused, never paired wrongly.
+ * is refused, never paired wrongly. A thread never seen running again before the recording
+ * ends stays off the CPU to the end.
  */
 static __always_inline int switch_recorded(struct task_struct *task, struct call_state *cs)
 {
@@ -1109,29 +1203,6 @@ static __always_inline int switch_recorded(struct task_struct *task, struct call
 		return 0;
 	return sw.scope == MT_SCOPE_PROCESS || (cs && cs->scope_gen == sw.generation) ||
 	       (sw.caller && sw.caller == (__u32)task->pid);
-}
-
-/* When `task` (current, about to leave) last got a CPU, on the events' clock; 0: unknown
- * (a kernel without the fields: no CONFIG_SCHED_INFO or CONFIG_FAIR_GROUP_SCHED). */
-static __always_inline __u64 last_arrival(struct task_struct *task, __u64 now)
-{
-	struct cfs_rq *cfs;
-	struct rq *rq;
-	__u64 arrival, clock;
-
-	if (!core_field_exists(task->se.cfs_rq) || !core_field_exists(task->sched_info.last_arrival))
-		return 0;
-	cfs = task->se.cfs_rq;
-	if (!cfs)
-		return 0;
-	rq = cfs->rq;
-	if (!rq)
-		return 0;
-	clock = rq->clock;
-	arrival = task->sched_info.last_arrival;
-	if (arrival == 0 || arrival > clock || clock - arrival >= now)
-		return 0;
-	return now - (clock - arrival);
 }
 
 /* prev_state of a thread's last switch (include/linux/sched.h). */
@@ -1145,8 +1216,8 @@ int mt_switch(__u64 *ctx)
 	__u32 prev_state = (__u32)ctx[3];
 	__u32 ptgid = prev->tgid, ntgid = next->tgid, zero = 0;
 	struct call_state *cs;
-	struct memtrack_stats *st;
-	__u64 now, arrival;
+	struct rq_offset *o;
+	__u64 now, clock;
 	int out, in;
 
 	if (config.follow == MT_FOLLOW_TREE) {
@@ -1162,15 +1233,16 @@ int mt_switch(__u64 *ctx)
 		cs = bpf_task_storage_get(&calls, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (switch_recorded(prev, cs)) {
 			now = bpf_ktime_get_ns();
-			if (cs && cs->switch_gen == sw.generation && cs->off_cpu) {
-				/* Its switch-in was not reported (see above). */
-				arrival = last_arrival(prev, now);
-				if (arrival > cs->off_ts)
-					emit_at(0, ((__u64)ptgid << 32) | (__u32)prev->pid,
-						MT_KIND_SWITCH_IN, 0, 0, 0, 0, arrival);
-				else if ((st = bpf_map_lookup_elem(&stats, &zero)))
-					st->drops++;
+			clock = rq_clock(prev);
+			o = bpf_map_lookup_elem(&rq_offsets, &zero);
+			if (o && clock) {
+				o->offset = now - clock;
+				o->valid = 1;
 			}
+			if (cs && cs->switch_gen == sw.generation && cs->off_cpu)
+				/* Its switch-in was not reported (see above). */
+				recover_switch_in(prev, cs, ((__u64)ptgid << 32) | (__u32)prev->pid,
+						  clock, now);
 			if (prev_state & TASK_DEAD)
 				/* Its last switch: the thread's life ends here, not an off-CPU wait. */
 				emit_at(0, ((__u64)ptgid << 32) | (__u32)prev->pid,

@@ -24,11 +24,13 @@
 //! CPU, an event of a thread that is off the CPU) mean events were lost: they are counted in
 //! [`OffCpu::inconsistent`], never guessed at.
 //!
-//! A switch-in the kernel did not report is recovered by the eBPF program when the thread next
-//! leaves the CPU (see `mt_switch` in memtrack.bpf.c): it comes in the stream after the memory
-//! events the thread made meanwhile, stamped before them. So a memory event of a thread that is
-//! off the CPU is held, not counted: a switch-in stamped between the switch-out and that event
-//! must follow before the thread's next switch event (or the window's end), else it is counted.
+//! A switch-in the kernel did not report is recovered by the eBPF program before the thread's
+//! next memory event or when it next leaves the CPU, whichever comes first (see `mt_switch` in
+//! memtrack.bpf.c). Earlier builds recovered it only when the thread left the CPU: in their
+//! recordings it comes after the memory events the thread made meanwhile, stamped before them.
+//! So a memory event of a thread that is off the CPU is held, not counted: a
+//! switch-in stamped between the switch-out and that event must follow before the thread's
+//! next switch event (or the window's end), else it is counted.
 
 use std::collections::BTreeMap;
 
