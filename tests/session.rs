@@ -483,6 +483,8 @@ fn nested_attribute_joins_the_outer_session() {
     );
     // Called on its own, the inner function has its session.
     inner_alone();
+    let t = totals("inner_alone");
+    assert_eq!((t.allocations, t.bytes_allocated), (1, 16));
 }
 
 #[memtrack(name = "inner_alone")]
@@ -508,6 +510,10 @@ fn nested_limits_are_refused_not_deadlocked() {
             && msg.contains("put the limits on the outer function"),
         "{msg}"
     );
+    // The outer recording outlives the panic of its call, and finishes here, in this test's
+    // directory, not at exit.
+    let report = memtrack::finish_calls().unwrap().expect("open");
+    assert_eq!(report.name, "outer_of_limited");
 }
 
 fn nested_start_waiting_is_an_error() {

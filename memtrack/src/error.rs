@@ -150,9 +150,10 @@ pub enum Error {
     /// The parts of a recording of calls (set aside by calls of other names) could not be
     /// joined into its artifact; the parts' files are kept.
     #[error(
-        "{name}: its {} parts could not be joined into one artifact ({source}); they are kept as \
-         {}, which `memtrack show` reads one by one",
-        kept.len(),
+        "its {} could not be joined into one artifact ({source}); {} kept as {}, which `memtrack \
+         show` reads one by one",
+        crate::human::plural(kept.len() as u64, "part", "parts"),
+        if kept.len() == 1 { "it is" } else { "they are" },
         kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     )]
     PartsNotJoined {

@@ -439,9 +439,14 @@ mod tests {
             .unwrap()
             .set_len(len - 3)
             .unwrap();
-        let Err(Error::PartsNotJoined { kept, .. }) = join("joined", vec![a, b]) else {
+        let err = join("joined", vec![a, b]).err();
+        let msg = err.as_ref().map(ToString::to_string).unwrap_or_default();
+        let Some(Error::PartsNotJoined { kept, .. }) = err else {
             panic!("a damaged part was joined");
         };
+        // The name is the printing site's prefix, not repeated here.
+        assert!(msg.starts_with("its 2 parts could not be joined"), "{msg}");
+        assert!(msg.contains("they are kept as"), "{msg}");
         assert_eq!(kept.len(), 2);
         assert_eq!(kept[1], damaged);
         assert!(kept.iter().all(|p| p.exists()));
