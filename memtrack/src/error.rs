@@ -150,8 +150,8 @@ pub enum Error {
     /// The parts of a recording of calls (set aside by calls of other names) could not be
     /// joined into its artifact; the parts' files are kept.
     #[error(
-        "its {} could not be joined into one artifact ({source}); {} kept as {}, which `memtrack \
-         show` reads one by one",
+        "{name}: its {} could not be joined into one artifact ({source}); {} kept as {}, which \
+         `memtrack show` reads one by one",
         crate::human::plural(kept.len() as u64, "part", "parts"),
         if kept.len() == 1 { "it is" } else { "they are" },
         kept.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")

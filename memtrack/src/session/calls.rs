@@ -196,6 +196,15 @@ pub(super) fn call(mut builder: SessionBuilder) -> Result<Call> {
     }
 }
 
+/// The line printed for an error of recording `name`: the name first, once (an error of
+/// joining parts names its recording itself, since it is also returned to the caller).
+fn error_line(name: &str, e: &Error) -> String {
+    match e {
+        Error::PartsNotJoined { .. } => format!("memtrack: {e}"),
+        _ => format!("memtrack: {name}: {e}"),
+    }
+}
+
 /// Sets `open` aside: its session finishes as a part, kept with the earlier ones until the
 /// recording finishes. If it cannot finish, the error is printed (and the earlier parts are
 /// finished now, by [`with_last_part`]).
@@ -208,7 +217,7 @@ fn set_aside(open: Open) {
     } = open;
     match with_last_part(&name, session, calls, earlier) {
         Ok(parts) => lock().aside.push(Aside { name, parts }),
-        Err(e) => eprintln!("memtrack: {name}: {e}"),
+        Err(e) => eprintln!("{}", error_line(&name, &e)),
     }
 }
 
@@ -231,7 +240,7 @@ fn with_last_part(
             if !earlier.is_empty()
                 && let Err(joined) = join(name, earlier)
             {
-                eprintln!("memtrack: {name}: {joined}");
+                eprintln!("{}", error_line(name, &joined));
             }
             Err(e)
         }
@@ -339,7 +348,7 @@ pub(super) fn make_way(wait: bool, requested: &str) -> Result<()> {
 fn finish_all(open: Option<Open>, aside: Vec<Aside>) -> Option<Result<Report>> {
     for Aside { name, parts } in aside {
         if let Err(e) = join(&name, parts) {
-            eprintln!("memtrack: {name}: {e}");
+            eprintln!("{}", error_line(&name, &e));
         }
     }
     open.map(finish_open)
@@ -375,11 +384,36 @@ extern "C" fn finish_at_exit() {
             .spawn(move || {
                 let name = open.as_ref().map(|o| o.name.clone());
                 if let (Some(Err(e)), Some(name)) = (finish_all(open, aside), name) {
-                    eprintln!("memtrack: {name}: {e}");
+                    eprintln!("{}", error_line(&name, &e));
                 }
             });
         if let Ok(t) = finished {
             let _ = t.join();
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_line_names_its_recording_once() {
+        let source = || Box::new(Error::InvalidOption("bad".into()));
+        let not_joined = Error::PartsNotJoined {
+            name: "calls".into(),
+            kept: vec!["/d/calls.memtrack.1.partial".into()],
+            source: source(),
+        };
+        assert_eq!(
+            error_line("calls", &not_joined),
+            "memtrack: calls: its 1 part could not be joined into one artifact (invalid option: \
+             bad); it is kept as /d/calls.memtrack.1.partial, which `memtrack show` reads one by \
+             one"
+        );
+        assert_eq!(
+            error_line("calls", &source()),
+            "memtrack: calls: invalid option: bad"
+        );
+    }
 }

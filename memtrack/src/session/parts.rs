@@ -444,8 +444,10 @@ mod tests {
         let Some(Error::PartsNotJoined { kept, .. }) = err else {
             panic!("a damaged part was joined");
         };
-        // The name is the printing site's prefix, not repeated here.
-        assert!(msg.starts_with("its 2 parts could not be joined"), "{msg}");
+        assert!(
+            msg.starts_with("joined: its 2 parts could not be joined"),
+            "{msg}"
+        );
         assert!(msg.contains("they are kept as"), "{msg}");
         assert_eq!(kept.len(), 2);
         assert_eq!(kept[1], damaged);
