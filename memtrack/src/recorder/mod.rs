@@ -446,6 +446,8 @@ struct Pass {
     stack_word: u64,
     /// The epoch as [`Raw::meta`] bits.
     epoch: u64,
+    /// The cap of the recording's walks ([`walk::cap`] of its stack depth).
+    depth: usize,
     /// [`Raw::meta`] of a free and of a malloc, with the epoch: their calls store it as it is
     /// (two instructions fewer than making it).
     free_meta: u64,
@@ -459,6 +461,7 @@ impl Pass {
         alloc_word: NEVER,
         stack_word: NEVER,
         epoch: 0,
+        depth: 1,
         free_meta: 0,
         malloc_meta: 0,
     };
@@ -609,22 +612,14 @@ fn fast_alloc<const MOVE: bool>(
     )
 }
 
-/// The fast path of a recording that takes call stacks, in [`record`]: when the stack at `at`
-/// is one of the thread's recent walks' and still holds ([`walk::recent`]), the slot gets its
-/// id without the full call; else returns false (a walk may allocate: the full call makes it).
-/// Arguments as [`record`]'s; a kind that is not a realloc's ignores the `addr2` it writes.
+/// Writes an allocation's slot with stack `stack` on the fast path ([`fast_push`]); false if
+/// the pass or the ring's room say the full call must record it. Arguments as [`record`]'s; a
+/// kind that is not a realloc's ignores the `addr2` it writes.
 #[inline(always)]
-fn fast_alloc_stack(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) -> bool {
-    if at.ip == 0 {
-        return false;
-    }
+fn push_stack(stack: u32, addr: u64, size: u64, kind_align: u32, addr2: u64) -> bool {
     fast_push(
         |pass| pass.stack_word,
         |slot, pass| {
-            let stack = walk::recent(at, walk::STACK_DEPTH.load(Ordering::Relaxed));
-            if stack == 0 {
-                return false;
-            }
             let meta = Raw::meta_of(kind_align as u8, (kind_align >> 8) as u8) | pass.epoch;
             // SAFETY: `fast_push` hands a free slot of this thread's ring.
             unsafe {
@@ -637,6 +632,20 @@ fn fast_alloc_stack(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2
             true
         },
     )
+}
+
+/// [`record`] when the thread's last walk does not hold (a loop that allocates at several
+/// places in turn): the stack of one of its other recent walks ([`walk::recent`]), else the
+/// full call. Its own function, so that [`record`] calls nothing but in tail position and
+/// keeps nothing across a call.
+#[cold]
+#[inline(never)]
+fn record_recent(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
+    let depth = PASS.with(Cell::get).depth;
+    let stack = walk::recent(at, depth as u32);
+    if stack == 0 || !push_stack(stack, addr, size, kind_align, addr2) {
+        record_full(addr, at, size, kind_align, addr2)
+    }
 }
 
 /// [`fast_alloc`] of a free.
@@ -663,13 +672,24 @@ fn fast_free(addr: u64) -> bool {
 /// start; `addr2` a realloc's old block. The arguments come in the registers the wrapper's
 /// recording calls hold them in (block, where, size), so that none moves on the fast path.
 ///
-/// With call stacks, an allocation whose stack is found again without a walk takes
-/// [`fast_alloc_stack`] here: a small function, so that the full call's saved registers are
-/// not the fast path's, nor the recording call's without stacks (which [`fast_alloc`] takes).
+/// With call stacks, an allocation whose stack is the thread's last walk's, which still holds
+/// ([`walk::last`]), is written here without the full call: the stack is found before the ring
+/// is looked at, and every other case is a call in tail position ([`record_recent`],
+/// [`record_full`]), so that nothing is kept in saved registers across the frames' check.
 #[cold]
 #[inline(never)]
 fn record(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
-    if !fast_alloc_stack(addr, at, size, kind_align, addr2) {
+    let pass = PASS.with(Cell::get);
+    if at.ip == 0 || FAST.load(Ordering::Relaxed) != pass.stack_word {
+        return record_full(addr, at, size, kind_align, addr2);
+    }
+    // SAFETY: with the thread's pass valid, no capture is under way on it: the pass is revoked
+    // while one runs.
+    let stack = unsafe { walk::last(at, pass.depth) };
+    if stack == 0 {
+        return record_recent(addr, at, size, kind_align, addr2);
+    }
+    if !push_stack(stack, addr, size, kind_align, addr2) {
         record_full(addr, at, size, kind_align, addr2)
     }
 }
@@ -784,7 +804,8 @@ fn record_inner<const ALLOCATION: bool>(
 fn grant_pass(sw: u32, session: u64) {
     let ring = RING_PTR.with(|p| p.get());
     if sw == STREAM && !ring.is_null() && FAST.load(Ordering::SeqCst) == session {
-        let stacks = walk::STACK_DEPTH.load(Ordering::Relaxed) != 0;
+        let depth = walk::STACK_DEPTH.load(Ordering::Relaxed);
+        let stacks = depth != 0;
         let epoch = Raw::epoch_meta((session >> 32) as u8);
         PASS.with(|p| {
             p.set(Pass {
@@ -799,6 +820,7 @@ fn grant_pass(sw: u32, session: u64) {
                     NEVER
                 },
                 epoch,
+                depth: walk::cap(depth),
                 free_meta: Raw::meta(KindTag::Free, 0) | epoch,
                 malloc_meta: Raw::meta(KindTag::Malloc, 0) | epoch,
             })

@@ -3,8 +3,8 @@
 //!
 //! ```text
 //! record(alloc, rip and rbp of the allocator's wrapper): rip is the first frame
-//!   one of the thread's last 4 walks started at this rip and rbp, and every frame it read
-//!   still holds what it read (independent loads)? → its id, no walk
+//!   the thread's last walk, then one of its last 4, started at this rip and rbp, and every
+//!   frame it read still holds what it read (independent loads)? → its id, no walk
 //!   walk: [rbp+8] return address, [rbp] the caller's rbp, while rbp is in the thread's stack,
 //!         16-byte aligned and strictly growing, at most STACK_DEPTH frames (kept as a trace)
 //!   per-thread map: addresses → id  ── new: NEW_STACKS (id, addresses) ──▶ collector
@@ -60,6 +60,15 @@ thread_local! {
     static SEEN: RefCell<Seen> = RefCell::new(Seen::default());
     /// `SEEN` is set up (see [`ready`]).
     static READY: Cell<bool> = const { Cell::new(false) };
+    /// The walk of `SEEN` that answered the thread's last look (null before the first, and
+    /// once `SEEN` is gone): [`last`] checks it without borrowing `SEEN` or searching it.
+    static LAST: Cell<*const Walked> = const { Cell::new(std::ptr::null()) };
+}
+
+/// The cap of a walk for the setting `depth`: at least 1 frame, at most [`STACK_MAX`].
+#[inline]
+pub(crate) fn cap(depth: u32) -> usize {
+    depth.clamp(1, STACK_MAX) as usize
 }
 
 /// The calling thread's stack range `[low, high)` (glibc's `pthread_getattr_np`, which also
@@ -94,20 +103,23 @@ fn thread_bounds() -> (u64, u64) {
     })
 }
 
-/// What a walk read: the address of each frame it read and the two words it found there
-/// (`[next fp, return address]`), in order, at most [`STACK_MAX`] + 1 of them (the frames of a
-/// full stack and the one whose return address 0 ended it).
+/// What a walk read: each frame it read, in order, at most [`STACK_MAX`] + 1 of them (the
+/// frames of a full stack and the one whose return address 0 ended it).
 pub(crate) struct Trace {
     len: usize,
-    frames: [u64; TRACE_MAX],
-    words: [Words; TRACE_MAX],
+    reads: [Read; TRACE_MAX],
 }
 
-/// A frame's two words, 16-byte aligned as the frame itself is (the walk reads only aligned
-/// frames): [`Trace::still_holds`] compares them in one aligned SSE2 operation.
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// A frame the walk read: the two words it found there (`[next fp, return address]`), 16-byte
+/// aligned as the frame itself is (the walk reads only aligned frames), and its address. One
+/// array of these, not two, so that [`Trace::still_holds`] steps one pointer over both, and
+/// compares a frame's words in one aligned SSE2 operation.
+#[derive(Clone, Copy)]
 #[repr(C, align(16))]
-struct Words([u64; 2]);
+struct Read {
+    words: [u64; 2],
+    at: u64,
+}
 
 const TRACE_MAX: usize = STACK_MAX as usize + 1;
 
@@ -115,9 +127,17 @@ impl Trace {
     fn new() -> Box<Trace> {
         Box::new(Trace {
             len: 0,
-            frames: [0; TRACE_MAX],
-            words: [Words([0; 2]); TRACE_MAX],
+            reads: [Read {
+                words: [0; 2],
+                at: 0,
+            }; TRACE_MAX],
         })
+    }
+
+    /// The frames read, innermost first.
+    #[cfg(test)]
+    fn frames(&self) -> impl Iterator<Item = u64> + '_ {
+        self.reads[..self.len].iter().map(|r| r.at)
     }
 
     /// Whether every frame this trace read still holds the words it read there. If so, a walk
@@ -132,35 +152,92 @@ impl Trace {
     /// walk (the walk read them; a thread's stack stays mapped while it lives).
     #[inline(always)]
     unsafe fn still_holds(&self) -> bool {
-        let (frames, words) = (&self.frames[..self.len], &self.words[..self.len]);
-        let Some((&first, rest)) = frames.split_first() else {
+        let Some((first, rest)) = self.reads[..self.len.min(TRACE_MAX)].split_first() else {
             return true;
         };
-        // The innermost frame alone first: two stacks that start at one frame pointer mostly
-        // differ there (another call site in the same function), and a thread that allocates
-        // at several places in turn checks each of its recent walks.
-        // SAFETY: by the contract, `first` was read by this thread's walk: readable.
-        if unsafe { *(first as *const Words) } != words[0] {
-            return false;
-        }
-        // The rest as one difference, 16 bytes a frame (SSE2, part of x86-64): per frame two
-        // aligned loads (one folded into the xor), an xor and an or, no branch.
-        use std::arch::x86_64::{
-            __m128i, _mm_cmpeq_epi8, _mm_load_si128, _mm_movemask_epi8, _mm_or_si128,
-            _mm_setzero_si128, _mm_xor_si128,
-        };
-        // SAFETY: SSE2 is part of x86-64 (these intrinsics only lack its `target_feature`
-        // attribute); every `at` as `first`, and 16-byte aligned (the walk reads only aligned
-        // frames); every `want` is a `Words`, 16 bytes, aligned.
+        // SAFETY: every frame of the trace, which `diff` and `four` read, was read by this
+        // thread's walk: readable, by the contract, and 16-byte aligned.
         unsafe {
-            let mut diff = _mm_setzero_si128();
-            for (&at, want) in rest.iter().zip(&words[1..]) {
-                let got = _mm_load_si128(at as *const __m128i);
-                let want = _mm_load_si128((want as *const Words).cast::<__m128i>());
-                diff = _mm_or_si128(diff, _mm_xor_si128(got, want));
+            // The innermost frame alone first: two stacks that start at one frame pointer
+            // mostly differ there (another call site in the same function), and a thread that
+            // allocates at several places in turn checks each of its recent walks.
+            if !sse::zero(sse::diff(first)) {
+                return false;
             }
-            _mm_movemask_epi8(_mm_cmpeq_epi8(diff, _mm_setzero_si128())) == 0xFFFF
+            // The rest as one difference, four frames a step: per frame an address load, two
+            // aligned loads (one folded into the xor), an xor and an or, and no branch.
+            let mut acc = sse::none();
+            let mut fours = rest.chunks_exact(4);
+            for r in &mut fours {
+                acc = sse::or(acc, sse::four(r));
+            }
+            if !fours.remainder().is_empty() {
+                if let Some(last) = rest.last_chunk::<4>() {
+                    // The last four again, overlapping frames already compared (an OR of
+                    // differences does not mind): fewer instructions than a loop over the rest.
+                    acc = sse::or(acc, sse::four(last));
+                } else {
+                    for r in fours.remainder() {
+                        acc = sse::or(acc, sse::diff(r));
+                    }
+                }
+            }
+            sse::zero(acc)
         }
+    }
+}
+
+/// [`Trace::still_holds`]'s steps, in SSE2 (part of x86-64: these intrinsics only lack its
+/// `target_feature` attribute, so every one is safe to call here).
+mod sse {
+    use std::arch::x86_64::{
+        __m128i, _mm_cmpeq_epi8, _mm_load_si128, _mm_movemask_epi8, _mm_or_si128,
+        _mm_setzero_si128, _mm_xor_si128,
+    };
+
+    use super::Read;
+
+    /// No difference.
+    #[inline(always)]
+    pub(super) fn none() -> __m128i {
+        // SAFETY: SSE2 (see the module docs).
+        unsafe { _mm_setzero_si128() }
+    }
+
+    #[inline(always)]
+    pub(super) fn or(a: __m128i, b: __m128i) -> __m128i {
+        // SAFETY: SSE2 (see the module docs).
+        unsafe { _mm_or_si128(a, b) }
+    }
+
+    /// Whether `d` is no difference.
+    #[inline(always)]
+    pub(super) fn zero(d: __m128i) -> bool {
+        // SAFETY: SSE2 (see the module docs).
+        unsafe { _mm_movemask_epi8(_mm_cmpeq_epi8(d, _mm_setzero_si128())) == 0xFFFF }
+    }
+
+    /// The frame's 16 bytes now xor what the walk read there: zero where it still holds.
+    ///
+    /// # Safety
+    /// The frame at `r.at` is readable and 16-byte aligned (as the walk reads them).
+    #[inline(always)]
+    pub(super) unsafe fn diff(r: &Read) -> __m128i {
+        // SAFETY: `r.at` by the contract; `r.words` is 16-byte aligned (`Read` is).
+        unsafe {
+            let got = _mm_load_si128(r.at as *const __m128i);
+            _mm_xor_si128(got, _mm_load_si128(r.words.as_ptr().cast::<__m128i>()))
+        }
+    }
+
+    /// [`diff`] of the four frames of `r` (four long) at once.
+    ///
+    /// # Safety
+    /// As [`diff`]'s, for each of the four.
+    #[inline(always)]
+    pub(super) unsafe fn four(r: &[Read]) -> __m128i {
+        // SAFETY: by the contract.
+        unsafe { or(or(diff(&r[0]), diff(&r[1])), or(diff(&r[2]), diff(&r[3]))) }
     }
 }
 
@@ -193,8 +270,10 @@ pub(crate) unsafe fn walk(
         }
         // SAFETY: `valid(fp)`: both words lie inside `[low, high)`, readable by the contract.
         let (next, ret) = unsafe { (*(fp as *const u64), *((fp + 8) as *const u64)) };
-        trace.frames[n] = fp;
-        trace.words[n] = Words([next, ret]);
+        trace.reads[n] = Read {
+            words: [next, ret],
+            at: fp,
+        };
         trace.len = n + 1;
         if ret == 0 {
             break;
@@ -220,7 +299,7 @@ pub(crate) unsafe fn walk(
 /// that walk's stack, found without walking or hashing it.
 #[inline(never)]
 pub(crate) fn capture(at: Here, depth: u32) -> u32 {
-    let depth = depth.clamp(1, STACK_MAX) as usize;
+    let depth = cap(depth);
     SEEN.try_with(|seen| {
         let mut seen = seen.borrow_mut();
         let seen = &mut *seen;
@@ -248,7 +327,7 @@ pub(crate) fn capture(at: Here, depth: u32) -> u32 {
         let id = intern(&mut seen.ids, key);
         let w = &mut seen.recent[i];
         (w.ip, w.fp, w.depth, w.id) = (at.ip, at.fp, depth, id);
-        seen.answered = i;
+        seen.answer(i);
         READY.with(|r| r.set(true));
         id
     })
@@ -260,12 +339,37 @@ pub(crate) fn capture(at: Here, depth: u32) -> u32 {
 /// [`capture`]). Never walks, never allocates: the recording call's fast path calls it.
 #[inline(always)]
 pub(crate) fn recent(at: Here, depth: u32) -> u32 {
-    let depth = depth.clamp(1, STACK_MAX) as usize;
+    let depth = cap(depth);
     SEEN.try_with(|seen| {
         seen.try_borrow_mut()
             .map_or(0, |mut s| s.recent_id(at, depth))
     })
     .unwrap_or(0)
+}
+
+/// [`recent`]'s first look, without borrowing the thread's walks: the id of the stack at `at`
+/// (cap `depth`, as [`cap`] gives it) if the walk that answered the thread's last look started
+/// there and still holds, else 0 (then [`recent`] looks at the others).
+///
+/// # Safety
+/// No [`capture`] or [`recent`] of the calling thread is under way (the recording call's fast
+/// path: the thread's pass is revoked while they run, and they run to the end).
+#[inline(always)]
+pub(crate) unsafe fn last(at: Here, depth: usize) -> u32 {
+    let w = LAST.with(Cell::get);
+    if w.is_null() {
+        return 0;
+    }
+    // SAFETY: a non-null LAST points at a walk in this thread's SEEN, alive until SEEN drops
+    // (which clears LAST first) and, by the contract, not borrowed for a change now.
+    let w = unsafe { &*w };
+    let starts_here = w.id != 0 && (w.ip, w.fp, w.depth) == (at.ip, at.fp, depth);
+    // SAFETY: the trace is of this thread's own walk.
+    if starts_here && unsafe { w.trace.still_holds() } {
+        w.id
+    } else {
+        0
+    }
 }
 
 /// Whether the calling thread has made a [`capture`] (its [`recent`] then needs no set-up,
@@ -310,11 +414,25 @@ impl Seen {
             let starts_here = w.id != 0 && (w.ip, w.fp, w.depth) == (at.ip, at.fp, depth);
             // SAFETY: the trace is of this thread's own walk.
             if starts_here && unsafe { w.trace.still_holds() } {
-                self.answered = i;
-                return w.id;
+                let id = w.id;
+                self.answer(i);
+                return id;
             }
         }
         0
+    }
+
+    /// Walk `i` answered the last look: checked first by the next ([`last`]).
+    #[inline(always)]
+    fn answer(&mut self, i: usize) {
+        self.answered = i;
+        LAST.with(|l| l.set(&self.recent[i]));
+    }
+}
+
+impl Drop for Seen {
+    fn drop(&mut self) {
+        LAST.with(|l| l.set(std::ptr::null()));
     }
 }
 
@@ -458,7 +576,7 @@ mod tests {
             (4, false)
         );
         assert_eq!(trace.len, 4);
-        assert_eq!(trace.frames[..4], [2, 8, 20, 40].map(|i| addr(&b, i)));
+        assert!(trace.frames().eq([2, 8, 20, 40].map(|i| addr(&b, i))));
         assert!(holds(&b, &trace));
         for (word, what) in [
             (21, "a return address"),
@@ -497,6 +615,70 @@ mod tests {
         assert_eq!(trace.len, 2);
         b.0[21] = 0x5000;
         assert!(holds(&b, &trace));
+    }
+
+    /// Every word of every frame is compared, whatever the trace's length: the first frame on
+    /// its own, the rest four at a time, and the last one to three again in an overlapping
+    /// four or, in a trace of fewer than five, one by one.
+    #[test]
+    fn every_word_of_every_frame_is_compared_at_every_length() {
+        let holds = |_: &Buf, t: &Trace| {
+            // SAFETY: the trace's frames are in the buffer, alive throughout.
+            unsafe { t.still_holds() }
+        };
+        for frames in 1..=13usize {
+            let mut b = Buf([0; 64]);
+            let at: Vec<usize> = (0..frames).map(|k| 2 + 4 * k).collect();
+            chain(&mut b, &at);
+            let (lo, hi) = bounds(&b);
+            let mut out = [MaybeUninit::<u64>::uninit(); 16];
+            let mut trace = Trace::new();
+            assert_eq!(
+                // SAFETY: the bounds are `b`'s own.
+                unsafe { walk(addr(&b, at[0]), lo, hi, &mut out, &mut trace) },
+                (frames, false)
+            );
+            assert_eq!(trace.len, frames);
+            assert!(holds(&b, &trace), "{frames} frames, unchanged");
+            for word in at.iter().flat_map(|&i| [i, i + 1]) {
+                let was = b.0[word];
+                b.0[word] = was ^ 0x40;
+                assert!(!holds(&b, &trace), "{frames} frames: word {word} changed");
+                b.0[word] = was;
+                assert!(holds(&b, &trace), "{frames} frames: word {word} restored");
+            }
+        }
+    }
+
+    /// Two allocation sites in one function (the allocator's wrapper inlined into it, as
+    /// with LTO) share its frame pointer and every frame above it: only the instruction
+    /// pointer tells them apart, in the last walk's check as in the search of the others; a
+    /// walk of another cap is another stack too.
+    #[test]
+    fn sites_that_share_a_frame_are_told_apart() {
+        let here = Here::now();
+        let other = Here {
+            ip: here.ip + 1,
+            ..here
+        };
+        let last = |at: Here, depth: u32| {
+            // SAFETY: no capture or search is under way on this thread (the test makes them
+            // in turn).
+            unsafe { last(at, cap(depth)) }
+        };
+        let a = capture(here, 6);
+        assert_ne!(a, 0);
+        assert_eq!(last(here, 6), a);
+        assert_eq!(last(other, 6), 0, "another instruction");
+        assert_eq!(last(here, 5), 0, "another cap");
+        assert_eq!(recent(other, 6), 0);
+        let b = capture(other, 6);
+        assert!(b != 0 && b != a);
+        assert_eq!(last(other, 6), b);
+        assert_eq!(last(here, 6), 0, "the last walk is `other`'s");
+        // The search finds `here`'s walk among the recent ones, and makes it the last.
+        assert_eq!(recent(here, 6), a);
+        assert_eq!(last(here, 6), a);
     }
 
     /// An allocation site reached by two callers: the same first frame, the same depth.
