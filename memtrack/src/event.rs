@@ -358,6 +358,15 @@ impl KindTag {
         )
     }
 
+    /// Whether this is a call of the heap's allocator that makes a block (`Malloc`,
+    /// `Calloc`, `Realloc`, `AlignedAlloc`).
+    pub const fn is_heap_allocation(self) -> bool {
+        matches!(
+            self,
+            KindTag::Malloc | KindTag::Calloc | KindTag::Realloc | KindTag::AlignedAlloc
+        )
+    }
+
     /// Whether this marks an iteration's bounds (`IterationStart`, `IterationEnd`).
     pub const fn is_iteration_mark(self) -> bool {
         matches!(self, KindTag::IterationStart | KindTag::IterationEnd)

@@ -162,8 +162,11 @@ impl Pending {
             if STACKS {
                 for d in part.iter_mut() {
                     if d.raw.stack != 0 {
-                        let ev = Event::new(0, pid, d.tid, event_kind(&d.raw));
-                        d.raw.stack = defined.attach(table, ev, d.raw.stack, enc)?.stack.0;
+                        // The slot's kind is known (checked when it was drained).
+                        let heap =
+                            KindTag::from_u8(d.raw.kind).is_some_and(|k| k.is_heap_allocation());
+                        let local = defined.local(table, d.raw.stack, heap, enc)?;
+                        d.raw.stack = local.unwrap_or(StackId::NONE).0;
                     }
                 }
             }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use memtrack_bpf::{RawStack, STACK_TRUNCATED};
 
 use crate::encode::EncodeError;
-use crate::event::{Event, KindTag};
+use crate::event::Event;
 use crate::modules::{ModuleMap, StackInterner};
 use crate::stack::{Frame, ModuleId, Stack, StackId};
 
@@ -55,16 +55,6 @@ fn is_c_library(path: &str) -> bool {
         || name.starts_with("libc-") && name.ends_with(".so")
         || name.starts_with("ld-linux")
         || name.starts_with("ld-musl")
-}
-
-/// A heap allocation (the malloc family): the events whose short stacks are counted. A mapping
-/// made inside the allocator (malloc calling mmap) has the allocator's broken chain above it
-/// whatever the program was built with, so mappings are not counted.
-fn is_heap_allocation(ev: &Event) -> bool {
-    matches!(
-        ev.kind.tag(),
-        KindTag::Malloc | KindTag::Calloc | KindTag::Realloc | KindTag::AlignedAlloc
-    )
 }
 
 impl StackTable {
@@ -163,12 +153,24 @@ pub(crate) struct Defined {
     modules: Vec<ModuleId>,
     next_stack: u32,
     next_module: u32,
+    /// The stack [`Defined::local`] gave last: consecutive events mostly name one stack.
+    last: Last,
     /// Allocation events whose stack stops early.
     pub(crate) short_stacks: u64,
     /// Of those, the ones whose call site is in the C library.
     pub(crate) short_stacks_in_libc: u64,
     /// Events naming a stack id no record defined (a mismatched object): counted as malformed.
     pub(crate) unknown: u64,
+}
+
+/// A defined stack: its global id (`NONE`: none yet), this recording's, and whether it stops
+/// early (in the C library).
+#[derive(Default, Clone, Copy)]
+struct Last {
+    global: StackId,
+    local: StackId,
+    short: bool,
+    in_libc: bool,
 }
 
 impl Defined {
@@ -181,26 +183,78 @@ impl Defined {
         bpf_id: u32,
         sink: &mut dyn Sink,
     ) -> Result<Event, EncodeError> {
-        if bpf_id == 0 {
-            return Ok(ev);
-        }
+        let heap = ev.kind.tag().is_heap_allocation();
+        Ok(match self.local(table, bpf_id, heap, sink)? {
+            Some(id) => ev.with_stack(id),
+            None => ev,
+        })
+    }
+
+    /// This recording's id of the stack the recorder numbers `bpf_id`, defined in `sink`
+    /// first if new; `heap`: the event that names it is a heap allocation (the malloc family),
+    /// counted if its stack stops early. Mappings are not counted: one made inside the
+    /// allocator (malloc calling mmap) has the allocator's broken chain above it whatever the
+    /// program was built with. `None` for no stack: `bpf_id` 0, or an id no record defined
+    /// (counted as unknown).
+    #[inline(always)]
+    pub(crate) fn local(
+        &mut self,
+        table: &StackTable,
+        bpf_id: u32,
+        heap: bool,
+        sink: &mut dyn Sink,
+    ) -> Result<Option<StackId>, EncodeError> {
         let global = table.global(bpf_id);
+        let last = self.last;
+        if global.is_none() || global != last.global {
+            return self.local_new(table, bpf_id, global, heap, sink);
+        }
+        self.count(last, heap);
+        Ok(Some(last.local))
+    }
+
+    /// [`Defined::local`] of a stack other than the last one; `global` is its global id.
+    #[inline(never)]
+    fn local_new(
+        &mut self,
+        table: &StackTable,
+        bpf_id: u32,
+        global: StackId,
+        heap: bool,
+        sink: &mut dyn Sink,
+    ) -> Result<Option<StackId>, EncodeError> {
         if global.is_none() {
-            self.unknown += 1;
-            return Ok(ev);
+            // Id 0 is no stack; any other without a global id was never defined.
+            if bpf_id != 0 {
+                self.unknown += 1;
+            }
+            return Ok(None);
         }
         let g = global.0 as usize - 1;
-        if is_heap_allocation(&ev) && table.short[g] {
-            self.short_stacks += 1;
-            self.short_stacks_in_libc += u64::from(table.in_libc[g]);
-        }
         if self.stacks.len() <= g {
             self.stacks.resize(g + 1, StackId::NONE);
         }
         if self.stacks[g].is_none() {
             self.stacks[g] = self.define(table, global, sink)?;
         }
-        Ok(ev.with_stack(self.stacks[g]))
+        let last = Last {
+            global,
+            local: self.stacks[g],
+            short: table.short[g],
+            in_libc: table.in_libc[g],
+        };
+        self.last = last;
+        self.count(last, heap);
+        Ok(Some(last.local))
+    }
+
+    /// Counts an event that names stack `last`, a heap allocation's if `heap`.
+    #[inline(always)]
+    fn count(&mut self, last: Last, heap: bool) {
+        if heap && last.short {
+            self.short_stacks += 1;
+            self.short_stacks_in_libc += u64::from(last.in_libc);
+        }
     }
 
     fn define(
@@ -255,6 +309,103 @@ impl Defined {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn one() {}
+    fn two() {}
+
+    /// A table of recorder ids 1 (two frames of this binary: whole), 2 (one frame: short) and
+    /// 3 (one frame in the C library: short, in libc).
+    fn three_stacks() -> StackTable {
+        let mut table = StackTable::new(Default::default(), false);
+        let code = |f: fn()| f as *const () as u64;
+        let stacks: [(u32, Vec<u64>); 3] = [
+            (1, vec![code(one), code(two)]),
+            (2, vec![code(one)]),
+            (3, vec![libc::malloc as *const () as u64]),
+        ];
+        for (id, addrs) in &stacks {
+            let h = RawStack {
+                ts: 0,
+                pid: std::process::id(),
+                id: *id,
+                record: memtrack_bpf::RECORD_STACK,
+                nframes: addrs.len() as u32,
+                flags: 0,
+                scanned: 0,
+            };
+            assert!(table.add(&h, addrs.iter().copied()));
+        }
+        table
+    }
+
+    /// A recording's ids are given by first use, each stack defined once, whether the stack
+    /// is the last one's (kept) or another; a heap allocation whose stack stops early is
+    /// counted at every event, in the C library or not; an id no record defined is counted
+    /// unknown, and id 0 is no stack.
+    #[test]
+    fn ids_and_counts_are_the_same_for_the_last_stack_and_another() {
+        let table = three_stacks();
+        // (short, in libc) of each, as the table has them: what the counts follow.
+        let props = |id: u32| {
+            let g = table.global(id).0 as usize - 1;
+            (table.short[g], table.in_libc[g])
+        };
+        assert_eq!(
+            [props(1), props(2), props(3)],
+            [(false, false), (true, false), (true, true)]
+        );
+        let meta = crate::artifact::Metadata::now(1, crate::artifact::Backend::Alloc);
+        let mut enc = crate::encode::Encoder::new(Vec::new(), &meta, Default::default()).unwrap();
+        let mut defined = Defined::default();
+        // (recorder id, a heap allocation's): 7 is an id no record defined, 0 no stack.
+        let events = [
+            (1, true),
+            (1, true),
+            (2, true),
+            (2, true),
+            (2, false),
+            (3, true),
+            (3, true),
+            (1, true),
+            (0, true),
+            (7, true),
+            (7, true),
+            (2, true),
+            (3, false),
+            (3, true),
+        ];
+        let (mut first_use, mut short, mut in_libc) = (Vec::new(), 0, 0);
+        for (id, heap) in events {
+            let got = defined.local(&table, id, heap, &mut enc).unwrap();
+            if id == 0 || id == 7 {
+                assert_eq!(got, None, "recorder id {id}");
+                continue;
+            }
+            if !first_use.contains(&id) {
+                first_use.push(id);
+            }
+            let want = first_use.iter().position(|&i| i == id).unwrap() as u32 + 1;
+            assert_eq!(got, Some(StackId(want)), "recorder id {id}");
+            let (s, l) = props(id);
+            short += u64::from(heap && s);
+            in_libc += u64::from(heap && s && l);
+        }
+        assert_eq!((short, in_libc), (6, 3));
+        assert_eq!(
+            (
+                defined.short_stacks,
+                defined.short_stacks_in_libc,
+                defined.unknown
+            ),
+            (short, in_libc, 2)
+        );
+        // Each stack was defined once (a second definition is an error of the encoder's).
+        enc.push(Event::new(1, 1, 1, crate::event::EventKind::Exec))
+            .unwrap();
+        let (bytes, _) = enc.finish_into(0).unwrap();
+        let r = crate::artifact::Reader::from_bytes(bytes).unwrap();
+        assert_eq!(r.stacks().unwrap().stacks().len(), 3);
+    }
 
     #[test]
     fn a_stack_stops_early_without_callers_or_outside_the_mapped_text() {
