@@ -141,6 +141,15 @@ const OPS: &[Op] = &[
         run: alloc_session,
     },
     Op {
+        name: "alloc_session_stacks",
+        scope: "process",
+        unit: BURST as u64,
+        small: 49 * BURST as u64,
+        large: 147 * BURST as u64,
+        about: "alloc_session with the session's default call stacks (64 frames; this driver's are shallower): every thread; per pair",
+        run: alloc_session_stacks,
+    },
+    Op {
         name: "encode_pipeline",
         scope: "process",
         unit: TRACE as u64,
@@ -363,21 +372,22 @@ fn churn_state() -> (u32, [(*mut u8, Layout); 64], usize) {
 }
 
 fn session(name: &str) -> memtrack::Session {
-    session_with(name, 0)
+    session_with(name, Some(0))
 }
 
-/// [`session`] recording call stacks of up to `depth` frames.
-fn session_with(name: &str, depth: u32) -> memtrack::Session {
-    SessionBuilder::new(name)
+/// [`session`] recording call stacks of up to `depth` frames (`None`: the session's default).
+fn session_with(name: &str, depth: Option<u32>) -> memtrack::Session {
+    let mut b = SessionBuilder::new(name)
         .backend(BackendChoice::Alloc)
         .output_dir(std::env::temp_dir().join(format!("memtrack-hotpaths-{}", std::process::id())))
         .workers(1)
-        // The gate measures the recording call without call stacks (the default records 64
-        // frames) but in `alloc_record_stacks`.
-        .stack_depth(depth)
-        .quiet(true)
-        .start()
-        .expect("an allocator backend session")
+        .quiet(true);
+    // The gate measures the recording call without call stacks (the default records 64
+    // frames) but in `alloc_record_stacks` and `alloc_session_stacks`.
+    if let Some(depth) = depth {
+        b = b.stack_depth(depth);
+    }
+    b.start().expect("an allocator backend session")
 }
 
 fn finish(s: memtrack::Session, pairs: u64) -> u64 {
@@ -418,7 +428,7 @@ const NEST: u32 = 20;
 fn alloc_record_stacks(reps: u64, m: &mut Measure) -> u64 {
     nested(NEST, &mut || {
         let mut state = churn_state();
-        let s = session_with("hotpaths_alloc_record_stacks", 20);
+        let s = session_with("hotpaths_alloc_record_stacks", Some(20));
         for _ in 0..reps {
             while alloc_undrained() > 0 {
                 std::thread::sleep(Duration::from_micros(200));
@@ -473,8 +483,19 @@ fn bursts(alloc: &impl GlobalAlloc, reps: u64, m: &mut Measure) -> u64 {
 }
 
 fn alloc_session(reps: u64, m: &mut Measure) -> u64 {
+    whole_session("hotpaths_alloc_session", Some(0), reps, m)
+}
+
+/// [`alloc_session`] as a session records by default: with call stacks.
+fn alloc_session_stacks(reps: u64, m: &mut Measure) -> u64 {
+    whole_session("hotpaths_alloc_session_stacks", None, reps, m)
+}
+
+/// `reps` bursts in one measured call, in a session of stack depth `depth` (see
+/// [`session_with`]): the process's every thread counts.
+fn whole_session(name: &str, depth: Option<u32>, reps: u64, m: &mut Measure) -> u64 {
     let mut state = churn_state();
-    let s = session("hotpaths_alloc_session");
+    let s = session_with(name, depth);
     m.call(|| churn(&GLOBAL, &mut state, reps as usize * BURST));
     free_all(&GLOBAL, &mut state.1);
     finish(s, reps * BURST as u64)
