@@ -16,7 +16,9 @@
 //! - **Fast path**: a thread's first recording call checks everything (the flag, the scope,
 //!   counting) and leaves the thread a pass for that session word; its next calls compare
 //!   one word and write their slot (no flag, no checks), until the session, the thread's scope
-//!   or its exclusion changes, or call stacks are on (allocations then take the full call).
+//!   or its exclusion changes. With call stacks on, an allocation takes it when its stack is
+//!   one the thread walked and still holds (the last walk first, then the others); else the
+//!   full call walks.
 //! - **Order**: events are merged by TSC, which is invariant and synchronised across cores on
 //!   the machines memtrack supports (checked at session start). An allocation is stamped after
 //!   the inner allocator returns and a free before it is called, so a block handed to another
