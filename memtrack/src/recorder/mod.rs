@@ -614,26 +614,23 @@ fn fast_alloc<const MOVE: bool>(
     )
 }
 
-/// Writes an allocation's slot with stack `stack` on the fast path ([`fast_push`]); false if
-/// the pass or the ring's room say the full call must record it. Arguments as [`record`]'s; a
-/// kind that is not a realloc's ignores the `addr2` it writes.
+/// Writes an allocation's slot with stack `stack` on the fast path, `pass` found valid for it
+/// ([`push_passed`]); false if the ring's room says the full call must record it. Arguments as
+/// [`record`]'s; a kind that is not a realloc's ignores the `addr2` it writes.
 #[inline(always)]
-fn push_stack(stack: u32, addr: u64, size: u64, kind_align: u32, addr2: u64) -> bool {
-    fast_push(
-        |pass| pass.stack_word,
-        |slot, pass| {
-            let meta = Raw::meta_of(kind_align as u8, (kind_align >> 8) as u8) | pass.epoch;
-            // SAFETY: `fast_push` hands a free slot of this thread's ring.
-            unsafe {
-                (&raw mut (*slot).addr).write(addr);
-                (&raw mut (*slot).addr2).write(addr2);
-                (&raw mut (*slot).size).write(size);
-                Raw::write_meta(slot, meta | u64::from(stack));
-                stamp(slot);
-            }
-            true
-        },
-    )
+fn push_stack(pass: &Pass, stack: u32, addr: u64, size: u64, kind_align: u32, addr2: u64) -> bool {
+    push_passed(pass, |slot, pass| {
+        let meta = Raw::meta_of(kind_align as u8, (kind_align >> 8) as u8) | pass.epoch;
+        // SAFETY: `fast_push` hands a free slot of this thread's ring.
+        unsafe {
+            (&raw mut (*slot).addr).write(addr);
+            (&raw mut (*slot).addr2).write(addr2);
+            (&raw mut (*slot).size).write(size);
+            Raw::write_meta(slot, meta | u64::from(stack));
+            stamp(slot);
+        }
+        true
+    })
 }
 
 /// [`record`] when the thread's last walk does not hold (a loop that allocates at several
@@ -643,9 +640,10 @@ fn push_stack(stack: u32, addr: u64, size: u64, kind_align: u32, addr2: u64) -> 
 #[cold]
 #[inline(never)]
 fn record_recent(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
-    let depth = PASS.with(Cell::get).depth;
-    let stack = walk::recent(at, depth as u32);
-    if stack == 0 || !push_stack(stack, addr, size, kind_align, addr2) {
+    // The pass `record` found valid: the search allocates nothing, so it is still this one.
+    let pass = PASS.with(Cell::get);
+    let stack = walk::recent(at, pass.depth as u32);
+    if stack == 0 || !push_stack(&pass, stack, addr, size, kind_align, addr2) {
         record_full(addr, at, size, kind_align, addr2)
     }
 }
@@ -691,7 +689,7 @@ fn record(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
     if stack == 0 {
         return record_recent(addr, at, size, kind_align, addr2);
     }
-    if !push_stack(stack, addr, size, kind_align, addr2) {
+    if !push_stack(&pass, stack, addr, size, kind_align, addr2) {
         record_full(addr, at, size, kind_align, addr2)
     }
 }
@@ -721,6 +719,12 @@ fn fast_push(word: impl FnOnce(&Pass) -> u64, fill: impl FnOnce(*mut Raw, &Pass)
     if FAST.load(Ordering::Relaxed) != word(&pass) {
         return false;
     }
+    push_passed(&pass, fill)
+}
+
+/// [`fast_push`] once the thread's `pass` is found valid: the ring's room, `fill`, publishing.
+#[inline(always)]
+fn push_passed(pass: &Pass, fill: impl FnOnce(*mut Raw, &Pass) -> bool) -> bool {
     // SAFETY: a pass's ring is this thread's, alive while the pass is (revoked before the
     // ring's handle drops).
     let ring = unsafe { &*pass.ring };
@@ -729,7 +733,7 @@ fn fast_push(word: impl FnOnce(&Pass) -> u64, fill: impl FnOnce(*mut Raw, &Pass)
     if head >= ring.next_check.0.load(Ordering::Relaxed) {
         return false;
     }
-    if !fill(ring.slots[head % RING].get(), &pass) {
+    if !fill(ring.slots[head % RING].get(), pass) {
         return false;
     }
     ring.head.0.store(head + 1, Ordering::Release);
