@@ -621,7 +621,7 @@ fn fast_alloc<const MOVE: bool>(
 fn push_stack(pass: &Pass, stack: u32, addr: u64, size: u64, kind_align: u32, addr2: u64) -> bool {
     push_passed(pass, |slot, pass| {
         let meta = Raw::meta_of(kind_align as u8, (kind_align >> 8) as u8) | pass.epoch;
-        // SAFETY: `fast_push` hands a free slot of this thread's ring.
+        // SAFETY: `push_passed` hands a free slot of this thread's ring.
         unsafe {
             (&raw mut (*slot).addr).write(addr);
             (&raw mut (*slot).addr2).write(addr2);
