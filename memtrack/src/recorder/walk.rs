@@ -362,14 +362,7 @@ pub(crate) unsafe fn last(at: Here, depth: usize) -> u32 {
     }
     // SAFETY: a non-null LAST points at a walk in this thread's SEEN, alive until SEEN drops
     // (which clears LAST first) and, by the contract, not borrowed for a change now.
-    let w = unsafe { &*w };
-    let starts_here = w.id != 0 && (w.ip, w.fp, w.depth) == (at.ip, at.fp, depth);
-    // SAFETY: the trace is of this thread's own walk.
-    if starts_here && unsafe { w.trace.still_holds() } {
-        w.id
-    } else {
-        0
-    }
+    unsafe { &*w }.id_at(at, depth)
 }
 
 /// Whether the calling thread has made a [`capture`] (its [`recent`] then needs no set-up,
@@ -410,11 +403,8 @@ impl Seen {
         // The walk that answered last first: a loop with one stack checks one.
         for k in 0..RECENT {
             let i = (self.answered + k) % RECENT;
-            let w = &self.recent[i];
-            let starts_here = w.id != 0 && (w.ip, w.fp, w.depth) == (at.ip, at.fp, depth);
-            // SAFETY: the trace is of this thread's own walk.
-            if starts_here && unsafe { w.trace.still_holds() } {
-                let id = w.id;
+            let id = self.recent[i].id_at(at, depth);
+            if id != 0 {
                 self.answer(i);
                 return id;
             }
@@ -427,6 +417,21 @@ impl Seen {
     fn answer(&mut self, i: usize) {
         self.answered = i;
         LAST.with(|l| l.set(&self.recent[i]));
+    }
+}
+
+impl Walked {
+    /// This walk's stack id if it started at `at` with cap `depth` and every frame it read
+    /// still holds (its stack is then the one at `at`); else 0.
+    #[inline(always)]
+    fn id_at(&self, at: Here, depth: usize) -> u32 {
+        let starts_here = self.id != 0 && (self.ip, self.fp, self.depth) == (at.ip, at.fp, depth);
+        // SAFETY: the trace is of this thread's own walk (a thread's walks are its own).
+        if starts_here && unsafe { self.trace.still_holds() } {
+            self.id
+        } else {
+            0
+        }
     }
 }
 
