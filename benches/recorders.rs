@@ -1,5 +1,6 @@
-//! The recorders side by side, as a user sees them: the whole process, wall clock and CPU time
-//! of every thread, on two allocation-heavy workloads (issue 13's table).
+//! memtrack's recorders beside the other heap profilers, in one interleaved run, as a user
+//! sees them: the whole process, wall clock and CPU time of every thread, on two
+//! allocation-heavy workloads.
 //!
 //! - `churn`: `vec![0u8; n]` (Rust's `alloc_zeroed`, libc `calloc`) into a 64-slot ring,
 //!   n ≤ 4096 — one allocation and one free per iteration;
@@ -7,100 +8,129 @@
 //!   remove of a boxed value, a `Box<u64>` — per iteration, N / 4 iterations (≈ N allocations).
 //!
 //! Configurations, each a fresh process of this same binary (its global allocator chooses at
-//! start between `System` and `memtrack::Allocator`, so every configuration pays the same
-//! dispatch):
-//! `untracked` (System), `alloc idle` (`memtrack::Allocator`, no session), `alloc session`
-//! (`memtrack::Allocator` + a session with the allocator backend), `ebpf session` (System + an
-//! eBPF session in process; root), `record` (`memtrack record -- <untracked child>`; root).
+//! start which allocator it forwards to, so every configuration pays the same dispatch):
+//! - `untracked`: std's `System`;
+//! - `counting`: `System` behind two relaxed atomic adds per allocation (its count and bytes),
+//!   the floor of knowing anything;
+//! - `alloc-idle`: `memtrack::Allocator`, no session; `alloc-session`: the same with a session
+//!   of the allocator recorder;
+//! - `dhat-rs`: dhat-rs's `Alloc` with its `Profiler` running (a backtrace per allocation);
+//! - `ebpf-session`: `System` and an eBPF session in process (root);
+//! - `record`, `heaptrack`, `valgrind-dhat`: the untracked child under `memtrack record`
+//!   (root), heaptrack, Valgrind's DHAT; every allocator of the process.
 //!
 //! Each configuration runs at `N` iterations and at 0; the difference over the allocations
 //! counted at `N` is the marginal cost per allocation (its free included), start-up (loading,
-//! attaching, session start and finish) cancelled. Rounds are interleaved with the order of
-//! configurations alternating (ABBA), medians of the rounds. A run that lost an event fails the
-//! bench.
+//! attaching, session start and finish, writing a profile) cancelled. Rounds are interleaved
+//! with the order of configurations alternating (ABBA), medians of the rounds. A run that lost
+//! an event, or whose allocation count disagrees with a session's, fails the bench.
 //!
 //! ```text
 //! cargo build --release -p memtrack-cli      # the `memtrack` CLI, for the `record` row
 //! cargo bench --bench recorders -- [N] [ROUNDS] [CONFIG,...]
 //! ```
-//! Defaults: N = 1,000,000, 3 rounds, every configuration (the eBPF ones skip with a message
-//! without root). `MEMTRACK_BIN` names the CLI if it is not beside this bench in `target/`.
+//! Defaults: N = 1,000,000, 3 rounds, every configuration; one that cannot run here (the eBPF
+//! ones without root, a peer not installed) is skipped with a message saying what it needs.
+//! `MEMTRACK_BIN` names the CLI if it is not beside this bench in `target/`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
 
 use memtrack::{Allocator, BackendChoice, SessionBuilder};
 
-/// `System` or `memtrack::Allocator`, chosen once at start (before any measured allocation).
+/// The global allocator a child runs with, chosen once at start (before any measured
+/// allocation): std's `System`, a counting wrapper of it, `memtrack::Allocator`, or dhat-rs's.
 struct Choose;
 
-static USE_SYSTEM: AtomicBool = AtomicBool::new(false);
-static MEMTRACK: Allocator = Allocator::system();
+const SYSTEM: u8 = 0;
+const COUNTING: u8 = 1;
+const MEMTRACK: u8 = 2;
+const DHAT: u8 = 3;
+
+static MODE: AtomicU8 = AtomicU8::new(MEMTRACK);
+static MEMTRACK_ALLOC: Allocator = Allocator::system();
+/// The floor of knowing allocations and bytes: two relaxed atomic adds per allocation.
+static COUNTED: AtomicU64 = AtomicU64::new(0);
+static COUNTED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one allocation of `size` bytes (the `counting` configuration).
+#[inline(always)]
+fn count(size: usize) {
+    COUNTED.fetch_add(1, Ordering::Relaxed);
+    COUNTED_BYTES.fetch_add(size as u64, Ordering::Relaxed);
+}
+
+/// Forwards a call to the chosen allocator: `$a` is bound to it (`System` for `counting`, which
+/// counts with `$count` first, if given).
+macro_rules! forward {
+    ($a:ident => $call:expr $(, $count:expr)?) => {
+        match MODE.load(Ordering::Relaxed) {
+            MEMTRACK => {
+                let $a = &MEMTRACK_ALLOC;
+                $call
+            }
+            DHAT => {
+                let $a = &dhat::Alloc;
+                $call
+            }
+            _mode => {
+                $(if _mode == COUNTING {
+                    $count;
+                })?
+                let $a = &System;
+                $call
+            }
+        }
+    };
+}
 
 // SAFETY: forwards every call unchanged to one allocator, chosen before `main` allocates
-// anything that is freed through the other (`System` and `Allocator::system()` share libc's
-// heap, so even a block crossing the switch is freed by the allocator that made it).
+// anything that is freed through another (`System`, `Allocator::system()` and dhat-rs's
+// `Alloc` all use libc's heap, so even a block crossing the switch is freed correctly; dhat-rs
+// ignores the free of a block it did not see allocated).
 unsafe impl GlobalAlloc for Choose {
     #[inline]
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         // SAFETY: forwarded.
-        unsafe {
-            if USE_SYSTEM.load(Ordering::Relaxed) {
-                System.alloc(l)
-            } else {
-                MEMTRACK.alloc(l)
-            }
-        }
+        forward!(a => unsafe { a.alloc(l) }, count(l.size()))
     }
     #[inline]
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         // SAFETY: forwarded.
-        unsafe {
-            if USE_SYSTEM.load(Ordering::Relaxed) {
-                System.alloc_zeroed(l)
-            } else {
-                MEMTRACK.alloc_zeroed(l)
-            }
-        }
+        forward!(a => unsafe { a.alloc_zeroed(l) }, count(l.size()))
     }
     #[inline]
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         // SAFETY: forwarded.
-        unsafe {
-            if USE_SYSTEM.load(Ordering::Relaxed) {
-                System.dealloc(p, l)
-            } else {
-                MEMTRACK.dealloc(p, l)
-            }
-        }
+        forward!(a => unsafe { a.dealloc(p, l) })
     }
     #[inline]
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         // SAFETY: forwarded.
-        unsafe {
-            if USE_SYSTEM.load(Ordering::Relaxed) {
-                System.realloc(p, l, n)
-            } else {
-                MEMTRACK.realloc(p, l, n)
-            }
-        }
+        forward!(a => unsafe { a.realloc(p, l, n) }, count(n))
     }
 }
 
 #[global_allocator]
 static GLOBAL: Choose = Choose;
 
-const CONFIGS: [&str; 5] = [
+/// Every configuration, in the table's order: the untracked process and the floor, memtrack's
+/// recorders, then the whole-program peers (each wrapping the untracked child).
+const CONFIGS: [&str; 9] = [
     "untracked",
+    "counting",
     "alloc-idle",
     "alloc-session",
+    "dhat-rs",
     "ebpf-session",
     "record",
+    "heaptrack",
+    "valgrind-dhat",
 ];
 const WORKLOADS: [&str; 2] = ["churn", "mixed"];
 
@@ -150,12 +180,26 @@ fn run_workload(w: &str, n: usize) {
     }
 }
 
-/// The child: one configuration, one workload, `n` iterations; prints the allocations a
-/// session recorded (or nothing) and fails on lost events.
-fn child(config: &str, w: &str, n: usize) {
+/// The child: one configuration, one workload, `n` iterations; prints the allocations its
+/// recorder counted (or nothing) and fails on lost events. `out` names dhat-rs's profile.
+fn child(config: &str, w: &str, n: usize, out: &Path) {
     let backend = match config {
         "untracked" | "alloc-idle" => {
             run_workload(w, n);
+            return;
+        }
+        "counting" => {
+            let before = COUNTED.load(Ordering::Relaxed);
+            run_workload(w, n);
+            println!("{}", COUNTED.load(Ordering::Relaxed) - before);
+            return;
+        }
+        "dhat-rs" => {
+            let profiler = dhat::Profiler::builder().file_name(out).build();
+            run_workload(w, n);
+            println!("{}", dhat::HeapStats::get().total_blocks);
+            // Writes the profile, as a user's run ends.
+            drop(profiler);
             return;
         }
         "alloc-session" => BackendChoice::Alloc,
@@ -173,6 +217,24 @@ fn child(config: &str, w: &str, n: usize) {
     let r = s.finish().expect("finish");
     assert_eq!(r.lost_events(), 0, "{config} {w}: lost events");
     println!("{}", r.totals().allocations);
+}
+
+/// The global allocator of configuration `config`'s child.
+fn mode(config: &str) -> u8 {
+    match config {
+        "untracked" | "ebpf-session" => SYSTEM,
+        "counting" => COUNTING,
+        "dhat-rs" => DHAT,
+        _ => MEMTRACK,
+    }
+}
+
+/// Whether `tool --version` runs (heaptrack, valgrind).
+fn installed(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn memtrack_bin() -> Option<PathBuf> {
@@ -194,22 +256,40 @@ struct Run {
 /// Runs one child process; wall time and CPU time (user + system, every thread) of the child.
 fn run(config: &str, w: &str, n: usize, tmp: &Path, bin: Option<&Path>) -> Run {
     let exe = std::env::current_exe().expect("current_exe");
-    let mut cmd = if config == "record" {
-        let out = tmp.join(format!("{w}-{n}.memtrack"));
-        let mut c = Command::new(bin.expect("memtrack CLI"));
-        c.arg("record")
-            .arg("-o")
-            .arg(&out)
-            .arg("--no-syscalls")
-            .arg("--");
-        c.arg(&exe);
-        c.args(["--child", "untracked", w, &n.to_string()]);
-        c
-    } else {
-        let mut c = Command::new(&exe);
-        c.args(["--child", config, w, &n.to_string()]);
-        c
+    let file = |ext: &str| tmp.join(format!("{config}-{w}-{n}.{ext}"));
+    // The whole-program tools run the untracked child; the others are the child.
+    let mut cmd = match config {
+        "record" => {
+            let mut c = Command::new(bin.expect("memtrack CLI"));
+            c.arg("record")
+                .arg("-o")
+                .arg(file("memtrack"))
+                .arg("--no-syscalls")
+                .arg("--");
+            c
+        }
+        "heaptrack" => {
+            let mut c = Command::new("heaptrack");
+            c.arg("-o").arg(file("heaptrack"));
+            c
+        }
+        "valgrind-dhat" => {
+            let mut c = Command::new("valgrind");
+            c.arg("--tool=dhat")
+                .arg(format!("--dhat-out-file={}", file("json").display()));
+            c
+        }
+        _ => Command::new(&exe),
     };
+    if cmd.get_program() != exe.as_os_str() {
+        cmd.arg(&exe);
+    }
+    let child_config = match config {
+        "record" | "heaptrack" | "valgrind-dhat" => "untracked",
+        c => c,
+    };
+    cmd.args(["--child", child_config, w, &n.to_string()])
+        .arg(file("json"));
     cmd.stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped());
     let t = Instant::now();
@@ -233,7 +313,7 @@ fn run(config: &str, w: &str, n: usize, tmp: &Path, bin: Option<&Path>) -> Run {
     let allocations = if config == "record" {
         Some(record_allocations(
             bin.expect("memtrack CLI"),
-            &tmp.join(format!("{w}-{n}.memtrack")),
+            &file("memtrack"),
         ))
     } else {
         output.0.trim().parse().ok()
@@ -290,11 +370,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--child") {
         let config = args[1].as_str();
-        USE_SYSTEM.store(
-            matches!(config, "untracked" | "ebpf-session"),
-            Ordering::Relaxed,
-        );
-        child(config, &args[2], args[3].parse().expect("N"));
+        MODE.store(mode(config), Ordering::Relaxed);
+        let out = Path::new(&args[4]);
+        child(config, &args[2], args[3].parse().expect("N"), out);
         return;
     }
     if args.iter().any(|a| a == "--list") {
@@ -317,10 +395,19 @@ fn main() {
             let ok = match *c {
                 "ebpf-session" => root,
                 "record" => root && bin.is_some(),
+                "heaptrack" => installed("heaptrack"),
+                "valgrind-dhat" => installed("valgrind"),
                 _ => true,
             };
             if !ok {
-                println!("skipping {c}: needs root (and the memtrack CLI built for `record`)");
+                println!(
+                    "skipping {c}: needs {}",
+                    match *c {
+                        "heaptrack" => "heaptrack (apt-get install heaptrack)",
+                        "valgrind-dhat" => "valgrind (apt-get install valgrind)",
+                        _ => "root (and the memtrack CLI built, for `record`)",
+                    }
+                );
             }
             ok
         })
@@ -358,15 +445,16 @@ fn main() {
                     if size == n
                         && let Some(a) = r.allocations
                     {
-                        // Sessions count the workload's allocations; `record` also counts the
-                        // process's start-up (a few hundred): the counts agree within that,
-                        // or the row is wrong. The denominator is a session's count.
+                        // Sessions, the counter and dhat-rs count the workload's allocations;
+                        // `record` also counts the process's start-up (a few hundred): the
+                        // counts agree within that, or the row is wrong. The denominator is a
+                        // session's count.
                         let prev = allocs.entry(w).or_insert(a);
                         assert!(
                             prev.abs_diff(a) <= 2_000,
                             "{w}: {c} counted {a} allocations, another recorder {prev}"
                         );
-                        if c != "record" {
+                        if c.ends_with("-session") {
                             *prev = a;
                         }
                     }
