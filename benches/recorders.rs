@@ -257,36 +257,12 @@ struct Run {
 fn run(config: &str, w: &str, n: usize, tmp: &Path, bin: Option<&Path>) -> Run {
     let exe = std::env::current_exe().expect("current_exe");
     let file = |ext: &str| tmp.join(format!("{config}-{w}-{n}.{ext}"));
-    // The whole-program tools run the untracked child; the others are the child.
-    let mut cmd = match config {
-        "record" => {
-            let mut c = Command::new(bin.expect("memtrack CLI"));
-            c.arg("record")
-                .arg("-o")
-                .arg(file("memtrack"))
-                .arg("--no-syscalls")
-                .arg("--");
-            c
+    let (mut cmd, child_config) = match wrapper(config, &file, bin) {
+        Some(mut c) => {
+            c.arg(&exe);
+            (c, "untracked")
         }
-        "heaptrack" => {
-            let mut c = Command::new("heaptrack");
-            c.arg("-o").arg(file("heaptrack"));
-            c
-        }
-        "valgrind-dhat" => {
-            let mut c = Command::new("valgrind");
-            c.arg("--tool=dhat")
-                .arg(format!("--dhat-out-file={}", file("json").display()));
-            c
-        }
-        _ => Command::new(&exe),
-    };
-    if cmd.get_program() != exe.as_os_str() {
-        cmd.arg(&exe);
-    }
-    let child_config = match config {
-        "record" | "heaptrack" | "valgrind-dhat" => "untracked",
-        c => c,
+        None => (Command::new(&exe), config),
     };
     cmd.args(["--child", child_config, w, &n.to_string()])
         .arg(file("json"));
@@ -323,6 +299,35 @@ fn run(config: &str, w: &str, n: usize, tmp: &Path, bin: Option<&Path>) -> Run {
         cpu_ns,
         allocations,
     }
+}
+
+/// The whole-program tool configuration `config` runs the untracked child under, its output
+/// at `file(extension)`; `None` for a configuration that is the child itself.
+fn wrapper(config: &str, file: &dyn Fn(&str) -> PathBuf, bin: Option<&Path>) -> Option<Command> {
+    let c = match config {
+        "record" => {
+            let mut c = Command::new(bin.expect("memtrack CLI"));
+            c.arg("record")
+                .arg("-o")
+                .arg(file("memtrack"))
+                .arg("--no-syscalls")
+                .arg("--");
+            c
+        }
+        "heaptrack" => {
+            let mut c = Command::new("heaptrack");
+            c.arg("-o").arg(file("heaptrack"));
+            c
+        }
+        "valgrind-dhat" => {
+            let mut c = Command::new("valgrind");
+            c.arg("--tool=dhat")
+                .arg(format!("--dhat-out-file={}", file("dhat.json").display()));
+            c
+        }
+        _ => return None,
+    };
+    Some(c)
 }
 
 /// Reads the child's pipes after it was reaped by `wait4`.
