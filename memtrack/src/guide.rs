@@ -1,6 +1,6 @@
 //! The guide's pages (`docs/src`) and the README as doctests: each Rust block in them compiles,
 //! and runs unless its fence says `no_run` or `ignore` (with the reason in the prose beside
-//! it), under `cargo test --doc -p memtrack`. Compiled only for doctests: the published crate
+//! it), under `cargo test --doc -p memtrack-profiler`. Compiled only for doctests: the published crate
 //! holds none of these files.
 
 /// `README.md`.
