@@ -40,7 +40,10 @@ fn identical_inputs_pass() {
             .unwrap_or_else(|| panic!("no {m} row in\n{table}"));
         assert!(line.ends_with("unchanged"), "{line}");
     }
-    assert!(table.contains("no regression beyond +3% growth"), "{table}");
+    assert!(
+        table.contains("no benchmark regressed (no figure beyond +3% growth"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -84,7 +87,10 @@ fn ten_percent_more_allocations_regresses_that_row_only() {
         peak.contains("-9.09%") && peak.ends_with("improved"),
         "{peak}"
     );
-    assert!(table.contains("1 regression beyond +3% growth"), "{table}");
+    assert!(
+        table.contains("1 benchmark regressed (1 figure beyond +3% growth"),
+        "{table}"
+    );
 
     // Exactly the threshold passes; just below it fails.
     let at = memtrack(&["compare", s(&base), s(&head), "--threshold", "10%"]);
@@ -113,7 +119,10 @@ fn ten_percent_more_allocations_regresses_that_row_only() {
         md.contains("| bench\\_a | bytes | 10.7 KiB | 10.7 KiB | 0.00% | unchanged |"),
         "{md}"
     );
-    assert!(md.contains("❌ **1 regression beyond +3% growth"), "{md}");
+    assert!(
+        md.contains("❌ **1 benchmark regressed (1 figure beyond +3% growth"),
+        "{md}"
+    );
 }
 
 #[test]
@@ -459,8 +468,14 @@ fn threshold_needs_its_percent_sign_and_is_printed_in_every_format() {
         "{err}"
     );
     for (format, expect) in [
-        ("table", "no regression beyond +0.05% growth"),
-        ("markdown", "no regression beyond +0.05% growth"),
+        (
+            "table",
+            "no benchmark regressed (no figure beyond +0.05% growth",
+        ),
+        (
+            "markdown",
+            "no benchmark regressed (no figure beyond +0.05% growth",
+        ),
         ("json", "\"threshold\": \"0.05%\""),
     ] {
         let out = memtrack(&[

@@ -336,26 +336,34 @@ fn kind(b: &Benchmark) -> String {
     }
 }
 
-/// The line under the table: how many regressions, at which threshold, over what.
+/// The line under the table: how many benchmarks regressed, in how many figures, at which
+/// threshold, of how many compared.
 fn summary(c: &Comparison) -> String {
     let metrics: Vec<&str> = c.metrics.iter().map(|m| m.name()).collect();
-    let n = c.regressions();
-    let benchmarks = c.rows.len() / c.metrics.len().max(1);
-    let head = match n {
-        0 => "no regression".to_string(),
-        1 => "1 regression".to_string(),
-        n => format!("{n} regressions"),
+    let figures = c.regressions();
+    let regressed: std::collections::BTreeSet<&str> = c
+        .rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::Regressed)
+        .map(|r| r.benchmark.as_str())
+        .collect();
+    let compared = c.rows.len() / c.metrics.len().max(1);
+    let head = match regressed.len() {
+        0 => "no benchmark regressed".to_string(),
+        n => format!(
+            "{} regressed",
+            human::plural(n as u64, "benchmark", "benchmarks")
+        ),
+    };
+    let figures = match figures {
+        0 => "no figure".to_string(),
+        n => human::plural(n as u64, "figure", "figures"),
     };
     format!(
-        "{head} beyond +{} growth in {} ({} {} compared)",
+        "{head} ({figures} beyond +{} growth in {}), {} compared",
         c.threshold,
         metrics.join(", "),
-        benchmarks,
-        if benchmarks == 1 {
-            "benchmark"
-        } else {
-            "benchmarks"
-        }
+        human::count(compared as u64),
     )
 }
 
@@ -470,7 +478,7 @@ mod tests {
              b          bytes        64.00 B/iter  64.00 B/iter   0.00%  unchanged\n\
              b          peak                 64 B          64 B   0.00%  unchanged\n\
              \n\
-             no regression beyond +3% growth in allocations, bytes, peak (1 benchmark compared)\n"
+             no benchmark regressed (no figure beyond +3% growth in allocations, bytes, peak), 1 compared\n"
         );
         assert_eq!(
             (change_text(Some(0.0)), change_text(None)),
