@@ -13,7 +13,9 @@ use memtrack::{
 
 pub(crate) mod render;
 
-/// The sites of the loaded recordings that have call stacks, by file.
+/// The call sites of the loaded recordings, by file: those of a recording with call stacks, and
+/// the empty set of one that allocated nothing (no call site to miss). A recording that
+/// allocated without call stacks has none here.
 pub(crate) type SiteSets = std::collections::HashMap<PathBuf, Sites>;
 
 /// Exit code of a run whose inputs were refused (clap uses 2 for usage errors too).
@@ -311,7 +313,8 @@ fn load(path: &Path) -> Result<(Benchmark, Option<Sites>), String> {
         (a.analyzer().totals(), Some(a.sites()))
     } else {
         let totals = super::analyse(&reader, "reading").map_err(|e| e.to_string())?;
-        (totals, None)
+        let sites = (totals.allocations == 0).then(Sites::default);
+        (totals, sites)
     };
     if !super::stored_totals_agree(&reader, &totals) {
         return Err(format!(
@@ -346,9 +349,10 @@ pub struct Attributed {
     pub unnamed_modules: Vec<(String, String)>,
 }
 
-/// The sites behind every regressed row whose two recordings have call stacks, matched by
-/// symbolized frames. Benchmarks whose recordings lack stacks get a note on stderr instead
-/// (the standard output stays what it is without attribution).
+/// The sites behind every regressed row, matched by symbolized frames: a side that allocated
+/// nothing has no sites, so every site of the other is new (or vanished). A regressed
+/// benchmark one of whose recordings allocated without call stacks gets a note on stderr
+/// instead (the standard output stays what it is without attribution).
 fn attribute(
     cmp: &Comparison,
     base_set: &[Benchmark],
@@ -364,7 +368,6 @@ fn attribute(
         .collect();
     benchmarks.dedup();
     let mut sym = super::symbolizer_of(base_set.iter().chain(head_set).map(|b| b.path.as_path()));
-    let mut without_stacks = Vec::new();
     for name in benchmarks {
         let find = |set: &[Benchmark]| {
             // A lone file's benchmark was renamed to the head's: it is the only one.
@@ -376,14 +379,23 @@ fn attribute(
         let (Some(bp), Some(hp)) = (find(base_set), find(head_set)) else {
             continue;
         };
-        let (Some(bs), Some(hs)) = (sites.get(&bp), sites.get(&hp)) else {
-            without_stacks.push(name.to_string());
+        let stacked = |path: &PathBuf| {
+            sites
+                .get(path)
+                .filter(|s| s.sites.is_empty() || s.has_stacks())
+        };
+        let (Some(bs), Some(hs)) = (stacked(&bp), stacked(&hp)) else {
+            for path in [&bp, &hp].into_iter().filter(|p| stacked(p).is_none()) {
+                let why = Reader::open(path)
+                    .map_or_else(|e| e.to_string(), |r| super::show::no_stacks_note(&r));
+                eprintln!(
+                    "memtrack: note: no call sites for the regression of {name}: {} allocated \
+                     without them: {why}",
+                    path.display()
+                );
+            }
             continue;
         };
-        if !bs.has_stacks() || !hs.has_stacks() {
-            without_stacks.push(name.to_string());
-            continue;
-        }
         let (br, hr) = (Reader::open(&bp)?, Reader::open(&hp)?);
         let keyed = SiteComparison::new(&mut sym, &br, bs, &hr, hs)?;
         let unnamed = keyed.unnamed_modules();
@@ -399,16 +411,6 @@ fn attribute(
                 unnamed_modules: unnamed.clone(),
             });
         }
-    }
-    if !without_stacks.is_empty() {
-        eprintln!(
-            "memtrack: note: no call sites to attribute the regression of {} to: attribution \
-             needs call stacks in both recordings; record with the eBPF tracker (`memtrack \
-             record`, which keeps --stack-depth {} frames by default) from binaries built with \
-             frame pointers (-fno-omit-frame-pointer, or RUSTFLAGS=\"-C force-frame-pointers=yes\")",
-            without_stacks.join(", "),
-            memtrack::tracker::DEFAULT_STACK_DEPTH
-        );
     }
     Ok(out)
 }

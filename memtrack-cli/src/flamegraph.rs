@@ -463,11 +463,18 @@ pub fn render_diff(
         metric.label()
     );
     if total_h == 0 {
-        empty_svg(
-            &title,
-            &format!("no call site has any {}", metric.label()),
-            svg,
-        )?;
+        // Nothing to draw at the head's widths; what the base had is still said.
+        let why = match vanished {
+            0 => format!("no call site has any {}", metric.label()),
+            n => format!(
+                "the head has no {}; the base had {} {} at {}, only in the base (not drawn)",
+                metric.label(),
+                human::count(total_b),
+                metric.unit(),
+                human::plural(n as u64, "stack", "stacks")
+            ),
+        };
+        empty_svg(&title, &why, svg)?;
         return Ok((changed, merged.len()));
     }
     let lines: Vec<String> = merged

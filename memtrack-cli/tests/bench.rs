@@ -345,11 +345,150 @@ fn base_finds_and_attributes_the_regression() {
     );
     let summary = std::fs::read_to_string(&step).unwrap();
     assert!(
-        summary.starts_with("earlier step\n### memtrack: memory comparison\n\n❌ **2 regressions"),
+        summary.starts_with(
+            "earlier step\n### memtrack: memory comparison\n\n❌ **1 benchmark regressed (2 figures"
+        ),
         "{summary}"
     );
     let worktrees = text(&git(dir, &["worktree", "list"]).stdout);
     assert_eq!(worktrees.lines().count(), 1, "{worktrees}");
+}
+
+/// A benchmark that allocates nothing at the base: `first` borrows the first token.
+const FIRST_BORROWED: &str = "
+/// The first token, borrowed: no allocation.
+pub fn first(tokens: &[String]) -> &str {
+    tokens.first().map_or(\"\", String::as_str)
+}
+";
+
+/// The head's `first`: an owned copy of the token, one allocation per call.
+const FIRST_OWNED: (&str, &str) = (
+    "pub fn first(tokens: &[String]) -> &str {\n    tokens.first().map_or(\"\", String::as_str)",
+    "pub fn first(tokens: &[String]) -> String {\n    tokens.first().cloned().unwrap_or_default()",
+);
+
+/// The benchmark of `first`, beside the suite's own.
+const FIRST_BENCH: (&str, &str) = (
+    "criterion_group!(benches, bench_tokenize, bench_render);",
+    "fn bench_first(c: &mut Criterion) {
+    let tokens = downstream::tokenize(&source());
+    c.bench_function(\"first\", |b| b.iter(|| downstream::first(black_box(&tokens))));
+}
+
+criterion_group!(benches, bench_tokenize, bench_render, bench_first);",
+);
+
+/// --base HEAD~1 where a routine that allocated nothing starts allocating: the regression is
+/// attributed to the function that now allocates (every site of the head is new), and no note
+/// says call stacks are missing. The other way round, from the same two recordings: an
+/// improvement, and the differential flame graph counts the base's site as gone.
+fn a_regression_from_nothing_names_the_function() {
+    let (_turn, _) = project();
+    let dir = &tmp().join("from-nothing");
+    let _ = std::fs::remove_dir_all(dir);
+    copy_downstream(dir);
+    let lib = dir.join("src/lib.rs");
+    let body = std::fs::read_to_string(&lib).unwrap();
+    std::fs::write(&lib, body + FIRST_BORROWED).unwrap();
+    edit(dir, "benches/tokenize.rs", FIRST_BENCH);
+    git(dir, &["init", "-q"]);
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "-qm", "first borrows"]);
+    edit(dir, "src/lib.rs", FIRST_OWNED);
+    git(dir, &["commit", "-qam", "first copies"]);
+
+    let out_dir = tmp().join("from-nothing-out");
+    let args = [
+        "--backend",
+        "alloc",
+        "--base",
+        "HEAD~1",
+        "--format",
+        "json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = bench(dir, &args, &[]);
+    assert_eq!(out.status.code(), Some(1), "stderr: {}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(!err.contains("no call sites"), "{err}");
+    let v = json(&out);
+    let first: Vec<(&str, u64, u64, &str)> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["benchmark"] == "first")
+        .map(|r| {
+            (
+                r["metric"].as_str().unwrap(),
+                r["base"].as_u64().unwrap(),
+                r["head"].as_u64().unwrap(),
+                r["verdict"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    // Each of the 10 iterations copies the first token, "fn" (2 bytes), and drops it.
+    assert_eq!(
+        first,
+        [
+            ("allocations", 0, 10, "regressed"),
+            ("bytes", 0, 20, "regressed"),
+            ("peak", 0, 2, "regressed"),
+        ],
+        "{v:#}"
+    );
+    let attributed = v["attribution"].as_array().unwrap();
+    assert_eq!(attributed.len(), 3, "{v:#}");
+    for a in attributed {
+        assert_eq!(a["benchmark"], "first", "{a:#}");
+        let top = &a["sites"][0];
+        assert_eq!(top["base"], 0, "{a:#}");
+        assert_eq!(top["delta"], top["head"], "{a:#}");
+        let functions = functions(&top["frames"]);
+        assert!(
+            functions.iter().any(|f| f.starts_with("downstream::first")),
+            "{functions:?}"
+        );
+    }
+
+    // The reverse: the base's artifact as the head.
+    let (base, head) = (out_dir.join("base"), out_dir.join("head"));
+    let cli = || Command::new(env!("CARGO_BIN_EXE_memtrack"));
+    let out = cli()
+        .args(["compare", "--format", "json"])
+        .args([&head, &base])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("no call sites"),
+        "{}",
+        text(&out.stderr)
+    );
+    let v = json(&out);
+    let first: Vec<&str> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["benchmark"] == "first")
+        .map(|r| r["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(first, ["improved"; 3], "{v:#}");
+    let svg = tmp().join("from-nothing.svg");
+    let out = cli()
+        .args(["flamegraph", "-o", svg.to_str().unwrap(), "--diff"])
+        .args([head.join("first.memtrack"), base.join("first.memtrack")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", text(&out.stderr));
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawn.contains(
+            "the head has no bytes allocated; the base had 20 bytes at 1 stack, only in the base"
+        ),
+        "{drawn}"
+    );
 }
 
 /// --base outside a repository, and a REF that names no commit: exit 2 before any build.
@@ -649,6 +788,10 @@ fn main() {
         test(
             "base_finds_and_attributes_the_regression",
             base_finds_and_attributes_the_regression,
+        ),
+        test(
+            "a_regression_from_nothing_names_the_function",
+            a_regression_from_nothing_names_the_function,
         ),
         test(
             "chain_names_the_commit_of_each_step",
