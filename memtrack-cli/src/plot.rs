@@ -1,6 +1,6 @@
 //! `memtrack plot FILE -o heap.svg`: live heap bytes over time as a step line on a scale of its
 //! own, the peak marked and labelled with its exact value, where each recorded call (a
-//! session's `IterationStart`) begins marked by a vertical line; below it, when the recording
+//! session's `IterationStart`) begins marked by a tick on the panel's top edge; below it, when the recording
 //! saw mappings, mapped bytes on a panel and scale of their own (they are often many times the
 //! heap, which would flatten it on a shared axis).
 //!
@@ -27,6 +27,8 @@ const MAPPED: RGBColor = RGBColor(230, 120, 0);
 
 /// Colour of the lines where a recorded call begins.
 const CALL: RGBColor = RGBColor(150, 150, 150);
+/// How far down the heap panel a call's tick reaches from its top edge (a fraction of it).
+const CALL_TICK: f64 = 0.04;
 
 /// The share of the image's height the heap's panel takes when mapped bytes are drawn below.
 const HEAP_SHARE: f64 = 0.7;
@@ -277,10 +279,13 @@ impl Plot<'_> {
                 "a call begins ({})",
                 human::plural(self.calls.count, "call", "calls")
             );
+            // A tick hanging from the panel's top edge, in a colour of its own: a full-height
+            // line would read as the heap dropping to zero where a call begins.
+            let tick_bottom = top * (1.0 - CALL_TICK);
             chart
                 .draw_series(self.calls.starts.iter().map(|&ns| {
                     let x = ns as f64 / 1e6;
-                    PathElement::new(vec![(x, 0.0), (x, top)], CALL.stroke_width(1))
+                    PathElement::new(vec![(x, tick_bottom), (x, top)], CALL.stroke_width(2))
                 }))?
                 .label(label)
                 .legend(|(x, y)| PathElement::new(vec![(x + 10, y - 6), (x + 10, y + 6)], CALL));

@@ -1,7 +1,8 @@
 //! `memtrack plot`: the SVG parses, holds both series downsampled to the width, each on a
 //! panel and scale of its own (the heap's above), marks the peak with the exact
-//! `peak_live_bytes` of `memtrack show` on a ground of its own inside the image, and draws a
-//! line where each recorded call begins.
+//! `peak_live_bytes` of `memtrack show` on a ground of its own inside the image, and marks
+//! where each recorded call begins with a tick on the heap panel's top edge that cannot be read
+//! as the heap (another colour, far from zero).
 
 mod common;
 
@@ -19,7 +20,7 @@ struct Svg {
     /// `mapped` empty when there is none.
     heap: Vec<(i64, i64)>,
     mapped: Vec<(i64, i64)>,
-    /// The lines marking where a call begins, each as (x, top y, bottom y).
+    /// The ticks marking where a call begins, each as (x, top y, bottom y).
     calls: Vec<(i64, i64, i64)>,
     /// Centre of the peak marker.
     marker: (i64, i64),
@@ -63,10 +64,11 @@ fn parse(path: &Path) -> Svg {
         assert!(lines.len() <= 1, "one {colour} data series");
         lines.into_iter().next().unwrap_or_default()
     };
-    // A call's line spans its panel; the legend's swatch is 12 px.
+    // A call's tick is 4 % of its panel (about 20 px); the legend's swatch is 12 px, and
+    // thinner.
     let calls = polylines(&doc, CALL)
         .into_iter()
-        .filter(|pts| pts.len() == 2 && pts[0].0 == pts[1].0 && (pts[0].1 - pts[1].1).abs() > 50)
+        .filter(|pts| pts.len() == 2 && pts[0].0 == pts[1].0 && (pts[0].1 - pts[1].1).abs() > 12)
         .map(|pts| (pts[0].0, pts[0].1.min(pts[1].1), pts[0].1.max(pts[1].1)))
         .collect();
     let circles: Vec<(i64, i64)> = doc
@@ -328,8 +330,9 @@ fn calls(n: u64, start: impl Fn(u64) -> u64) -> Vec<Event> {
     evs
 }
 
-/// Five calls 2 ms apart: a line where each begins, spanning the heap's panel, at x in
-/// proportion to its time, and the legend counts them.
+/// Five calls 2 ms apart: a tick where each begins, hanging from the top of the heap's panel
+/// and nowhere near its zero, not in the heap's colour, at x in proportion to its time, and
+/// the legend counts them.
 #[test]
 fn each_call_is_marked_where_it_begins() {
     let dir = tempfile::tempdir().unwrap();
@@ -360,10 +363,20 @@ fn each_call_is_marked_where_it_begins() {
     );
     for &(x, y0, y1) in &p.calls {
         assert!(
-            y0 < top && y1 >= bottom,
-            "the line at x {x} spans {y0}..{y1}"
+            y0 < top && y1 - y0 <= 30 && bottom - y1 > 10 * (y1 - y0),
+            "the tick at x {x} spans {y0}..{y1}, the heap {top}..{bottom}"
         );
     }
+    let src = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&src).unwrap();
+    let heap_verticals = polylines(&doc, HEAP)
+        .into_iter()
+        .filter(|pts| pts.len() == 2 && pts[0].0 == pts[1].0)
+        .count();
+    assert_eq!(
+        heap_verticals, 0,
+        "no line in the heap's colour but its series and swatch"
+    );
 }
 
 /// Calls closer together than a pixel's column share one line, and the legend still counts
