@@ -388,6 +388,14 @@ fn a_regression_from_nothing_names_the_function() {
     let dir = &tmp().join("from-nothing");
     let _ = std::fs::remove_dir_all(dir);
     copy_downstream(dir);
+    // Another version of the package: the projects share a target directory, where the same
+    // package id would name the same binaries, and cargo would find another project's fresh.
+    let version = (
+        "name = \"downstream\"\nversion = \"0.1.0\"",
+        "name = \"downstream\"\nversion = \"0.1.1\"",
+    );
+    edit(dir, "Cargo.toml", version);
+    edit(dir, "Cargo.lock", version);
     let lib = dir.join("src/lib.rs");
     let body = std::fs::read_to_string(&lib).unwrap();
     std::fs::write(&lib, body + FIRST_BORROWED).unwrap();
