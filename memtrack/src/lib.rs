@@ -101,6 +101,8 @@ pub mod __private;
 // The guide's pages as doctests (see the module).
 pub mod analysis;
 pub mod artifact;
+#[cfg(feature = "callgrind")]
+pub mod callgrind;
 #[cfg(feature = "criterion")]
 pub mod criterion;
 pub mod encode;
