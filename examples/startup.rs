@@ -1,4 +1,4 @@
-//! Where the start-up of an eBPF session goes (issue 13 item 3): the first session of a process
+//! Where the start-up of an eBPF session goes: the first session of a process
 //! (cold), a second one 100 ms after the first ended (warm), a third right after the second
 //! (back to back), phase by phase, and what a malloc costs before any session and after the
 //! last one ended (a session must leave no probe behind).

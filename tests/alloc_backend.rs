@@ -427,7 +427,7 @@ fn located_violation() {
 }
 
 /// A violated limit panics in the guard's `Drop`; the location the panic reports must be the
-/// user's function, not memtrack's source (issue 9, defect 6).
+/// user's function, not memtrack's source.
 fn limit_panic_points_at_the_users_function() {
     static SEEN: std::sync::Mutex<Option<(String, u32)>> = std::sync::Mutex::new(None);
     let hook = std::panic::take_hook();

@@ -1,5 +1,5 @@
 //! Cost of memtrack's probes on every allocator entry point, against the bare-uprobe floor at
-//! the same site (issue 13 item 2).
+//! the same site.
 //!
 //! ```text
 //! sudo cargo run --release -p memtrack-bpf --example entry_points [CALLS] [ROUNDS] [GROUP,...]

@@ -1,4 +1,4 @@
-//! The call stacks of the allocator recorder (`memtrack::Allocator`; issue 14, items 2 and 3):
+//! The call stacks of the allocator recorder (`memtrack::Allocator`):
 //! a real program built here with frame pointers (memtrack-test-support's
 //! `fixtures::rust_alloc_stacks`, tests/fixtures/alloc_stacks.rs) records two sessions, and
 //! their artifacts must hold each site's exact counts and bytes, and stacks that memtrack's

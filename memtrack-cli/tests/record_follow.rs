@@ -1,4 +1,4 @@
-//! `memtrack record` follows the command's process tree (issue 12, items 3 and 4), against the
+//! `memtrack record` follows the command's process tree, against the
 //! real kernel: forked, posix_spawned and exec'd descendants are recorded from their first
 //! instruction, an allocator loaded by LD_PRELOAD or dlopen misses nothing, a setuid exec is
 //! not followed and is counted, and a tree's totals are the sum of its processes recorded
@@ -301,7 +301,7 @@ fn a_trees_totals_are_the_sum_of_its_processes_recorded_alone() {
 }
 
 /// A setuid program a followed process executes is never followed: it stays unobserved, and
-/// the recording says so (issue 10's rule on setuid descendants).
+/// the recording says so: a descendant that gains privileges is never observed.
 fn a_setuid_exec_is_not_followed_and_is_counted() {
     let dir = tempfile::tempdir().unwrap();
     let exe = fixture(dir.path());

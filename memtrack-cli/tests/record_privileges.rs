@@ -1,4 +1,4 @@
-//! `memtrack record` as a privilege boundary (issue 10): the command never gains privileges
+//! `memtrack record` as a privilege boundary: the command never gains privileges
 //! through memtrack, whether memtrack holds capabilities from file capabilities or ambient
 //! ones, or runs as root (then the command runs as root unless `--user` says otherwise); with
 //! file capabilities, run by a user, memtrack follows the command's whole tree; a setuid

@@ -1,4 +1,4 @@
-//! `memtrack record` under TERM, HUP, `timeout` and SIGKILL (issue 12, item 5): the signal goes
+//! `memtrack record` under TERM, HUP, `timeout` and SIGKILL: the signal goes
 //! to the command, the artifact is finished whole, memtrack exits with the command's code; a
 //! killed memtrack never leaves its command running untracked.
 //!

@@ -1,4 +1,4 @@
-//! The call stacks `record` captures (issue 14, items 1, 3 and 4), against the real kernel and
+//! The call stacks `record` captures, against the real kernel and
 //! real programs built here: each frame is checked against the fixture's own symbol table
 //! (memtrack-bpf's ELF reader), not against memtrack's symbolizer.
 //!
