@@ -69,6 +69,12 @@ pub enum OutputError {
         /// What it is: "directory", "socket", "block device".
         kind: &'static str,
     },
+    /// A directory to write into is something else (a regular file).
+    #[error("{path} is not a directory: name a directory, or a name that does not exist yet")]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
     /// The target is a character device or FIFO owned by another user, or with several names
     /// (hard links).
     #[error(
@@ -303,6 +309,35 @@ fn temp_beside(target: &Path) -> Result<NamedTempFile, OutputError> {
         })
 }
 
+/// Creates the directory `path` and the missing ones on the way (mode `0777` minus the umask)
+/// under the rules of the module docs: a symbolic link on the way, `path` itself included, is
+/// followed only if owned by the effective user or root. For the directories memtrack writes
+/// into and clears (`memtrack bench`'s `--out`, its build-id store).
+///
+/// # Errors
+///
+/// [`OutputError::UntrustedSymlink`] for another user's link on the way,
+/// [`OutputError::NotADirectory`] when `path` is something other than a directory, and
+/// [`OutputError::Io`] when a directory cannot be made.
+pub fn create_dir_all(path: &Path) -> Result<(), OutputError> {
+    // Every component of `path`, the last included, is a directory on the way to `path/_`.
+    check_directories(&path.join("_"))?;
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        // `create_dir_all` fails with "File exists" on a file: say what it is instead.
+        let made = std::fs::create_dir_all(path);
+        if let (Err(e), false) = (made, path.exists()) {
+            return Err(io_err(path, "creating the directory", e));
+        }
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(OutputError::NotADirectory {
+            path: path.to_path_buf(),
+        }),
+        Err(e) => Err(io_err(path, "inspecting it", e)),
+    }
+}
+
 impl Output {
     /// Prepares to write `path`: a temporary file beside a regular file (or a new name), or
     /// the file itself for a character device or FIFO. Fails, touching nothing, if the target
@@ -459,6 +494,24 @@ mod tests {
         out.commit().unwrap();
         assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
         assert_eq!(read(&real), "data");
+    }
+
+    #[test]
+    fn create_dir_all_makes_directories_through_own_links_only_into_directories() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, d.path().join("link")).unwrap();
+        create_dir_all(&d.path().join("link/a/b")).unwrap();
+        assert!(real.join("a/b").is_dir());
+        create_dir_all(&real.join("a")).unwrap();
+        let file = d.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        match create_dir_all(&file) {
+            Err(OutputError::NotADirectory { path }) => assert_eq!(path, file),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
     }
 
     #[test]
