@@ -98,6 +98,10 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
         );
         b.name = h.name.clone();
     }
+    if let Some(e) = nothing_in_common(&loaded, base, head) {
+        eprintln!("memtrack: error: {e}");
+        return Ok(ExitCode::from(INPUT_ERROR));
+    }
     let Some(judged) = judge(&loaded, &metric.metrics(), threshold)? else {
         return Ok(ExitCode::from(INPUT_ERROR));
     };
@@ -120,6 +124,41 @@ impl Loaded {
         self.base.retain(|b| names.contains(&b.name));
         self.head.retain(|b| names.contains(&b.name));
     }
+}
+
+/// Why `loaded` compares nothing (no benchmark is on both sides), naming each side's
+/// benchmarks, or `None`: a gate that compared nothing must not pass.
+pub(crate) fn nothing_in_common(loaded: &Loaded, base: &Path, head: &Path) -> Option<String> {
+    if loaded
+        .base
+        .iter()
+        .any(|b| loaded.head.iter().any(|h| h.name == b.name))
+    {
+        return None;
+    }
+    let names = |set: &[Benchmark]| {
+        let mut n: Vec<String> = set
+            .iter()
+            .take(5)
+            .map(|b| format!("{:?}", b.name))
+            .collect();
+        if set.len() > 5 {
+            n.push(format!("and {} more", set.len() - 5));
+        }
+        if n.is_empty() {
+            "none".into()
+        } else {
+            n.join(", ")
+        }
+    };
+    Some(format!(
+        "nothing to compare: no benchmark is on both sides (base {}: {}; head {}: {}); compare \
+         recordings of the same benchmarks",
+        base.display(),
+        names(&loaded.base),
+        head.display(),
+        names(&loaded.head)
+    ))
 }
 
 /// Reads both sides (an artifact or a directory of them each). `None` when an input is

@@ -476,3 +476,32 @@ fn threshold_needs_its_percent_sign_and_is_printed_in_every_format() {
         assert!(text(&out).contains(expect), "{format}: {}", text(&out));
     }
 }
+
+/// Two sides with no benchmark in common: nothing was compared, so nothing passed: exit 2,
+/// naming what each side holds.
+#[test]
+fn a_comparison_of_nothing_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for (side, name) in [(&a, "one"), (&b, "two")] {
+        std::fs::create_dir_all(side).unwrap();
+        write(
+            &side.join(format!("{name}.memtrack")),
+            Some(name),
+            &alloc_free_pairs(3, 8),
+            0,
+        );
+    }
+    let out = memtrack(&["compare", s(&a), s(&b)]);
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(out.stdout.is_empty(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "memtrack: error: nothing to compare: no benchmark is on both sides (base {}: \
+             \"one\"; head {}: \"two\"); compare recordings of the same benchmarks\n",
+            a.display(),
+            b.display()
+        )
+    );
+}
