@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use memtrack::{analysis::Metric, analysis::Row, analysis::Threshold, analysis::Verdict, human};
 
-use super::suite::{self, Suite, Worktree};
+use super::suite::{Repo, Suite, Worktree};
 use crate::compare::{self, Attributed, Format, Judged, render};
 
 /// One commit of the range.
@@ -30,7 +30,7 @@ impl Commit {
 
 /// `BASE..HEAD` resolved: BASE, then every commit of HEAD's first-parent line after it, oldest
 /// first (HEAD last).
-pub(crate) fn commits(dir: &Path, spec: &str) -> Result<Vec<Commit>, String> {
+pub(crate) fn commits(repo: &Repo, spec: &str) -> Result<Vec<Commit>, String> {
     let bad = |why: &str| format!("--chain {spec}: {why}");
     if spec.contains("...") {
         return Err(bad(
@@ -42,15 +42,12 @@ pub(crate) fn commits(dir: &Path, spec: &str) -> Result<Vec<Commit>, String> {
     };
     let head = if head.is_empty() { "HEAD" } else { head };
     let resolve = |r: &str| {
-        suite::git(
-            dir,
-            &[
-                "rev-parse",
-                "--verify",
-                "--quiet",
-                &format!("{r}^{{commit}}"),
-            ],
-        )
+        repo.git(&[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{r}^{{commit}}"),
+        ])
         .map_err(|_| {
             bad(&format!(
                 "no commit {r:?} here: name a branch, tag or commit"
@@ -58,18 +55,15 @@ pub(crate) fn commits(dir: &Path, spec: &str) -> Result<Vec<Commit>, String> {
         })
     };
     let (b, h) = (resolve(base)?, resolve(head)?);
-    let log = suite::git(
-        dir,
-        &[
-            "log",
-            "--first-parent",
-            "--reverse",
-            "--format=%H %P%x09%s",
-            &format!("{b}..{h}"),
-        ],
-    )?;
+    let log = repo.git(&[
+        "log",
+        "--first-parent",
+        "--reverse",
+        "--format=%H %P%x09%s",
+        &format!("{b}..{h}"),
+    ])?;
     let mut out = vec![Commit {
-        subject: suite::git(dir, &["log", "-1", "--format=%s", &b])?,
+        subject: repo.git(&["log", "-1", "--format=%s", &b])?,
         id: b.clone(),
     }];
     for line in log.lines() {
@@ -117,7 +111,7 @@ struct Step {
 
 /// Runs the chain; see the module docs. Exit 1 when a benchmark regressed from BASE to HEAD.
 pub(crate) fn run(
-    here: &Path,
+    repo: &Repo,
     target: &Path,
     out: &Path,
     suite: Suite,
@@ -125,9 +119,9 @@ pub(crate) fn run(
     threshold: Threshold,
     format: Format,
 ) -> Result<ExitCode, String> {
-    let chain = commits(here, spec)?;
+    let chain = commits(repo, spec)?;
     let n = chain.len();
-    let tree = Worktree::add(here, &chain[0].id, target.join("memtrack-bench-worktree"))?;
+    let tree = Worktree::add(repo, &chain[0].id, target, "--chain")?;
     // The target directory of `--base`'s builds, in the same worktree: one set of builds.
     let suite = Suite {
         target: target.join("memtrack-bench-base"),
@@ -149,6 +143,9 @@ pub(crate) fn run(
     let Some(ends) = compare::load_pair(&dirs[0], &dirs[n - 1]) else {
         return Ok(ExitCode::from(super::INPUT_ERROR));
     };
+    if let Some(e) = compare::nothing_in_common(&ends, &dirs[0], &dirs[n - 1]) {
+        return Err(e);
+    }
     super::mixed(&ends.base, &ends.head)?;
     let Some(overall) =
         compare::judge(&ends, &Metric::ALL, threshold).map_err(|e| e.to_string())?
@@ -186,8 +183,8 @@ pub(crate) fn run(
         overall: &overall,
         steps: &steps,
     };
-    super::summary(&report.markdown())?;
     crate::out(&report.render(format)).map_err(|e| e.to_string())?;
+    super::summary(&report.markdown());
     Ok(overall.exit_code())
 }
 
@@ -225,11 +222,24 @@ fn between(
     }
 }
 
-/// Checks `commit` out, clears `dir` and runs the suite there into it.
+/// Checks `commit` out, clears `dir` and runs the suite there into it: an error when it
+/// recorded nothing (the benchmarks followed are gone at that commit, or its suite records
+/// elsewhere).
 fn measure(tree: &Worktree, suite: &Suite, commit: &Commit, dir: &Path) -> Result<(), String> {
     tree.checkout(&commit.id)?;
     super::clear(dir)?;
-    suite.run(&tree.dir, dir, &format!("commit {}", commit.short()))
+    suite.run(&tree.dir, dir, &format!("commit {}", commit.short()))?;
+    let recorded = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .filter_map(Result::ok)
+        .any(|e| e.path().extension().is_some_and(|x| x == "memtrack"));
+    if !recorded {
+        return Err(format!(
+            "its suite recorded no benchmark in {}",
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 /// The steps of the regressed benchmarks between consecutive measured commits.
