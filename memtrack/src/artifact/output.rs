@@ -104,6 +104,16 @@ pub enum OutputError {
         #[source]
         source: io::Error,
     },
+    /// [`Output::commit_new`] found a file at the target; the finished file is kept.
+    #[error(
+        "{path} exists, and this output may not replace it; the finished file is kept at {partial}"
+    )]
+    Exists {
+        /// The target.
+        path: PathBuf,
+        /// Where the finished file is.
+        partial: PathBuf,
+    },
     /// The finished file could not be renamed over the target; it is kept.
     #[error("cannot rename {partial} to {path}: {source}; the finished file is kept at {partial}")]
     Persist {
@@ -390,6 +400,44 @@ impl Output {
                 Err(e) => e.file.path().to_path_buf(),
             },
             Dest::InPlace(_) => self.target,
+        }
+    }
+
+    /// [`Output::commit`], except that a file at the target is never replaced: then the
+    /// finished file is kept under its temporary name and [`OutputError::Exists`] names both.
+    /// An output written in place is done already.
+    pub fn commit_new(self) -> Result<PathBuf, OutputError> {
+        let temp = match self.dest {
+            Dest::Temp(t) => t,
+            Dest::InPlace(_) => return Ok(self.target),
+        };
+        temp.as_file().sync_all().map_err(|e| OutputError::Io {
+            path: self.target.clone(),
+            what: format!("syncing {}", temp.path().display()),
+            source: e,
+        })?;
+        match temp.persist_noclobber(&self.target) {
+            Ok(_) => Ok(self.target),
+            Err(e) => {
+                let exists = e.error.kind() == io::ErrorKind::AlreadyExists;
+                let source = e.error;
+                let partial = match e.file.keep() {
+                    Ok((_, p)) => p,
+                    Err(k) => k.file.path().to_path_buf(),
+                };
+                if exists {
+                    Err(OutputError::Exists {
+                        path: self.target,
+                        partial,
+                    })
+                } else {
+                    Err(OutputError::Persist {
+                        path: self.target,
+                        partial,
+                        source,
+                    })
+                }
+            }
         }
     }
 
