@@ -75,7 +75,7 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
     match bench(args) {
         Ok(code) => Ok(code),
         Err(e) => {
-            eprintln!("memtrack: error: {e}");
+            eprintln!("memtrack: error: {}", memtrack::human::terminal(&e));
             Ok(ExitCode::from(INPUT_ERROR))
         }
     }

@@ -155,7 +155,8 @@ fn main() -> ExitCode {
     match res {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("memtrack: error: {e}");
+            let text = e.to_string();
+            eprintln!("memtrack: error: {}", memtrack::human::terminal(&text));
             ExitCode::from(kind.unwrap_or_else(|| record::error_code(&e)))
         }
     }
@@ -192,10 +193,12 @@ fn refuse_setuid() -> Result<(), String> {
     ))
 }
 
-/// Writes `text` to standard output and flushes it. A closed pipe (`| head`) ends memtrack
-/// quietly by SIGPIPE, as it does other Unix tools; any other failure (`> /dev/full`) is an
-/// error.
+/// Writes `text` to standard output and flushes it, its control characters but line breaks
+/// escaped (names from artifacts reach every human output; JSON has none of its own). A
+/// closed pipe (`| head`) ends memtrack quietly by SIGPIPE, as it does other Unix tools; any
+/// other failure (`> /dev/full`) is an error.
 pub(crate) fn out(text: &str) -> memtrack::Result<()> {
+    let text = memtrack::human::terminal(text);
     let mut o = std::io::stdout().lock();
     match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
         Ok(()) => Ok(()),

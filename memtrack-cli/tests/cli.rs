@@ -284,3 +284,28 @@ fn show_gives_the_spread_of_marked_calls() {
     assert_eq!(s["bytes_allocated"]["total"], 100 + 400 + 900);
     assert_eq!(s["peak_live_bytes"]["max"], 300);
 }
+
+/// A name in an artifact reaches the terminal with its control characters escaped: through
+/// `show` it cannot send escape sequences (retitle the window, hide the text after it).
+#[test]
+fn names_reach_the_terminal_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "a\u{1b}]0;owned\u{7}b\r";
+    let f = common::write(
+        &dir.path().join("evil.memtrack"),
+        Some(name),
+        &common::alloc_free_pairs(2, 8),
+        0,
+    );
+    let out = memtrack(&["show", common::s(&f)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !stdout.chars().any(|c| c.is_control() && c != '\n'),
+        "{stdout:?}"
+    );
+    assert!(
+        stdout.contains("name a\\u{1b}]0;owned\\u{7}b\\r"),
+        "{stdout}"
+    );
+}
