@@ -17,6 +17,7 @@ use memtrack_test_support::{Need, alloc_free_pairs, requires, run, run_ok, test,
 /// artifacts `benches.txt` lists into `$MEMTRACK_DIR` (relative to where it runs, as a bench
 /// binary would resolve it).
 const STAND_IN: &str = r#"#!/bin/sh
+while [ "$1" = --config ]; do shift 2; done
 case "$1" in
 metadata) printf '{"target_directory":"%s"}\n' "$FAKE_TARGET"; exit 0 ;;
 bench) ;;
@@ -509,8 +510,58 @@ fn another_users_link_in_out_is_refused() {
     assert!(victim.join(".build-id/ab/cd").is_file());
 }
 
+/// A crate whose bench records (copies `$FAKE_ARTIFACT` into `$MEMTRACK_DIR`) only when built
+/// with both memory mode's cfg (the allocator recorder's) and the `user_flag` cfg its
+/// `.cargo/config.toml` sets.
+const FLAGGED: &str = r#"fn main() {
+    if cfg!(all(user_flag, memtrack_bench = "alloc")) {
+        let dir = std::path::PathBuf::from(std::env::var_os("MEMTRACK_DIR").unwrap());
+        std::fs::copy(std::env::var_os("FAKE_ARTIFACT").unwrap(), dir.join("b.memtrack")).unwrap();
+    }
+}
+"#;
+
+/// In memory mode the rustflags of the suite's `.cargo/config.toml` stay, whether in
+/// `[build]` or in a `[target]` table (which cargo then reads instead): built by cargo itself.
+fn configured_rustflags_are_kept_in_memory_mode() {
+    let p = Project::new(&[&[("b", 3)]]);
+    let krate = p.tmp.path().join("flagged");
+    std::fs::create_dir_all(krate.join("benches")).unwrap();
+    std::fs::create_dir_all(krate.join(".cargo")).unwrap();
+    std::fs::write(
+        krate.join("Cargo.toml"),
+        "[package]\nname = \"flagged\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n\
+         [[bench]]\nname = \"b\"\nharness = false\n\n[lints.rust]\nunexpected_cfgs = \"allow\"\n",
+    )
+    .unwrap();
+    std::fs::write(krate.join("benches/b.rs"), FLAGGED).unwrap();
+    let artifact = p.artifacts().join("b-3.memtrack");
+    for table in ["[build]", "[target.'cfg(all())']"] {
+        std::fs::write(
+            krate.join(".cargo/config.toml"),
+            format!("{table}\nrustflags = [\"--cfg\", \"user_flag\"]\n"),
+        )
+        .unwrap();
+        let mut cmd = p.command(&krate, &["--format", "json"], &[]);
+        // A filter for the bench binary after `--`, as criterion's.
+        cmd.args(["--offline", "--", "--bench"])
+            .env("CARGO", env!("CARGO"))
+            .env("CARGO_TARGET_DIR", p.tmp.path().join("flagged-target"))
+            .env("FAKE_ARTIFACT", &artifact)
+            .env_remove("CARGO_BUILD_RUSTFLAGS");
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{table}: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["benchmarks"][0]["benchmark"], "b", "{table}: {v:#}");
+    }
+}
+
 fn main() {
     run(vec![
+        test(
+            "configured_rustflags_are_kept_in_memory_mode",
+            configured_rustflags_are_kept_in_memory_mode,
+        ),
         test(
             "chain_never_checks_out_the_users_repository",
             chain_never_checks_out_the_users_repository,

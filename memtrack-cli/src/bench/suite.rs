@@ -74,6 +74,44 @@ fn output(cmd: &mut Command) -> Result<Output, String> {
     Ok(out)
 }
 
+/// Whether cargo's configuration for a build in `dir` sets `rustflags` in a `[target.*]` table
+/// (`.cargo/config.toml` or `.cargo/config` in `dir` and the directories above it, then in
+/// `$CARGO_HOME`, or a `CARGO_TARGET_*_RUSTFLAGS` variable): cargo then ignores
+/// `build.rustflags`. A file that cannot be read or parsed counts as not setting them (cargo
+/// itself reports it).
+fn target_rustflags_configured(dir: &Path) -> bool {
+    let from_env = std::env::vars_os().any(|(k, _)| {
+        k.to_str()
+            .is_some_and(|k| k.starts_with("CARGO_TARGET_") && k.ends_with("_RUSTFLAGS"))
+    });
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let mut files: Vec<PathBuf> = dir
+        .ancestors()
+        .flat_map(|d| [d.join(".cargo/config.toml"), d.join(".cargo/config")])
+        .collect();
+    if let Some(h) = home {
+        files.extend([h.join("config.toml"), h.join("config")]);
+    }
+    from_env
+        || files.iter().any(|f| {
+            let Ok(text) = std::fs::read_to_string(f) else {
+                return false;
+            };
+            let Ok(table) = text.parse::<toml::Table>() else {
+                return false;
+            };
+            table
+                .get("target")
+                .and_then(toml::Value::as_table)
+                .is_some_and(|t| {
+                    t.values()
+                        .any(|v| v.as_table().is_some_and(|v| v.contains_key("rustflags")))
+                })
+        })
+}
+
 /// The user's target directory: `$CARGO_TARGET_DIR`, else cargo's (`cargo metadata`) for the
 /// package in `dir`.
 pub(crate) fn target_dir(dir: &Path) -> Result<PathBuf, String> {
@@ -103,14 +141,15 @@ impl Suite {
     /// standard output is its table or JSON only. `what` names the side for messages.
     pub(crate) fn run(&self, dir: &Path, out: &Path, what: &str) -> Result<(), String> {
         let mut cmd = cargo();
-        cmd.current_dir(dir).arg("bench").args(&self.args);
+        cmd.current_dir(dir);
         let ours = [
             "--cfg",
             self.recorder.cfg(),
             "-C",
             "force-frame-pointers=yes",
         ];
-        // The user's flags are kept; CARGO_ENCODED_RUSTFLAGS, when set, wins over RUSTFLAGS.
+        // The user's flags are kept. CARGO_ENCODED_RUSTFLAGS, when set, wins over RUSTFLAGS, and
+        // either replaces the rustflags of cargo's configuration.
         if let Some(enc) = std::env::var_os("CARGO_ENCODED_RUSTFLAGS") {
             let mut flags = enc;
             for f in ours {
@@ -120,19 +159,33 @@ impl Suite {
                 flags.push(f);
             }
             cmd.env("CARGO_ENCODED_RUSTFLAGS", flags);
-        } else {
-            let mut flags = std::env::var_os("RUSTFLAGS").unwrap_or_default();
+        } else if let Some(mut flags) = std::env::var_os("RUSTFLAGS") {
             for f in ours {
                 flags.push(" ");
                 flags.push(f);
             }
             cmd.env("RUSTFLAGS", flags);
+        } else {
+            // Cargo's `--config` joins arrays to the configuration's own: the suite's
+            // configured flags stay. Cargo reads `target.*.rustflags` instead of
+            // `build.rustflags` when any is set, so ours join whichever it reads.
+            let list = serde_json::to_string(&ours).expect("strings serialize");
+            let key = if target_rustflags_configured(dir) {
+                "target.'cfg(all())'.rustflags"
+            } else {
+                "build.rustflags"
+            };
+            // Before the subcommand: the user's arguments may end in `-- FILTER`.
+            cmd.arg("--config").arg(format!("{key}={list}"));
         }
+        cmd.arg("bench").args(&self.args);
         match &self.only {
             Some(ids) => cmd.env("MEMTRACK_BENCHMARKS", benchmark_list(ids)),
             None => cmd.env_remove("MEMTRACK_BENCHMARKS"),
         };
+        // `out` was cleared: an artifact already there is another benchmark's of this run.
         cmd.env("CARGO_TARGET_DIR", &self.target)
+            .env(memtrack::NO_REPLACE, "1")
             .env("MEMTRACK_DIR", out)
             .env("MEMTRACK_BACKEND", self.recorder.name())
             .stdin(Stdio::null())
