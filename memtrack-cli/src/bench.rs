@@ -107,6 +107,7 @@ fn bench(args: Args) -> Result<ExitCode, String> {
         args: args.cargo.clone(),
         target: target.join("memtrack-bench"),
         only: None,
+        store: out.join(crate::BUILD_IDS),
     };
     if let Some(spec) = &args.chain {
         let repo = Repo::find(&here, "--chain")?;
@@ -131,6 +132,8 @@ fn bench(args: Args) -> Result<ExitCode, String> {
             let repo = Repo::find(&here, "--base")?;
             let tree = Worktree::add(&repo, reference, &target, "--base")?;
             let (base, head) = (out.join("base"), out.join("head"));
+            // The build-id store of both sides is --out's.
+            clear(&out)?;
             clear(&base)?;
             clear(&head)?;
             suite.run(&here, &head, "head")?;
@@ -152,7 +155,7 @@ fn bench(args: Args) -> Result<ExitCode, String> {
 }
 
 /// Creates `dir` if need be and removes the `*.memtrack` a previous run left in it (saying so
-/// when there were some) and the executables kept for them. Under the rules of artifacts
+/// when there were some) and the executables kept for them (its build-id directory). Under the rules of artifacts
 /// (`memtrack::artifact::Output`): a link on the way to `dir`, or `dir` itself, is followed
 /// only if the user or root owns it, and in `dir` only regular files and a real directory are
 /// removed (a link there is removed, never followed).

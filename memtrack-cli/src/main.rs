@@ -242,7 +242,7 @@ pub(crate) fn writing(e: impl Into<memtrack::Error>, path: &Path) -> memtrack::E
 pub(crate) const BUILD_IDS: &str = ".build-id";
 
 /// A symbolizer for the artifacts `readers` read, which also looks for their executables in
-/// the [`BUILD_IDS`] directory beside each.
+/// the [`BUILD_IDS`] directory beside each and in the one above it.
 pub(crate) fn symbolizer(readers: &[&Reader]) -> memtrack::symbolize::Symbolizer {
     symbolizer_of(readers.iter().map(|r| r.path()))
 }
@@ -251,9 +251,15 @@ pub(crate) fn symbolizer(readers: &[&Reader]) -> memtrack::symbolize::Symbolizer
 pub(crate) fn symbolizer_of<'p>(
     paths: impl IntoIterator<Item = &'p Path>,
 ) -> memtrack::symbolize::Symbolizer {
+    // Beside the artifact, and above it: `bench --base` and `--chain` keep one store in
+    // `--out` for the artifacts of every side and commit in its subdirectories.
     let mut dirs: Vec<PathBuf> = paths
         .into_iter()
-        .map(|p| p.parent().unwrap_or(Path::new(".")).join(BUILD_IDS))
+        .flat_map(|p| {
+            let dir = p.parent().unwrap_or(Path::new("."));
+            [Some(dir), dir.parent()].into_iter().flatten()
+        })
+        .map(|d| d.join(BUILD_IDS))
         .filter(|d| d.is_dir())
         .collect();
     dirs.sort();

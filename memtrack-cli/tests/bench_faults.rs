@@ -417,6 +417,42 @@ fn a_commit_that_records_nothing_is_passed_over() {
     assert_eq!(steps, [(ids[3].as_str(), ids[1].as_str())]);
 }
 
+/// A second `--chain` into the same `--out` leaves no directory of the first range: a
+/// commit's directory it does not reuse is emptied and removed.
+fn a_chain_clears_an_earlier_ranges_directories() {
+    let p = three_commits();
+    let out_dir = p.tmp.path().join("chain");
+    let args = [
+        "--chain",
+        "HEAD~2..HEAD",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = p.bench(&args, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    p.record(&[("grow", 30), ("flat", 5)]);
+    p.git(&["commit", "-qam", "grow more"]);
+    let args = [
+        "--chain",
+        "HEAD~1..HEAD",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = p.bench(&args, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let ids: Vec<String> = p
+        .git(&["log", "-2", "--reverse", "--format=%h", "--abbrev=12"])
+        .lines()
+        .map(String::from)
+        .collect();
+    let mut left: Vec<String> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, [format!("00-{}", ids[0]), format!("01-{}", ids[1])]);
+}
+
 /// A run killed while the base's suite runs leaves the user's checkout as it was; the next
 /// run removes the worktree it left, and its entry in the repository.
 fn an_interrupted_run_is_cleaned_up_by_the_next() {
@@ -593,6 +629,10 @@ fn main() {
         test(
             "a_commit_that_records_nothing_is_passed_over",
             a_commit_that_records_nothing_is_passed_over,
+        ),
+        test(
+            "a_chain_clears_an_earlier_ranges_directories",
+            a_chain_clears_an_earlier_ranges_directories,
         ),
         test(
             "an_interrupted_run_is_cleaned_up_by_the_next",

@@ -132,6 +132,9 @@ pub(crate) fn run(
         .enumerate()
         .map(|(i, c)| out.join(format!("{i:02}-{}", c.short())))
         .collect();
+    // One build-id store for the whole chain, and no directory of an earlier range left.
+    super::clear(out)?;
+    clear_old_commits(out, &dirs)?;
     eprintln!(
         "memtrack: --chain {spec}: {n} commits; the whole suite at {} and {} first",
         chain[0].short(),
@@ -220,6 +223,34 @@ fn between(
             }
         };
     }
+}
+
+/// Empties and removes the `NN-COMMIT` directories of an earlier chain in `out` that this one
+/// does not reuse (a directory that holds other files than memtrack's stays, emptied of them).
+fn clear_old_commits(out: &Path, dirs: &[PathBuf]) -> Result<(), String> {
+    let ours = |name: &str| {
+        let b = name.as_bytes();
+        b.len() == 15
+            && b[..2].iter().all(u8::is_ascii_digit)
+            && b[2] == b'-'
+            && b[3..].iter().all(|c| c.is_ascii_hexdigit())
+    };
+    let Ok(entries) = std::fs::read_dir(out) else {
+        return Ok(());
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        let name = entry.file_name();
+        if !entry.file_type().is_ok_and(|t| t.is_dir())
+            || !name.to_str().is_some_and(ours)
+            || dirs.contains(&path)
+        {
+            continue;
+        }
+        super::clear(&path)?;
+        let _ = std::fs::remove_dir(&path);
+    }
+    Ok(())
 }
 
 /// Checks `commit` out, clears `dir` and runs the suite there into it: an error when it

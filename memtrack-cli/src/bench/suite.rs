@@ -43,6 +43,10 @@ pub(crate) struct Suite {
     pub target: PathBuf,
     /// Only these benchmark ids (`MEMTRACK_BENCHMARKS`, which memtrack-criterion reads), or all.
     pub only: Option<Vec<String>>,
+    /// The build-id directory (`crate::BUILD_IDS`) of `--out`, one for every side and commit
+    /// of the run: a copy is named by its build id, so an executable that two commits share
+    /// is kept once.
+    pub store: PathBuf,
 }
 
 /// The cargo that runs memtrack (`$CARGO` under cargo), else the one on the PATH.
@@ -203,16 +207,17 @@ impl Suite {
         self.keep_executables(out)
     }
 
-    /// Copies into `out`'s build-id directory (`crate::BUILD_IDS`) each executable of this
+    /// Copies into the run's build-id directory ([`Suite::store`]) each executable of this
     /// suite's target directory that an artifact in `out` has frames of, named by its build
     /// id: a later build (the next commit of `--chain`, the user's next run) replaces the file
-    /// at its path, and `show`, `compare` and `flamegraph` then read the copy.
+    /// at its path, and `show`, `compare` and `flamegraph` then read the copy (they look beside
+    /// an artifact and in the directory above).
     fn keep_executables(&self, out: &Path) -> Result<(), String> {
         let target = self
             .target
             .canonicalize()
             .unwrap_or_else(|_| self.target.clone());
-        let store = out.join(crate::BUILD_IDS);
+        let store = &self.store;
         let fail = |what: &Path, e: &dyn std::fmt::Display| {
             format!("cannot keep a copy of {}: {e}", what.display())
         };
