@@ -196,6 +196,7 @@ struct UserState {
     status: String,
     notes: String,
     worktrees: String,
+    stash: String,
 }
 
 fn user_state(p: &Project) -> UserState {
@@ -205,6 +206,7 @@ fn user_state(p: &Project) -> UserState {
         status: p.git(&["status", "--porcelain"]),
         notes: std::fs::read_to_string(p.repo().join("notes.txt")).unwrap(),
         worktrees: p.git(&["worktree", "list", "--porcelain"]),
+        stash: p.git(&["stash", "list", "--format=%H %s"]),
     }
 }
 
@@ -453,11 +455,16 @@ fn a_chain_clears_an_earlier_ranges_directories() {
     assert_eq!(left, [format!("00-{}", ids[0]), format!("01-{}", ids[1])]);
 }
 
-/// A run killed while the base's suite runs leaves the user's checkout as it was; the next
-/// run removes the worktree it left, and its entry in the repository.
+/// A run killed while the base's suite runs leaves the user's checkout as it was (its tree,
+/// branch and stash); the next run removes the worktree it left, and its entry in the
+/// repository.
 fn an_interrupted_run_is_cleaned_up_by_the_next() {
     let p = three_commits();
+    std::fs::write(p.repo().join("notes.txt"), "stashed\n").unwrap();
+    p.git(&["stash", "-q"]);
+    std::fs::write(p.repo().join("notes.txt"), "an uncommitted edit\n").unwrap();
     let before = user_state(&p);
+    assert_eq!(before.stash.lines().count(), 1);
     let repo = p.repo().canonicalize().unwrap();
     let hook = format!(
         "case \"$(pwd -P)\" in {}) ;; *) kill -KILL $PPID; exit 1 ;; esac",
