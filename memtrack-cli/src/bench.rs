@@ -196,7 +196,7 @@ fn report(dir: &Path, format: Format) -> Result<ExitCode, String> {
     let set = compare::load_side(dir, "bench", &mut errors, &mut sites);
     if !errors.is_empty() {
         for e in &errors[1..] {
-            eprintln!("memtrack: error: {e}");
+            eprintln!("memtrack: error: {}", memtrack::human::terminal(e));
         }
         return Err(errors.swap_remove(0));
     }

@@ -180,7 +180,7 @@ pub(crate) fn load_pair(base: &Path, head: &Path) -> Option<Loaded> {
     sites.extend(head_sites);
     if !errors.is_empty() {
         for e in &errors {
-            eprintln!("memtrack: error: {e}");
+            eprintln!("memtrack: error: {}", memtrack::human::terminal(e));
         }
         eprintln!(
             "memtrack: refusing to compare: {} input problem{}",
@@ -239,7 +239,8 @@ pub(crate) fn judge(
     let cmp = Comparison::new(&loaded.base, &loaded.head, metrics, threshold);
     if !cmp.mismatched.is_empty() {
         for (b, h) in &cmp.mismatched {
-            eprintln!("memtrack: error: {}", render::mismatch(b, h));
+            let e = render::mismatch(b, h);
+            eprintln!("memtrack: error: {}", memtrack::human::terminal(&e));
         }
         eprintln!(
             "memtrack: refusing to compare per-iteration figures with plain totals: {}",

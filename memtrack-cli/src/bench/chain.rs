@@ -215,9 +215,10 @@ fn between(
             Ok(()) => Outcome::Measured(dirs[i].clone()),
             Err(e) => {
                 eprintln!(
-                    "memtrack: warning: commit {} not measured: {e}; its change counts with the \
+                    "memtrack: warning: commit {} not measured: {}; its change counts with the \
                      next measured commit's",
-                    chain[i].short()
+                    chain[i].short(),
+                    human::terminal(&e)
                 );
                 Outcome::Failed(e)
             }
