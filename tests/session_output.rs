@@ -132,12 +132,89 @@ fn another_users_link_at_the_artifact_is_refused_at_start() {
     builder("after", d).start().unwrap().finish().unwrap();
 }
 
+/// The names of the `*.memtrack` files in `d`, sorted, each with the name its artifact holds.
+fn artifacts(d: &Path) -> Vec<(String, Option<String>)> {
+    let mut v: Vec<(String, Option<String>)> = fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "memtrack"))
+        .map(|p| {
+            let name = Reader::open(&p).unwrap().metadata().name.clone();
+            (p.file_name().unwrap().to_string_lossy().into_owned(), name)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Ids that used to give one file name (`a/b`, `a b`, `a_b`) give three; with `replace(false)`
+/// (what `MEMTRACK_NO_REPLACE`, set by `memtrack bench`, makes the default) a session whose
+/// file is taken fails at start, naming the benchmark the file holds, and one whose file was
+/// taken while it ran fails at finish, the file left as it was.
+fn a_session_that_may_not_replace_refuses_a_taken_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for name in ["a/b", "a b", "a_b"] {
+        builder(name, d)
+            .replace(false)
+            .start()
+            .unwrap()
+            .finish()
+            .unwrap();
+    }
+    let held = |f: &str, n: &str| (f.to_string(), Some(n.to_string()));
+    assert_eq!(
+        artifacts(d),
+        [
+            held("a%20b.memtrack", "a b"),
+            held("a%2Fb.memtrack", "a/b"),
+            held("a_b.memtrack", "a_b"),
+        ]
+    );
+    let e = builder("a_b", d)
+        .replace(false)
+        .start()
+        .err()
+        .expect("refused");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{} already holds benchmark \"a_b\" of this run, and session \"a_b\" would replace \
+             it: give the two distinct names (two bench targets or packages with one benchmark \
+             id?)",
+            d.join("a_b.memtrack").display()
+        )
+    );
+    // Taken while the session runs: its finish fails and the file stays.
+    let session = builder("late", d).replace(false).start().unwrap();
+    fs::write(d.join("late.memtrack"), "first").unwrap();
+    match session.finish() {
+        Err(Error::ArtifactTaken { path, holder, name }) => {
+            assert_eq!(
+                (path, holder, name.as_str()),
+                (d.join("late.memtrack"), None, "late")
+            );
+        }
+        other => panic!("{:?}", other.map(|r| r.path)),
+    }
+    assert_eq!(
+        fs::read_to_string(d.join("late.memtrack")).unwrap(),
+        "first"
+    );
+    // By default a session replaces its own earlier artifact, as before.
+    builder("a_b", d).start().unwrap().finish().unwrap();
+}
+
 fn main() {
     use memtrack_test_support::{requires, test};
     memtrack_test_support::run_sequential(vec![
         test(
             "sessions_write_through_a_random_temporary_name",
             sessions_write_through_a_random_temporary_name,
+        ),
+        test(
+            "a_session_that_may_not_replace_refuses_a_taken_file",
+            a_session_that_may_not_replace_refuses_a_taken_file,
         ),
         test(
             "report_sites_are_read_from_the_artifact",

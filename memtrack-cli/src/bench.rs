@@ -20,7 +20,7 @@ mod chain;
 mod render;
 mod suite;
 
-use suite::{Recorder, Suite, Worktree};
+use suite::{Lock, Recorder, Repo, Suite, Worktree};
 
 /// Exit code of a run that could not be done or whose inputs were refused.
 const INPUT_ERROR: u8 = 2;
@@ -75,7 +75,7 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
     match bench(args) {
         Ok(code) => Ok(code),
         Err(e) => {
-            eprintln!("memtrack: error: {e}");
+            eprintln!("memtrack: error: {}", memtrack::human::terminal(&e));
             Ok(ExitCode::from(INPUT_ERROR))
         }
     }
@@ -84,10 +84,18 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
 fn bench(args: Args) -> Result<ExitCode, String> {
     let here = std::env::current_dir().map_err(|e| format!("no current directory: {e}"))?;
     let target = suite::target_dir(&here)?;
+    // Where the user typed it: cargo runs each side's bench binaries in its package's root.
     let out = args
         .out
-        .clone()
-        .unwrap_or_else(|| target.join("memtrack/bench"));
+        .as_ref()
+        .map_or_else(|| target.join("memtrack/bench"), |o| here.join(o));
+    if std::fs::metadata(&out).is_ok_and(|m| !m.is_dir()) {
+        return Err(format!(
+            "--out {}: it is a file, and bench writes a directory of artifacts: name a directory",
+            out.display()
+        ));
+    }
+    let _lock = Lock::take(&target)?;
     let recorder = match args.backend {
         BackendArg::Ebpf => Recorder::Ebpf,
         BackendArg::Alloc => Recorder::Alloc,
@@ -99,10 +107,12 @@ fn bench(args: Args) -> Result<ExitCode, String> {
         args: args.cargo.clone(),
         target: target.join("memtrack-bench"),
         only: None,
+        store: out.join(crate::BUILD_IDS),
     };
     if let Some(spec) = &args.chain {
+        let repo = Repo::find(&here, "--chain")?;
         return chain::run(
-            &here,
+            &repo,
             &target,
             &out,
             suite,
@@ -119,8 +129,11 @@ fn bench(args: Args) -> Result<ExitCode, String> {
         }
         Some(reference) => {
             // The worktree first: a bad REF is refused before anything is built.
-            let tree = Worktree::add(&here, reference, target.join("memtrack-bench-worktree"))?;
+            let repo = Repo::find(&here, "--base")?;
+            let tree = Worktree::add(&repo, reference, &target, "--base")?;
             let (base, head) = (out.join("base"), out.join("head"));
+            // The build-id store of both sides is --out's.
+            clear(&out)?;
             clear(&base)?;
             clear(&head)?;
             suite.run(&here, &head, "head")?;
@@ -142,22 +155,30 @@ fn bench(args: Args) -> Result<ExitCode, String> {
 }
 
 /// Creates `dir` if need be and removes the `*.memtrack` a previous run left in it (saying so
-/// when there were some) and the executables kept for them.
+/// when there were some) and the executables kept for them (its build-id directory). Under the rules of artifacts
+/// (`memtrack::artifact::Output`): a link on the way to `dir`, or `dir` itself, is followed
+/// only if the user or root owns it, and in `dir` only regular files and a real directory are
+/// removed (a link there is removed, never followed).
 fn clear(dir: &Path) -> Result<(), String> {
     let fail = |e: std::io::Error| format!("cannot clear {}: {e}", dir.display());
-    std::fs::create_dir_all(dir).map_err(fail)?;
+    memtrack::artifact::create_dir_all(dir).map_err(|e| e.to_string())?;
     let mut removed = 0u64;
     for entry in std::fs::read_dir(dir).map_err(fail)? {
-        let p = entry.map_err(fail)?.path();
-        if p.extension().is_some_and(|x| x == "memtrack") && p.is_file() {
+        let entry = entry.map_err(fail)?;
+        let p = entry.path();
+        if p.extension().is_some_and(|x| x == "memtrack")
+            && entry.file_type().is_ok_and(|t| t.is_file())
+        {
             std::fs::remove_file(&p).map_err(fail)?;
             removed += 1;
         }
     }
     // The copies of the executables those artifacts recorded go with them.
     let kept = dir.join(crate::BUILD_IDS);
-    if kept.is_dir() {
-        std::fs::remove_dir_all(&kept).map_err(fail)?;
+    match std::fs::symlink_metadata(&kept) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&kept).map_err(fail)?,
+        Ok(m) if m.file_type().is_symlink() => std::fs::remove_file(&kept).map_err(fail)?,
+        _ => {}
     }
     if removed > 0 {
         eprintln!(
@@ -175,7 +196,7 @@ fn report(dir: &Path, format: Format) -> Result<ExitCode, String> {
     let set = compare::load_side(dir, "bench", &mut errors, &mut sites);
     if !errors.is_empty() {
         for e in &errors[1..] {
-            eprintln!("memtrack: error: {e}");
+            eprintln!("memtrack: error: {}", memtrack::human::terminal(e));
         }
         return Err(errors.swap_remove(0));
     }
@@ -184,8 +205,8 @@ fn report(dir: &Path, format: Format) -> Result<ExitCode, String> {
         Format::Markdown => render::markdown(&set),
         Format::Json => render::json(&set),
     };
-    summary(&render::markdown(&set))?;
     crate::out(&text).map_err(|e| e.to_string())?;
+    summary(&render::markdown(&set));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -194,14 +215,17 @@ fn gate(base: &Path, head: &Path, args: &Args) -> Result<ExitCode, String> {
     let Some(loaded) = compare::load_pair(base, head) else {
         return Ok(ExitCode::from(INPUT_ERROR));
     };
+    if let Some(e) = compare::nothing_in_common(&loaded, base, head) {
+        return Err(e);
+    }
     mixed(&loaded.base, &loaded.head)?;
     let judged =
         compare::judge(&loaded, &Metric::ALL, args.threshold).map_err(|e| e.to_string())?;
     let Some(judged) = judged else {
         return Ok(ExitCode::from(INPUT_ERROR));
     };
-    summary(&judged.render(Format::Markdown))?;
     crate::out(&judged.render(args.format)).map_err(|e| e.to_string())?;
+    summary(&judged.render(Format::Markdown));
     Ok(judged.exit_code())
 }
 
@@ -235,21 +259,23 @@ fn mixed(base: &[Benchmark], head: &[Benchmark]) -> Result<(), String> {
 }
 
 /// Appends `markdown` to `$GITHUB_STEP_SUMMARY` when it is set (the file a GitHub Actions
-/// step's summary is read from, made by the runner).
-fn summary(markdown: &str) -> Result<(), String> {
+/// step's summary is read from, made by the runner). Called after the result is printed: a
+/// summary that cannot be written is a warning, and the exit code stays the result's.
+fn summary(markdown: &str) {
     use std::io::Write;
     let Some(path) = std::env::var_os("GITHUB_STEP_SUMMARY").filter(|p| !p.is_empty()) else {
-        return Ok(());
+        return;
     };
     let path = PathBuf::from(path);
-    std::fs::OpenOptions::new()
+    let written = std::fs::OpenOptions::new()
         .append(true)
         .open(&path)
-        .and_then(|mut f| f.write_all(markdown.as_bytes()))
-        .map_err(|e| {
-            format!(
-                "cannot append to $GITHUB_STEP_SUMMARY ({}): {e}; unset it or make the file",
-                path.display()
-            )
-        })
+        .and_then(|mut f| f.write_all(markdown.as_bytes()));
+    if let Err(e) = written {
+        eprintln!(
+            "memtrack: warning: cannot append to $GITHUB_STEP_SUMMARY ({}): {e}; the job \
+             summary lacks this result",
+            path.display()
+        );
+    }
 }

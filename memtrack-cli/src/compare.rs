@@ -100,6 +100,10 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
         );
         b.name = h.name.clone();
     }
+    if let Some(e) = nothing_in_common(&loaded, base, head) {
+        eprintln!("memtrack: error: {e}");
+        return Ok(ExitCode::from(INPUT_ERROR));
+    }
     let Some(judged) = judge(&loaded, &metric.metrics(), threshold)? else {
         return Ok(ExitCode::from(INPUT_ERROR));
     };
@@ -124,6 +128,41 @@ impl Loaded {
     }
 }
 
+/// Why `loaded` compares nothing (no benchmark is on both sides), naming each side's
+/// benchmarks, or `None`: a gate that compared nothing must not pass.
+pub(crate) fn nothing_in_common(loaded: &Loaded, base: &Path, head: &Path) -> Option<String> {
+    if loaded
+        .base
+        .iter()
+        .any(|b| loaded.head.iter().any(|h| h.name == b.name))
+    {
+        return None;
+    }
+    let names = |set: &[Benchmark]| {
+        let mut n: Vec<String> = set
+            .iter()
+            .take(5)
+            .map(|b| format!("{:?}", b.name))
+            .collect();
+        if set.len() > 5 {
+            n.push(format!("and {} more", set.len() - 5));
+        }
+        if n.is_empty() {
+            "none".into()
+        } else {
+            n.join(", ")
+        }
+    };
+    Some(format!(
+        "nothing to compare: no benchmark is on both sides (base {}: {}; head {}: {}); compare \
+         recordings of the same benchmarks",
+        base.display(),
+        names(&loaded.base),
+        head.display(),
+        names(&loaded.head)
+    ))
+}
+
 /// Reads both sides (an artifact or a directory of them each). `None` when an input is
 /// refused, after one message per problem on stderr.
 pub(crate) fn load_pair(base: &Path, head: &Path) -> Option<Loaded> {
@@ -143,7 +182,7 @@ pub(crate) fn load_pair(base: &Path, head: &Path) -> Option<Loaded> {
     sites.extend(head_sites);
     if !errors.is_empty() {
         for e in &errors {
-            eprintln!("memtrack: error: {e}");
+            eprintln!("memtrack: error: {}", memtrack::human::terminal(e));
         }
         eprintln!(
             "memtrack: refusing to compare: {} input problem{}",
@@ -202,7 +241,8 @@ pub(crate) fn judge(
     let cmp = Comparison::new(&loaded.base, &loaded.head, metrics, threshold);
     if !cmp.mismatched.is_empty() {
         for (b, h) in &cmp.mismatched {
-            eprintln!("memtrack: error: {}", render::mismatch(b, h));
+            let e = render::mismatch(b, h);
+            eprintln!("memtrack: error: {}", memtrack::human::terminal(&e));
         }
         eprintln!(
             "memtrack: refusing to compare per-iteration figures with plain totals: {}",
@@ -389,8 +429,9 @@ fn attribute(
                 let why = Reader::open(path)
                     .map_or_else(|e| e.to_string(), |r| super::show::no_stacks_note(&r));
                 eprintln!(
-                    "memtrack: note: no call sites for the regression of {name}: {} allocated \
+                    "memtrack: note: no call sites for the regression of {}: {} allocated \
                      without them: {why}",
+                    memtrack::human::terminal(name),
                     path.display()
                 );
             }

@@ -89,6 +89,9 @@ fn run_sites(
             write_lines(&mut w, &cs.folded(metric, false)).map_err(|e| io("writing", e))?
         }
         Format::Firefox => {
+            if let Some(warning) = firefox_memory_warning(reader.event_count()) {
+                eprintln!("memtrack: warning: {warning}");
+            }
             let profile = firefox(&reader, &mut cs)?;
             serde_json::to_writer(&mut w, &profile).map_err(|e| io("writing", e.into()))?;
         }
@@ -215,6 +218,28 @@ pub fn dhat(cs: &CallSites) -> serde_json::Value {
         "tg": since(cs.sites.peak_ts.max(cs.first_ts)),
         "pps": pps,
         "ftbl": ftbl,
+    })
+}
+
+/// Memory the Firefox profile takes per event while it is built (fxprof-processed-profile
+/// keeps every sample until the profile is serialized whole): measured with
+/// `/usr/bin/time -v` on `synth` artifacts, against `--format folded` of the same file.
+const FIREFOX_BYTES_PER_EVENT: u64 = 40;
+
+/// Above this, exporting to the Firefox format says how much memory it will take.
+const FIREFOX_WARN_BYTES: u64 = 256 << 20;
+
+/// The warning for a Firefox export of `events` events, when its profile will take more than
+/// [`FIREFOX_WARN_BYTES`] of memory.
+fn firefox_memory_warning(events: u64) -> Option<String> {
+    let bytes = events.saturating_mul(FIREFOX_BYTES_PER_EVENT);
+    (bytes > FIREFOX_WARN_BYTES).then(|| {
+        format!(
+            "the Firefox profile of {} events is built in memory before it is written: about {} \
+             (pprof, dhat and folded hold one entry per call site)",
+            human::count(events),
+            human::bytes(bytes)
+        )
     })
 }
 
@@ -357,4 +382,22 @@ fn fx_stack(
         })
         .collect();
     p.intern_stack_frames(thread, frames.into_iter())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A large Firefox export says, before it starts, how much memory it will take.
+    #[test]
+    fn a_large_firefox_export_warns_with_its_size() {
+        assert_eq!(firefox_memory_warning(1_000_000), None);
+        assert_eq!(
+            firefox_memory_warning(8_000_000).as_deref(),
+            Some(
+                "the Firefox profile of 8,000,000 events is built in memory before it is \
+                 written: about 305.2 MiB (pprof, dhat and folded hold one entry per call site)"
+            )
+        );
+    }
 }

@@ -155,7 +155,8 @@ fn main() -> ExitCode {
     match res {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("memtrack: error: {e}");
+            let text = e.to_string();
+            eprintln!("memtrack: error: {}", memtrack::human::terminal(&text));
             ExitCode::from(kind.unwrap_or_else(|| record::error_code(&e)))
         }
     }
@@ -192,10 +193,12 @@ fn refuse_setuid() -> Result<(), String> {
     ))
 }
 
-/// Writes `text` to standard output and flushes it. A closed pipe (`| head`) ends memtrack
-/// quietly by SIGPIPE, as it does other Unix tools; any other failure (`> /dev/full`) is an
-/// error.
+/// Writes `text` to standard output and flushes it, its control characters but line breaks
+/// escaped (names from artifacts reach every human output; JSON has none of its own). A
+/// closed pipe (`| head`) ends memtrack quietly by SIGPIPE, as it does other Unix tools; any
+/// other failure (`> /dev/full`) is an error.
 pub(crate) fn out(text: &str) -> memtrack::Result<()> {
+    let text = memtrack::human::terminal(text);
     let mut o = std::io::stdout().lock();
     match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
         Ok(()) => Ok(()),
@@ -239,7 +242,7 @@ pub(crate) fn writing(e: impl Into<memtrack::Error>, path: &Path) -> memtrack::E
 pub(crate) const BUILD_IDS: &str = ".build-id";
 
 /// A symbolizer for the artifacts `readers` read, which also looks for their executables in
-/// the [`BUILD_IDS`] directory beside each.
+/// the [`BUILD_IDS`] directory beside each and in the one above it.
 pub(crate) fn symbolizer(readers: &[&Reader]) -> memtrack::symbolize::Symbolizer {
     symbolizer_of(readers.iter().map(|r| r.path()))
 }
@@ -248,9 +251,15 @@ pub(crate) fn symbolizer(readers: &[&Reader]) -> memtrack::symbolize::Symbolizer
 pub(crate) fn symbolizer_of<'p>(
     paths: impl IntoIterator<Item = &'p Path>,
 ) -> memtrack::symbolize::Symbolizer {
+    // Beside the artifact, and above it: `bench --base` and `--chain` keep one store in
+    // `--out` for the artifacts of every side and commit in its subdirectories.
     let mut dirs: Vec<PathBuf> = paths
         .into_iter()
-        .map(|p| p.parent().unwrap_or(Path::new(".")).join(BUILD_IDS))
+        .flat_map(|p| {
+            let dir = p.parent().unwrap_or(Path::new("."));
+            [Some(dir), dir.parent()].into_iter().flatten()
+        })
+        .map(|d| d.join(BUILD_IDS))
         .filter(|d| d.is_dir())
         .collect();
     dirs.sort();

@@ -284,3 +284,75 @@ fn show_gives_the_spread_of_marked_calls() {
     assert_eq!(s["bytes_allocated"]["total"], 100 + 400 + 900);
     assert_eq!(s["peak_live_bytes"]["max"], 300);
 }
+
+/// A name in an artifact reaches the terminal with its control characters escaped: through
+/// `show` it cannot send escape sequences (retitle the window, hide the text after it).
+#[test]
+fn names_reach_the_terminal_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "a\u{1b}]0;owned\u{7}b\r";
+    let f = common::write(
+        &dir.path().join("evil.memtrack"),
+        Some(name),
+        &common::alloc_free_pairs(2, 8),
+        0,
+    );
+    let out = memtrack(&["show", common::s(&f)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        !stdout.chars().any(|c| c.is_control() && c != '\n'),
+        "{stdout:?}"
+    );
+    assert!(
+        stdout.contains("name a\\u{1b}]0;owned\\u{7}b\\r"),
+        "{stdout}"
+    );
+}
+
+/// A tail whose trailer pointer is damaged (it points far from the end, here 8 GiB before it
+/// in a sparse file) is refused from the trailer's fixed head: the reader never loads the span
+/// it points to, so `show` fails at once under a 4 GiB address-space limit.
+#[test]
+fn a_damaged_trailer_pointer_is_refused_without_reading_its_span() {
+    use std::io::{Seek, SeekFrom, Write};
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let good = common::write(
+        &dir.path().join("good.memtrack"),
+        Some("t"),
+        &common::alloc_free_pairs(3, 8),
+        0,
+    );
+    let bytes = std::fs::read(&good).unwrap();
+    let (body, tail) = bytes.split_at(bytes.len() - 16);
+    let bad = dir.path().join("bad.memtrack");
+    let mut f = std::fs::File::create(&bad).unwrap();
+    f.write_all(body).unwrap();
+    f.seek(SeekFrom::Current(8 << 30)).unwrap();
+    // The tail as it was: its pointer names the trailer, now 8 GiB before the end.
+    f.write_all(tail).unwrap();
+    drop(f);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_memtrack"));
+    cmd.args(["show", common::s(&bad)]);
+    // SAFETY: setrlimit is async-signal-safe, and the closure touches nothing else.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 4 << 30,
+                rlim_max: 4 << 30,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("index and metadata lengths do not fill the trailer"),
+        "{stderr}"
+    );
+}

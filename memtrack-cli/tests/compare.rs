@@ -491,3 +491,67 @@ fn threshold_needs_its_percent_sign_and_is_printed_in_every_format() {
         assert!(text(&out).contains(expect), "{format}: {}", text(&out));
     }
 }
+
+/// Two sides with no benchmark in common: nothing was compared, so nothing passed: exit 2,
+/// naming what each side holds.
+#[test]
+fn a_comparison_of_nothing_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for (side, name) in [(&a, "one"), (&b, "two")] {
+        std::fs::create_dir_all(side).unwrap();
+        write(
+            &side.join(format!("{name}.memtrack")),
+            Some(name),
+            &alloc_free_pairs(3, 8),
+            0,
+        );
+    }
+    let out = memtrack(&["compare", s(&a), s(&b)]);
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(out.stdout.is_empty(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "memtrack: error: nothing to compare: no benchmark is on both sides (base {}: \
+             \"one\"; head {}: \"two\"); compare recordings of the same benchmarks\n",
+            a.display(),
+            b.display()
+        )
+    );
+}
+
+/// A benchmark name with control characters reaches stderr escaped too: here in the refusal
+/// of per-iteration figures against plain totals, which names the benchmark.
+#[test]
+fn names_in_errors_reach_the_terminal_escaped() {
+    use memtrack::{
+        artifact::Backend, artifact::Metadata, encode::Encoder, encode::EncoderOptions,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let name = "evil\u{1b}[2J\u{7}";
+    let mut paths = Vec::new();
+    for (file, iterations) in [("base.memtrack", Some(10)), ("head.memtrack", None)] {
+        let path = dir.path().join(file);
+        let meta = Metadata::now(7, Backend::Other).with_name(name);
+        let f = std::fs::File::create(&path).unwrap();
+        let mut enc = Encoder::new(f, &meta, EncoderOptions::new().workers(1)).unwrap();
+        enc.extend(alloc_free_pairs(10, 64)).unwrap();
+        if let Some(n) = iterations {
+            enc.set_iterations(n);
+        }
+        enc.finish(0).unwrap();
+        paths.push(path);
+    }
+    let out = memtrack(&["compare", s(&paths[0]), s(&paths[1])]);
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.chars().any(|c| c.is_control() && c != '\n'),
+        "{stderr:?}"
+    );
+    assert!(
+        stderr.starts_with("memtrack: error: evil\\u{1b}[2J\\u{7}: the base ("),
+        "{stderr}"
+    );
+}

@@ -114,8 +114,10 @@ impl Args {
             let (name, attached) = match arg.split_once('=') {
                 Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
                 // `-calways`, as clap reads a short option with its value attached.
-                _ if !arg.starts_with("--") && arg.len() > 2 => {
-                    (arg[..2].to_string(), Some(arg[2..].to_string()))
+                // By characters: `-é` is a dash and two bytes.
+                _ if !arg.starts_with("--") && arg.chars().count() > 2 => {
+                    let at = arg.char_indices().nth(2).map_or(arg.len(), |(i, _)| i);
+                    (arg[..at].to_string(), Some(arg[at..].to_string()))
                 }
                 _ => (arg.clone(), None),
             };
@@ -212,5 +214,15 @@ mod tests {
                 .contains("second filter `b`")
         );
         assert!(parse(&["--bench=yes"]).is_err());
+        // Options of characters beyond ASCII are read by characters, not bytes.
+        assert_eq!(
+            parse(&["-é"]).unwrap_err(),
+            "memtrack: unknown option `-é` (memory mode takes criterion's options)"
+        );
+        assert_eq!(
+            parse(&["-éx"]).unwrap_err(),
+            "memtrack: unknown option `-éx` (memory mode takes criterion's options)"
+        );
+        assert!(parse(&["--é"]).is_err());
     }
 }

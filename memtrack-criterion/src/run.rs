@@ -74,18 +74,20 @@ pub(crate) fn chosen(id: &str) -> bool {
     chosen.as_ref().is_none_or(|set| set.contains(id))
 }
 
-/// The ids a `MEMTRACK_BENCHMARKS` value names, each as its first id (without ` #2`).
+/// The ids a `MEMTRACK_BENCHMARKS` value names: each line as it is, and one that ends in ` #N`
+/// also as the first id it may have been made unique from (an id may end in ` #N` of its own).
 fn chosen_ids(list: &str) -> BTreeSet<String> {
-    let first = |line: &str| {
+    let mut out = BTreeSet::new();
+    for line in list.lines().filter(|l| !l.is_empty()) {
         let line = unescape(line);
-        match line.rsplit_once(" #") {
-            Some((head, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
-                head.to_string()
+        if let Some((head, n)) = line.rsplit_once(" #") {
+            if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
+                out.insert(head.to_string());
             }
-            _ => line,
         }
-    };
-    list.lines().filter(|l| !l.is_empty()).map(first).collect()
+        out.insert(line);
+    }
+    out
 }
 
 /// A line of `MEMTRACK_BENCHMARKS` as the id it stands for: `\n` a line break, `\\` a
@@ -317,11 +319,19 @@ mod tests {
         }
     }
 
-    /// `MEMTRACK_BENCHMARKS`' lines: escapes undone, ` #N` dropped, blank lines skipped.
+    /// `MEMTRACK_BENCHMARKS`' lines: escapes undone, ` #N` kept and dropped (an id of the
+    /// user's may end in it), blank lines skipped.
     #[test]
     fn chosen_ids_undo_the_escapes() {
         let list = "a/b\n\n  group {\\n  /3\nback\\\\slash\nparse #2\nend\\";
-        let want = ["a/b", "  group {\n  /3", "back\\slash", "parse", "end\\"];
+        let want = [
+            "a/b",
+            "  group {\n  /3",
+            "back\\slash",
+            "parse #2",
+            "parse",
+            "end\\",
+        ];
         assert_eq!(
             chosen_ids(list),
             want.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>()

@@ -259,9 +259,15 @@ fn listing() -> String {
         .collect()
 }
 
-/// The artifact file of benchmark `id` in `dir` (memtrack's file name: `/` becomes `_`).
+/// The artifact file name of benchmark `id` (memtrack's: `/` is escaped as `%2F`; the ids
+/// here hold no other character it escapes).
+fn file_of(id: &str) -> String {
+    format!("{}.memtrack", id.replace('/', "%2F"))
+}
+
+/// The artifact file of benchmark `id` in `dir`.
 fn artifact(dir: &Path, id: &str) -> PathBuf {
-    dir.join(format!("{}.memtrack", id.replace('/', "_")))
+    dir.join(file_of(id))
 }
 
 /// The files in `dir` (none if it does not exist).
@@ -300,10 +306,7 @@ fn check_run(
             .any(|l| l == "memtrack: 1 of 11 benchmarks failed: custom"),
         "{stderr}"
     );
-    let expected: BTreeSet<String> = counts
-        .keys()
-        .map(|id| format!("{}.memtrack", id.replace('/', "_")))
-        .collect();
+    let expected: BTreeSet<String> = counts.keys().map(|id| file_of(id)).collect();
     assert_eq!(files(dir), expected, "one artifact per benchmark, no other");
     let stdout = String::from_utf8_lossy(&out.stdout);
     for (id, &(allocations, bytes)) in counts {
@@ -428,10 +431,7 @@ fn memory_mode_reads_criterions_command_line() {
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
         files(dir.path()),
-        BTreeSet::from([
-            "parse_json_16.memtrack".into(),
-            "parse_json_1024.memtrack".into()
-        ])
+        BTreeSet::from([file_of("parse/json/16"), file_of("parse/json/1024")])
     );
 
     let exact = tempfile::tempdir().unwrap();
@@ -440,7 +440,7 @@ fn memory_mode_reads_criterions_command_line() {
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
         files(exact.path()),
-        BTreeSet::from(["parse_json_16.memtrack".into()])
+        BTreeSet::from([file_of("parse/json/16")])
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.lines().count(), 2, "a header and one row:\n{stdout}");
@@ -452,14 +452,14 @@ fn memory_mode_reads_criterions_command_line() {
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
         files(chosen.path()),
-        BTreeSet::from(["parse_json_1024.memtrack".into(), "format.memtrack".into()])
+        BTreeSet::from([file_of("parse/json/1024"), "format.memtrack".into()])
     );
     let both = tempfile::tempdir().unwrap();
     let out = bench(Build::Memory05, both.path(), &["json", "--bench"], &env);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
         files(both.path()),
-        BTreeSet::from(["parse_json_1024.memtrack".into()])
+        BTreeSet::from([file_of("parse/json/1024")])
     );
 
     let test = tempfile::tempdir().unwrap();

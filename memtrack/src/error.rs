@@ -99,6 +99,23 @@ pub enum Error {
     /// The allocator recorder failed (no invariant TSC, already recording, its threads).
     #[error(transparent)]
     Recorder(#[from] crate::recorder::RecorderError),
+    /// A session that may not replace a file ([`SessionBuilder::replace`](crate::SessionBuilder::replace),
+    /// `MEMTRACK_NO_REPLACE`) found its artifact's path taken: two benchmarks of one run whose
+    /// names give one file.
+    #[error(
+        "{} already holds {} of this run, and session {name:?} would replace it: give the two \
+         distinct names (two bench targets or packages with one benchmark id?)",
+        path.display(),
+        holder.as_ref().map_or_else(|| "an artifact".to_string(), |h| format!("benchmark {h:?}"))
+    )]
+    ArtifactTaken {
+        /// The artifact's path.
+        path: std::path::PathBuf,
+        /// The name of the recording it holds, if it can be read.
+        holder: Option<String>,
+        /// The session that would have replaced it.
+        name: String,
+    },
     /// A finished session did not keep its [`Limits`](crate::Limits) (or lost events, so
     /// it cannot prove them); the artifact is written and the report kept.
     #[error(

@@ -80,6 +80,24 @@ pub fn table<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String 
     out
 }
 
+/// `s` as a terminal should receive it: each control character but the line break written as
+/// Rust escapes it (`\t`, `\r`, `\u{1b}`), so that a name in an artifact (a benchmark id, a
+/// command) cannot move the cursor, retitle the window or hide text behind escape sequences.
+pub fn terminal(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(|c| c.is_control() && c != '\n') {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() && c != '\n' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `s` on one line: each control character (a line break, a tab) written as Rust escapes it
 /// (`\n`, `\t`, `\u{1b}`), the rest as it is.
 pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
@@ -119,6 +137,16 @@ pub fn short_stacks_note(short: u64, in_libc: u64, allocations: u64) -> Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// For a terminal, every control character but the line break is escaped.
+    #[test]
+    fn terminal_text_keeps_line_breaks_only() {
+        assert_eq!(terminal("two\nlines"), "two\nlines");
+        assert_eq!(
+            terminal("a\u{1b}[31mred\r\t\u{7}\n"),
+            "a\\u{1b}[31mred\\r\\t\\u{7}\n"
+        );
+    }
 
     /// A cell with a line break stays on its row, the break shown as `\n`.
     #[test]

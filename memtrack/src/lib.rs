@@ -139,4 +139,4 @@ pub use memtrack_macros::memtrack;
 pub use recorder::{Allocator, in_session};
 pub use report::Report;
 pub use scope::{InvalidScope, Scope};
-pub use session::{BackendChoice, Call, Session, SessionBuilder, finish_calls, start};
+pub use session::{BackendChoice, Call, NO_REPLACE, Session, SessionBuilder, finish_calls, start};

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::analysis::Stats;
-use crate::artifact::{Backend, Metadata, Output};
+use crate::artifact::{Backend, Metadata, Output, OutputError};
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::locks::{LockWaits, LockWaitsError};
@@ -94,7 +94,16 @@ pub struct SessionBuilder {
     /// Started for a recording of calls ([`calls`]): an in-memory one keeps its artifact in
     /// memory, since a call of another name may set it aside to be joined with later parts.
     accumulating: bool,
+    /// Whether an artifact already at this session's path is replaced (the default) or an
+    /// error ([`NO_REPLACE`]).
+    replace: bool,
 }
+
+/// The environment variable that makes every session's default [`SessionBuilder::replace`]
+/// `false` when set to anything but `0` or nothing: `memtrack bench` sets it, having cleared
+/// the artifacts' directory, so that two benchmarks whose names give one file are an error
+/// instead of one silently replacing the other.
+pub const NO_REPLACE: &str = "MEMTRACK_NO_REPLACE";
 
 /// Which recorder a session uses. A session uses exactly one, so no allocation is ever
 /// counted twice; the other recorder stays off while it runs.
@@ -177,6 +186,7 @@ impl SessionBuilder {
             lock_waits: false,
             stack_depth: crate::recorder::DEFAULT_STACK_DEPTH,
             accumulating: false,
+            replace: std::env::var_os(NO_REPLACE).is_none_or(|v| v.is_empty() || v == "0"),
         }
     }
 
@@ -236,6 +246,15 @@ impl SessionBuilder {
     /// session)". For tests that only assert: nothing to clean up, no output directory needed.
     pub fn in_memory(mut self, in_memory: bool) -> Self {
         self.in_memory = in_memory;
+        self
+    }
+
+    /// Whether an artifact already at this session's path is replaced when the session
+    /// finishes (the default, unless [`NO_REPLACE`] is set). With `false`, such a file makes
+    /// [`start`](Self::start), or the finish of a session that raced another for the path, fail
+    /// with [`Error::ArtifactTaken`] naming what it holds.
+    pub fn replace(mut self, replace: bool) -> Self {
+        self.replace = replace;
         self
     }
 
@@ -458,7 +477,11 @@ impl SessionBuilder {
             std::fs::create_dir_all(&dir)
                 .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
             let file_name = sanitize(&self.name);
-            let output = Output::create(dir.join(format!("{file_name}.memtrack")))?;
+            let target = dir.join(format!("{file_name}.memtrack"));
+            if !self.replace && std::fs::symlink_metadata(&target).is_ok() {
+                return Err(taken(target, &self.name));
+            }
+            let output = Output::create(target)?;
             let path = output.path().to_path_buf();
             let file = output.writer()?;
             drop((dir, file_name));
@@ -479,6 +502,7 @@ impl SessionBuilder {
             turn: None,
             lock_waits: self.lock_waits,
             memory,
+            replace: self.replace,
         };
         // Recording starts last: nothing here may allocate or free after it (the metadata is
         // kept in the session and freed after recording stops). On error, dropping the
@@ -511,6 +535,8 @@ pub struct Session {
     /// The artifact of an in-memory session that keeps it (one recording lock waits, or
     /// calls).
     memory: Option<Arc<Mutex<Vec<u8>>>>,
+    /// Whether its artifact may replace a file at its path.
+    replace: bool,
 }
 
 /// Where a session's events go once encoded: its temporary file, nowhere (in memory), or into
@@ -723,6 +749,15 @@ impl Session {
         let output = self.output.take();
         let result = recording.stop().map_err(Error::from).and_then(|recorded| {
             let kept = match output {
+                Some(output) if commit && !self.replace => {
+                    match output.commit_new() {
+                        Err(OutputError::Exists { path, .. }) => {
+                            return Err(taken(path, &self.name));
+                        }
+                        r => r?,
+                    };
+                    None
+                }
                 Some(output) if commit => {
                     output.commit()?;
                     None
@@ -789,26 +824,59 @@ pub(crate) fn counter() -> Result<Counter> {
     Ok(Counter::start(Recorder::ready(backend, &options)?)?)
 }
 
-/// A file name from a session name: `::` becomes `.`, path separators and anything else
-/// outside `[A-Za-z0-9._-]` become `_`; never empty, never hidden, at most 200 bytes.
-pub(crate) fn sanitize(name: &str) -> String {
-    let mut out: String = name
-        .replace("::", ".")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    while out.starts_with('.') {
-        out.replace_range(..1, "_");
+/// [`Error::ArtifactTaken`] for the file at `path`, named after the benchmark it holds.
+fn taken(path: PathBuf, name: &str) -> Error {
+    let holder = crate::artifact::Reader::open(&path)
+        .ok()
+        .and_then(|r| r.metadata().name.clone());
+    Error::ArtifactTaken {
+        path,
+        holder,
+        name: name.to_string(),
     }
-    out.truncate(200);
-    if out.is_empty() {
-        out.push('_');
+}
+
+/// Longest file name stem [`sanitize`] makes, in bytes (file systems allow 255 for the name).
+const MAX_STEM: usize = 200;
+
+/// A file name from a session name, one that no other name gives: `::` becomes `.`; letters,
+/// digits, `_` and `-` stay; every other byte (a `.`, a `/`, a space, each byte of a
+/// character beyond ASCII) is written `%XX`, so the name can be read back. A name whose
+/// escape would be longer than 200 bytes, or an empty one, is cut and ends in `~` and 16 hex
+/// digits of a hash of the whole name (a `~` appears nowhere else). Never empty, never hidden.
+pub(crate) fn sanitize(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut rest = name;
+    let mut fits = !name.is_empty();
+    while let Some(c) = rest.chars().next() {
+        let token = if rest.starts_with("::") && !out.is_empty() {
+            ".".to_string()
+        } else if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+            c.to_string()
+        } else {
+            let mut buf = [0u8; 4];
+            c.encode_utf8(&mut buf)
+                .bytes()
+                .map(|b| format!("%{b:02X}"))
+                .collect()
+        };
+        if out.len() + token.len() > MAX_STEM {
+            fits = false;
+            break;
+        }
+        rest = &rest[if token == "." { 2 } else { c.len_utf8() }..];
+        out.push_str(&token);
+    }
+    if !fits {
+        // Cut at a token's end: the hash tells the whole name apart.
+        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        while out.len() > MAX_STEM - 17 {
+            let cut = out.rfind(['%', '.']).filter(|&i| out.len() - i <= 3);
+            out.truncate(cut.unwrap_or(out.len() - 1));
+        }
+        out.push_str(&format!("~{hash:016x}"));
     }
     out
 }
@@ -896,10 +964,58 @@ mod tests {
     #[test]
     fn names_become_safe_file_names() {
         assert_eq!(sanitize("my_crate::bench::parse"), "my_crate.bench.parse");
-        assert_eq!(sanitize("a/b\\c d"), "a_b_c_d");
-        assert_eq!(sanitize("../etc/passwd"), "_._etc_passwd");
-        assert_eq!(sanitize(""), "_");
-        assert_eq!(sanitize("é"), "_");
-        assert_eq!(sanitize(&"x".repeat(300)).len(), 200);
+        assert_eq!(sanitize("a/b\\c d"), "a%2Fb%5Cc%20d");
+        assert_eq!(sanitize("../etc/passwd"), "%2E%2E%2Fetc%2Fpasswd");
+        assert_eq!(sanitize("::x"), "%3A%3Ax");
+        assert_eq!(sanitize("é"), "%C3%A9");
+        assert_eq!(sanitize(&"x".repeat(200)), "x".repeat(200));
+        for name in ["", &"x".repeat(201), &"é".repeat(150)] {
+            let s = sanitize(name);
+            assert!(s.len() <= 200 && s.contains('~'), "{s}");
+            assert!(!s.starts_with('.') && !s.contains('/'), "{s}");
+        }
+    }
+
+    /// Names that used to share a file (`a/b`, `a b`, `a_b`, characters beyond ASCII, long
+    /// names alike in their first 200 bytes) each get their own; every name is read back
+    /// from its file name unless it was cut.
+    #[test]
+    fn distinct_names_get_distinct_file_names() {
+        let long = "y".repeat(300);
+        let names = [
+            "a/b".to_string(),
+            "a b".into(),
+            "a_b".into(),
+            "a.b".into(),
+            "a::b".into(),
+            "a%2Fb".into(),
+            "é".into(),
+            "ü".into(),
+            "".into(),
+            "_".into(),
+            format!("{long}1"),
+            format!("{long}2"),
+        ];
+        let files: std::collections::BTreeSet<String> = names.iter().map(|n| sanitize(n)).collect();
+        assert_eq!(files.len(), names.len(), "{files:?}");
+        let unescape = |f: &str| -> String {
+            let f = f.replace('.', "::");
+            let (mut bytes, b) = (Vec::new(), f.as_bytes());
+            let mut i = 0;
+            while i < b.len() {
+                if b[i] == b'%' {
+                    let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
+                    bytes.push(u8::from_str_radix(hex, 16).unwrap());
+                    i += 3;
+                } else {
+                    bytes.push(b[i]);
+                    i += 1;
+                }
+            }
+            String::from_utf8(bytes).unwrap()
+        };
+        for n in &names[..8] {
+            assert_eq!(&unescape(&sanitize(n)), n);
+        }
     }
 }

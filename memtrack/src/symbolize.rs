@@ -393,6 +393,11 @@ impl Symbolizer {
         missing.sort_unstable();
         missing.dedup();
         let before = stat(&cache.file);
+        if !std::fs::metadata(&cache.file).is_ok_and(|m| m.is_file()) {
+            // Replaced since `verify` by something blazesym must not open (a FIFO).
+            cache.status = ModuleStatus::Changed;
+            return cache;
+        }
         let src = Source::Elf(Elf::new(&cache.file));
         // An error of the whole batch (the file vanished since `verify`) leaves every offset a
         // fallback; per-address errors come back as `Symbolized::Unknown`.
@@ -475,8 +480,8 @@ fn frames(sym: &Sym<'_>, module: &str, offset: u64) -> Option<Vec<SymFrame>> {
 
 /// Whether the file at `module.path` is the one recorded, by its build id.
 fn verify(module: &Module) -> ModuleStatus {
-    if let Err(e) = std::fs::File::open(&module.path) {
-        return ModuleStatus::Unreadable(e.to_string());
+    if let Err(e) = open_regular(Path::new(&module.path)) {
+        return ModuleStatus::Unreadable(e);
     }
     match blazesym::helper::read_elf_build_id(Path::new(&module.path)) {
         Err(e) => ModuleStatus::NotElf(e.to_string()),
@@ -492,6 +497,45 @@ fn verify(module: &Module) -> ModuleStatus {
             }
         }
     }
+}
+
+/// Opens `path` if it is a regular file. An artifact names its modules' paths, and an artifact
+/// may come from anyone: a FIFO there would hang the reader, a terminal or a device (as root,
+/// `/dev/watchdog`) would be acted on by the mere open. So the path is examined first without
+/// opening it, then opened without blocking and without becoming a controlling terminal, and
+/// what was opened examined again (the name may have been swapped in between).
+fn open_regular(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let kind = |t: std::fs::FileType| {
+        if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_block_device() {
+            "a block device"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        }
+    };
+    let not_regular = |t| format!("{} is {}, not a regular file", path.display(), kind(t));
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    Ok(file)
 }
 
 /// The identity of the file at `path` (device, inode, size, modification time), to notice a
@@ -792,6 +836,43 @@ mod tests {
             "{frames:?}"
         );
         assert_eq!(outer.module, "memtrack-test-exe");
+    }
+
+    /// A module whose path is a FIFO (or a terminal, a device) is never opened for reading: it
+    /// is unreadable, named as what it is, and symbolizing its frames returns at once.
+    #[test]
+    fn a_module_that_is_not_a_regular_file_is_not_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.to_str().unwrap().to_string();
+        std::thread::spawn(move || {
+            for path in [path.as_str(), "/dev/null"] {
+                let m = Module {
+                    path: path.to_string(),
+                    build_id: None,
+                };
+                let mut sym = Symbolizer::new();
+                let status = sym.status(&m).clone();
+                let frames = sym.symbolize(&m, &[0x1000]);
+                tx.send((status, frames[0][0].is_resolved())).unwrap();
+            }
+        });
+        let wait = std::time::Duration::from_secs(20);
+        for (path, kind) in [
+            (fifo.to_str().unwrap(), "a FIFO"),
+            ("/dev/null", "a character device"),
+        ] {
+            let (status, resolved) = rx.recv_timeout(wait).expect("symbolizing hung");
+            assert_eq!(
+                status,
+                ModuleStatus::Unreadable(format!("{path} is {kind}, not a regular file"))
+            );
+            assert!(!resolved);
+        }
     }
 
     /// A frame outside any file prints as its address, except the broken chain's marker.

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use memtrack::{analysis::Metric, analysis::Row, analysis::Threshold, analysis::Verdict, human};
 
-use super::suite::{self, Suite, Worktree};
+use super::suite::{Repo, Suite, Worktree};
 use crate::compare::{self, Attributed, Format, Judged, render};
 
 /// One commit of the range.
@@ -30,7 +30,7 @@ impl Commit {
 
 /// `BASE..HEAD` resolved: BASE, then every commit of HEAD's first-parent line after it, oldest
 /// first (HEAD last).
-pub(crate) fn commits(dir: &Path, spec: &str) -> Result<Vec<Commit>, String> {
+pub(crate) fn commits(repo: &Repo, spec: &str) -> Result<Vec<Commit>, String> {
     let bad = |why: &str| format!("--chain {spec}: {why}");
     if spec.contains("...") {
         return Err(bad(
@@ -42,15 +42,12 @@ pub(crate) fn commits(dir: &Path, spec: &str) -> Result<Vec<Commit>, String> {
     };
     let head = if head.is_empty() { "HEAD" } else { head };
     let resolve = |r: &str| {
-        suite::git(
-            dir,
-            &[
-                "rev-parse",
-                "--verify",
-                "--quiet",
-                &format!("{r}^{{commit}}"),
-            ],
-        )
+        repo.git(&[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{r}^{{commit}}"),
+        ])
         .map_err(|_| {
             bad(&format!(
                 "no commit {r:?} here: name a branch, tag or commit"
@@ -58,18 +55,15 @@ pub(crate) fn commits(dir: &Path, spec: &str) -> Result<Vec<Commit>, String> {
         })
     };
     let (b, h) = (resolve(base)?, resolve(head)?);
-    let log = suite::git(
-        dir,
-        &[
-            "log",
-            "--first-parent",
-            "--reverse",
-            "--format=%H %P%x09%s",
-            &format!("{b}..{h}"),
-        ],
-    )?;
+    let log = repo.git(&[
+        "log",
+        "--first-parent",
+        "--reverse",
+        "--format=%H %P%x09%s",
+        &format!("{b}..{h}"),
+    ])?;
     let mut out = vec![Commit {
-        subject: suite::git(dir, &["log", "-1", "--format=%s", &b])?,
+        subject: repo.git(&["log", "-1", "--format=%s", &b])?,
         id: b.clone(),
     }];
     for line in log.lines() {
@@ -117,7 +111,7 @@ struct Step {
 
 /// Runs the chain; see the module docs. Exit 1 when a benchmark regressed from BASE to HEAD.
 pub(crate) fn run(
-    here: &Path,
+    repo: &Repo,
     target: &Path,
     out: &Path,
     suite: Suite,
@@ -125,9 +119,9 @@ pub(crate) fn run(
     threshold: Threshold,
     format: Format,
 ) -> Result<ExitCode, String> {
-    let chain = commits(here, spec)?;
+    let chain = commits(repo, spec)?;
     let n = chain.len();
-    let tree = Worktree::add(here, &chain[0].id, target.join("memtrack-bench-worktree"))?;
+    let tree = Worktree::add(repo, &chain[0].id, target, "--chain")?;
     // The target directory of `--base`'s builds, in the same worktree: one set of builds.
     let suite = Suite {
         target: target.join("memtrack-bench-base"),
@@ -138,6 +132,9 @@ pub(crate) fn run(
         .enumerate()
         .map(|(i, c)| out.join(format!("{i:02}-{}", c.short())))
         .collect();
+    // One build-id store for the whole chain, and no directory of an earlier range left.
+    super::clear(out)?;
+    clear_old_commits(out, &dirs)?;
     eprintln!(
         "memtrack: --chain {spec}: {n} commits; the whole suite at {} and {} first",
         chain[0].short(),
@@ -149,6 +146,9 @@ pub(crate) fn run(
     let Some(ends) = compare::load_pair(&dirs[0], &dirs[n - 1]) else {
         return Ok(ExitCode::from(super::INPUT_ERROR));
     };
+    if let Some(e) = compare::nothing_in_common(&ends, &dirs[0], &dirs[n - 1]) {
+        return Err(e);
+    }
     super::mixed(&ends.base, &ends.head)?;
     let Some(overall) =
         compare::judge(&ends, &Metric::ALL, threshold).map_err(|e| e.to_string())?
@@ -186,8 +186,8 @@ pub(crate) fn run(
         overall: &overall,
         steps: &steps,
     };
-    super::summary(&report.markdown())?;
     crate::out(&report.render(format)).map_err(|e| e.to_string())?;
+    super::summary(&report.markdown());
     Ok(overall.exit_code())
 }
 
@@ -215,9 +215,10 @@ fn between(
             Ok(()) => Outcome::Measured(dirs[i].clone()),
             Err(e) => {
                 eprintln!(
-                    "memtrack: warning: commit {} not measured: {e}; its change counts with the \
+                    "memtrack: warning: commit {} not measured: {}; its change counts with the \
                      next measured commit's",
-                    chain[i].short()
+                    chain[i].short(),
+                    human::terminal(&e)
                 );
                 Outcome::Failed(e)
             }
@@ -225,11 +226,52 @@ fn between(
     }
 }
 
-/// Checks `commit` out, clears `dir` and runs the suite there into it.
+/// Empties and removes the `NN-COMMIT` directories of an earlier chain in `out` that this one
+/// does not reuse (a directory that holds other files than memtrack's stays, emptied of them).
+fn clear_old_commits(out: &Path, dirs: &[PathBuf]) -> Result<(), String> {
+    let ours = |name: &str| {
+        let b = name.as_bytes();
+        b.len() == 15
+            && b[..2].iter().all(u8::is_ascii_digit)
+            && b[2] == b'-'
+            && b[3..].iter().all(|c| c.is_ascii_hexdigit())
+    };
+    let Ok(entries) = std::fs::read_dir(out) else {
+        return Ok(());
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        let name = entry.file_name();
+        if !entry.file_type().is_ok_and(|t| t.is_dir())
+            || !name.to_str().is_some_and(ours)
+            || dirs.contains(&path)
+        {
+            continue;
+        }
+        super::clear(&path)?;
+        let _ = std::fs::remove_dir(&path);
+    }
+    Ok(())
+}
+
+/// Checks `commit` out, clears `dir` and runs the suite there into it: an error when it
+/// recorded nothing (the benchmarks followed are gone at that commit, or its suite records
+/// elsewhere).
 fn measure(tree: &Worktree, suite: &Suite, commit: &Commit, dir: &Path) -> Result<(), String> {
     tree.checkout(&commit.id)?;
     super::clear(dir)?;
-    suite.run(&tree.dir, dir, &format!("commit {}", commit.short()))
+    suite.run(&tree.dir, dir, &format!("commit {}", commit.short()))?;
+    let recorded = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .filter_map(Result::ok)
+        .any(|e| e.path().extension().is_some_and(|x| x == "memtrack"));
+    if !recorded {
+        return Err(format!(
+            "its suite recorded no benchmark in {}",
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 /// The steps of the regressed benchmarks between consecutive measured commits.

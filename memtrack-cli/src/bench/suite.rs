@@ -43,6 +43,10 @@ pub(crate) struct Suite {
     pub target: PathBuf,
     /// Only these benchmark ids (`MEMTRACK_BENCHMARKS`, which memtrack-criterion reads), or all.
     pub only: Option<Vec<String>>,
+    /// The build-id directory (`crate::BUILD_IDS`) of `--out`, one for every side and commit
+    /// of the run: a copy is named by its build id, so an executable that two commits share
+    /// is kept once.
+    pub store: PathBuf,
 }
 
 /// The cargo that runs memtrack (`$CARGO` under cargo), else the one on the PATH.
@@ -74,15 +78,58 @@ fn output(cmd: &mut Command) -> Result<Output, String> {
     Ok(out)
 }
 
+/// Whether cargo's configuration for a build in `dir` sets `rustflags` in a `[target.*]` table
+/// (`.cargo/config.toml` or `.cargo/config` in `dir` and the directories above it, then in
+/// `$CARGO_HOME`, or a `CARGO_TARGET_*_RUSTFLAGS` variable): cargo then ignores
+/// `build.rustflags`. A file that cannot be read or parsed counts as not setting them (cargo
+/// itself reports it).
+fn target_rustflags_configured(dir: &Path) -> bool {
+    let from_env = std::env::vars_os().any(|(k, _)| {
+        k.to_str()
+            .is_some_and(|k| k.starts_with("CARGO_TARGET_") && k.ends_with("_RUSTFLAGS"))
+    });
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let mut files: Vec<PathBuf> = dir
+        .ancestors()
+        .flat_map(|d| [d.join(".cargo/config.toml"), d.join(".cargo/config")])
+        .collect();
+    if let Some(h) = home {
+        files.extend([h.join("config.toml"), h.join("config")]);
+    }
+    from_env
+        || files.iter().any(|f| {
+            let Ok(text) = std::fs::read_to_string(f) else {
+                return false;
+            };
+            let Ok(table) = text.parse::<toml::Table>() else {
+                return false;
+            };
+            table
+                .get("target")
+                .and_then(toml::Value::as_table)
+                .is_some_and(|t| {
+                    t.values()
+                        .any(|v| v.as_table().is_some_and(|v| v.contains_key("rustflags")))
+                })
+        })
+}
+
 /// The user's target directory: `$CARGO_TARGET_DIR`, else cargo's (`cargo metadata`) for the
 /// package in `dir`.
 pub(crate) fn target_dir(dir: &Path) -> Result<PathBuf, String> {
-    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+    // Empty is unset, as cargo takes it.
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR").filter(|t| !t.is_empty()) {
         return Ok(dir.join(t));
     }
     let mut cmd = cargo();
-    cmd.current_dir(dir)
-        .args(["metadata", "--format-version", "1", "--no-deps"]);
+    cmd.current_dir(dir).env_remove("CARGO_TARGET_DIR").args([
+        "metadata",
+        "--format-version",
+        "1",
+        "--no-deps",
+    ]);
     let out = output(&mut cmd)?;
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout)
         .map_err(|e| format!("`{}` printed no JSON: {e}", shown(&cmd)))?;
@@ -98,14 +145,15 @@ impl Suite {
     /// standard output is its table or JSON only. `what` names the side for messages.
     pub(crate) fn run(&self, dir: &Path, out: &Path, what: &str) -> Result<(), String> {
         let mut cmd = cargo();
-        cmd.current_dir(dir).arg("bench").args(&self.args);
+        cmd.current_dir(dir);
         let ours = [
             "--cfg",
             self.recorder.cfg(),
             "-C",
             "force-frame-pointers=yes",
         ];
-        // The user's flags are kept; CARGO_ENCODED_RUSTFLAGS, when set, wins over RUSTFLAGS.
+        // The user's flags are kept. CARGO_ENCODED_RUSTFLAGS, when set, wins over RUSTFLAGS, and
+        // either replaces the rustflags of cargo's configuration.
         if let Some(enc) = std::env::var_os("CARGO_ENCODED_RUSTFLAGS") {
             let mut flags = enc;
             for f in ours {
@@ -115,19 +163,33 @@ impl Suite {
                 flags.push(f);
             }
             cmd.env("CARGO_ENCODED_RUSTFLAGS", flags);
-        } else {
-            let mut flags = std::env::var_os("RUSTFLAGS").unwrap_or_default();
+        } else if let Some(mut flags) = std::env::var_os("RUSTFLAGS") {
             for f in ours {
                 flags.push(" ");
                 flags.push(f);
             }
             cmd.env("RUSTFLAGS", flags);
+        } else {
+            // Cargo's `--config` joins arrays to the configuration's own: the suite's
+            // configured flags stay. Cargo reads `target.*.rustflags` instead of
+            // `build.rustflags` when any is set, so ours join whichever it reads.
+            let list = serde_json::to_string(&ours).expect("strings serialize");
+            let key = if target_rustflags_configured(dir) {
+                "target.'cfg(all())'.rustflags"
+            } else {
+                "build.rustflags"
+            };
+            // Before the subcommand: the user's arguments may end in `-- FILTER`.
+            cmd.arg("--config").arg(format!("{key}={list}"));
         }
+        cmd.arg("bench").args(&self.args);
         match &self.only {
             Some(ids) => cmd.env("MEMTRACK_BENCHMARKS", benchmark_list(ids)),
             None => cmd.env_remove("MEMTRACK_BENCHMARKS"),
         };
+        // `out` was cleared: an artifact already there is another benchmark's of this run.
         cmd.env("CARGO_TARGET_DIR", &self.target)
+            .env(memtrack::NO_REPLACE, "1")
             .env("MEMTRACK_DIR", out)
             .env("MEMTRACK_BACKEND", self.recorder.name())
             .stdin(Stdio::null())
@@ -145,16 +207,17 @@ impl Suite {
         self.keep_executables(out)
     }
 
-    /// Copies into `out`'s build-id directory (`crate::BUILD_IDS`) each executable of this
+    /// Copies into the run's build-id directory ([`Suite::store`]) each executable of this
     /// suite's target directory that an artifact in `out` has frames of, named by its build
     /// id: a later build (the next commit of `--chain`, the user's next run) replaces the file
-    /// at its path, and `show`, `compare` and `flamegraph` then read the copy.
+    /// at its path, and `show`, `compare` and `flamegraph` then read the copy (they look beside
+    /// an artifact and in the directory above).
     fn keep_executables(&self, out: &Path) -> Result<(), String> {
         let target = self
             .target
             .canonicalize()
             .unwrap_or_else(|_| self.target.clone());
-        let store = out.join(crate::BUILD_IDS);
+        let store = &self.store;
         let fail = |what: &Path, e: &dyn std::fmt::Display| {
             format!("cannot keep a copy of {}: {e}", what.display())
         };
@@ -187,7 +250,13 @@ impl Suite {
 /// Copies `file` to `copy` (a new file, put in place only once whole).
 fn keep(file: &Path, copy: &Path) -> Result<(), String> {
     if let Some(dir) = copy.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        // Through no link another user planted, as artifacts are written.
+        memtrack::artifact::create_dir_all(dir).map_err(|e| match e {
+            memtrack::artifact::OutputError::Io { source, .. } => {
+                format!("creating {}: {source}", dir.display())
+            }
+            e => e.to_string(),
+        })?;
     }
     let out = OutputFile::create(copy).map_err(|e| e.to_string())?;
     let mut from = std::fs::File::open(file).map_err(|e| e.to_string())?;
@@ -206,118 +275,356 @@ fn benchmark_list(ids: &[String]) -> String {
     escaped.join("\n")
 }
 
-/// `git ARGS` in `dir`: its standard output, trimmed, or an error naming the command.
-pub(crate) fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+/// `git` with what the user's environment may point elsewhere removed: every command names its
+/// git directory and work tree on its command line, and the index is the git directory's.
+fn git_command(git_dir: &Path, work_tree: &Path) -> Command {
     let mut cmd = Command::new("git");
-    cmd.current_dir(dir).args(args);
-    output(&mut cmd).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    for var in [
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_COMMON_DIR",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_NAMESPACE",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.current_dir(work_tree)
+        .arg("--git-dir")
+        .arg(git_dir)
+        .arg("--work-tree")
+        .arg(work_tree);
+    cmd
 }
 
-/// A detached git worktree of `--base`'s commit, removed when dropped.
+/// `cmd`'s standard output, trimmed, or an error naming it.
+fn stdout_of(cmd: &mut Command) -> Result<String, String> {
+    output(cmd).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// The user's git repository, found from the directory memtrack runs in (the one place git is
+/// let look for it); every later command names its git directory and work tree.
+pub(crate) struct Repo {
+    /// The git directory of the user's checkout (a linked worktree's own, if they are in one).
+    git_dir: PathBuf,
+    /// The repository's common git directory, which holds `worktrees/`.
+    common: PathBuf,
+    /// The top of the user's checkout.
+    top: PathBuf,
+    /// The user's directory, relative to `top` (empty, or ending in `/`).
+    prefix: String,
+}
+
+impl Repo {
+    /// The repository holding `dir`; `option` (`--base`, `--chain`) names what needs it.
+    pub(crate) fn find(dir: &Path, option: &str) -> Result<Repo, String> {
+        let mut cmd = Command::new("git");
+        for var in ["GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR"] {
+            cmd.env_remove(var);
+        }
+        cmd.current_dir(dir).args([
+            "rev-parse",
+            "--path-format=absolute",
+            "--absolute-git-dir",
+            "--git-common-dir",
+            "--show-toplevel",
+            "--show-prefix",
+        ]);
+        let text = output(&mut cmd)
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .map_err(|e| {
+                format!(
+                    "{option} needs a git repository, and {} is in none: {e}",
+                    dir.display()
+                )
+            })?;
+        let mut lines = text.lines();
+        let mut next = || lines.next().unwrap_or_default().to_string();
+        let (git_dir, common, top, prefix) = (next(), next(), next(), next());
+        if top.is_empty() {
+            return Err(format!(
+                "{option} needs a checkout, and {} is in a bare repository ({git_dir})",
+                dir.display()
+            ));
+        }
+        Ok(Repo {
+            git_dir: git_dir.into(),
+            common: common.into(),
+            top: top.into(),
+            prefix,
+        })
+    }
+
+    /// `git ARGS` in the user's checkout: its standard output, trimmed.
+    pub(crate) fn git(&self, args: &[&str]) -> Result<String, String> {
+        stdout_of(git_command(&self.git_dir, &self.top).args(args))
+    }
+}
+
+/// One `memtrack bench` at a time per target directory: the lock on
+/// `<target>/memtrack-bench.lock`, held until dropped. Two runs would share the base's
+/// worktree record, the builds' target directories and the default `--out`.
+pub(crate) struct Lock {
+    _file: std::fs::File,
+}
+
+impl Lock {
+    /// Takes the lock, or an error naming the run that holds it and the way round.
+    pub(crate) fn take(target: &Path) -> Result<Lock, String> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        memtrack::artifact::create_dir_all(target).map_err(|e| e.to_string())?;
+        let path = target.join("memtrack-bench.lock");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        // SAFETY: flock on a descriptor this function owns; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(Lock { _file: file });
+        }
+        match std::io::Error::last_os_error() {
+            e if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Err(format!(
+                "another `memtrack bench` is running with the target directory {} (it holds \
+                 {}): wait for it to end, or give this run a CARGO_TARGET_DIR of its own",
+                target.display(),
+                path.display()
+            )),
+            e => Err(format!("cannot lock {}: {e}", path.display())),
+        }
+    }
+}
+
+/// Where a run notes the worktree it made, so that the next run removes it if this one is
+/// interrupted: the worktree's git directory and its path, one a line.
+const RECORD: &str = "memtrack-bench.worktree";
+
+/// A detached git worktree of the user's repository, made by this run in a directory of its own
+/// outside the user's tree (so that neither git nor cargo, walking up from it, reaches the
+/// user's checkout); removed when dropped.
 pub(crate) struct Worktree {
-    repo: PathBuf,
+    /// The user's git directory and checkout, named when the worktree is removed.
+    git_dir: PathBuf,
+    top: PathBuf,
+    /// The directory made for it (a fresh, private directory in the temporary directory).
+    home: PathBuf,
+    /// The worktree's top.
     path: PathBuf,
-    /// The commit checked out.
+    /// Its own git directory, `<common>/worktrees/NAME`, named in every command run in it.
+    admin: PathBuf,
+    /// The record of it in the target directory ([`RECORD`]).
+    record: PathBuf,
+    /// The commit checked out first.
     pub commit: String,
     /// Where in the worktree the suite runs: the user's directory's place in the repository.
     pub dir: PathBuf,
 }
 
 impl Worktree {
-    /// Checks `reference` out at `path` (a worktree left there by an interrupted run is
-    /// replaced), for the repository holding `dir`.
-    pub(crate) fn add(dir: &Path, reference: &str, path: PathBuf) -> Result<Worktree, String> {
-        let git = |args: &[&str]| git(dir, args);
-        let repo = git(&["rev-parse", "--show-toplevel"]).map_err(|e| {
-            format!(
-                "--base needs a git repository, and {} is in none: {e}",
-                dir.display()
-            )
-        })?;
-        let prefix = git(&["rev-parse", "--show-prefix"])?;
-        let commit = git(&[
-            "rev-parse",
-            "--verify",
+    /// Checks `reference` out in a new worktree of `repo`, after removing the one an
+    /// interrupted run noted in `target` (the caller holds `target`'s [`Lock`]). `option`
+    /// (`--base`, `--chain`) names what asked, for messages.
+    pub(crate) fn add(
+        repo: &Repo,
+        reference: &str,
+        target: &Path,
+        option: &str,
+    ) -> Result<Worktree, String> {
+        let commit = repo
+            .git(&[
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                &format!("{reference}^{{commit}}"),
+            ])
+            .map_err(|_| {
+                format!(
+                    "{option} {reference}: no such commit in {}: name a branch, tag or commit",
+                    repo.top.display()
+                )
+            })?;
+        let record = target.join(RECORD);
+        remove_left_over(repo, &record);
+        let home = tempfile::Builder::new()
+            .prefix("memtrack-bench-")
+            .tempdir()
+            .map_err(|e| {
+                format!(
+                    "cannot make a directory for the worktree in {}: {e}",
+                    std::env::temp_dir().display()
+                )
+            })?
+            .keep();
+        // Canonical, as git notes it: the record and the checks compare it with git's.
+        let home = home.canonicalize().unwrap_or(home);
+        let name = repo.top.file_name().unwrap_or("repo".as_ref());
+        let path = home.join(name);
+        let made = repo.git(&[
+            "worktree",
+            "add",
             "--quiet",
-            &format!("{reference}^{{commit}}"),
-        ])
-        .map_err(|_| {
-            format!("--base {reference}: no such commit in {repo}: name a branch, tag or commit")
-        })?;
-        let repo = PathBuf::from(repo);
-        if path.exists() {
-            remove_left_over(&repo, &path);
-            if path.exists() {
-                return Err(format!(
-                    "{} is in the way of the base's worktree: remove it",
-                    path.display()
-                ));
+            "--detach",
+            &path.to_string_lossy(),
+            &commit,
+        ]);
+        let admin = made.and_then(|_| admin_of(&repo.common, &path));
+        let admin = match admin {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&home);
+                return Err(e);
             }
-        }
-        let p = path.to_string_lossy().into_owned();
-        git(&["worktree", "add", "--detach", &p, &commit])?;
-        Ok(Worktree {
-            dir: path.join(prefix),
-            repo,
+        };
+        let tree = Worktree {
+            git_dir: repo.git_dir.clone(),
+            top: repo.top.clone(),
+            dir: path.join(&repo.prefix),
+            home,
             path,
+            admin,
+            record,
             commit,
-        })
+        };
+        tree.note()?;
+        Ok(tree)
     }
-}
 
-impl Worktree {
+    /// Writes [`RECORD`].
+    fn note(&self) -> Result<(), String> {
+        use std::io::Write;
+        let text = format!("{}\n{}\n", self.admin.display(), self.path.display());
+        let out = OutputFile::create(&self.record).map_err(|e| e.to_string())?;
+        let mut w = out.writer().map_err(|e| e.to_string())?;
+        w.write_all(text.as_bytes())
+            .map_err(|e| format!("cannot write {}: {e}", self.record.display()))?;
+        out.commit().map(drop).map_err(|e| e.to_string())
+    }
+
     /// Checks `commit` out in the worktree, discarding what a previous run changed in it; the
     /// files the commit does not change keep their times, so cargo rebuilds only what changed.
+    /// Refused unless the worktree's git directory is still the one this run made and names
+    /// this worktree.
     pub(crate) fn checkout(&self, commit: &str) -> Result<(), String> {
-        let mut cmd = Command::new("git");
-        cmd.current_dir(&self.path)
-            .args(["checkout", "--quiet", "--force", "--detach", commit]);
-        output(&mut cmd).map(drop)
-    }
-}
-
-/// Removes the worktree an interrupted run left at `path`: this repository's, another's (a
-/// worktree knows its repository), or one whose repository is gone (its `.git` file names a
-/// git directory that no longer exists). Anything else at `path` stays.
-fn remove_left_over(repo: &Path, path: &Path) {
-    let gitdir = std::fs::read_to_string(path.join(".git"))
-        .ok()
-        .and_then(|t| t.strip_prefix("gitdir: ").map(|d| PathBuf::from(d.trim())));
-    let Some(gitdir) = gitdir else { return };
-    if gitdir.exists() {
-        let owner = git(
-            path,
-            &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+        if !names(&self.admin, &self.path) {
+            return Err(format!(
+                "the worktree at {} is no longer the one memtrack made (its git directory {} \
+                 is gone or names another): refusing to check out there",
+                self.path.display(),
+                self.admin.display()
+            ));
+        }
+        output(
+            git_command(&self.admin, &self.path)
+                .args(["checkout", "--quiet", "--force", "--detach", commit]),
         )
-        .ok()
-        .and_then(|d| PathBuf::from(d).parent().map(Path::to_path_buf));
-        remove(owner.as_deref().unwrap_or(repo), path);
-    } else if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
-        if let Err(e) = std::fs::remove_dir_all(path) {
-            eprintln!("memtrack: warning: cannot remove {}: {e}", path.display());
-        }
+        .map(drop)
     }
 }
 
-/// `git worktree remove --force PATH`, then `git worktree prune`; a warning if PATH stays.
-fn remove(repo: &Path, path: &Path) {
-    let mut cmd = Command::new("git");
-    cmd.current_dir(repo)
-        .args(["worktree", "remove", "--force"])
-        .arg(path);
-    if let Err(e) = output(&mut cmd) {
-        if path.exists() {
-            eprintln!("memtrack: warning: {e}; remove {} by hand", path.display());
+/// The git directory `git worktree add` made for the worktree at `path`: the one under
+/// `<common>/worktrees/` that names `path` (read from `path/.git`, then checked both ways).
+fn admin_of(common: &Path, path: &Path) -> Result<PathBuf, String> {
+    let text = std::fs::read_to_string(path.join(".git"))
+        .map_err(|e| format!("cannot read {}/.git: {e}", path.display()))?;
+    let admin = text
+        .strip_prefix("gitdir: ")
+        .map(|d| PathBuf::from(d.trim()))
+        .filter(|a| names(a, path) && in_worktrees(common, a))
+        .ok_or_else(|| {
+            format!(
+                "{}/.git does not name a worktree of {}: {text:?}",
+                path.display(),
+                common.display()
+            )
+        })?;
+    Ok(admin)
+}
+
+/// Whether `admin` is a directory of `<common>/worktrees/`.
+fn in_worktrees(common: &Path, admin: &Path) -> bool {
+    let worktrees = common.join("worktrees").canonicalize().ok();
+    worktrees.is_some() && admin.parent().and_then(|p| p.canonicalize().ok()) == worktrees
+}
+
+/// Whether the worktree git directory `admin` names the worktree at `path` (its `gitdir` file
+/// holds `path/.git`, which need not exist any more).
+fn names(admin: &Path, path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(admin.join("gitdir")) else {
+        return false;
+    };
+    let named = Path::new(text.trim()).parent();
+    named == Some(path)
+        || named
+            .and_then(|p| p.canonicalize().ok())
+            .is_some_and(|n| Some(n) == path.canonicalize().ok())
+}
+
+/// Removes the worktree an interrupted run noted in `record`: its entry in the user's
+/// repository, only if that entry names it, and the directory made for it, only if it is a
+/// `memtrack-bench-*` directory of the temporary directory owned by this user. Nothing else.
+fn remove_left_over(repo: &Repo, record: &Path) {
+    let Ok(text) = std::fs::read_to_string(record) else {
+        return;
+    };
+    let mut lines = text.lines().map(PathBuf::from);
+    let (Some(admin), Some(path)) = (lines.next(), lines.next()) else {
+        return;
+    };
+    if in_worktrees(&repo.common, &admin) && names(&admin, &path) {
+        remove((&repo.git_dir, &repo.top), &admin, &path);
+    }
+    if let Some(home) = path.parent().filter(|h| made_by_us(h)) {
+        let _ = std::fs::remove_dir_all(home);
+    }
+    let _ = std::fs::remove_file(record);
+}
+
+/// Whether `dir` is a directory this user made for a worktree: `memtrack-bench-*` in the
+/// temporary directory, a real directory (not a link) owned by the effective user.
+fn made_by_us(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = std::env::temp_dir();
+    let named = dir
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("memtrack-bench-"));
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    named
+        && dir.parent().and_then(|p| p.canonicalize().ok()) == tmp.canonicalize().ok()
+        && std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir() && m.uid() == euid)
+}
+
+/// Removes the worktree at `path` whose git directory is `admin`: git's own removal of that
+/// one worktree (never `git worktree prune`, which would drop every worktree of the user's
+/// whose folder is away); if git cannot (its `.git` file is gone), its git directory by hand.
+fn remove(repo: (&Path, &Path), admin: &Path, path: &Path) {
+    let removed = output(
+        git_command(repo.0, repo.1)
+            .args(["worktree", "remove", "--force"])
+            .arg(path),
+    );
+    if removed.is_err() && names(admin, path) {
+        if let Err(e) = std::fs::remove_dir_all(admin) {
+            eprintln!("memtrack: warning: cannot remove {}: {e}", admin.display());
         }
     }
-    let _ = Command::new("git")
-        .current_dir(repo)
-        .args(["worktree", "prune"])
-        .output();
 }
 
 impl Drop for Worktree {
     fn drop(&mut self) {
-        remove(&self.repo, &self.path);
+        remove((&self.git_dir, &self.top), &self.admin, &self.path);
+        if let Err(e) = std::fs::remove_dir_all(&self.home) {
+            eprintln!(
+                "memtrack: warning: cannot remove {}: {e}; remove it by hand",
+                self.home.display()
+            );
+        }
+        let _ = std::fs::remove_file(&self.record);
     }
 }

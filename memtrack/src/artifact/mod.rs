@@ -19,7 +19,7 @@ use crate::totals::Totals;
 
 pub use codec::Definitions;
 pub use error::FormatError;
-pub use output::{Output, OutputError};
+pub use output::{Output, OutputError, create_dir_all};
 pub use read::{Completeness, FrameInfo, Reader, StackTable};
 pub(crate) use write::{FrameScratch, FrameWriter, encode_frame};
 

@@ -69,6 +69,12 @@ pub enum OutputError {
         /// What it is: "directory", "socket", "block device".
         kind: &'static str,
     },
+    /// A directory to write into is something else (a regular file).
+    #[error("{path} is not a directory: name a directory, or a name that does not exist yet")]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
     /// The target is a character device or FIFO owned by another user, or with several names
     /// (hard links).
     #[error(
@@ -97,6 +103,16 @@ pub enum OutputError {
         /// The underlying error.
         #[source]
         source: io::Error,
+    },
+    /// [`Output::commit_new`] found a file at the target; the finished file is kept.
+    #[error(
+        "{path} exists, and this output may not replace it; the finished file is kept at {partial}"
+    )]
+    Exists {
+        /// The target.
+        path: PathBuf,
+        /// Where the finished file is.
+        partial: PathBuf,
     },
     /// The finished file could not be renamed over the target; it is kept.
     #[error("cannot rename {partial} to {path}: {source}; the finished file is kept at {partial}")]
@@ -303,6 +319,35 @@ fn temp_beside(target: &Path) -> Result<NamedTempFile, OutputError> {
         })
 }
 
+/// Creates the directory `path` and the missing ones on the way (mode `0777` minus the umask)
+/// under the rules of the module docs: a symbolic link on the way, `path` itself included, is
+/// followed only if owned by the effective user or root. For the directories memtrack writes
+/// into and clears (`memtrack bench`'s `--out`, its build-id store).
+///
+/// # Errors
+///
+/// [`OutputError::UntrustedSymlink`] for another user's link on the way,
+/// [`OutputError::NotADirectory`] when `path` is something other than a directory, and
+/// [`OutputError::Io`] when a directory cannot be made.
+pub fn create_dir_all(path: &Path) -> Result<(), OutputError> {
+    // Every component of `path`, the last included, is a directory on the way to `path/_`.
+    check_directories(&path.join("_"))?;
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        // `create_dir_all` fails with "File exists" on a file: say what it is instead.
+        let made = std::fs::create_dir_all(path);
+        if let (Err(e), false) = (made, path.exists()) {
+            return Err(io_err(path, "creating the directory", e));
+        }
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(OutputError::NotADirectory {
+            path: path.to_path_buf(),
+        }),
+        Err(e) => Err(io_err(path, "inspecting it", e)),
+    }
+}
+
 impl Output {
     /// Prepares to write `path`: a temporary file beside a regular file (or a new name), or
     /// the file itself for a character device or FIFO. Fails, touching nothing, if the target
@@ -355,6 +400,44 @@ impl Output {
                 Err(e) => e.file.path().to_path_buf(),
             },
             Dest::InPlace(_) => self.target,
+        }
+    }
+
+    /// [`Output::commit`], except that a file at the target is never replaced: then the
+    /// finished file is kept under its temporary name and [`OutputError::Exists`] names both.
+    /// An output written in place is done already.
+    pub fn commit_new(self) -> Result<PathBuf, OutputError> {
+        let temp = match self.dest {
+            Dest::Temp(t) => t,
+            Dest::InPlace(_) => return Ok(self.target),
+        };
+        temp.as_file().sync_all().map_err(|e| OutputError::Io {
+            path: self.target.clone(),
+            what: format!("syncing {}", temp.path().display()),
+            source: e,
+        })?;
+        match temp.persist_noclobber(&self.target) {
+            Ok(_) => Ok(self.target),
+            Err(e) => {
+                let exists = e.error.kind() == io::ErrorKind::AlreadyExists;
+                let source = e.error;
+                let partial = match e.file.keep() {
+                    Ok((_, p)) => p,
+                    Err(k) => k.file.path().to_path_buf(),
+                };
+                if exists {
+                    Err(OutputError::Exists {
+                        path: self.target,
+                        partial,
+                    })
+                } else {
+                    Err(OutputError::Persist {
+                        path: self.target,
+                        partial,
+                        source,
+                    })
+                }
+            }
         }
     }
 
@@ -459,6 +542,24 @@ mod tests {
         out.commit().unwrap();
         assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
         assert_eq!(read(&real), "data");
+    }
+
+    #[test]
+    fn create_dir_all_makes_directories_through_own_links_only_into_directories() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, d.path().join("link")).unwrap();
+        create_dir_all(&d.path().join("link/a/b")).unwrap();
+        assert!(real.join("a/b").is_dir());
+        create_dir_all(&real.join("a")).unwrap();
+        let file = d.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        match create_dir_all(&file) {
+            Err(OutputError::NotADirectory { path }) => assert_eq!(path, file),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
     }
 
     #[test]

@@ -315,22 +315,32 @@ impl Reader {
                 format!("the tail points to offset {t_off}, outside the file's data ({data_start}..{t_end})"),
             ));
         }
-        let t = self.read(t_off, (t_end - t_off) as usize, "the trailer")?;
-        if t[0..4] != TRAILER_MAGIC {
+        // The fixed head first: its lengths must fill the span up to the tail, so that a
+        // damaged pointer far from the end is refused before that span is read.
+        let head = self.read(t_off, 32, "the trailer")?;
+        if head[0..4] != TRAILER_MAGIC {
             return Err(self.trailer_err(t_off, "no trailer magic at the offset the tail gives"));
         }
+        let n = le64(&head, 8);
+        let json_len = le32(&head, 24) as u64;
+        if n.checked_mul(INDEX_ENTRY as u64)
+            .and_then(|b| b.checked_add(32 + json_len))
+            != Some(t_end - t_off)
+        {
+            return Err(self.trailer_err(
+                t_off,
+                format!(
+                    "index and metadata lengths do not fill the trailer ({} bytes up to the \
+                     tail): the trailer or the tail's pointer is damaged",
+                    t_end - t_off
+                ),
+            ));
+        }
+        let t = self.read(t_off, (t_end - t_off) as usize, "the trailer")?;
         if trailer_crc(&t) != le32(&t, 28) {
             return Err(self.trailer_err(t_off, "checksum mismatch: the trailer is damaged"));
         }
-        let n = le64(&t, 8);
         let total = le64(&t, 16);
-        let json_len = le32(&t, 24) as u64;
-        if n.checked_mul(INDEX_ENTRY as u64)
-            .and_then(|b| b.checked_add(32 + json_len))
-            != Some(t.len() as u64)
-        {
-            return Err(self.trailer_err(t_off, "index and metadata lengths do not add up"));
-        }
         let mut frames = Vec::with_capacity(n as usize);
         let (mut expect, mut sum) = (data_start, 0u64);
         for i in 0..n as usize {
