@@ -1,4 +1,4 @@
-//! A session's artifact goes through the same safe output as the CLI (issue 10): a symbolic
+//! A session's artifact goes through the same safe output as the CLI: a symbolic
 //! link planted at the old temporary name `<name>.memtrack.partial` changes nothing, the
 //! temporary file has a random name beside the artifact and holds complete frames while the
 //! session runs, and another user's link at the artifact's name is refused at `start`.

@@ -1,7 +1,6 @@
 //! The exact bytes `show` (text, `--threads`, `--json`) and `compare` (table, markdown, json)
-//! print for fixed inputs, against tests/golden/: the files were written by the binary from
-//! before `show` became a report with renderers and the comparison's renderers left the library
-//! (issue 11, items 4 and 5), so any change to what a user or a script reads fails here.
+//! print for fixed inputs, against tests/golden/: any change to what a user or a script reads
+//! fails here.
 //!
 //! What differs from run to run is replaced before comparing: the temporary directory
 //! (`$DIR`), and the file's size in bytes (`$FILE_BYTES`, `$FILE_SIZE`: the trailer stores the

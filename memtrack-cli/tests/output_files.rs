@@ -1,5 +1,5 @@
-//! Every file the `memtrack` CLI writes, against a local attacker and special files (issue 10
-//! and issue 12 items 1, 6, 7): a symbolic link planted at any name memtrack may use never
+//! Every file the `memtrack` CLI writes, against a local attacker and special files: a
+//! symbolic link planted at any name memtrack may use never
 //! redirects a write, a device is written in place (its error reported) and never replaced,
 //! an existing artifact is replaced only by a finished one, and a failed write to stdout is a
 //! one-line error.
