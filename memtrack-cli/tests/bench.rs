@@ -279,14 +279,9 @@ fn report_counts_what_each_routine_allocates() {
     );
 }
 
-/// --base HEAD~1: exactly tokenize regressed, in allocations and bytes, and its attribution
-/// names it; exit 1; the markdown appended to $GITHUB_STEP_SUMMARY; the worktree removed.
-fn base_finds_and_attributes_the_regression() {
-    let (_turn, dir) = project();
-    let out_dir = tmp().join("gate");
-    let step = tmp().join("step-summary.md");
-    std::fs::write(&step, "earlier step\n").unwrap();
-    let args = [
+/// `--base HEAD~1` on the allocator recorder, JSON out, the artifacts in `out`.
+fn base_json_args(out: &Path) -> [&str; 8] {
+    [
         "--backend",
         "alloc",
         "--base",
@@ -294,8 +289,18 @@ fn base_finds_and_attributes_the_regression() {
         "--format",
         "json",
         "--out",
-        out_dir.to_str().unwrap(),
-    ];
+        out.to_str().unwrap(),
+    ]
+}
+
+/// --base HEAD~1: exactly tokenize regressed, in allocations and bytes, and its attribution
+/// names it; exit 1; the markdown appended to $GITHUB_STEP_SUMMARY; the worktree removed.
+fn base_finds_and_attributes_the_regression() {
+    let (_turn, dir) = project();
+    let out_dir = tmp().join("gate");
+    let step = tmp().join("step-summary.md");
+    std::fs::write(&step, "earlier step\n").unwrap();
+    let args = base_json_args(&out_dir);
     let out = bench(dir, &args, &[("GITHUB_STEP_SUMMARY", &step)]);
     assert_eq!(out.status.code(), Some(1), "stderr: {}", text(&out.stderr));
     let v = json(&out);
@@ -407,16 +412,7 @@ fn a_regression_from_nothing_names_the_function() {
     git(dir, &["commit", "-qam", "first copies"]);
 
     let out_dir = tmp().join("from-nothing-out");
-    let args = [
-        "--backend",
-        "alloc",
-        "--base",
-        "HEAD~1",
-        "--format",
-        "json",
-        "--out",
-        out_dir.to_str().unwrap(),
-    ];
+    let args = base_json_args(&out_dir);
     let out = bench(dir, &args, &[]);
     assert_eq!(out.status.code(), Some(1), "stderr: {}", text(&out.stderr));
     let err = text(&out.stderr);

@@ -397,16 +397,20 @@ fn=(3)
 totals: 78
 ";
 
+    /// Each function's name, self and inclusive cost (the first event) and calls.
+    fn rows(p: &Profile) -> Vec<(&str, u64, u64, u64)> {
+        p.functions
+            .iter()
+            .map(|f| (f.name.as_str(), f.self_cost[0], f.inclusive[0], f.calls))
+            .collect()
+    }
+
     #[test]
     fn self_inclusive_and_calls_of_each_function() {
         let p = Profile::parse(FILE).unwrap();
         assert_eq!(p.events, ["Ir"]);
         assert_eq!(p.totals, [78]);
-        let got: Vec<(&str, u64, u64, u64)> = p
-            .functions
-            .iter()
-            .map(|f| (f.name.as_str(), f.self_cost[0], f.inclusive[0], f.calls))
-            .collect();
+        let got = rows(&p);
         assert_eq!(
             got,
             [
@@ -431,11 +435,7 @@ totals: 78
                     fn=(3)\n5 20\ncfn=(3)\ncalls=2 5\n* 20\ncfn=(4)\ncalls=2 9\n* 10\n\
                     fn=(4)\n9 15\n";
         let p = Profile::parse(text).unwrap();
-        let got: Vec<(&str, u64, u64, u64)> = p
-            .functions
-            .iter()
-            .map(|f| (f.name.as_str(), f.self_cost[0], f.inclusive[0], f.calls))
-            .collect();
+        let got = rows(&p);
         assert_eq!(
             got,
             [("main", 1, 61, 0), ("f", 30, 45, 4), ("g", 15, 15, 3)]
