@@ -99,7 +99,7 @@ pub enum Error {
     /// The allocator recorder failed (no invariant TSC, already recording, its threads).
     #[error(transparent)]
     Recorder(#[from] crate::recorder::RecorderError),
-    /// A session that may not replace a file ([`SessionBuilder::replace`](crate::SessionBuilder::replace),
+    /// A session that may not replace a file (`SessionBuilder::replace(false)`,
     /// `MEMTRACK_NO_REPLACE`) found its artifact's path taken: two benchmarks of one run whose
     /// names give one file.
     #[error(
