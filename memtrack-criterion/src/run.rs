@@ -27,10 +27,12 @@ pub(crate) struct Counts {
 }
 
 /// `MEMTRACK_WARMUP` and `MEMTRACK_ITERATIONS`, else the defaults; read once. An invalid
-/// value ends the process (status 2) with a one-line message, before any benchmark runs.
+/// value ends the process (status 2) with a one-line message, before any benchmark runs (so
+/// does an invalid `MEMTRACK_SUMMARY`, read here too).
 pub(crate) fn counts() -> Counts {
     static COUNTS: OnceLock<Counts> = OnceLock::new();
     *COUNTS.get_or_init(|| {
+        summary_table();
         let read = |var: &str, default: u64, min: u64| match std::env::var(var) {
             Err(_) => default,
             Ok(v) => match v.trim().parse::<u64>() {
@@ -206,25 +208,55 @@ pub(crate) fn record(id: &str, outcome: Result<Option<Figures>, String>) {
     run.outcomes.push((id.to_string(), outcome));
 }
 
-/// Prints the table of the recorded benchmarks on stdout (when `table`, and once), and ends
-/// the process with status 1 if any benchmark failed.
+/// How the run ends its output (`MEMTRACK_SUMMARY`): the table of its benchmarks on stdout
+/// (`table`, the default), or one line on stderr (`line`: `memtrack bench` prints one table
+/// for all the suite's binaries). Another value ends the process (status 2).
+fn summary_table() -> bool {
+    static TABLE: OnceLock<bool> = OnceLock::new();
+    *TABLE.get_or_init(|| match std::env::var("MEMTRACK_SUMMARY") {
+        Err(_) => true,
+        Ok(v) if v == "table" => true,
+        Ok(v) if v == "line" => false,
+        Ok(v) => exit_with(&format!(
+            "memtrack: MEMTRACK_SUMMARY={v:?} is neither \"table\" nor \"line\""
+        )),
+    })
+}
+
+/// Prints the table of the recorded benchmarks on stdout, or one line on stderr (see
+/// [`summary_table`]; when `table`, and once), and ends the process with status 1 if any
+/// benchmark failed.
 pub(crate) fn summarize(table: bool) {
     let mut run = run();
     if table && !run.summarized && !run.outcomes.is_empty() {
         run.summarized = true;
-        print!("{}", render(&run.outcomes));
         let counts = counts();
         let dir = run.outcomes.iter().find_map(|(_, o)| {
             let path = o.as_ref().ok()?.as_ref()?.path.as_ref()?;
             Some(path.parent()?.display().to_string())
         });
-        eprintln!(
-            "memtrack: {} iterations per benchmark, after {} of warm-up{}",
-            counts.iterations,
-            counts.warmup,
-            dir.map(|d| format!("; artifacts in {d}"))
-                .unwrap_or_default()
-        );
+        let dir = dir
+            .map(|d| format!("; artifacts in {d}"))
+            .unwrap_or_default();
+        if summary_table() {
+            print!("{}", render(&run.outcomes));
+            eprintln!(
+                "memtrack: {} iterations per benchmark, after {} of warm-up{dir}",
+                counts.iterations, counts.warmup,
+            );
+        } else {
+            let recorded = run
+                .outcomes
+                .iter()
+                .filter(|(_, o)| matches!(o, Ok(Some(_))))
+                .count();
+            eprintln!(
+                "memtrack: {} recorded, {} iterations each after {} of warm-up{dir}",
+                human::plural(recorded as u64, "benchmark", "benchmarks"),
+                counts.iterations,
+                counts.warmup,
+            );
+        }
     }
     let failed: Vec<&str> = run
         .outcomes

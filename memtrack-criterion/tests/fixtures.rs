@@ -197,6 +197,7 @@ fn bench(build: Build, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Outpu
         "MEMTRACK_WARMUP",
         "MEMTRACK_ITERATIONS",
         "MEMTRACK_BENCHMARKS",
+        "MEMTRACK_SUMMARY",
     ] {
         cmd.env_remove(var);
     }
@@ -444,6 +445,23 @@ fn memory_mode_reads_criterions_command_line() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.lines().count(), 2, "a header and one row:\n{stdout}");
+    // As `memtrack bench` runs it (`MEMTRACK_SUMMARY=line`): no table, one line on stderr.
+    let line = tempfile::tempdir().unwrap();
+    let out = bench(
+        Build::Memory05,
+        line.path(),
+        &args,
+        &[("MEMTRACK_SUMMARY", "line")],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.stdout.is_empty(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "memtrack: 1 benchmark recorded, 10 iterations each after 2 of warm-up; artifacts in {}\n",
+            line.path().display()
+        )
+    );
 
     // `MEMTRACK_BENCHMARKS` (as `memtrack bench --chain` sets it) with a filter: both choose.
     let chosen = tempfile::tempdir().unwrap();
@@ -490,6 +508,17 @@ fn memory_mode_reads_criterions_command_line() {
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
         "memtrack: MEMTRACK_ITERATIONS=\"0\" is not a whole number of at least 1\n"
+    );
+    let out = bench(
+        Build::Memory05,
+        test.path(),
+        &["--bench"],
+        &[("MEMTRACK_SUMMARY", "loud")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "memtrack: MEMTRACK_SUMMARY=\"loud\" is neither \"table\" nor \"line\"\n"
     );
     assert!(files(test.path()).is_empty());
 }

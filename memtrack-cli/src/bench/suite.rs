@@ -192,6 +192,8 @@ impl Suite {
             .env(memtrack::NO_REPLACE, "1")
             .env("MEMTRACK_DIR", out)
             .env("MEMTRACK_BACKEND", self.recorder.name())
+            // One table, ours, for all the suite's binaries: each says one line.
+            .env("MEMTRACK_SUMMARY", "line")
             .stdin(Stdio::null())
             .stdout(std::io::stderr());
         let status = cmd
