@@ -12,7 +12,7 @@ use std::path::Path;
 
 use memtrack::{
     analysis::Site, analysis::SiteAnalyzer, analysis::SiteOrder, analysis::Sites, artifact::Reader,
-    human, stack::Stack, stack::StackId, symbolize::SymFrame, symbolize::Symbolizer,
+    stack::Stack, stack::StackId, symbolize::SymFrame, symbolize::Symbolizer,
 };
 use std::collections::HashMap;
 
@@ -334,16 +334,7 @@ impl CallSites {
     /// thread): the site analysis of `file`'s events, refused without call stacks.
     pub fn analyse(reader: &Reader, file: &Path, what: &str) -> memtrack::Result<Sites> {
         super::warn_if_recovered(reader);
-        if let Some(f) = reader.final_metadata()
-            && f.lost_events > 0
-        {
-            eprintln!(
-                "memtrack: warning: {}: {} events were lost while recording; the call sites \
-                 miss them",
-                file.display(),
-                human::count(f.lost_events)
-            );
-        }
+        super::whole::warn_lost(reader, file, "the call sites");
         let bar = super::progress::events_bar(reader, what);
         let a = SiteAnalyzer::read(reader, |evs| bar.inc(evs.len() as u64))?;
         bar.finish_and_clear();

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use memtrack::{
     analysis::Attribution, analysis::Benchmark, analysis::Comparison, analysis::Metric,
     analysis::SiteAnalyzer, analysis::Sites, analysis::Threshold, analysis::Verdict,
-    artifact::Completeness, artifact::Reader, symbolize::SiteComparison, symbolize::SiteKey,
+    artifact::Reader, symbolize::SiteComparison, symbolize::SiteKey,
 };
 
 pub(crate) mod render;
@@ -318,30 +318,8 @@ fn artifacts(path: &Path) -> Result<Vec<PathBuf>, String> {
 /// Its sites too when it has call stacks.
 fn load(path: &Path) -> Result<(Benchmark, Option<Sites>), String> {
     let reader = Reader::open(path).map_err(|e| format!("{e}; it cannot be compared"))?;
-    if let Completeness::Recovered { reason } = reader.completeness() {
-        return Err(format!(
-            "{}: the artifact is incomplete ({reason}); a partial recording cannot be compared",
-            path.display()
-        ));
-    }
-    let fin = reader
-        .final_metadata()
-        .ok_or_else(|| format!("{}: no trailer", path.display()))?;
-    if fin.lost_events > 0 {
-        return Err(format!(
-            "{}: {} events were lost while recording (the ring buffer overflowed), so its totals \
-             are not whole and cannot be compared; record it again with a larger --ringbuf-mib",
-            path.display(),
-            memtrack::human::count(fin.lost_events)
-        ));
-    }
-    if let Some(why) = super::processes::not_whole(fin) {
-        return Err(format!(
-            "{}: {why}, so its totals are not the whole command's and cannot be compared; \
-             record it again following every process (without --no-follow)",
-            path.display()
-        ));
-    }
+    let fin = super::whole::check(&reader)
+        .map_err(|why| super::whole::refusal(path, &why, "compared"))?;
     // A recording with call stacks gets its sites in the same pass (the site accounting costs
     // less than decoding the file a second time when a regression is attributed).
     let stacked = reader.stacks().is_ok_and(|t| t.stacks().len() > 0);

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 
 use inferno::flamegraph::{self, Options, color::Color, color::PaletteMap};
 use memtrack::{
-    artifact::Completeness, artifact::Output, artifact::Reader, human, symbolize::KeyFrame,
-    symbolize::KeyedSites, symbolize::SiteComparison, symbolize::SiteKey,
+    artifact::Output, artifact::Reader, human, symbolize::KeyFrame, symbolize::KeyedSites,
+    symbolize::SiteComparison, symbolize::SiteKey,
 };
 
 use crate::callsites::{CallSites, Class, Metric, NO_STACK, TRUNCATED};
@@ -280,30 +280,14 @@ fn run_diff(base: &Path, head: &Path, output: &Path, metric: Metric) -> memtrack
     Ok(ExitCode::SUCCESS)
 }
 
-/// `file` opened, if the recording is whole: the same refusals as `memtrack compare`'s (a
-/// partial picture would show missing allocations as shrinking). A recording without stacks
-/// is refused by [`CallSites::analyse`].
+/// `file` opened, if the recording is whole ([`whole::check`](super::whole::check), as
+/// `memtrack compare` requires). A recording without stacks is refused by
+/// [`CallSites::analyse`].
 fn open_whole(file: &Path) -> memtrack::Result<Reader> {
-    let refuse = |why: String| {
-        memtrack::Error::InvalidOption(format!("{}: {why}, so it cannot be diffed", file.display()))
-    };
     let reader = Reader::open(file)?;
-    if let Completeness::Recovered { reason } = reader.completeness() {
-        return Err(refuse(format!("the artifact is incomplete ({reason})")));
-    }
-    let fin = reader
-        .final_metadata()
-        .ok_or_else(|| refuse("the artifact has no trailer".into()))?;
-    if fin.lost_events > 0 {
-        return Err(refuse(format!(
-            "{} events were lost while recording (the ring buffer overflowed); record it again \
-             with a larger --ringbuf-mib",
-            human::count(fin.lost_events)
-        )));
-    }
-    if let Some(why) = super::processes::not_whole(fin) {
-        return Err(refuse(format!(
-            "{why}; record it again following every process (without --no-follow)"
+    if let Err(why) = super::whole::check(&reader) {
+        return Err(memtrack::Error::InvalidOption(super::whole::refusal(
+            file, &why, "diffed",
         )));
     }
     Ok(reader)

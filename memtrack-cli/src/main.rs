@@ -25,6 +25,7 @@ mod show;
 mod synth;
 mod tables;
 mod verify;
+mod whole;
 
 #[derive(Parser)]
 #[command(

@@ -71,15 +71,7 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
     // Refused targets (a directory, another user's link) fail before the work.
     let out = Output::create(output)?;
     super::warn_if_recovered(&reader);
-    if let Some(f) = reader.final_metadata()
-        && f.lost_events > 0
-    {
-        eprintln!(
-            "memtrack: warning: {}: {} events were lost while recording; the curve misses them",
-            file.display(),
-            human::count(f.lost_events)
-        );
-    }
+    super::whole::warn_lost(&reader, file, "the curve");
     let (Some(first), Some(last)) = (reader.frames().first(), reader.frames().last()) else {
         return Err(memtrack::Error::InvalidOption(format!(
             "{}: the artifact has no events: there is nothing to plot",

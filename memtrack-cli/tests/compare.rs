@@ -340,6 +340,23 @@ fn lossy_incomplete_and_corrupt_inputs_are_refused() {
         "{}",
         text(&out)
     );
+    // The same gate refuses it for a differential flame graph, in the same words but the verb.
+    let why = |out: &std::process::Output, verb: &str| {
+        let t = text(out);
+        let at = t
+            .find(&format!("{}: ", cut.display()))
+            .expect("the file is named");
+        let line = t[at..].lines().next().unwrap().to_string();
+        assert!(
+            line.contains(&format!("so it cannot be {verb}; record it again")),
+            "{t}"
+        );
+        line.replace(verb, "VERB")
+    };
+    let svg = dir.path().join("diff.svg");
+    let diff = memtrack(&["flamegraph", "--diff", s(&good), s(&cut), "-o", s(&svg)]);
+    assert_eq!(code(&diff), 2, "{}", text(&diff));
+    assert_eq!(why(&out, "compared"), why(&diff, "diffed"));
 
     // A damaged byte in the middle of the frames: refused with the frame named.
     let bad = dir.path().join("bad.memtrack");
