@@ -340,10 +340,28 @@ impl Reader {
         if trailer_crc(&t) != le32(&t, 28) {
             return Err(self.trailer_err(t_off, "checksum mismatch: the trailer is damaged"));
         }
-        let total = le64(&t, 16);
-        let mut frames = Vec::with_capacity(n as usize);
+        let frames = self.read_index(&t, n as usize, t_off, data_start)?;
+        let json = &t[32 + n as usize * INDEX_ENTRY..];
+        let fin: Final = serde_json::from_slice(json)
+            .map_err(|e| self.trailer_err(t_off, format!("final metadata is not valid: {e}")))?;
+        self.frames = frames;
+        self.fin = Some(fin);
+        Ok(true)
+    }
+
+    /// The `n` index entries of trailer `t` (at `t_off`): each frame where the previous one
+    /// ends, from `data_start` up to the trailer, their events summing to the trailer's total.
+    fn read_index(
+        &self,
+        t: &[u8],
+        n: usize,
+        t_off: u64,
+        data_start: u64,
+    ) -> Result<Vec<FrameInfo>> {
+        let total = le64(t, 16);
+        let mut frames = Vec::with_capacity(n);
         let (mut expect, mut sum) = (data_start, 0u64);
-        for i in 0..n as usize {
+        for i in 0..n {
             let e = &t[32 + i * INDEX_ENTRY..32 + (i + 1) * INDEX_ENTRY];
             let f = FrameInfo {
                 offset: le64(e, 0),
@@ -374,12 +392,7 @@ impl Reader {
                 format!("the index counts {sum} events but the trailer says {total}"),
             ));
         }
-        let json = &t[32 + n as usize * INDEX_ENTRY..];
-        let fin: Final = serde_json::from_slice(json)
-            .map_err(|e| self.trailer_err(t_off, format!("final metadata is not valid: {e}")))?;
-        self.frames = frames;
-        self.fin = Some(fin);
-        Ok(true)
+        Ok(frames)
     }
 
     /// Rebuilds the frame list of a file without a trailer, frame by frame, checking each CRC.
