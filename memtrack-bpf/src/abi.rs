@@ -46,6 +46,9 @@ pub const FALLBACK_TID_STATE: u32 = 1;
 /// [`RawConfig::fallbacks`] bit (`MT_FALLBACK_NO_FIND_VMA`): the kernel has no
 /// `bpf_find_vma` (Linux 5.17): a blocked switch-out's stack carries no scanned words.
 pub const FALLBACK_NO_FIND_VMA: u32 = 2;
+/// [`RawConfig::fallbacks`] bit (`MT_FALLBACK_NO_LOOP`): the kernel has no `bpf_loop` (Linux
+/// 5.17): the stack walk's steps run in a bounded loop instead.
+pub const FALLBACK_NO_LOOP: u32 = 4;
 /// Byte offset of `scope_gen` in a [`MAP_CALLS`] value.
 pub const CALLS_SCOPE_OFFSET: usize = 8;
 /// Every entry probe (`uprobe.multi`): one link per file, each site's cookie an [`Entry`].
@@ -455,7 +458,7 @@ pub struct RawConfig {
     pub page_size: u64,
     /// Frames per call stack, at most [`STACK_MAX`]; 0: events carry no stacks.
     pub stack_depth: u32,
-    /// [`FALLBACK_TID_STATE`], [`FALLBACK_NO_FIND_VMA`]: the older ways taken where the
+    /// [`FALLBACK_TID_STATE`], [`FALLBACK_NO_FIND_VMA`], [`FALLBACK_NO_LOOP`]: the older ways taken where the
     /// running kernel lacks a feature (0 on a kernel that has them all).
     pub fallbacks: u32,
 }

@@ -48,7 +48,7 @@ pub use abi::RawStats;
 pub use abi::RawSwitch;
 pub use abi::kind;
 pub use abi::{DEFAULT_STACK_DEPTH, RECORD_STACK, STACK_MAX, STACK_TRUNCATED};
-pub use abi::{FALLBACK_NO_FIND_VMA, FALLBACK_TID_STATE};
+pub use abi::{FALLBACK_NO_FIND_VMA, FALLBACK_NO_LOOP, FALLBACK_TID_STATE};
 pub use abi::{FOLLOW_COUNT, FOLLOW_NONE, FOLLOW_TREE};
 pub use abi::{SCOPE_PROCESS, SCOPE_THREADS, SWITCH_COUNT, SWITCH_STREAM};
 pub use elf::Elf;

@@ -355,6 +355,24 @@ static int walk_step(__u32 idx, struct walk *w)
 }
 
 /*
+ * The walk's steps without bpf_loop (MT_FALLBACK_NO_LOOP): the same steps, at most as many, in
+ * a bounded loop, in a global function so that the verifier walks the loop once, not once per
+ * stack_walk. Returns how many frames.
+ */
+__attribute__((noinline)) int walk_chain(struct stack_buf *b, __u64 fp, __u32 first, __u32 depth)
+{
+	struct walk w = { .b = b, .fp = fp, .depth = depth, .n = first, .first = first };
+	__u32 idx;
+
+	if (!b)
+		return first;
+	for (idx = 0; idx < MT_STACK_MAX; idx++)
+		if (walk_step(idx, &w))
+			break;
+	return w.n;
+}
+
+/*
  * Fills `b->frames` with `ip`, then `sp_ret` if it is not 0 (or `b->hdr.scanned` is), then the
  * `scan` words of `b->hdr.scanned`, then the return addresses of the frame-pointer chain from
  * `fp`, at most `depth` of them, and sets `b->hdr.flags` (MT_STACK_TRUNCATED if the chain went
@@ -379,7 +397,10 @@ static __always_inline __u32 stack_walk(struct stack_buf *b, __u64 ip, __u64 sp_
 		/* Not all of them fit: none is said to be there. */
 		b->hdr.scanned = 0;
 	w.first = w.n;
-	bpf_loop(MT_STACK_MAX, walk_step, &w, 0);
+	if (config.fallbacks & MT_FALLBACK_NO_LOOP)
+		w.n = walk_chain(b, fp, w.first, depth);
+	else
+		bpf_loop(MT_STACK_MAX, walk_step, &w, 0);
 	n = w.n;
 	b->hdr.flags = 0;
 	if (n > depth) {

@@ -193,6 +193,7 @@ struct memtrack_config {
 				   storage (no thread pidfds, or no task storage in uprobes) */
 #define MT_FALLBACK_NO_FIND_VMA 2 /* no bpf_find_vma: a blocked switch-out's stack has no
 				     `scanned` words */
+#define MT_FALLBACK_NO_LOOP 4 /* no bpf_loop: the stack walk's steps in a bounded loop */
 
 /* `config.follow`. Mirrored by `memtrack_bpf::FOLLOW_*`. */
 #define MT_FOLLOW_NONE 0  /* the target alone (an in-process session) */

@@ -3,10 +3,11 @@
 //! and the older way the tracker takes where a feature is missing.
 //!
 //! Required (Linux 5.15 with BTF): BTF, the BPF ring buffer, attach cookies and
-//! `bpf_task_pt_regs` in uprobe programs, `bpf_get_current_task_btf`, `bpf_loop`. Optional,
-//! each with a fallback that records the same events: `uprobe.multi` links (one link per
-//! probe site instead), thread pidfds and task storage in uprobe programs (per-thread state
-//! keyed by tid instead), `bpf_find_vma` (lock waits lose the scanned caller words).
+//! `bpf_task_pt_regs` in uprobe programs, `bpf_get_current_task_btf`. Optional, each with a
+//! fallback that records the same events: `uprobe.multi` links (one link per probe site
+//! instead), thread pidfds and task storage in uprobe programs (per-thread state keyed by tid
+//! instead), `bpf_loop` (the stack walk in a bounded loop); `bpf_find_vma` (lock waits lose
+//! the scanned caller words).
 //!
 //! `MEMTRACK_KERNEL_WITHOUT=name,name` pretends features are missing (their [`Feature::name`],
 //! or `fallbacks` for every optional one), so that the older paths, and the error for a
@@ -34,7 +35,8 @@ pub enum Feature {
     TaskPtRegs,
     /// `bpf_get_current_task_btf` in uprobe programs (Linux 5.11). Required.
     CurrentTaskBtf,
-    /// `bpf_loop` (Linux 5.17): the call-stack walk. Required.
+    /// `bpf_loop` (Linux 5.17): the call-stack walk. Without: the walk's steps in a bounded
+    /// loop (the same frames; the verifier takes longer at load).
     BpfLoop,
     /// `uprobe.multi` links with process filtering (Linux 6.6, fixed in 6.10 and stable):
     /// one link per file. Without: one link per probe site.
@@ -56,8 +58,8 @@ const ALL: [Feature; 10] = [
     Feature::AttachCookie,
     Feature::TaskPtRegs,
     Feature::CurrentTaskBtf,
-    Feature::BpfLoop,
     Feature::UprobeMulti,
+    Feature::BpfLoop,
     Feature::ThreadPidfd,
     Feature::TaskStorage,
     Feature::FindVma,
@@ -100,7 +102,11 @@ impl Feature {
     pub fn required(self) -> bool {
         !matches!(
             self,
-            Feature::UprobeMulti | Feature::ThreadPidfd | Feature::TaskStorage | Feature::FindVma
+            Feature::UprobeMulti
+                | Feature::ThreadPidfd
+                | Feature::TaskStorage
+                | Feature::FindVma
+                | Feature::BpfLoop
         )
     }
 }
@@ -173,6 +179,9 @@ impl Kernel {
         if !self.has(Feature::FindVma) {
             bits |= memtrack_bpf::FALLBACK_NO_FIND_VMA;
         }
+        if !self.has(Feature::BpfLoop) {
+            bits |= memtrack_bpf::FALLBACK_NO_LOOP;
+        }
         bits
     }
 
@@ -197,6 +206,12 @@ impl Kernel {
             notes.push(format!(
                 "Linux {r} has no {what}: per-thread state is kept by thread id (a hash \
                  lookup per event); the same events are recorded"
+            ));
+        }
+        if !self.has(Feature::BpfLoop) {
+            notes.push(format!(
+                "Linux {r} has no bpf_loop (5.17): the stack walk runs in a bounded loop, \
+                 which takes longer to load; the same events are recorded"
             ));
         }
         if lock_waits && !self.has(Feature::FindVma) {
