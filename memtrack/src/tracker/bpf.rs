@@ -598,6 +598,13 @@ impl Bpf {
     /// costs the process nothing, so a session need not wait for it. The next
     /// [`Bpf::attach_probes`] waits for the closes to end.
     pub(crate) fn detach_probes_in_background(&self) {
+        if !self.multi {
+            // A link per site (perf-event uprobes) keeps its breakpoint until its close has
+            // waited for the grace period: closed in the background, the probes would still
+            // trap after the recording (`tests/after_session`). Waited for here.
+            self.detach_probes();
+            return;
+        }
         let links = self.take_links();
         if links.is_empty() {
             return;

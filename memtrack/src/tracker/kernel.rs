@@ -193,8 +193,9 @@ impl Kernel {
         let r = &self.release;
         if !self.has(Feature::UprobeMulti) {
             notes.push(format!(
-                "Linux {r} has no uprobe.multi links (6.6): one link per probe site, so \
-                 attaching and detaching take longer; the same events are recorded"
+                "Linux {r} has no uprobe.multi links (6.6): one link per probe site, and the \
+                 kernel closes them one at a time, so detaching takes longer; the same events \
+                 are recorded"
             ));
         }
         if self.tid_state() {
