@@ -774,7 +774,12 @@ fn main() {
         requires("sleeps_are_sleep", &[TRACKER], sleeps_are_sleep),
         requires(
             "pthread_lock_waits_match_what_the_c_threads_measure",
-            &[TRACKER, Need::Tool("cc")],
+            // Without bpf_find_vma glibc's rwlock and condvar waits are not told apart.
+            &[
+                TRACKER,
+                Need::Tool("cc"),
+                Need::Kernel(memtrack::tracker::Feature::FindVma),
+            ],
             pthread_lock_waits_match_what_the_c_threads_measure,
         ),
         requires(

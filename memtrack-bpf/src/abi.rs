@@ -32,6 +32,23 @@ pub const MAP_STATS: &str = "stats";
 /// third `u32` ([`CALLS_SCOPE_OFFSET`]) is the generation whose scope the thread is in; the
 /// rest is the program's bookkeeping of nested allocator calls.
 pub const MAP_CALLS: &str = "calls";
+/// The same per-thread state in a hash map keyed by the thread's tid (`u32`), used instead of
+/// [`MAP_CALLS`] with [`FALLBACK_TID_STATE`] (create only the one in use). Its entries are
+/// deleted as threads exit by [`PROG_THREAD_EXIT`], attached for the loaded object's life.
+pub const MAP_CALLS_TID: &str = "calls_tid";
+/// The `tp_btf/sched_process_exit` program: deletes an exiting thread's [`MAP_CALLS_TID`]
+/// entry (a later thread may get its tid). Needed only with [`FALLBACK_TID_STATE`].
+pub const PROG_THREAD_EXIT: &str = "mt_thread_exit";
+/// [`RawConfig::fallbacks`] bit (`MT_FALLBACK_TID_STATE`): per-thread state in
+/// [`MAP_CALLS_TID`], keyed by tid, for kernels without thread pidfds (Linux 6.9) or without
+/// task storage in uprobe programs.
+pub const FALLBACK_TID_STATE: u32 = 1;
+/// [`RawConfig::fallbacks`] bit (`MT_FALLBACK_NO_FIND_VMA`): the kernel has no
+/// `bpf_find_vma` (Linux 5.17): a blocked switch-out's stack carries no scanned words.
+pub const FALLBACK_NO_FIND_VMA: u32 = 2;
+/// [`RawConfig::fallbacks`] bit (`MT_FALLBACK_NO_LOOP`): the kernel has no `bpf_loop` (Linux
+/// 5.17): the stack walk's steps run in a bounded loop instead.
+pub const FALLBACK_NO_LOOP: u32 = 4;
 /// Byte offset of `scope_gen` in a [`MAP_CALLS`] value.
 pub const CALLS_SCOPE_OFFSET: usize = 8;
 /// Every entry probe (`uprobe.multi`): one link per file, each site's cookie an [`Entry`].
@@ -441,8 +458,9 @@ pub struct RawConfig {
     pub page_size: u64,
     /// Frames per call stack, at most [`STACK_MAX`]; 0: events carry no stacks.
     pub stack_depth: u32,
-    /// 0.
-    pub reserved: u32,
+    /// [`FALLBACK_TID_STATE`], [`FALLBACK_NO_FIND_VMA`], [`FALLBACK_NO_LOOP`]: the older ways taken where the
+    /// running kernel lacks a feature (0 on a kernel that has them all).
+    pub fallbacks: u32,
 }
 
 impl RawConfig {
@@ -459,7 +477,7 @@ impl RawConfig {
             wakeup_bytes: 64 * 1024,
             page_size: 4096,
             stack_depth: DEFAULT_STACK_DEPTH,
-            reserved: 0,
+            fallbacks: 0,
         }
     }
 
@@ -471,7 +489,7 @@ impl RawConfig {
         b[8..16].copy_from_slice(&self.wakeup_bytes.to_ne_bytes());
         b[16..24].copy_from_slice(&self.page_size.to_ne_bytes());
         b[24..28].copy_from_slice(&self.stack_depth.to_ne_bytes());
-        b[28..32].copy_from_slice(&self.reserved.to_ne_bytes());
+        b[28..32].copy_from_slice(&self.fallbacks.to_ne_bytes());
         b
     }
 }

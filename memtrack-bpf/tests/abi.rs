@@ -95,7 +95,7 @@ fn c_structs_match_the_rust_mirrors() {
                 ("wakeup_bytes", offset_of!(RawConfig, wakeup_bytes)),
                 ("page_size", offset_of!(RawConfig, page_size)),
                 ("stack_depth", offset_of!(RawConfig, stack_depth)),
-                ("reserved", offset_of!(RawConfig, reserved)),
+                ("fallbacks", offset_of!(RawConfig, fallbacks)),
             ])
         )
     );

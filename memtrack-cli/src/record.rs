@@ -60,7 +60,9 @@ pub(crate) fn error_code(e: &memtrack::Error) -> u8 {
     use memtrack::tracker::TrackerError as T;
     match e {
         memtrack::Error::InvalidOption(_)
-        | memtrack::Error::Tracker(T::InvalidOption(_) | T::UnknownUser { .. }) => 2,
+        | memtrack::Error::Tracker(
+            T::InvalidOption(_) | T::UnknownUser { .. } | T::KernelTooOld { .. },
+        ) => 2,
         // Reported as invalid options until they got variants of their own: the same code.
         memtrack::Error::Tracker(
             T::ObjectMismatch(_)
@@ -151,6 +153,11 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
         .map_err(|e| writing(e, file.path()))?;
     let written = file.commit()?;
     summarize(&out, &written, args.ringbuf_mib);
+    // What this kernel's older ways cost, if it lacks a feature (the tracker ran, so the
+    // probes had the privileges they need).
+    for note in memtrack::tracker::Kernel::get().notes(args.locks) {
+        eprintln!("memtrack: {note}");
+    }
     report_processes(&out);
     Ok(ExitCode::from(u8::try_from(out.exit_code).unwrap_or(1)))
 }

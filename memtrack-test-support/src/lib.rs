@@ -81,6 +81,10 @@ pub enum Need {
     /// A Python module `python3` can import (an independent reader of an export), and the
     /// command that installs it.
     Python(&'static str, &'static str),
+    /// A feature of the running kernel that the test's figures depend on (the tracker's older
+    /// way without it records less of what the test checks, as the guide says). Missing, the
+    /// test is reported as ignored even with [`REQUIRE`] set: no set-up can add it.
+    Kernel(memtrack::tracker::Feature),
 }
 
 /// What the eBPF tracker needs: `CAP_BPF` and `CAP_PERFMON` (root has both).
@@ -184,10 +188,41 @@ pub fn missing(needs: &[Need]) -> Option<String> {
             Need::Python(module, fix) if !python_has(module) => {
                 why.push(format!("needs the Python module {module}: {fix}"))
             }
+            Need::Kernel(f) => {
+                if let Some(k) = kernel_lacks(f) {
+                    why.push(k);
+                }
+            }
             _ => {}
         }
     }
     (!why.is_empty()).then(|| why.join("; "))
+}
+
+/// Why the running kernel does not do for a test that needs `f` (probed only with the
+/// tracker's privileges: without them the test's other needs say what is missing).
+fn kernel_lacks(f: memtrack::tracker::Feature) -> Option<String> {
+    if !memtrack::tracker::privileged() {
+        return None;
+    }
+    let k = memtrack::tracker::Kernel::get();
+    (!k.has(f)).then(|| {
+        format!(
+            "needs {} of the kernel, which Linux {} lacks (or MEMTRACK_KERNEL_WITHOUT says it does)",
+            f.name(),
+            k.release
+        )
+    })
+}
+
+/// Whether every missing need of `needs` is a kernel feature (see [`Need::Kernel`]).
+fn only_kernel_lacks(needs: &[Need]) -> bool {
+    let other: Vec<Need> = needs
+        .iter()
+        .copied()
+        .filter(|n| !matches!(n, Need::Kernel(_)))
+        .collect();
+    missing(&other).is_none()
 }
 
 /// Runs `cmd` to completion and returns its output; panics, with its stderr, unless it
@@ -230,7 +265,7 @@ pub fn test(name: &str, f: impl FnOnce() + Send + 'static) -> Trial {
 /// is missing, or fails if [`REQUIRE`] is set.
 pub fn requires(name: &str, needs: &'static [Need], f: impl FnOnce() + Send + 'static) -> Trial {
     Trial::ignorable_test(name, move || match missing(needs) {
-        Some(why) if required() => Err(Failed::from(format!(
+        Some(why) if required() && !only_kernel_lacks(needs) => Err(Failed::from(format!(
             "{REQUIRE} is set and this test {why}"
         ))),
         Some(why) => Ok(Completion::ignored_with(why)),

@@ -61,7 +61,7 @@
 //! ## Recorders
 //!
 //! A session uses one of two: the eBPF tracker ([`tracker`]: every allocator of the process and
-//! its mappings; Linux 6.9+ with BTF, and root or `CAP_BPF` + `CAP_PERFMON`), or the allocator
+//! its mappings; Linux 5.15+ with BTF, and root or `CAP_BPF` + `CAP_PERFMON`), or the allocator
 //! recorder ([`Allocator`] as the global allocator: Rust's allocations, no privileges).
 //! [`BackendChoice`] says which; `auto`, the default, takes the tracker when the process may
 //! load it. Threads a session records: [`Scope`]; the allocator recorder sees a spawned thread

@@ -151,7 +151,13 @@ fn resolve_backend(choice: Option<BackendChoice>) -> Result<Backend> {
     let backend = match choice {
         BackendChoice::Ebpf => Backend::Ebpf,
         BackendChoice::Alloc => Backend::Alloc,
-        BackendChoice::Auto if crate::tracker::privileged() => Backend::Ebpf,
+        // A kernel the tracker cannot work on leaves the allocator recorder, if installed.
+        BackendChoice::Auto
+            if crate::tracker::privileged()
+                && (crate::tracker::Kernel::get().check().is_ok() || !allocator_installed()) =>
+        {
+            Backend::Ebpf
+        }
         BackendChoice::Auto if allocator_installed() => Backend::Alloc,
         BackendChoice::Auto => return Err(Error::NoBackend),
     };

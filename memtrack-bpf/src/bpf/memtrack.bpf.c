@@ -149,7 +149,7 @@ struct {
  * Per-thread state (task-local storage: no size limit, freed when the thread exits, and a
  * cheaper lookup than a hash map): memtrack's exclusion flag and the outermost probed
  * allocator call in progress. User space writes `excluded` (the first u32) for memtrack's own
- * threads, keyed by a thread pidfd.
+ * threads, keyed by a thread pidfd (by tid in `calls_tid`, with MT_FALLBACK_TID_STATE).
  */
 struct call_state {
 	__u32 excluded; /* 1: a memtrack thread, never recorded */
@@ -184,11 +184,60 @@ struct {
 	__type(value, struct call_state);
 } calls SEC(".maps");
 
+/*
+ * The same state keyed by tid, where the kernel has no thread pidfds for user space to
+ * address task storage with, or no task storage in uprobe programs (MT_FALLBACK_TID_STATE;
+ * user space creates only one of the two maps). mt_thread_exit deletes a thread's entry when
+ * it exits, so a thread that later gets its tid starts afresh. Sized by user space at load;
+ * a thread that finds it full records nothing and is counted in `drops`.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct call_state);
+} calls_tid SEC(".maps");
+
+/* The value a new `calls_tid` entry starts from (never written; too big for the BPF stack of
+ * the programs that create one). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct call_state);
+} calls_zero SEC(".maps");
+
+/* The state of `task` (thread `tid`); created if `create`, else NULL when it has none. A
+ * state that cannot be created loses the thread's events: counted in `drops`. */
+static __always_inline struct call_state *task_state(struct task_struct *task, __u32 tid,
+						     int create)
+{
+	struct call_state *cs, *zero_cs;
+	struct memtrack_stats *st;
+	__u32 zero = 0;
+
+	if (config.fallbacks & MT_FALLBACK_TID_STATE) {
+		cs = bpf_map_lookup_elem(&calls_tid, &tid);
+		if (cs || !create)
+			return cs;
+		zero_cs = bpf_map_lookup_elem(&calls_zero, &zero);
+		if (zero_cs)
+			bpf_map_update_elem(&calls_tid, &tid, zero_cs, BPF_NOEXIST);
+		cs = bpf_map_lookup_elem(&calls_tid, &tid);
+	} else {
+		cs = bpf_task_storage_get(&calls, task, 0,
+					  create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	}
+	if (!cs && create && (st = bpf_map_lookup_elem(&stats, &zero)))
+		st->drops++;
+	return cs;
+}
+
 /* This thread's state; created if `create`, else NULL when it has none. */
 static __always_inline struct call_state *thread_state(int create)
 {
-	return bpf_task_storage_get(&calls, bpf_get_current_task_btf(), 0,
-				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	return task_state(bpf_get_current_task_btf(), (__u32)bpf_get_current_pid_tgid(), create);
 }
 
 /*
@@ -306,6 +355,24 @@ static int walk_step(__u32 idx, struct walk *w)
 }
 
 /*
+ * The walk's steps without bpf_loop (MT_FALLBACK_NO_LOOP): the same steps, at most as many, in
+ * a bounded loop, in a global function so that the verifier walks the loop once, not once per
+ * stack_walk. Returns how many frames.
+ */
+__attribute__((noinline)) int walk_chain(struct stack_buf *b, __u64 fp, __u32 first, __u32 depth)
+{
+	struct walk w = { .b = b, .fp = fp, .depth = depth, .n = first, .first = first };
+	__u32 idx;
+
+	if (!b)
+		return first;
+	for (idx = 0; idx < MT_STACK_MAX; idx++)
+		if (walk_step(idx, &w))
+			break;
+	return w.n;
+}
+
+/*
  * Fills `b->frames` with `ip`, then `sp_ret` if it is not 0 (or `b->hdr.scanned` is), then the
  * `scan` words of `b->hdr.scanned`, then the return addresses of the frame-pointer chain from
  * `fp`, at most `depth` of them, and sets `b->hdr.flags` (MT_STACK_TRUNCATED if the chain went
@@ -330,7 +397,10 @@ static __always_inline __u32 stack_walk(struct stack_buf *b, __u64 ip, __u64 sp_
 		/* Not all of them fit: none is said to be there. */
 		b->hdr.scanned = 0;
 	w.first = w.n;
-	bpf_loop(MT_STACK_MAX, walk_step, &w, 0);
+	if (config.fallbacks & MT_FALLBACK_NO_LOOP)
+		w.n = walk_chain(b, fp, w.first, depth);
+	else
+		bpf_loop(MT_STACK_MAX, walk_step, &w, 0);
 	n = w.n;
 	b->hdr.flags = 0;
 	if (n > depth) {
@@ -417,6 +487,9 @@ static __always_inline __u32 scan_words(struct stack_buf *b, __u64 ip, __u32 wor
 
 	b->hdr.scanned = 0;
 	if (!cs)
+		return 0;
+	if (config.fallbacks & MT_FALLBACK_NO_FIND_VMA)
+		/* Without the mapping's bounds no word can be told to be code. */
 		return 0;
 	if (ip < cs->code_lo || ip >= cs->code_hi) {
 		if (bpf_find_vma(bpf_get_current_task_btf(), ip, code_bounds, bounds, 0) || !bounds[1])
@@ -1152,7 +1225,7 @@ int mt_fork(__u64 *ctx)
 	if (!(sw.caller && sw.caller == (__u32)bpf_get_current_pid_tgid()) &&
 	    (!parent_cs || parent_cs->scope_gen != sw.generation))
 		return 0;
-	child_cs = bpf_task_storage_get(&calls, child, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	child_cs = task_state(child, (__u32)child->pid, 1);
 	if (child_cs)
 		child_cs->scope_gen = sw.generation;
 	return 0;
@@ -1230,7 +1303,7 @@ int mt_switch(__u64 *ctx)
 	if (!(out | in) || !(sw.enabled & MT_SWITCH_STREAM))
 		return 0;
 	if (out) {
-		cs = bpf_task_storage_get(&calls, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		cs = task_state(prev, (__u32)prev->pid, 1);
 		if (switch_recorded(prev, cs)) {
 			now = bpf_ktime_get_ns();
 			clock = rq_clock(prev);
@@ -1261,7 +1334,7 @@ int mt_switch(__u64 *ctx)
 		}
 	}
 	if (in) {
-		cs = bpf_task_storage_get(&calls, next, 0, 0);
+		cs = task_state(next, (__u32)next->pid, 0);
 		if (switch_recorded(next, cs)) {
 			/* Its first time on a CPU (it never left one): it was created at
 			 * `start_time`, runnable since. Not `se.sum_exec_runtime == 0`: on a VM that was
@@ -1275,6 +1348,21 @@ int mt_switch(__u64 *ctx)
 				cs->off_cpu = 0;
 		}
 	}
+	return 0;
+}
+
+/*
+ * A thread exits (MT_FALLBACK_TID_STATE only, attached while the object is loaded): its
+ * tid-keyed state goes, so that a thread given the same tid later starts afresh. Runs for
+ * every thread exit on the machine: a hash delete, mostly of a key that is not there.
+ */
+SEC("tp_btf/sched_process_exit")
+int mt_thread_exit(__u64 *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+
+	if (config.fallbacks & MT_FALLBACK_TID_STATE)
+		bpf_map_delete_elem(&calls_tid, &tid);
 	return 0;
 }
 

@@ -182,8 +182,18 @@ struct memtrack_config {
 	unsigned long long wakeup_bytes;      /* force a wakeup once this much data is unconsumed */
 	unsigned long long page_size;         /* alignment reported for valloc/pvalloc, bytes */
 	unsigned int stack_depth;             /* frames per stack, 0..MT_STACK_MAX; 0: no stacks */
-	unsigned int reserved;                /* 0 */
+	unsigned int fallbacks;               /* MT_FALLBACK_*: what the running kernel lacks */
 };
+
+/*
+ * `config.fallbacks`: the older way taken where the running kernel lacks a feature (user space
+ * probes them). Mirrored by `memtrack_bpf::FALLBACK_*`.
+ */
+#define MT_FALLBACK_TID_STATE 1 /* per-thread state in `calls_tid`, keyed by tid, not in task
+				   storage (no thread pidfds, or no task storage in uprobes) */
+#define MT_FALLBACK_NO_FIND_VMA 2 /* no bpf_find_vma: a blocked switch-out's stack has no
+				     `scanned` words */
+#define MT_FALLBACK_NO_LOOP 4 /* no bpf_loop: the stack walk's steps in a bounded loop */
 
 /* `config.follow`. Mirrored by `memtrack_bpf::FOLLOW_*`. */
 #define MT_FOLLOW_NONE 0  /* the target alone (an in-process session) */

@@ -7,10 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, UprobeMultiOpts};
+use libbpf_rs::{
+    Link, MapCore, MapFlags, MapHandle, Object, ObjectBuilder, ProgramAttachType, UprobeMultiOpts,
+    UprobeOpts,
+};
 use memtrack_bpf::{RawConfig, RawStats, RawSwitch};
 
 use super::TrackerError;
+use super::kernel::{Feature, Kernel};
 
 type Result<T, E = TrackerError> = std::result::Result<T, E>;
 
@@ -26,7 +30,13 @@ pub(crate) struct Bpf {
     /// allocate, since a criterion measurement reads them on the measured thread.
     stats_buf: Mutex<Vec<u8>>,
     /// The per-thread state map, where memtrack's own threads are marked excluded.
-    pub(crate) excluded: Arc<MapHandle>,
+    pub(crate) excluded: Arc<ThreadStates>,
+    /// One uprobe.multi link per program and file; else (the kernel lacks them) one link per
+    /// probe site.
+    multi: bool,
+    /// The thread-exit program's link, for the object's life ([`Kernel::tid_state`] only: it
+    /// deletes an exiting thread's tid-keyed state).
+    exit_link: Option<Link>,
     /// How mmap, munmap, mremap and brk are recorded, if at all.
     syscalls: Syscalls,
     /// The raw-syscall tracepoint's link while a recording runs ([`Syscalls::Raw`] only).
@@ -174,7 +184,9 @@ fn configure(
     config: &RawConfig,
     ringbuf_bytes: u64,
     syscalls: Syscalls,
+    kernel: &Kernel,
 ) -> Result<()> {
+    let tid_state = kernel.tid_state();
     for mut map in open.maps_mut() {
         let name = map.name().to_string_lossy().into_owned();
         if name.ends_with(".rodata") {
@@ -194,21 +206,49 @@ fn configure(
             map.set_max_entries(ringbuf_bytes as u32)
                 .map_err(|e| TrackerError::bpf("sizing the ring buffer", e))?;
         }
+        // Only the per-thread state map in use is created (the other one's references are
+        // in code the verifier proves dead for this configuration).
+        let unused = if tid_state {
+            name == memtrack_bpf::MAP_CALLS
+        } else {
+            name == memtrack_bpf::MAP_CALLS_TID || name == MAP_CALLS_ZERO
+        };
+        if unused {
+            map.set_autocreate(false)
+                .map_err(|e| TrackerError::bpf(format!("leaving out the {name} map"), e))?;
+        }
     }
+    let multi = kernel.has(Feature::UprobeMulti);
     for mut prog in open.progs_mut() {
         let name = prog.name().to_string_lossy();
         let needed = match &*name {
             memtrack_bpf::PROG_SWITCH | memtrack_bpf::PROG_NOP => false,
             memtrack_bpf::PROG_SYS_EXIT => syscalls == Syscalls::Raw,
             memtrack_bpf::PROG_DL_STATE => config.follow == memtrack_bpf::FOLLOW_TREE,
+            memtrack_bpf::PROG_THREAD_EXIT => tid_state,
             _ => true,
         };
         if !needed {
             prog.set_autoload(false);
         }
+        let uprobe = matches!(
+            &*name,
+            memtrack_bpf::PROG_ENTRY
+                | memtrack_bpf::PROG_RET
+                | memtrack_bpf::PROG_DL_STATE
+                | memtrack_bpf::PROG_NOP
+        );
+        if !multi && uprobe {
+            // A plain uprobe program (expected attach type 0, which the enum calls
+            // CgroupInetIngress), attached site by site through perf events.
+            prog.set_attach_type(ProgramAttachType::CgroupInetIngress);
+        }
     }
     Ok(())
 }
+
+/// The map a new tid-keyed state starts from ([`memtrack_bpf::MAP_CALLS_TID`]'s companion).
+const MAP_CALLS_ZERO: &str = "calls_zero";
 
 impl Following {
     /// The state of following a process tree, with the thread that closes the links of the
@@ -255,9 +295,8 @@ impl Bpf {
         follow: u32,
         stack_depth: u32,
     ) -> Result<Self> {
-        if !Path::new("/sys/kernel/btf/vmlinux").exists() {
-            return Err(TrackerError::NoBtf);
-        }
+        let kernel = Kernel::get();
+        kernel.check()?;
         let t0 = Instant::now();
         let mut open = ObjectBuilder::default()
             .open_memory(memtrack_bpf::OBJECT)
@@ -265,10 +304,11 @@ impl Bpf {
         let mut config = RawConfig::new(target);
         config.follow = follow;
         config.stack_depth = stack_depth;
+        config.fallbacks = kernel.fallbacks();
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         config.page_size = u64::try_from(page).unwrap_or(4096);
-        configure(&mut open, &config, ringbuf_bytes, syscalls)?;
+        configure(&mut open, &config, ringbuf_bytes, syscalls, kernel)?;
         let opened = t0.elapsed();
         let t1 = Instant::now();
         let obj = open
@@ -278,7 +318,25 @@ impl Bpf {
         let bss = handle(&obj, |n| n.ends_with(".bss"), ".bss")?;
         let events = handle(&obj, |n| n == memtrack_bpf::MAP_EVENTS, "events")?;
         let stats = handle(&obj, |n| n == memtrack_bpf::MAP_STATS, "stats")?;
-        let excluded = handle(&obj, |n| n == memtrack_bpf::MAP_CALLS, "calls")?;
+        let tid_state = kernel.tid_state();
+        let calls = if tid_state {
+            memtrack_bpf::MAP_CALLS_TID
+        } else {
+            memtrack_bpf::MAP_CALLS
+        };
+        let excluded = handle(&obj, |n| n == calls, calls)?;
+        let excluded = Arc::new(ThreadStates {
+            map: Arc::try_unwrap(excluded)
+                .map_err(|_| TrackerError::Internal("the calls map's handle is shared"))?,
+            by_tid: tid_state,
+        });
+        let exit_link = if tid_state {
+            let slot = Mutex::new(None);
+            attach_tp_of(&obj, &slot, memtrack_bpf::PROG_THREAD_EXIT)?;
+            slot.into_inner().unwrap_or_else(|e| e.into_inner())
+        } else {
+            None
+        };
         let follow = if follow == memtrack_bpf::FOLLOW_TREE {
             Some(Following::new(&obj)?)
         } else {
@@ -292,6 +350,8 @@ impl Bpf {
             stats,
             stats_buf: Mutex::new(vec![0u8; stats_stride() * possible_cpus()?]),
             excluded,
+            multi: kernel.has(Feature::UprobeMulti),
+            exit_link,
             syscalls,
             syscall_link: Mutex::new(None),
             fork_link: Mutex::new(None),
@@ -538,6 +598,13 @@ impl Bpf {
     /// costs the process nothing, so a session need not wait for it. The next
     /// [`Bpf::attach_probes`] waits for the closes to end.
     pub(crate) fn detach_probes_in_background(&self) {
+        if !self.multi {
+            // A link per site (perf-event uprobes) keeps its breakpoint until its close has
+            // waited for the grace period: closed in the background, the probes would still
+            // trap after the recording (`tests/after_session`). Waited for here.
+            self.detach_probes();
+            return;
+        }
         let links = self.take_links();
         if links.is_empty() {
             return;
@@ -580,8 +647,9 @@ impl Bpf {
         Ok(links)
     }
 
-    /// One uprobe_multi link of `program` over `sites` (offset, cookie) of `path` for `pid`
-    /// (none if `sites` is empty).
+    /// The links of `program` over `sites` (offset, cookie) of `path` for `pid` (none if
+    /// `sites` is empty): one uprobe_multi link, or one link per site on a kernel without
+    /// them.
     fn link_sites(
         &self,
         pid: u32,
@@ -589,33 +657,53 @@ impl Bpf {
         program: &str,
         sites: &[(usize, u64)],
         retprobe: bool,
-    ) -> Result<Option<Link>> {
+    ) -> Result<Vec<Link>> {
         if sites.is_empty() {
-            return Ok(None);
+            return Ok(Vec::new());
         }
-        let opts = UprobeMultiOpts {
-            offsets: sites.iter().map(|&(o, _)| o).collect(),
-            cookies: sites.iter().map(|&(_, c)| c).collect(),
-            retprobe,
-            ..Default::default()
-        };
         let n = sites.len();
         let prog = self
             .obj
             .progs_mut()
             .find(|p| p.name() == program)
             .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no program {program}")))?;
-        prog.attach_uprobe_multi_with_opts(pid as i32, path, "", opts)
-            .map(Some)
-            .map_err(|e| {
-                TrackerError::bpf(
-                    format!(
-                        "attaching {program} to {n} sites of {} for pid {pid}",
-                        path.display()
-                    ),
-                    e,
-                )
-            })
+        let failed = |e| {
+            TrackerError::bpf(
+                format!(
+                    "attaching {program} to {n} sites of {} for pid {pid}",
+                    path.display()
+                ),
+                e,
+            )
+        };
+        if self.multi {
+            let opts = UprobeMultiOpts {
+                offsets: sites.iter().map(|&(o, _)| o).collect(),
+                cookies: sites.iter().map(|&(_, c)| c).collect(),
+                retprobe,
+                ..Default::default()
+            };
+            return prog
+                .attach_uprobe_multi_with_opts(pid as i32, path, "", opts)
+                .map(|l| vec![l])
+                .map_err(failed);
+        }
+        let mut links = Vec::with_capacity(n);
+        for &(offset, cookie) in sites {
+            let opts = UprobeOpts {
+                cookie,
+                retprobe,
+                ..Default::default()
+            };
+            match prog.attach_uprobe_with_opts(pid as i32, path, offset, opts) {
+                Ok(l) => links.push(l),
+                Err(e) => {
+                    detach_all(links);
+                    return Err(failed(e));
+                }
+            }
+        }
+        Ok(links)
     }
 
     /// Probe sites attached so far, over all files.
@@ -694,6 +782,12 @@ impl Bpf {
                 .maps()
                 .find(|m| m.name().to_string_lossy() == map_name)
                 .ok_or_else(|| TrackerError::ObjectMismatch(format!("it has no map {map_name}")))?;
+            if !loaded.autocreate() {
+                // Left out for this kernel (see `configure`): left out again.
+                map.set_autocreate(false)
+                    .map_err(|e| TrackerError::bpf(format!("leaving out the {map_name} map"), e))?;
+                continue;
+            }
             map.reuse_fd(loaded.as_fd())
                 .map_err(|e| TrackerError::bpf(format!("sharing the {map_name} map"), e))?;
         }
@@ -757,51 +851,71 @@ fn possible_cpus() -> Result<usize> {
     })
 }
 
-/// A pidfd of thread `tid` of this process, the key of its task-local state.
-struct ThreadPidfd(i32);
+/// The per-thread state map as user space addresses it: task storage by a thread pidfd, or
+/// the tid-keyed fallback ([`memtrack_bpf::MAP_CALLS_TID`]) by tid.
+pub(crate) struct ThreadStates {
+    map: MapHandle,
+    by_tid: bool,
+}
 
-impl ThreadPidfd {
-    fn open(tid: u32, whose: &str) -> Result<Self> {
+/// The key of thread `tid`'s state: a thread pidfd (closed on drop), or the tid itself.
+enum ThreadKey {
+    Pidfd(i32),
+    Tid(u32),
+}
+
+impl ThreadKey {
+    fn open(states: &ThreadStates, tid: u32, whose: &str) -> Result<Self> {
+        if states.by_tid {
+            return Ok(Self::Tid(tid));
+        }
         const PIDFD_THREAD: libc::c_long = libc::O_EXCL as libc::c_long;
         // SAFETY: pidfd_open takes a tid and flags and returns a new descriptor or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tid as libc::c_long, PIDFD_THREAD) };
         if fd < 0 {
             return Err(TrackerError::Io {
-                what: format!("pidfd_open of {whose} thread {tid} (Linux 6.9+ is needed)"),
+                what: format!("pidfd_open of {whose} thread {tid}"),
                 source: std::io::Error::last_os_error(),
             });
         }
-        Ok(Self(fd as i32))
+        Ok(Self::Pidfd(fd as i32))
     }
 
     fn key(&self) -> [u8; 4] {
-        self.0.to_ne_bytes()
+        match self {
+            Self::Pidfd(fd) => fd.to_ne_bytes(),
+            Self::Tid(tid) => tid.to_ne_bytes(),
+        }
     }
 }
 
-impl Drop for ThreadPidfd {
+impl Drop for ThreadKey {
     fn drop(&mut self) {
-        // SAFETY: closing the pidfd this value owns.
-        unsafe { libc::close(self.0) };
+        if let Self::Pidfd(fd) = self {
+            // SAFETY: closing the pidfd this value owns.
+            unsafe { libc::close(*fd) };
+        }
     }
 }
 
 /// Never records thread `tid` of this process (memtrack's own threads): sets the exclusion
-/// flag of its task-local state, which user space addresses by a thread pidfd.
-pub(crate) fn exclude_tid(calls: &MapHandle, tid: u32) -> Result<()> {
-    let fd = ThreadPidfd::open(tid, "memtrack")?;
+/// flag of its per-thread state.
+pub(crate) fn exclude_tid(states: &ThreadStates, tid: u32) -> Result<()> {
+    let key = ThreadKey::open(states, tid, "memtrack")?;
+    let calls = &states.map;
     let mut value = vec![0u8; calls.value_size() as usize];
     value[..4].copy_from_slice(&1u32.to_ne_bytes());
     calls
-        .update(&fd.key(), &value, MapFlags::ANY)
+        .update(&key.key(), &value, MapFlags::ANY)
         .map_err(|e| TrackerError::bpf("excluding a memtrack thread", e))
 }
 
 /// Whether thread `tid` of this process is in the scope of recording `generation` by its mark:
 /// a thread spawned by one in the scope (the fork program marks it).
 /// Allocates nothing: a nested `#[memtrack]` asks this inside a session that counts it.
-pub(crate) fn in_scope(calls: &MapHandle, tid: u32, generation: u32) -> Result<bool> {
-    let fd = ThreadPidfd::open(tid, "a")?;
+pub(crate) fn in_scope(states: &ThreadStates, tid: u32, generation: u32) -> Result<bool> {
+    let fd = ThreadKey::open(states, tid, "a")?;
+    let calls = &states.map;
     let mut value = [0u8; 128];
     if calls.value_size() as usize > value.len() {
         return Err(TrackerError::ObjectMismatch(format!(
@@ -810,7 +924,7 @@ pub(crate) fn in_scope(calls: &MapHandle, tid: u32, generation: u32) -> Result<b
             value.len()
         )));
     }
-    // SAFETY: a lookup in a task-storage map keyed by a pidfd (an int), into a buffer larger
+    // SAFETY: a lookup in a map keyed by a pidfd or a tid (4 bytes), into a buffer larger
     // than its value size (checked above).
     let rc = unsafe {
         libbpf_rs::libbpf_sys::bpf_map_lookup_elem(
@@ -859,6 +973,7 @@ impl Drop for Bpf {
         self.detach_syscalls();
         self.detach_fork();
         self.detach_exec();
+        drop(self.exit_link.take());
     }
 }
 

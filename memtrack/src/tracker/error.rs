@@ -16,13 +16,19 @@ pub enum TrackerError {
         /// What was refused.
         what: String,
     },
-    /// The kernel has no BTF (`/sys/kernel/btf/vmlinux`), which CO-RE and the `tp_btf` programs
-    /// (exec, fork, raw syscalls) need.
+    /// The running kernel lacks what the tracker needs (Linux 5.15 or newer with BTF): the
+    /// features are probed, not read from the version.
     #[error(
-        "the kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): memtrack needs a \
-         kernel built with CONFIG_DEBUG_INFO_BTF=y (Linux 5.8 or newer)"
+        "Linux {release} lacks what memtrack's eBPF tracker needs: {missing}. The tracker \
+         needs Linux 5.15 or newer built with BTF (CONFIG_DEBUG_INFO_BTF=y); on this kernel \
+         use the allocator recorder (`--backend alloc`, MEMTRACK_BACKEND=alloc)"
     )]
-    NoBtf,
+    KernelTooOld {
+        /// The kernel's release (`uname -r`).
+        release: String,
+        /// What it lacks, for a user (each with the release that added it).
+        missing: String,
+    },
     /// None of the target's objects defines an allocator entry point.
     #[error(
         "no allocator entry point (malloc, free, operator new, je_*/mi_* ...) is defined in \

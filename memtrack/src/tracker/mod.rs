@@ -31,6 +31,7 @@
 mod bpf;
 mod error;
 mod follow;
+mod kernel;
 mod poll;
 mod record;
 mod stacks;
@@ -47,6 +48,7 @@ use once_cell::sync::OnceCell;
 
 pub use crate::recorded::Recorded;
 pub use error::TrackerError;
+pub use kernel::{Feature, Kernel};
 pub use record::{CommandOptions, RecordOutcome, record_command, record_command_with};
 
 use crate::analysis::Stats;
@@ -446,7 +448,7 @@ impl Tracker {
                 let _ = spawned.join();
                 Err(TrackerError::Io {
                     what: "excluding the idle watcher from recording".into(),
-                    source: std::io::Error::other("pidfd_open(PIDFD_THREAD) needs Linux 6.9+"),
+                    source: std::io::Error::other("its per-thread state could not be written"),
                 })
             }
         }
@@ -786,7 +788,7 @@ impl Tracker {
         out: W,
         meta: &Metadata,
         opts: EncoderOptions,
-        exclude: Option<&Arc<libbpf_rs::MapHandle>>,
+        exclude: Option<&Arc<bpf::ThreadStates>>,
     ) -> Result<Encoder<W>, TrackerError> {
         let Some(ex) = exclude else {
             return Ok(Encoder::new(out, meta, opts)?);
@@ -813,7 +815,7 @@ impl Tracker {
             return Err(TrackerError::Io {
                 what: format!(
                     "excluding memtrack's encoder threads from recording ({got} of {threads} \
-                     registered; pidfd_open(PIDFD_THREAD) needs Linux 6.9+)"
+                     registered)"
                 ),
                 source: std::io::Error::from(std::io::ErrorKind::TimedOut),
             });

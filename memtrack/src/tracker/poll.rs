@@ -15,7 +15,7 @@ use libbpf_rs::{MapHandle, RingBuffer, RingBufferBuilder};
 use memtrack_bpf::{RawEvent, RawStack};
 
 use super::TrackerError;
-use super::bpf::{exclude_tid, gettid};
+use super::bpf::{ThreadStates, exclude_tid, gettid};
 use super::stacks::{Defined, StackTable};
 use crate::encode::{EncodeError, Encoder, Snapshot};
 use crate::event::{Event, EventKind, RawRecord};
@@ -282,7 +282,7 @@ impl Poller {
     /// resolved with `stacks`' module map.
     pub(crate) fn spawn(
         events: Arc<MapHandle>,
-        exclude: Option<Arc<MapHandle>>,
+        exclude: Option<Arc<ThreadStates>>,
         stacks: StackTable,
     ) -> Result<Self, TrackerError> {
         let (ready_tx, ready_rx) = sync_channel(1);
