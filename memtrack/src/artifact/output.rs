@@ -407,6 +407,18 @@ impl Output {
     /// finished file is kept under its temporary name and [`OutputError::Exists`] names both.
     /// An output written in place is done already.
     pub fn commit_new(self) -> Result<PathBuf, OutputError> {
+        self.put(false)
+    }
+
+    /// Puts the finished output in place: syncs the temporary file to disk and renames it over
+    /// the target (a reader sees the old file or the new one, never a part). Returns the
+    /// target's path. If the rename fails, the finished file is kept and the error names it.
+    pub fn commit(self) -> Result<PathBuf, OutputError> {
+        self.put(true)
+    }
+
+    /// Syncs the temporary file and renames it to the target, over a file there if `replace`.
+    fn put(self, replace: bool) -> Result<PathBuf, OutputError> {
         let temp = match self.dest {
             Dest::Temp(t) => t,
             Dest::InPlace(_) => return Ok(self.target),
@@ -416,10 +428,15 @@ impl Output {
             what: format!("syncing {}", temp.path().display()),
             source: e,
         })?;
-        match temp.persist_noclobber(&self.target) {
+        let persisted = if replace {
+            temp.persist(&self.target)
+        } else {
+            temp.persist_noclobber(&self.target)
+        };
+        match persisted {
             Ok(_) => Ok(self.target),
             Err(e) => {
-                let exists = e.error.kind() == io::ErrorKind::AlreadyExists;
+                let exists = !replace && e.error.kind() == io::ErrorKind::AlreadyExists;
                 let source = e.error;
                 let partial = match e.file.keep() {
                     Ok((_, p)) => p,
@@ -437,36 +454,6 @@ impl Output {
                         source,
                     })
                 }
-            }
-        }
-    }
-
-    /// Puts the finished output in place: syncs the temporary file to disk and renames it over
-    /// the target (a reader sees the old file or the new one, never a part). Returns the
-    /// target's path. If the rename fails, the finished file is kept and the error names it.
-    pub fn commit(self) -> Result<PathBuf, OutputError> {
-        let temp = match self.dest {
-            Dest::Temp(t) => t,
-            Dest::InPlace(_) => return Ok(self.target),
-        };
-        temp.as_file().sync_all().map_err(|e| OutputError::Io {
-            path: self.target.clone(),
-            what: format!("syncing {}", temp.path().display()),
-            source: e,
-        })?;
-        match temp.persist(&self.target) {
-            Ok(_) => Ok(self.target),
-            Err(e) => {
-                let source = e.error;
-                let partial = match e.file.keep() {
-                    Ok((_, p)) => p,
-                    Err(k) => k.file.path().to_path_buf(),
-                };
-                Err(OutputError::Persist {
-                    path: self.target,
-                    partial,
-                    source,
-                })
             }
         }
     }
