@@ -159,6 +159,10 @@ impl Kernel {
         if missing.is_empty() {
             return Ok(());
         }
+        // Without the privileges to use BPF every probe fails: not the kernel's lack.
+        if let Some(what) = not_permitted() {
+            return Err(TrackerError::NotPrivileged { what });
+        }
         Err(TrackerError::KernelTooOld {
             release: self.release.clone(),
             missing: missing.join(", "),
@@ -260,6 +264,30 @@ fn probe(f: Feature) -> bool {
         Feature::ThreadPidfd => thread_pidfd(),
         Feature::UprobeMulti => uprobe_multi(),
     }
+}
+
+/// What the kernel refused for lack of privileges, if creating a BPF ring buffer (a map
+/// only `CAP_BPF` may create) is refused with EPERM or EACCES. libbpf's own probe answers
+/// "unsupported" for any failure, so this creates the map itself.
+fn not_permitted() -> Option<String> {
+    // SAFETY: creates a one-page ring buffer map (no name, no options) and closes it.
+    let fd = unsafe {
+        libbpf_sys::bpf_map_create(
+            libbpf_sys::BPF_MAP_TYPE_RINGBUF,
+            std::ptr::null(),
+            0,
+            0,
+            4096,
+            std::ptr::null(),
+        )
+    };
+    let err = std::io::Error::last_os_error().raw_os_error();
+    if fd >= 0 {
+        // SAFETY: closing the map just created.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    matches!(err, Some(libc::EPERM | libc::EACCES)).then(|| "creating a BPF map".to_string())
 }
 
 /// Whether `pidfd_open(PIDFD_THREAD)` works (older kernels refuse the flag with EINVAL).
