@@ -277,19 +277,23 @@ fn benchmark_list(ids: &[String]) -> String {
     escaped.join("\n")
 }
 
-/// `git` with what the user's environment may point elsewhere removed: every command names its
-/// git directory and work tree on its command line, and the index is the git directory's.
+/// What the user's environment may point git elsewhere with: removed from every git memtrack
+/// runs.
+const GIT_ENV: [&str; 7] = [
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_COMMON_DIR",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_NAMESPACE",
+];
+
+/// `git` without [`GIT_ENV`]: every command names its git directory and work tree on its
+/// command line, and the index is the git directory's.
 fn git_command(git_dir: &Path, work_tree: &Path) -> Command {
     let mut cmd = Command::new("git");
-    for var in [
-        "GIT_DIR",
-        "GIT_WORK_TREE",
-        "GIT_COMMON_DIR",
-        "GIT_INDEX_FILE",
-        "GIT_OBJECT_DIRECTORY",
-        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-        "GIT_NAMESPACE",
-    ] {
+    for var in GIT_ENV {
         cmd.env_remove(var);
     }
     cmd.current_dir(work_tree)
@@ -322,7 +326,7 @@ impl Repo {
     /// The repository holding `dir`; `option` (`--base`, `--chain`) names what needs it.
     pub(crate) fn find(dir: &Path, option: &str) -> Result<Repo, String> {
         let mut cmd = Command::new("git");
-        for var in ["GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR"] {
+        for var in GIT_ENV {
             cmd.env_remove(var);
         }
         cmd.current_dir(dir).args([
