@@ -3,10 +3,13 @@
 //! why it failed, and the one table printed at the end.
 
 use std::collections::BTreeSet;
+#[cfg(not(memtrack_bench = "instructions"))]
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use memtrack::{Report, human};
+#[cfg(not(memtrack_bench = "instructions"))]
+use memtrack::Report;
+use memtrack::human;
 
 use crate::args::{Args, HELP};
 
@@ -116,7 +119,14 @@ fn exit_with(message: &str) -> ! {
     std::process::exit(2)
 }
 
+/// What one benchmark's window measured: instructions mode's counts are in callgrind's dump,
+/// read by whoever ran the process under callgrind.
+#[cfg(memtrack_bench = "instructions")]
+#[derive(Debug, Clone)]
+pub(crate) struct Figures;
+
 /// What one benchmark's session measured, per its `iterations`.
+#[cfg(not(memtrack_bench = "instructions"))]
 #[derive(Debug, Clone)]
 pub(crate) struct Figures {
     pub(crate) iterations: u64,
@@ -129,6 +139,7 @@ pub(crate) struct Figures {
     pub(crate) path: Option<PathBuf>,
 }
 
+#[cfg(not(memtrack_bench = "instructions"))]
 impl Figures {
     /// The figures of a finished session of `iterations`: the one place that reads a
     /// [`Report`]'s fields.
@@ -184,6 +195,7 @@ pub(crate) fn unique_id(id: String) -> String {
 /// Records what benchmark `id` measured, or why it failed (said now, on one line of stderr).
 pub(crate) fn record(id: &str, outcome: Result<Option<Figures>, String>) {
     let mut run = run();
+    #[cfg(not(memtrack_bench = "instructions"))]
     let outcome = outcome.and_then(|figures| {
         let Some(f) = figures else { return Ok(None) };
         if f.lost_events > 0 {
@@ -228,6 +240,24 @@ fn summary_table() -> bool {
 /// benchmark failed.
 pub(crate) fn summarize(table: bool) {
     let mut run = run();
+    #[cfg(memtrack_bench = "instructions")]
+    if table && !run.summarized && !run.outcomes.is_empty() {
+        run.summarized = true;
+        let counts = counts();
+        let counted = run
+            .outcomes
+            .iter()
+            .filter(|(_, o)| matches!(o, Ok(Some(_))))
+            .count();
+        eprintln!(
+            "memtrack: {} counted, {} iterations each after {} of warm-up, one callgrind dump \
+             each (`memtrack bench --measure instructions` reads them)",
+            human::plural(counted as u64, "benchmark", "benchmarks"),
+            counts.iterations,
+            counts.warmup,
+        );
+    }
+    #[cfg(not(memtrack_bench = "instructions"))]
     if table && !run.summarized && !run.outcomes.is_empty() {
         run.summarized = true;
         let counts = counts();
@@ -276,6 +306,7 @@ pub(crate) fn summarize(table: bool) {
     }
 }
 
+#[cfg(not(memtrack_bench = "instructions"))]
 /// The table: per benchmark, allocations and bytes per iteration, the peak live heap, and what
 /// is still live at the end of its session.
 fn render(outcomes: &[(String, Result<Option<Figures>, String>)]) -> String {
@@ -316,6 +347,7 @@ fn render(outcomes: &[(String, Result<Option<Figures>, String>)]) -> String {
     human::table(&rows, &[false, true, true, true, true])
 }
 
+#[cfg(not(memtrack_bench = "instructions"))]
 /// A per-iteration count: whole numbers as such, else two decimals.
 fn per_iteration(v: f64) -> String {
     if v.fract() == 0.0 {
@@ -325,6 +357,7 @@ fn per_iteration(v: f64) -> String {
     }
 }
 
+#[cfg(not(memtrack_bench = "instructions"))]
 /// Per-iteration bytes: `64 B`, `12.50 B`, `8.0 KiB`.
 fn bytes(v: f64) -> String {
     if v.fract() == 0.0 {
@@ -334,7 +367,7 @@ fn bytes(v: f64) -> String {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(memtrack_bench = "instructions")))]
 mod tests {
     use super::*;
 

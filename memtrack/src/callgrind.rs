@@ -67,6 +67,9 @@ pub struct Profile {
     /// Every function with a cost or a call, largest inclusive first cost (the first event),
     /// then by name.
     pub functions: Vec<Function>,
+    /// What made callgrind write this file (its `desc: Trigger:` line): `Program termination`,
+    /// or `Client Request: TEXT` for a dump the program asked for with `CALLGRIND_DUMP_STATS_AT`.
+    pub trigger: Option<String>,
 }
 
 impl Profile {
@@ -140,6 +143,7 @@ struct Parser {
     /// Set by a `calls=` line: the next cost line is that call's inclusive cost.
     pending_call: Option<u64>,
     summed: Vec<u64>,
+    trigger: Option<String>,
 }
 
 impl Parser {
@@ -164,6 +168,7 @@ impl Parser {
             stated_totals,
             mut functions,
             summed,
+            trigger,
             ..
         } = self;
         for f in &mut functions {
@@ -181,6 +186,7 @@ impl Parser {
             totals: stated_totals.unwrap_or(summed),
             events,
             functions,
+            trigger,
         })
     }
 
@@ -210,6 +216,11 @@ impl Parser {
                     return Err("an `events:` line that names no event".into());
                 }
                 self.summed = vec![0; self.events.len()];
+            }
+            "desc" => {
+                if let Some(t) = value.trim().strip_prefix("Trigger:") {
+                    self.trigger = Some(t.trim().to_string());
+                }
             }
             "positions" => self.positions = value.split_whitespace().count(),
             "totals" | "summary" => self.stated_totals = Some(self.numbers(value, key)?),

@@ -111,6 +111,8 @@ pub mod event;
 #[cfg(doctest)]
 mod guide;
 pub mod human;
+#[cfg(feature = "callgrind")]
+pub mod instructions;
 mod lifecycle;
 pub mod limits;
 pub mod locks;

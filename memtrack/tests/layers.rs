@@ -38,6 +38,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("runtime: report", &["report"]),
     ("runtime: crate-wide error", &["error"]),
     ("runtime: session", &["session"]),
+    // Runs benchmark programs under callgrind and compares their counts (reads `callgrind`).
+    ("runtime: instruction counts", &["instructions"]),
     ("runtime: integrations", &["criterion", "__private"]),
     // The guide's pages as doctests (`cfg(doctest)` only): text, no code.
     ("docs", &["guide"]),
