@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use memtrack::{artifact::Reader, human, locks::LockWaits, locks::WaitClass};
 
-pub(crate) fn run(path: &Path, json: bool, top: usize) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(path: &Path, json: bool, top: usize) -> crate::error::Result<ExitCode> {
     let mut waits = read(path)?;
     waits.sites.truncate(top);
     crate::out(&if json { to_json(&waits) } else { text(&waits) })?;
@@ -137,12 +137,12 @@ impl LockClass {
 
 /// The lock waits of `file`, refused as `memtrack locks` refuses them (no context switches,
 /// lost events, switches that do not pair).
-pub(crate) fn read(file: &Path) -> memtrack::Result<LockWaits> {
+pub(crate) fn read(file: &Path) -> crate::error::Result<LockWaits> {
     read_with_name(file).map(|(w, _)| w)
 }
 
 /// [`read`], with the recording's name (the file's path if it has none).
-pub(crate) fn read_with_name(file: &Path) -> memtrack::Result<(LockWaits, String)> {
+pub(crate) fn read_with_name(file: &Path) -> crate::error::Result<(LockWaits, String)> {
     let reader = Reader::open(file)?;
     let waits = memtrack::locks::lock_waits(&reader, &mut super::symbolizer(&[&reader]))?;
     let name = reader.metadata().name.clone();

@@ -68,7 +68,7 @@ impl By {
 }
 
 /// Prints `args.file`'s metadata and totals, as a table or JSON.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     let path = &args.file;
     let top = args.top.map(|n| Top {
         n,
@@ -280,7 +280,7 @@ pub fn order_name(order: SiteOrder) -> &'static str {
 }
 
 /// The top sites `want` asks for, with their stacks from `reader`'s tables.
-fn top_sites(reader: &Reader, a: &SiteAnalyzer, want: Top) -> memtrack::Result<TopSites> {
+fn top_sites(reader: &Reader, a: &SiteAnalyzer, want: Top) -> crate::error::Result<TopSites> {
     let sites = a.sites();
     let mut top = TopSites {
         by: order_name(want.order),
@@ -422,7 +422,7 @@ impl ShowReport {
         complete: bool,
         threads: bool,
         top: Option<Top>,
-    ) -> memtrack::Result<Self> {
+    ) -> crate::error::Result<Self> {
         let pass = Pass::read(reader, top.is_some())?;
         let (a, sites, sizes) = (pass.analyzer(), &pass.sites, &pass.sizes);
         let t = a.totals();
@@ -493,7 +493,7 @@ struct Pass {
 
 impl Pass {
     /// Reads every frame with a progress bar on a terminal.
-    fn read(reader: &Reader, with_sites: bool) -> memtrack::Result<Self> {
+    fn read(reader: &Reader, with_sites: bool) -> crate::error::Result<Self> {
         // Sizes (and sites, when asked for) are counted beside the totals, in the same pass:
         // `Analyzer` stays lean for others.
         let (mut totals, mut sizes) = (Analyzer::new(), SizeHistogram::new());

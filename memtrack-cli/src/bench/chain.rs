@@ -13,6 +13,7 @@ use memtrack::{analysis::Metric, analysis::Row, analysis::Threshold, analysis::V
 
 use super::suite::{Repo, Suite, Worktree};
 use crate::compare::{self, Attributed, Format, Judged, render};
+use crate::error::Error;
 
 /// One commit of the range.
 pub(crate) struct Commit {
@@ -30,8 +31,8 @@ impl Commit {
 
 /// `BASE..HEAD` resolved: BASE, then every commit of HEAD's first-parent line after it, oldest
 /// first (HEAD last).
-pub(crate) fn commits(repo: &Repo, spec: &str) -> Result<Vec<Commit>, String> {
-    let bad = |why: &str| format!("--chain {spec}: {why}");
+pub(crate) fn commits(repo: &Repo, spec: &str) -> Result<Vec<Commit>, Error> {
+    let bad = |why: &str| Error::Usage(format!("--chain {spec}: {why}"));
     if spec.contains("...") {
         return Err(bad(
             "`...` is a symmetric difference: give BASE..HEAD, BASE an ancestor of HEAD",
@@ -118,7 +119,7 @@ pub(crate) fn run(
     spec: &str,
     threshold: Threshold,
     format: Format,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, Error> {
     let chain = commits(repo, spec)?;
     let n = chain.len();
     let tree = Worktree::add(repo, &chain[0].id, target, "--chain")?;
@@ -143,18 +144,10 @@ pub(crate) fn run(
     for i in [0, n - 1] {
         measure(&tree, &suite, &chain[i], &dirs[i])?;
     }
-    let Some(ends) = compare::load_pair(&dirs[0], &dirs[n - 1]) else {
-        return Ok(ExitCode::from(super::INPUT_ERROR));
-    };
-    if let Some(e) = compare::nothing_in_common(&ends, &dirs[0], &dirs[n - 1]) {
-        return Err(e);
-    }
+    let ends = compare::load_pair(&dirs[0], &dirs[n - 1])?;
+    compare::nothing_in_common(&ends, &dirs[0], &dirs[n - 1])?;
     super::mixed(&ends.base, &ends.head)?;
-    let Some(overall) =
-        compare::judge(&ends, &Metric::ALL, threshold).map_err(|e| e.to_string())?
-    else {
-        return Ok(ExitCode::from(super::INPUT_ERROR));
-    };
+    let overall = compare::judge(&ends, &Metric::ALL, threshold)?;
     let regressed: BTreeSet<String> = overall
         .cmp
         .rows
@@ -186,7 +179,7 @@ pub(crate) fn run(
         overall: &overall,
         steps: &steps,
     };
-    crate::out(&report.render(format)).map_err(|e| e.to_string())?;
+    crate::out(&report.render(format))?;
     super::summary(&report.markdown());
     Ok(overall.exit_code())
 }
@@ -218,9 +211,9 @@ fn between(
                     "memtrack: warning: commit {} not measured: {}; its change counts with the \
                      next measured commit's",
                     chain[i].short(),
-                    human::terminal(&e)
+                    human::terminal(&e.to_string())
                 );
-                Outcome::Failed(e)
+                Outcome::Failed(e.to_string())
             }
         };
     }
@@ -228,7 +221,7 @@ fn between(
 
 /// Empties and removes the `NN-COMMIT` directories of an earlier chain in `out` that this one
 /// does not reuse (a directory that holds other files than memtrack's stays, emptied of them).
-fn clear_old_commits(out: &Path, dirs: &[PathBuf]) -> Result<(), String> {
+fn clear_old_commits(out: &Path, dirs: &[PathBuf]) -> Result<(), Error> {
     let ours = |name: &str| {
         let b = name.as_bytes();
         b.len() == 15
@@ -257,25 +250,25 @@ fn clear_old_commits(out: &Path, dirs: &[PathBuf]) -> Result<(), String> {
 /// Checks `commit` out, clears `dir` and runs the suite there into it: an error when it
 /// recorded nothing (the benchmarks followed are gone at that commit, or its suite records
 /// elsewhere).
-fn measure(tree: &Worktree, suite: &Suite, commit: &Commit, dir: &Path) -> Result<(), String> {
+fn measure(tree: &Worktree, suite: &Suite, commit: &Commit, dir: &Path) -> Result<(), Error> {
     tree.checkout(&commit.id)?;
     super::clear(dir)?;
     suite.run(&tree.dir, dir, &format!("commit {}", commit.short()))?;
     let recorded = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .map_err(|e| crate::error::io(format!("cannot read {}", dir.display()), e))?
         .filter_map(Result::ok)
         .any(|e| e.path().extension().is_some_and(|x| x == "memtrack"));
     if !recorded {
-        return Err(format!(
+        return Err(Error::Command(format!(
             "its suite recorded no benchmark in {}",
             dir.display()
-        ));
+        )));
     }
     Ok(())
 }
 
 /// The steps of the regressed benchmarks between consecutive measured commits.
-fn follow(outcomes: &[Outcome], regressed: &BTreeSet<String>) -> Result<Vec<Step>, String> {
+fn follow(outcomes: &[Outcome], regressed: &BTreeSet<String>) -> Result<Vec<Step>, Error> {
     let measured: Vec<(usize, &PathBuf)> = outcomes
         .iter()
         .enumerate()
@@ -287,18 +280,10 @@ fn follow(outcomes: &[Outcome], regressed: &BTreeSet<String>) -> Result<Vec<Step
     let mut steps = Vec::new();
     for pair in measured.windows(2) {
         let ((from, a), (to, b)) = (pair[0], pair[1]);
-        let Some(mut loaded) = compare::load_pair(a, b) else {
-            return Err(format!(
-                "the artifacts of {} and {} were refused (see above)",
-                a.display(),
-                b.display()
-            ));
-        };
+        let mut loaded = compare::load_pair(a, b)?;
         loaded.retain(regressed);
         let zero = Threshold::from_ppm(0);
-        let judged = compare::judge(&loaded, &Metric::ALL, zero)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("{} and {} cannot be compared", a.display(), b.display()))?;
+        let judged = compare::judge(&loaded, &Metric::ALL, zero)?;
         let changed = judged
             .cmp
             .rows
