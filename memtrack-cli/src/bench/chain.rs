@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use memtrack::render::{Align, Cell, Column, Table, Unit, md_escape};
 use memtrack::{analysis::Metric, analysis::Row, analysis::Threshold, analysis::Verdict, human};
 
 use super::suite::{Repo, Suite, Worktree};
@@ -382,6 +383,39 @@ impl Report<'_> {
         }
     }
 
+    /// The steps: per benchmark and metric that changed at a step, the commit, the figures
+    /// before and after (per iteration when compared so) and the commit's subject.
+    fn steps_table(&self) -> Table {
+        let mut t = Table::new(vec![
+            Column::new("benchmark", "benchmark", Align::Left),
+            Column::new("metric", "metric", Align::Left),
+            Column::new("commit", "commit", Align::Left),
+            Column::new("before", "before", Align::Right),
+            Column::new("after", "after", Align::Right),
+            Column::new("change_percent", "change", Align::Right),
+            Column::new("subject", "subject", Align::Left),
+        ]);
+        for step in self.steps {
+            for r in changed(step) {
+                let figure = |total, per_iteration| Cell::Figure {
+                    unit: Unit::of(r.metric),
+                    total,
+                    per_iteration,
+                };
+                t.push(vec![
+                    Cell::Text(r.benchmark.clone()),
+                    Cell::Text(r.metric.name().into()),
+                    Cell::Code(self.commit_text(step)),
+                    figure(r.base, r.base_per_iteration),
+                    figure(r.head, r.head_per_iteration),
+                    Cell::Change(r.change_percent),
+                    Cell::Text(self.chain[step.to].subject.clone()),
+                ]);
+            }
+        }
+        t
+    }
+
     fn table(&self) -> String {
         let mut out = format!("memtrack: --chain {}: {}\n", self.spec, self.headline());
         // The sites are the steps': each commit's own.
@@ -389,36 +423,8 @@ impl Report<'_> {
         if self.steps.is_empty() {
             return out;
         }
-        let mut cells: Vec<[String; 7]> = vec![
-            [
-                "benchmark",
-                "metric",
-                "commit",
-                "before",
-                "after",
-                "change",
-                "subject",
-            ]
-            .map(String::from),
-        ];
-        for step in self.steps {
-            for r in changed(step) {
-                cells.push([
-                    r.benchmark.clone(),
-                    r.metric.name().into(),
-                    self.commit_text(step),
-                    render::human_base(r),
-                    render::human_head(r),
-                    render::change_text(r.change_percent),
-                    self.chain[step.to].subject.clone(),
-                ]);
-            }
-        }
         out.push_str("\nsteps along the chain (oldest first)\n");
-        out.push_str(&human::table(
-            &cells,
-            &[false, false, false, true, true, true, false],
-        ));
+        out.push_str(&memtrack::render::text(&self.steps_table()));
         for step in self.steps {
             self.presence_lines(step, &mut out);
             for a in self.sites(step) {
@@ -454,36 +460,21 @@ impl Report<'_> {
     fn markdown(&self) -> String {
         let mut out = format!(
             "### memtrack: commits behind the change, {}\n\n{}\n\n",
-            render::md_escape(self.spec),
-            render::md_escape(&self.headline())
+            md_escape(self.spec),
+            md_escape(&self.headline())
         );
         out.push_str(&render::markdown(&self.overall.cmp, &[]));
         if self.steps.is_empty() {
             return out;
         }
         out.push_str("#### Steps along the chain (oldest first)\n\n");
-        out.push_str("| benchmark | metric | commit | before | after | change | subject |\n");
-        out.push_str("|:--|:--|:--|--:|--:|--:|:--|\n");
-        for step in self.steps {
-            for r in changed(step) {
-                out.push_str(&format!(
-                    "| {} | {} | `{}` | {} | {} | {} | {} |\n",
-                    render::md_escape(&r.benchmark),
-                    r.metric.name(),
-                    self.commit_text(step),
-                    render::human_base(r),
-                    render::human_head(r),
-                    render::change_text(r.change_percent),
-                    render::md_escape(&self.chain[step.to].subject)
-                ));
-            }
-        }
+        out.push_str(&memtrack::render::markdown(&self.steps_table()));
         out.push('\n');
         for step in self.steps {
             let mut lines = String::new();
             self.presence_lines(step, &mut lines);
             for l in lines.lines() {
-                out.push_str(&format!("- {}\n", render::md_escape(l)));
+                out.push_str(&format!("- {}\n", md_escape(l)));
             }
             for a in self.sites(step) {
                 out.push_str(&format!("At `{}`:\n\n", self.chain[step.to].short()));
@@ -493,7 +484,7 @@ impl Report<'_> {
         let mut failed = String::new();
         self.failures(&mut failed);
         for l in failed.lines() {
-            out.push_str(&format!("- {}\n", render::md_escape(l)));
+            out.push_str(&format!("- {}\n", md_escape(l)));
         }
         out
     }
