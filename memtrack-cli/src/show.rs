@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use memtrack::render::{self, Align, Cell, Column, Table};
 use memtrack::{
     analysis::Analyzer, analysis::KindCounts, analysis::Site, analysis::SiteAnalyzer,
     analysis::SiteOrder, analysis::SizeClass, analysis::SizeHistogram, analysis::Totals,
@@ -766,30 +767,30 @@ fn sites_text(o: &mut String, top: &TopSites, r: &ShowReport) {
         human::plural(top.sites as u64, "call site", "call sites"),
         human::bytes(top.peak_live_bytes)
     );
-    let mut rows = vec![[
-        "#".to_string(),
-        "allocations".into(),
-        "bytes".into(),
-        "share".into(),
-        "at peak".into(),
-        "bytes".into(),
-        "at end".into(),
-        "bytes".into(),
-    ]];
+    let mut t = Table::new(vec![
+        Column::new("rank", "#", Align::Right),
+        Column::new("blocks", "allocations", Align::Right),
+        Column::new("bytes", "bytes", Align::Right),
+        Column::new("share", "share", Align::Right),
+        Column::new("blocks_at_peak", "at peak", Align::Right),
+        Column::new("bytes_at_peak", "bytes", Align::Right),
+        Column::new("blocks_at_end", "at end", Align::Right),
+        Column::new("bytes_at_end", "bytes", Align::Right),
+    ]);
     for (i, row) in top.rows.iter().enumerate() {
         let s = &row.site;
-        rows.push([
-            format!("{}", i + 1),
-            human::count(s.blocks),
-            human::bytes(s.bytes),
-            tables::percent(s.bytes, r.bytes_allocated),
-            human::count(s.blocks_at_peak),
-            human::bytes(s.bytes_at_peak),
-            human::count(s.blocks_at_end),
-            human::bytes(s.bytes_at_end),
+        t.push(vec![
+            Cell::Text((i + 1).to_string()),
+            Cell::Count(Some(s.blocks)),
+            Cell::Bytes(s.bytes),
+            Cell::Text(tables::percent(s.bytes, r.bytes_allocated)),
+            Cell::Count(Some(s.blocks_at_peak)),
+            Cell::Bytes(s.bytes_at_peak),
+            Cell::Count(Some(s.blocks_at_end)),
+            Cell::Bytes(s.bytes_at_end),
         ]);
     }
-    let table = human::table(&rows, &[true; 8]);
+    let table = render::text(&t);
     let mut lines = table.lines();
     let _ = writeln!(o, "    {}", lines.next().unwrap_or_default());
     for (row, line) in top.rows.iter().zip(lines) {
