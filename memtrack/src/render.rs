@@ -148,6 +148,11 @@ pub enum Cell {
         /// Their bytes.
         bytes: u64,
     },
+    /// A duration in nanoseconds, shown in milliseconds with one decimal (`12.3`). JSON: the
+    /// nanoseconds.
+    Nanos(u64),
+    /// A ratio, shown with three decimals (`0.125`). JSON: a float.
+    Ratio(f64),
     /// A signed change of a figure, `+1,024 B`, `-3`. JSON: an integer.
     Delta {
         /// What it counts.
@@ -215,6 +220,8 @@ impl Cell {
                 let mag = u64::try_from(delta.unsigned_abs()).unwrap_or(u64::MAX);
                 format!("{}{}", if *delta < 0 { "-" } else { "+" }, unit.human(mag))
             }
+            Cell::Nanos(ns) => format!("{:.1}", *ns as f64 / 1e6),
+            Cell::Ratio(r) => format!("{r:.3}"),
             Cell::Share(s) => s.map_or_else(String::new, |s| format!("{:.1}%", s * 100.0)),
             Cell::Change(None) => "from 0".into(),
             Cell::Change(Some(p)) if *p == 0.0 => "0.00%".into(),
@@ -255,7 +262,8 @@ impl Cell {
             Cell::Text(s) | Cell::Code(s) => put(key.into(), s.clone().into()),
             Cell::Path(p) => put(key.into(), p.display().to_string().into()),
             Cell::Count(n) => put(key.into(), (*n).into()),
-            Cell::Bytes(n) => put(key.into(), (*n).into()),
+            Cell::Bytes(n) | Cell::Nanos(n) => put(key.into(), (*n).into()),
+            Cell::Ratio(r) => put(key.into(), (*r).into()),
             Cell::Figure {
                 total,
                 per_iteration,
