@@ -15,15 +15,13 @@ use memtrack::{
 };
 
 use crate::compare::{self, Format};
+use crate::error::Error;
 
 mod chain;
 mod render;
 mod suite;
 
 use suite::{Lock, Recorder, Repo, Suite, Worktree};
-
-/// Exit code of a run that could not be done or whose inputs were refused.
-const INPUT_ERROR: u8 = 2;
 
 /// `--backend`'s choices.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -71,18 +69,9 @@ pub(crate) struct Args {
 }
 
 /// Runs the suite (twice with `--base`) and reports; see the module docs for the exit codes.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
-    match bench(args) {
-        Ok(code) => Ok(code),
-        Err(e) => {
-            eprintln!("memtrack: error: {}", memtrack::human::terminal(&e));
-            Ok(ExitCode::from(INPUT_ERROR))
-        }
-    }
-}
-
-fn bench(args: Args) -> Result<ExitCode, String> {
-    let here = std::env::current_dir().map_err(|e| format!("no current directory: {e}"))?;
+pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
+    let here =
+        std::env::current_dir().map_err(|e| crate::error::io("no current directory".into(), e))?;
     let target = suite::target_dir(&here)?;
     // Where the user typed it: cargo runs each side's bench binaries in its package's root.
     let out = args
@@ -90,10 +79,10 @@ fn bench(args: Args) -> Result<ExitCode, String> {
         .as_ref()
         .map_or_else(|| target.join("memtrack/bench"), |o| here.join(o));
     if std::fs::metadata(&out).is_ok_and(|m| !m.is_dir()) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--out {}: it is a file, and bench writes a directory of artifacts: name a directory",
             out.display()
-        ));
+        )));
     }
     let _lock = Lock::take(&target)?;
     let recorder = match args.backend {
@@ -159,9 +148,9 @@ fn bench(args: Args) -> Result<ExitCode, String> {
 /// (`memtrack::artifact::Output`): a link on the way to `dir`, or `dir` itself, is followed
 /// only if the user or root owns it, and in `dir` only regular files and a real directory are
 /// removed (a link there is removed, never followed).
-fn clear(dir: &Path) -> Result<(), String> {
-    let fail = |e: std::io::Error| format!("cannot clear {}: {e}", dir.display());
-    memtrack::artifact::create_dir_all(dir).map_err(|e| e.to_string())?;
+fn clear(dir: &Path) -> Result<(), Error> {
+    let fail = |e: std::io::Error| crate::error::io(format!("cannot clear {}", dir.display()), e);
+    memtrack::artifact::create_dir_all(dir)?;
     let mut removed = 0u64;
     for entry in std::fs::read_dir(dir).map_err(fail)? {
         let entry = entry.map_err(fail)?;
@@ -191,55 +180,45 @@ fn clear(dir: &Path) -> Result<(), String> {
 }
 
 /// The table of the artifacts in `dir`, one row per benchmark.
-fn report(dir: &Path, format: Format) -> Result<ExitCode, String> {
+fn report(dir: &Path, format: Format) -> Result<ExitCode, Error> {
     let (mut errors, mut sites) = (Vec::new(), compare::SiteSets::new());
     let set = compare::load_side(dir, "bench", &mut errors, &mut sites);
     if !errors.is_empty() {
-        for e in &errors[1..] {
-            eprintln!("memtrack: error: {}", memtrack::human::terminal(e));
-        }
-        return Err(errors.swap_remove(0));
+        return Err(Error::Refused {
+            problems: errors,
+            summary: None,
+        });
     }
     let text = match format {
         Format::Table => render::table(&set),
         Format::Markdown => render::markdown(&set),
         Format::Json => render::json(&set),
     };
-    crate::out(&text).map_err(|e| e.to_string())?;
+    crate::out(&text)?;
     summary(&render::markdown(&set));
     Ok(ExitCode::SUCCESS)
 }
 
 /// Compares base and head as `memtrack compare --threshold` does, both recorded alike.
-fn gate(base: &Path, head: &Path, args: &Args) -> Result<ExitCode, String> {
-    let Some(loaded) = compare::load_pair(base, head) else {
-        return Ok(ExitCode::from(INPUT_ERROR));
-    };
-    if let Some(e) = compare::nothing_in_common(&loaded, base, head) {
-        return Err(e);
-    }
+fn gate(base: &Path, head: &Path, args: &Args) -> Result<ExitCode, Error> {
+    let loaded = compare::load_pair(base, head)?;
+    compare::nothing_in_common(&loaded, base, head)?;
     mixed(&loaded.base, &loaded.head)?;
-    let judged =
-        compare::judge(&loaded, &Metric::ALL, args.threshold).map_err(|e| e.to_string())?;
-    let Some(judged) = judged else {
-        return Ok(ExitCode::from(INPUT_ERROR));
-    };
-    crate::out(&judged.render(args.format)).map_err(|e| e.to_string())?;
+    let judged = compare::judge(&loaded, &Metric::ALL, args.threshold)?;
+    crate::out(&judged.render(args.format))?;
     summary(&judged.render(Format::Markdown));
     Ok(judged.exit_code())
 }
 
 /// An error when a benchmark was recorded by one recorder in the base and another in the head:
 /// the eBPF tracker counts C's allocations, the allocator recorder does not.
-fn mixed(base: &[Benchmark], head: &[Benchmark]) -> Result<(), String> {
+fn mixed(base: &[Benchmark], head: &[Benchmark]) -> Result<(), Error> {
     let recorder = |b: &Benchmark| {
-        Reader::open(&b.path)
-            .map(|r| match r.metadata().backend {
-                Backend::Ebpf => "the eBPF tracker",
-                Backend::Alloc => "the allocator recorder",
-                _ => "another recorder",
-            })
-            .map_err(|e| e.to_string())
+        Reader::open(&b.path).map(|r| match r.metadata().backend {
+            Backend::Ebpf => "the eBPF tracker",
+            Backend::Alloc => "the allocator recorder",
+            _ => "another recorder",
+        })
     };
     for h in head {
         let Some(b) = base.iter().find(|b| b.name == h.name) else {
@@ -247,12 +226,12 @@ fn mixed(base: &[Benchmark], head: &[Benchmark]) -> Result<(), String> {
         };
         let (rb, rh) = (recorder(b)?, recorder(h)?);
         if rb != rh {
-            return Err(format!(
+            return Err(Error::MixedRecorders(format!(
                 "{}: the base ({}) was recorded by {rb} and the head ({}) by {rh}, which count different allocations: record both with one --backend",
                 h.name,
                 b.path.display(),
                 h.path.display()
-            ));
+            )));
         }
     }
     Ok(())

@@ -325,14 +325,14 @@ impl CallSites {
     /// Reads `file`'s events once (the site analysis) and symbolizes the stacks of its sites.
     /// Refuses a recording without call stacks, saying how to record them, and warns of lost
     /// events (the sites then miss them).
-    pub fn read(reader: &Reader, file: &Path, what: &str) -> memtrack::Result<CallSites> {
+    pub fn read(reader: &Reader, file: &Path, what: &str) -> crate::error::Result<CallSites> {
         let sites = Self::analyse(reader, file, what)?;
         Self::symbolized(reader, file, sites)
     }
 
     /// [`CallSites::read`]'s first half, which needs no symbolizer (and so can run on another
     /// thread): the site analysis of `file`'s events, refused without call stacks.
-    pub fn analyse(reader: &Reader, file: &Path, what: &str) -> memtrack::Result<Sites> {
+    pub fn analyse(reader: &Reader, file: &Path, what: &str) -> crate::error::Result<Sites> {
         super::warn_if_recovered(reader);
         super::whole::warn_lost(reader, file, "the call sites");
         let bar = super::progress::events_bar(reader, what);
@@ -341,18 +341,21 @@ impl CallSites {
         let sites = a.sites();
         // A recording that allocated nothing has no call sites, and none is missing.
         if !sites.sites.is_empty() && !sites.has_stacks() {
-            return Err(memtrack::Error::InvalidOption(format!(
-                "{}: {}",
-                file.display(),
-                super::show::no_stacks_note(reader)
-            )));
+            return Err(crate::error::Error::NoStacks {
+                file: file.to_path_buf(),
+                note: super::show::no_stacks_note(reader),
+            });
         }
         Ok(sites)
     }
 
     /// [`CallSites::read`]'s second half: `sites` (of `file`, read by `reader`) with their
     /// stacks symbolized.
-    pub fn symbolized(reader: &Reader, file: &Path, sites: Sites) -> memtrack::Result<CallSites> {
+    pub fn symbolized(
+        reader: &Reader,
+        file: &Path,
+        sites: Sites,
+    ) -> crate::error::Result<CallSites> {
         let table = reader.stacks()?;
         let mut symbolizer = super::symbolizer(&[reader]);
         let (stacks, named) = symbolizer.symbolize_sites(reader, &sites)?;

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use memtrack::render::{self, Align, Cell, Column, Table};
 use memtrack::{
     analysis::Analyzer, analysis::KindCounts, analysis::Site, analysis::SiteAnalyzer,
     analysis::SiteOrder, analysis::SizeClass, analysis::SizeHistogram, analysis::Totals,
@@ -68,7 +69,7 @@ impl By {
 }
 
 /// Prints `args.file`'s metadata and totals, as a table or JSON.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     let path = &args.file;
     let top = args.top.map(|n| Top {
         n,
@@ -280,7 +281,7 @@ pub fn order_name(order: SiteOrder) -> &'static str {
 }
 
 /// The top sites `want` asks for, with their stacks from `reader`'s tables.
-fn top_sites(reader: &Reader, a: &SiteAnalyzer, want: Top) -> memtrack::Result<TopSites> {
+fn top_sites(reader: &Reader, a: &SiteAnalyzer, want: Top) -> crate::error::Result<TopSites> {
     let sites = a.sites();
     let mut top = TopSites {
         by: order_name(want.order),
@@ -422,7 +423,7 @@ impl ShowReport {
         complete: bool,
         threads: bool,
         top: Option<Top>,
-    ) -> memtrack::Result<Self> {
+    ) -> crate::error::Result<Self> {
         let pass = Pass::read(reader, top.is_some())?;
         let (a, sites, sizes) = (pass.analyzer(), &pass.sites, &pass.sizes);
         let t = a.totals();
@@ -493,7 +494,7 @@ struct Pass {
 
 impl Pass {
     /// Reads every frame with a progress bar on a terminal.
-    fn read(reader: &Reader, with_sites: bool) -> memtrack::Result<Self> {
+    fn read(reader: &Reader, with_sites: bool) -> crate::error::Result<Self> {
         // Sizes (and sites, when asked for) are counted beside the totals, in the same pass:
         // `Analyzer` stays lean for others.
         let (mut totals, mut sizes) = (Analyzer::new(), SizeHistogram::new());
@@ -766,30 +767,30 @@ fn sites_text(o: &mut String, top: &TopSites, r: &ShowReport) {
         human::plural(top.sites as u64, "call site", "call sites"),
         human::bytes(top.peak_live_bytes)
     );
-    let mut rows = vec![[
-        "#".to_string(),
-        "allocations".into(),
-        "bytes".into(),
-        "share".into(),
-        "at peak".into(),
-        "bytes".into(),
-        "at end".into(),
-        "bytes".into(),
-    ]];
+    let mut t = Table::new(vec![
+        Column::new("rank", "#", Align::Right),
+        Column::new("blocks", "allocations", Align::Right),
+        Column::new("bytes", "bytes", Align::Right),
+        Column::new("share", "share", Align::Right),
+        Column::new("blocks_at_peak", "at peak", Align::Right),
+        Column::new("bytes_at_peak", "bytes", Align::Right),
+        Column::new("blocks_at_end", "at end", Align::Right),
+        Column::new("bytes_at_end", "bytes", Align::Right),
+    ]);
     for (i, row) in top.rows.iter().enumerate() {
         let s = &row.site;
-        rows.push([
-            format!("{}", i + 1),
-            human::count(s.blocks),
-            human::bytes(s.bytes),
-            tables::percent(s.bytes, r.bytes_allocated),
-            human::count(s.blocks_at_peak),
-            human::bytes(s.bytes_at_peak),
-            human::count(s.blocks_at_end),
-            human::bytes(s.bytes_at_end),
+        t.push(vec![
+            Cell::Text((i + 1).to_string()),
+            Cell::Count(Some(s.blocks)),
+            Cell::Bytes(s.bytes),
+            Cell::Text(tables::percent(s.bytes, r.bytes_allocated)),
+            Cell::Count(Some(s.blocks_at_peak)),
+            Cell::Bytes(s.bytes_at_peak),
+            Cell::Count(Some(s.blocks_at_end)),
+            Cell::Bytes(s.bytes_at_end),
         ]);
     }
-    let table = human::table(&rows, &[true; 8]);
+    let table = render::text(&t);
     let mut lines = table.lines();
     let _ = writeln!(o, "    {}", lines.next().unwrap_or_default());
     for (row, line) in top.rows.iter().zip(lines) {

@@ -118,6 +118,7 @@ pub mod modules;
 mod recorded;
 pub mod recorder;
 mod recording;
+pub mod render;
 mod report;
 mod scope;
 mod session;

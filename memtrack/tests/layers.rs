@@ -39,6 +39,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("runtime: crate-wide error", &["error"]),
     ("runtime: session", &["session"]),
     ("runtime: integrations", &["criterion", "__private"]),
+    // The report model and its renderers (table, markdown, JSON): numbers become text.
+    ("presentation", &["render"]),
     // The guide's pages as doctests (`cfg(doctest)` only): text, no code.
     ("docs", &["guide"]),
 ];
@@ -217,7 +219,7 @@ fn no_module_names_a_layer_above_its_own() {
 #[test]
 fn a_planted_upward_import_is_caught() {
     let lib = "mod analysis;\nmod session;\nmod artifact;\nmod event;\nmod totals;\nmod human;\n\
-               #[cfg(feature = \"callgrind\")]\npub mod callgrind;\nmod encode;\nmod lifecycle;\nmod scope;\nmod synth;\nmod tracker;\nmod recorder;\nmod recorded;\nmod recording;\nmod limits;\n\
+               #[cfg(feature = \"callgrind\")]\npub mod callgrind;\nmod encode;\nmod lifecycle;\nmod scope;\nmod synth;\nmod tracker;\nmod recorder;\nmod recorded;\nmod recording;\nmod render;\nmod limits;\n\
                mod report;\nmod error;\nmod stack;\nmod modules;\nmod locks;\n#[cfg(feature = \"symbolize\")]\nmod symbolize;\n#[cfg(feature = \"criterion\")]\npub mod criterion;\n\
                #[doc(hidden)]\npub mod __private;\n#[cfg(doctest)]\nmod guide;\n\
                pub use report::Report;\npub use analysis::{Analyzer, Totals};\n";
