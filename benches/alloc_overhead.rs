@@ -7,7 +7,7 @@
 //! more than the recorder keeps to find a stack again: every allocation walks and looks up its
 //! stack, the recorder's worst case).
 //! Targets: ≤ 1 ns/event with no session, ≤ 20 ns/event recording, ≤ 40 ns/event recording
-//! 20-frame stacks, end to end (issues 13 and 14). Stacks need frame pointers: run it with
+//! 20-frame stacks, end to end. Stacks need frame pointers: run it with
 //! `RUSTFLAGS="-C force-frame-pointers=yes"` (it prints the frames the stacks really had).
 //!
 //! How it avoids flattering itself:

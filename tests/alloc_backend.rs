@@ -345,7 +345,7 @@ fn profile_once(seconds: f64, copy_to: &str) -> (memtrack::analysis::Totals, Opt
     (fin.totals.clone(), fin.iterations)
 }
 
-/// Issue 9, defect 4: criterion picks a different number of iterations each run, so totals of
+/// Criterion picks a different number of iterations each run, so totals of
 /// the same code differ (`-37.50% improved`); per iteration they are the same.
 fn profiler_runs_of_the_same_code_compare_unchanged() {
     use memtrack::{
