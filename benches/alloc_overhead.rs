@@ -1,7 +1,7 @@
-//! Marginal cost of the allocator backend per event, on an allocation-heavy workload: a
+//! Marginal cost of the allocator recorder per event, on an allocation-heavy workload: a
 //! 64-slot ring of blocks of varying sizes (8..1032 bytes), N = 2,000,000 alloc+free pairs.
 //! Five configurations side by side: untracked (`System` directly), `memtrack::Allocator`
-//! with no session, with a session recording (the allocator backend) without call stacks,
+//! with no session, with a session recording (the allocator recorder) without call stacks,
 //! with a session recording 20-frame call stacks (the workload runs NEST frames deep), and the
 //! same with the allocations made through five functions in turn (five stacks in rotation,
 //! more than the recorder keeps to find a stack again: every allocation walks and looks up its
@@ -129,7 +129,7 @@ fn session_with(dir: &std::path::Path, name: &str, stack_depth: u32) -> Session 
         .stack_depth(stack_depth)
         .quiet(true)
         .start()
-        .expect("allocator backend session")
+        .expect("allocator recorder session")
 }
 
 /// A session around `workload(n)`, timed from the first allocation to the end of `finish`;

@@ -125,7 +125,7 @@ fn rust_fixture() {
     assert_eq!(frees, sites.iter().map(|s| s.count).sum::<u64>(), "{got:?}");
 }
 
-/// The eBPF recorder's stacks of the Rust fixture: each declared site is one stack of exactly
+/// The eBPF tracker's stacks of the Rust fixture: each declared site is one stack of exactly
 /// its count and bytes in the whole recording (no other allocation shares it), and memtrack's
 /// symbolizer names that stack's frames as the site's chain, in order, the
 /// `#[inline(always)]` helper as a frame inlined into its caller.

@@ -234,7 +234,7 @@ const RUST_ALLOCATOR: &[&str] = &[
     "std::sys::alloc::",
     "std::sys::pal::unix::alloc::",
     "memtrack::Allocator",
-    "memtrack::recorder::",
+    "memtrack::allocator::",
 ];
 
 /// The source files of Rust's allocation machinery, for the frames a symbolizer names
@@ -594,12 +594,12 @@ mod tests {
             (
                 vec![
                     frame(
-                        "memtrack::recorder::walk::Here::now",
+                        "memtrack::allocator::walk::Here::now",
                         "/src/memtrack/src/recorder/walk.rs",
                         true,
                     ),
                     frame(
-                        "<memtrack::recorder::Allocator<A> as core::alloc::global::GlobalAlloc>::alloc",
+                        "<memtrack::allocator::Allocator<A> as core::alloc::global::GlobalAlloc>::alloc",
                         "/src/memtrack/src/recorder/mod.rs",
                         true,
                     ),
@@ -642,7 +642,7 @@ mod tests {
         assert_eq!(trimmed(&stack), 6);
     }
 
-    /// The eBPF recorder's stack starts at malloc's caller; blazesym names inlined std
+    /// The eBPF tracker's stack starts at malloc's caller; blazesym names inlined std
     /// functions without their path (`alloc`, `grow_one`): those are told by their file.
     #[test]
     fn inlined_frames_named_without_paths_by_their_file() {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use memtrack::{analysis::Analyzer, analysis::Totals, artifact::Completeness, artifact::Reader};
+use memtrack::{analysis::Analyzer, artifact::Completeness, artifact::Reader, totals::Totals};
 
 mod bench;
 mod callsites;

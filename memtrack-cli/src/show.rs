@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use memtrack::{
-    analysis::Analyzer, analysis::KindCounts, analysis::Site, analysis::SiteAnalyzer,
-    analysis::SiteOrder, analysis::SizeClass, analysis::SizeHistogram, analysis::Totals,
-    artifact::Backend, artifact::Metadata, artifact::Reader, event::KindTag, human, stack::Stack,
-    symbolize::ModuleStatus, symbolize::SymFrame,
+    analysis::Analyzer, analysis::Site, analysis::SiteAnalyzer, analysis::SiteOrder,
+    analysis::SizeClass, analysis::SizeHistogram, artifact::Backend, artifact::Metadata,
+    artifact::Reader, event::KindTag, human, stack::Stack, symbolize::ModuleStatus,
+    symbolize::SymFrame, totals::KindCounts, totals::Totals,
 };
 use serde::Serialize;
 
@@ -159,7 +159,7 @@ pub struct ShowReport {
     pub per_iteration: Option<PerIteration>,
     /// Each marked iteration's figures, their spread (a session that accumulated calls).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub iteration_spread: Option<memtrack::analysis::IterationSpread>,
+    pub iteration_spread: Option<memtrack::totals::IterationSpread>,
     /// One row per thread, when asked for (`--threads`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_thread: Option<Vec<ThreadRow>>,

@@ -259,7 +259,7 @@ fn a_trees_totals_are_the_sum_of_its_processes_recorded_alone() {
     let mut an = Analyzer::new();
     an.update_all(&images);
     let per = an.per_process();
-    let key = |t: &memtrack::analysis::Totals| {
+    let key = |t: &memtrack::totals::Totals| {
         (
             t.allocations,
             t.bytes_allocated,

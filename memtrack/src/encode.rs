@@ -18,12 +18,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::analysis::{Analyzer, ProcessTotals, SizeClass, SizeHistogram, Stats, Timeline, Totals};
+use crate::analysis::{Analyzer, ProcessTotals, SizeClass, SizeHistogram, Stats, Timeline};
 use crate::artifact::FormatError;
 use crate::artifact::{Definitions, FrameScratch, MAX_FRAME_EVENTS};
 use crate::artifact::{Final, FrameWriter, Metadata, ProcessInfo, encode_frame, monotonic_ns};
 use crate::event::Event;
 use crate::stack::{Module, ModuleId, Stack, StackId};
+use crate::totals::Totals;
 
 /// Why the encoder pipeline failed.
 ///

@@ -29,11 +29,11 @@
 //! excluded in BPF by tid, so the numbers are the user's code alone.
 
 mod bpf;
+mod command;
 mod error;
 mod follow;
 mod kernel;
 mod poll;
-mod record;
 mod stacks;
 mod unwind;
 
@@ -46,13 +46,15 @@ use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
 
-pub use crate::recorded::Recorded;
 pub use error::TrackerError;
 pub use kernel::{Feature, Kernel};
-pub use record::{CommandOptions, RecordOutcome, record_command, record_command_with};
+// `memtrack record`'s engine: public for memtrack-cli, not a user's API.
+#[doc(hidden)]
+pub use command::{CommandOptions, RecordOutcome, record_command, record_command_with};
 
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, ProcessInfo};
+use crate::backend::Recorded;
 use crate::encode::{Encoder, EncoderOptions, Snapshot};
 use crate::lifecycle::Stage;
 use crate::modules::ModuleMap;
@@ -694,7 +696,7 @@ impl Tracker {
             ));
         }
         self.state().claim()?;
-        let result = self.start_inner(out, meta, opts, workers, capture);
+        let result = self.start_claimed(out, meta, opts, workers, capture);
         if result.is_err() {
             // Starting → Idle cannot be refused: the claim above holds the stage.
             let _ = self.state().finish();
@@ -702,7 +704,7 @@ impl Tracker {
         result
     }
 
-    fn start_inner<W: Write + Send + 'static>(
+    fn start_claimed<W: Write + Send + 'static>(
         &self,
         out: W,
         meta: &Metadata,
@@ -1059,10 +1061,10 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
 
     /// Stops recording: switch off, drain the ring buffer's tail, finish the artifact.
     pub fn stop(mut self) -> Result<Recorded, TrackerError> {
-        self.stop_inner()
+        self.drain_and_finish()
     }
 
-    fn stop_inner(&mut self) -> Result<Recorded, TrackerError> {
+    fn drain_and_finish(&mut self) -> Result<Recorded, TrackerError> {
         let Some(poller) = self.poller.take() else {
             return Err(TrackerError::Internal("the recording was already stopped"));
         };
@@ -1141,7 +1143,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
 impl<W: Write + Send + 'static> Drop for Recording<'_, W> {
     fn drop(&mut self) {
         if self.poller.is_some() {
-            let _ = self.stop_inner();
+            let _ = self.drain_and_finish();
         }
     }
 }

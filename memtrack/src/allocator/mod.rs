@@ -30,7 +30,7 @@
 //!   bounded frame-pointer walk (`recorder/walk.rs`; the session's `stack_depth`, default 64
 //!   frames, 0 for none), each distinct stack sent once per thread to the collector, which
 //!   resolves it with the [`ModuleMap`](crate::modules::ModuleMap) of this process and defines it in
-//!   the artifact as the eBPF recorder does. Frees carry none. Needs frame pointers in the
+//!   the artifact as the eBPF tracker does. Frees carry none. Needs frame pointers in the
 //!   program (`-C force-frame-pointers=yes`; Rust's std has them).
 //! - **Before `main` and with no session**: the wrapper only forwards (one relaxed load of the
 //!   switch per call; the ir-gate's `alloc_idle` over `alloc_system` gates it). The process's
@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex};
 pub(crate) use collector::{AllocRecording, start_recording};
 #[cfg(feature = "criterion")]
 pub(crate) use collector::{CountingGuard, counters, start_counting};
-pub use error::RecorderError;
+pub use error::AllocatorError;
 pub(crate) use walk::{DEFAULT_STACK_DEPTH, STACK_MAX};
 
 use crate::event::KindTag;
@@ -135,7 +135,7 @@ pub fn allocator_installed() -> bool {
 }
 
 /// A `GlobalAlloc` that records every allocation of the program while a memtrack session with
-/// the allocator backend runs, and otherwise only forwards to `A` (one relaxed load).
+/// the allocator recorder runs, and otherwise only forwards to `A` (one relaxed load).
 ///
 /// ```
 /// #[global_allocator]
@@ -143,7 +143,7 @@ pub fn allocator_installed() -> bool {
 /// # fn main() {}
 /// ```
 /// Needs no privileges. It sees the Rust global allocator only: allocations of C libraries
-/// (through `malloc` directly) and `mmap`s are not recorded; the eBPF backend sees those.
+/// (through `malloc` directly) and `mmap`s are not recorded; the eBPF tracker sees those.
 /// Call stacks need the program built with frame pointers (`RUSTFLAGS="-C
 /// force-frame-pointers=yes"`); without them they stop early, and `memtrack show` says so.
 pub struct Allocator<A = System> {
@@ -507,7 +507,7 @@ pub(crate) fn current_thread_in_scope() -> bool {
 /// `std::thread::spawn(memtrack::in_session(move || work()))`.
 ///
 /// A session's default [`Scope::Threads`](crate::Scope::Threads) covers the thread that
-/// started it and the threads spawned from it. The eBPF recorder sees every thread being created and needs no help; the
+/// started it and the threads spawned from it. The eBPF tracker sees every thread being created and needs no help; the
 /// allocator recorder ([`Allocator`]) cannot see a spawn, so a thread it should record must be
 /// started through this wrapper (elsewhere its allocations are counted in
 /// the report's `out_of_scope`, not recorded). Outside a session, or
@@ -698,21 +698,21 @@ fn record(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
 #[cold]
 #[inline(never)]
 fn record_full(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
-    record_inner::<true>(kind_align, addr, addr2, size, at)
+    record_checked::<true>(kind_align, addr, addr2, size, at)
 }
 
 /// [`record`] of a free: its own entry, with one argument and no stack to consider.
 #[cold]
 #[inline(never)]
 fn record_free(addr: u64) {
-    record_inner::<false>(KindTag::Free as u32, addr, 0, 0, walk::Here::NONE)
+    record_checked::<false>(KindTag::Free as u32, addr, 0, 0, walk::Here::NONE)
 }
 
 /// The recording call's fast path: with a valid [`Pass`] (the session word in force is the
 /// pass's `word` of it) and room in the ring before its next check, has `fill` write the next
 /// slot (given the pass, for the epoch's [`Raw::meta`] bits) and, if `fill` returns true,
 /// publishes it and returns true; else returns false, the slot unpublished, and the caller
-/// takes the full call ([`record_inner`]).
+/// takes the full call ([`record_checked`]).
 #[inline(always)]
 fn fast_push(word: impl FnOnce(&Pass) -> u64, fill: impl FnOnce(*mut Raw, &Pass) -> bool) -> bool {
     let pass = PASS.with(Cell::get);
@@ -743,7 +743,7 @@ fn push_passed(pass: &Pass, fill: impl FnOnce(*mut Raw, &Pass) -> bool) -> bool 
 /// `ALLOCATION`: the call is an allocation's, which learns [`INSTALLED`] (a free does not
 /// check, so that its recording call is not longer for it).
 #[inline(always)]
-fn record_inner<const ALLOCATION: bool>(
+fn record_checked<const ALLOCATION: bool>(
     kind_align: u32,
     addr: u64,
     addr2: u64,
