@@ -11,11 +11,11 @@ use std::process::ExitCode;
 
 use inferno::flamegraph::{self, Options, color::Color, color::PaletteMap};
 use memtrack::{
-    artifact::Output, artifact::Reader, human, symbolize::KeyFrame, symbolize::KeyedSites,
-    symbolize::SiteComparison, symbolize::SiteKey,
+    analysis::SiteOrder, artifact::Output, artifact::Reader, human, symbolize::KeyFrame,
+    symbolize::KeyedSites, symbolize::SiteComparison, symbolize::SiteKey,
 };
 
-use crate::callsites::{CallSites, Class, Metric, NO_STACK, TRUNCATED};
+use crate::callsites::{CallSites, Class, NO_STACK, TRUNCATED, Weight, site_order};
 use crate::locks::LockClass;
 
 /// The colour of each class's frames: warm for the program's own code (where to look first),
@@ -43,8 +43,8 @@ pub(crate) struct Args {
     output: PathBuf,
     /// What a site weighs: bytes allocated, allocations, bytes live at the peak, or
     /// bytes still live at the end.
-    #[arg(long, value_enum, default_value_t = Metric::Bytes)]
-    metric: Metric,
+    #[arg(long, value_parser = site_order(), default_value = "bytes")]
+    metric: SiteOrder,
     /// Draw the lock waits (a recording made with `record --locks`) instead of the
     /// allocations: each contended call site's stack above the lock call, its lock's
     /// class on top, weighted by the microseconds waited there.
@@ -76,7 +76,12 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
 
 /// Reads `file` and writes its flame graph to `output`, with `trim` without the allocator's
 /// own frames.
-fn run_sites(file: &Path, output: &Path, metric: Metric, trim: bool) -> memtrack::Result<ExitCode> {
+fn run_sites(
+    file: &Path,
+    output: &Path,
+    metric: SiteOrder,
+    trim: bool,
+) -> memtrack::Result<ExitCode> {
     let reader = Reader::open(file)?;
     let out = Output::create(output)?;
     let cs = CallSites::read(&reader, file, "reading call sites")?;
@@ -96,7 +101,7 @@ fn run_sites(file: &Path, output: &Path, metric: Metric, trim: bool) -> memtrack
 /// so.
 pub fn render(
     cs: &CallSites,
-    metric: Metric,
+    metric: SiteOrder,
     trim: bool,
     svg: &mut Vec<u8>,
 ) -> std::io::Result<()> {
@@ -251,7 +256,12 @@ fn empty_svg(title: &str, why: &str, svg: &mut Vec<u8>) -> std::io::Result<()> {
 /// `head` differs from `base` to `output`. Refuses, before writing anything, an input that
 /// cannot stand for its program: incomplete, with lost events or processes not covered, or
 /// without call stacks.
-fn run_diff(base: &Path, head: &Path, output: &Path, metric: Metric) -> memtrack::Result<ExitCode> {
+fn run_diff(
+    base: &Path,
+    head: &Path,
+    output: &Path,
+    metric: SiteOrder,
+) -> memtrack::Result<ExitCode> {
     // Both refused or read before the output is created: a refusal leaves nothing behind.
     let (rb, rh) = (open_whole(base)?, open_whole(head)?);
     let (sb, sh) = std::thread::scope(|s| {
@@ -417,7 +427,7 @@ pub fn render_diff(
     keyed: &SiteComparison,
     base: &DiffSide<'_>,
     head: &DiffSide<'_>,
-    metric: Metric,
+    metric: SiteOrder,
     svg: &mut Vec<u8>,
 ) -> std::io::Result<(usize, usize)> {
     let names = DiffNames::new(keyed);

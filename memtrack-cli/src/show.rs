@@ -36,8 +36,8 @@ pub(crate) struct Args {
     top: Option<usize>,
     /// What `--top` ranks sites by: bytes allocated, allocations, bytes live at the peak,
     /// or bytes still live at the end (leaked).
-    #[arg(long, value_enum, default_value_t = By::Bytes, requires = "top")]
-    by: By,
+    #[arg(long, value_parser = crate::callsites::site_order(), default_value = "bytes", requires = "top")]
+    by: SiteOrder,
     /// With `--top`: hide the allocator's own frames at the top of each stack (the default).
     #[arg(long, overrides_with = "no_trim_allocator", requires = "top",
           long_help = crate::callsites::TRIM_HELP)]
@@ -47,32 +47,12 @@ pub(crate) struct Args {
     no_trim_allocator: bool,
 }
 
-/// `show --by`: the orders of `memtrack::analysis::SiteOrder`.
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum By {
-    Bytes,
-    Allocations,
-    Peak,
-    Leaked,
-}
-
-impl By {
-    fn order(self) -> SiteOrder {
-        match self {
-            By::Bytes => SiteOrder::Bytes,
-            By::Allocations => SiteOrder::Allocations,
-            By::Peak => SiteOrder::Peak,
-            By::Leaked => SiteOrder::Leaked,
-        }
-    }
-}
-
 /// Prints `args.file`'s metadata and totals, as a table or JSON.
 pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
     let path = &args.file;
     let top = args.top.map(|n| Top {
         n,
-        order: args.by.order(),
+        order: args.by,
         trim: !args.no_trim_allocator,
     });
     let reader = Reader::open(path)?;

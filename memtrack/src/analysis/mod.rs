@@ -42,7 +42,7 @@ pub use attribution::{Attribution, SiteDelta, attribute};
 pub use compare::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use histogram::{SizeClass, SizeHistogram};
 pub use offcpu::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
-pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites};
+pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites, UnknownSiteOrder};
 pub use timeline::{Column, Extremes, InvalidTimeline, Timeline};
 
 use crate::totals::{Iteration, IterationSpread, ThreadTotals, Totals};

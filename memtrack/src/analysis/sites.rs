@@ -67,6 +67,24 @@ pub enum SiteOrder {
 }
 
 impl SiteOrder {
+    /// Every order, as the command line names them (`--by`, `--metric`).
+    pub const ALL: [SiteOrder; 4] = [
+        SiteOrder::Bytes,
+        SiteOrder::Allocations,
+        SiteOrder::Peak,
+        SiteOrder::Leaked,
+    ];
+
+    /// Its name on the command line: `bytes`, `allocations`, `peak` or `leaked`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SiteOrder::Bytes => "bytes",
+            SiteOrder::Allocations => "allocations",
+            SiteOrder::Peak => "peak",
+            SiteOrder::Leaked => "leaked",
+        }
+    }
+
     /// The value a site is ranked by.
     pub fn key(self, s: &Site) -> u64 {
         match self {
@@ -75,6 +93,23 @@ impl SiteOrder {
             SiteOrder::Peak => s.bytes_at_peak,
             SiteOrder::Leaked => s.bytes_at_end,
         }
+    }
+}
+
+/// [`SiteOrder::name`]'s text that names no order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown site order {0:?}: expected bytes, allocations, peak or leaked")]
+pub struct UnknownSiteOrder(pub String);
+
+impl std::str::FromStr for SiteOrder {
+    type Err = UnknownSiteOrder;
+
+    /// Parses a [`SiteOrder::name`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SiteOrder::ALL
+            .into_iter()
+            .find(|o| o.name() == s)
+            .ok_or_else(|| UnknownSiteOrder(s.to_string()))
     }
 }
 
