@@ -403,7 +403,7 @@ impl ShowReport {
         threads: bool,
         top: Option<Top>,
     ) -> memtrack::Result<Self> {
-        let pass = Pass::read(reader, top.is_some())?;
+        let pass = Scan::read(reader, top.is_some())?;
         let (a, sites, sizes) = (pass.analyzer(), &pass.sites, &pass.sizes);
         let t = a.totals();
         let iterations = reader.final_metadata().and_then(|f| f.iterations);
@@ -464,14 +464,14 @@ impl ShowReport {
 }
 
 /// The one pass over the events: totals, sizes, and the sites when asked for.
-struct Pass {
+struct Scan {
     /// The totals when sites are not counted.
     totals: Analyzer,
     sites: Option<SiteAnalyzer>,
     sizes: SizeHistogram,
 }
 
-impl Pass {
+impl Scan {
     /// Reads every frame with a progress bar on a terminal.
     fn read(reader: &Reader, with_sites: bool) -> memtrack::Result<Self> {
         // Sizes (and sites, when asked for) are counted beside the totals, in the same pass:
@@ -494,7 +494,7 @@ impl Pass {
             None
         };
         bar.finish_and_clear();
-        Ok(Pass {
+        Ok(Scan {
             totals,
             sites,
             sizes,

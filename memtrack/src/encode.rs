@@ -565,7 +565,7 @@ fn writer_loop<W: Write + Send>(
 ) -> Result<WriterResult<W>> {
     let mut batch = Batch::new(window);
     let mut outs: Vec<Vec<u8>> = (0..window).map(|_| Vec::new()).collect();
-    let mut figures = Figures::new();
+    let mut figures = StreamAnalysis::new();
     loop {
         batch.receive(&rx, window);
         if batch.frames.is_empty() {
@@ -651,7 +651,7 @@ fn compress_and_count(
     batch: &Batch,
     outs: &mut [Vec<u8>],
     level: i32,
-    figures: &mut Figures,
+    figures: &mut StreamAnalysis,
 ) -> Result<()> {
     let mut results: Vec<Result<()>> = (0..batch.frames.len()).map(|_| Ok(())).collect();
     pool.in_place_scope(|s| {
@@ -665,15 +665,15 @@ fn compress_and_count(
 }
 
 /// The figures the writer keeps of every event it writes: the totals, sizes and timeline.
-struct Figures {
+struct StreamAnalysis {
     analyzer: Analyzer,
     sizes: SizeHistogram,
     timeline: Timeline,
 }
 
-impl Figures {
-    fn new() -> Figures {
-        Figures {
+impl StreamAnalysis {
+    fn new() -> StreamAnalysis {
+        StreamAnalysis {
             analyzer: Analyzer::new(),
             sizes: SizeHistogram::new(),
             timeline: Timeline::growing(TIMELINE_COLUMNS).expect("a valid column count"),

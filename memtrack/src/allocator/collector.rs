@@ -16,7 +16,7 @@ use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
 use crate::event::RawRecord;
 use crate::modules::ModuleMap;
 use crate::scope::Scope;
-use crate::tracker::{Defined, StackTable};
+use crate::tracker::{Defined, SentStacks};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -114,7 +114,7 @@ fn invariant_tsc() -> bool {
 /// Every stack the threads sent (they remember what they sent for their whole life, across
 /// recordings), resolved against this process's module map: kept between recordings, owned
 /// by the collector during one.
-static STACKS: Mutex<Option<StackTable>> = Mutex::new(None);
+static STACKS: Mutex<Option<SentStacks>> = Mutex::new(None);
 
 /// What a recording learnt of call stacks (see [`Recorded`]).
 #[derive(Debug, Default, Clone, Copy)]
@@ -129,7 +129,7 @@ struct StackCounts {
 
 /// Moves the stacks the threads sent since the last call into `table` (frames resolved with
 /// the module map; a miss rescans it: a library dlopen'ed since), counting them in `counts`.
-fn absorb(table: &mut StackTable, pid: u32, counts: &mut StackCounts) {
+fn absorb(table: &mut SentStacks, pid: u32, counts: &mut StackCounts) {
     for s in super::walk::take_new_stacks() {
         let header = memtrack_bpf::RawStack {
             ts: monotonic_ns(),
@@ -469,7 +469,7 @@ fn collect<W: Write + Send + 'static>(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take()
-        .unwrap_or_else(|| StackTable::new(Arc::new(Mutex::new(ModuleMap::new())), false));
+        .unwrap_or_else(|| SentStacks::new(Arc::new(Mutex::new(ModuleMap::new())), false));
     let mut stacks = (table, Defined::default());
     let mut counts = StackCounts::default();
     let r = collect_with(
@@ -499,7 +499,7 @@ fn collect_with<W: Write + Send + 'static>(
     clock: &mut Clock,
     pid: u32,
     snapshot_at: &mut Option<u64>,
-    stacks: &mut (StackTable, Defined),
+    stacks: &mut (SentStacks, Defined),
     counts: &mut StackCounts,
 ) -> Result<()> {
     // Events drained but younger than the lag, in timestamp order.

@@ -63,7 +63,7 @@ use bpf::{Bpf, Syscalls, exclude_tid, gettid, mapped_objects};
 use memtrack_bpf::RawSwitch;
 pub(crate) use poll::record_to_event;
 use poll::{Marks, Poller, PollerRecording, monotonic_ns};
-pub(crate) use stacks::{Defined, StackTable};
+pub(crate) use stacks::{Defined, SentStacks};
 
 /// Whether this process may load the eBPF tracker: root, or both CAP_BPF (39) and
 /// CAP_PERFMON (38) in its effective capabilities. `BackendChoice::Auto` picks eBPF then.
@@ -719,7 +719,7 @@ impl Tracker {
         let poller = self.poller.get_or_try_init(|| {
             // A tracer updates the module map at each exec of a followed process; without
             // one (in-process, `--no-follow`), the stream's exec events do.
-            let table = StackTable::new(Arc::clone(&self.modules), !self.bpf.follows());
+            let table = SentStacks::new(Arc::clone(&self.modules), !self.bpf.follows());
             Poller::spawn(Arc::clone(&self.bpf.events), exclude, table)
         })?;
         let mut st = self.state();
