@@ -55,7 +55,7 @@ fn nested<R>(depth: u32, f: &mut dyn FnMut() -> R) -> R {
 /// Functions alike but for their name, that make the workload's allocation: allocations
 /// through them in turn have stacks that start at the same frame pointer and differ in one
 /// caller. Five in turn are more than the allocator recorder keeps to find a stack again
-/// (`recorder/walk.rs`): every allocation walks its stack and looks it up (its worst case).
+/// (`allocator/walk.rs`): every allocation walks its stack and looks it up (its worst case).
 macro_rules! via {
     ($($name:ident $k:literal),*) => {
         $(

@@ -597,12 +597,12 @@ mod tests {
                 vec![
                     frame(
                         "memtrack::allocator::walk::Here::now",
-                        "/src/memtrack/src/recorder/walk.rs",
+                        "/src/memtrack/src/allocator/walk.rs",
                         true,
                     ),
                     frame(
                         "<memtrack::allocator::Allocator<A> as core::alloc::global::GlobalAlloc>::alloc",
-                        "/src/memtrack/src/recorder/mod.rs",
+                        "/src/memtrack/src/allocator/mod.rs",
                         true,
                     ),
                     frame("__rustc::__rust_alloc", "/src/app/src/main.rs", true),

@@ -207,7 +207,9 @@ impl Counter {
     }
 }
 
-/// What a recording wrote.
+/// What a recorder returned when its recording stopped, either recorder's: what the encoder
+/// wrote ([`Recorded::written`]) and what the recorder counted beside it. A session's report
+/// holds it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Recorded {

@@ -172,7 +172,8 @@ impl EncoderOptions {
     }
 }
 
-/// What [`Encoder::finish`] wrote.
+/// What the encoder wrote ([`Encoder::finish`]): the artifact's size and the numbers computed
+/// while streaming. What a recorder returns holds it (its `written`).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Written {

@@ -56,7 +56,9 @@
 //! ```
 //!
 //! [`Session::finish`] returns a [`Report`]: the totals, sizes by class, the live heap over
-//! time, lost events, where the artifact went. [`Session::stats`] gives the numbers so far.
+//! time, lost events, where the artifact went. [`Session::stats`] gives the numbers so far
+//! ([`Stats`]). A report's numbers nest: it holds what the recorder returned ([`Recorded`]),
+//! which holds what the encoder wrote ([`Written`]), which holds the [`Totals`](totals::Totals).
 //!
 //! ## Recorders
 //!

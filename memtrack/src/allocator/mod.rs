@@ -27,7 +27,7 @@
 //!   collector has drained it. Allocations made after the thread's ring was torn down (other
 //!   thread-local destructors) go to a shared, locked overflow ring.
 //! - **Call stacks**: an allocation's stack is its wrapper's instruction pointer, then a
-//!   bounded frame-pointer walk (`recorder/walk.rs`; the session's `stack_depth`, default 64
+//!   bounded frame-pointer walk (`allocator/walk.rs`; the session's `stack_depth`, default 64
 //!   frames, 0 for none), each distinct stack sent once per thread to the collector, which
 //!   resolves it with the [`ModuleMap`](crate::modules::ModuleMap) of this process and defines it in
 //!   the artifact as the eBPF tracker does. Frees carry none. Needs frame pointers in the
@@ -37,7 +37,7 @@
 //!   first allocation through it takes the recording call once,
 //!   to learn that it is installed (`LEARN`).
 //! - **Lifecycle**: idle → starting → recording → stopping → idle, one state behind one lock
-//!   in `recorder/lifecycle.rs`; the switch and session word the hot path reads are its view,
+//!   in `allocator/lifecycle.rs`; the switch and session word the hot path reads are its view,
 //!   written only by its transitions.
 
 mod collector;
@@ -78,7 +78,7 @@ const _: () = assert!(LEARN & (STREAM | COUNT) == 0);
 /// next began is recorded with the epoch it read the scope with, so it is either in the new
 /// session's scope or dropped.
 static SESSION: AtomicU64 = AtomicU64::new(0);
-/// The allocator recorder's lifecycle; see `recorder/lifecycle.rs`.
+/// The allocator recorder's lifecycle; see `allocator/lifecycle.rs`.
 static RECORDER: Lifecycle<HotPath> = Lifecycle::new(HotPath);
 
 /// The view [`RECORDER`]'s transitions write: [`SWITCH`] and [`SESSION`].
