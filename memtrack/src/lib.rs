@@ -140,7 +140,7 @@ pub mod tracker;
 pub use allocator::{Allocator, in_session};
 pub use analysis::Stats;
 pub use backend::Recorded;
-pub use encode::Written;
+pub use encode::{EncodeError, Written};
 pub use error::{Error, Result};
 pub use limits::{Limits, Violation};
 #[cfg(feature = "macros")]

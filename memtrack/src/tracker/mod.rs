@@ -46,6 +46,8 @@ use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
 
+// `Tracker::start`'s encoder settings (the `encode` module is the CLI's, not documented).
+pub use crate::encode::EncoderOptions;
 pub use error::TrackerError;
 pub use kernel::{Feature, Kernel};
 // `memtrack record`'s engine: public for memtrack-cli, not a user's API.
@@ -55,7 +57,7 @@ pub use command::{CommandOptions, RecordOutcome, record_command, record_command_
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, ProcessInfo};
 use crate::backend::Recorded;
-use crate::encode::{Encoder, EncoderOptions, Snapshot};
+use crate::encode::{Encoder, Snapshot};
 use crate::lifecycle::Stage;
 use crate::modules::ModuleMap;
 use crate::scope::Scope;
