@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use memtrack::{
-    analysis::Benchmark, analysis::Metric, analysis::Threshold, artifact::Backend, artifact::Reader,
+    BackendChoice, analysis::Benchmark, analysis::Metric, analysis::Threshold, artifact::Backend,
+    artifact::Reader,
 };
 
 use crate::compare::{self, Format};
@@ -21,19 +22,24 @@ mod chain;
 mod render;
 mod suite;
 
-use suite::{Lock, Recorder, Repo, Suite, Worktree};
+use suite::{Lock, Repo, Suite, Worktree};
 
-/// `--backend`'s choices.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum BackendArg {
-    /// The eBPF tracker when memtrack may load it (root, or CAP_BPF + CAP_PERFMON), else the
-    /// allocator recorder.
-    Auto,
-    /// The eBPF tracker (`--cfg memtrack_bench`): every allocator, C's too.
-    Ebpf,
-    /// The allocator recorder as the global allocator (`--cfg memtrack_bench="alloc"`): Rust's
-    /// allocations only, no privileges needed.
-    Alloc,
+/// `--backend`: a [`BackendChoice`] by its name, each value with its help line.
+fn backend_choice() -> impl clap::builder::TypedValueParser<Value = BackendChoice> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([
+        PossibleValue::new("auto").help(
+            "The eBPF tracker when memtrack may load it (root, or CAP_BPF + CAP_PERFMON), else \
+             the allocator recorder",
+        ),
+        PossibleValue::new("ebpf")
+            .help("The eBPF tracker (`--cfg memtrack_bench`): every allocator, C's too"),
+        PossibleValue::new("alloc").help(
+            "The allocator recorder as the global allocator (`--cfg memtrack_bench=\"alloc\"`): \
+             Rust's allocations only, no privileges needed",
+        ),
+    ])
+    .try_map(|s| s.parse::<BackendChoice>().map_err(|e| e.to_string()))
 }
 
 #[derive(clap::Args)]
@@ -60,8 +66,8 @@ pub(crate) struct Args {
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
     /// The recorder the suite is built for.
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    backend: BackendArg,
+    #[arg(long, value_parser = backend_choice(), default_value = "auto")]
+    backend: BackendChoice,
     /// `cargo bench`'s arguments (packages, `--bench NAME`, `--profile`, features; criterion's
     /// filter after another `--`).
     #[arg(last = true, value_name = "CARGO_BENCH_ARGS")]
@@ -85,14 +91,14 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
         )));
     }
     let _lock = Lock::take(&target)?;
-    let recorder = match args.backend {
-        BackendArg::Ebpf => Recorder::Ebpf,
-        BackendArg::Alloc => Recorder::Alloc,
-        BackendArg::Auto if memtrack::tracker::privileged() => Recorder::Ebpf,
-        BackendArg::Auto => Recorder::Alloc,
+    // Resolved here, not by each bench binary: the suite is built for one recorder.
+    let backend = match args.backend {
+        BackendChoice::Ebpf => Backend::Ebpf,
+        BackendChoice::Auto if memtrack::tracker::privileged() => Backend::Ebpf,
+        _ => Backend::Alloc,
     };
     let suite = Suite {
-        recorder,
+        backend,
         args: args.cargo.clone(),
         target: target.join("memtrack-bench"),
         only: None,

@@ -182,7 +182,7 @@ macro_rules! through_memtrack {
 through_memtrack!(
     memtrack::artifact::FormatError,
     memtrack::artifact::OutputError,
-    memtrack::encode::EncodeError,
+    memtrack::EncodeError,
     memtrack::analysis::InvalidTimeline,
     memtrack::tracker::TrackerError,
     memtrack::locks::LockWaitsError

@@ -9,10 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use fxprof_processed_profile as fx;
-use memtrack::{artifact::Output, artifact::Reader, event::EventKind, human, stack::StackId};
+use memtrack::{
+    analysis::SiteOrder, artifact::Output, artifact::Reader, event::EventKind, human,
+    stack::StackId,
+};
 use serde_json::json;
 
-use crate::callsites::{CallSites, Class, Metric, NO_STACK, locations};
+use crate::callsites::{CallSites, Class, NO_STACK, locations, site_order};
 
 /// `--format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -38,8 +41,8 @@ pub(crate) struct Args {
     #[arg(short, long)]
     output: PathBuf,
     /// What a site weighs in the folded stacks (the other formats carry every number).
-    #[arg(long, value_enum, default_value_t = Metric::Bytes)]
-    metric: Metric,
+    #[arg(long, value_parser = site_order(), default_value = "bytes")]
+    metric: SiteOrder,
     /// With `--format folded`: the lock waits (a recording made with `record --locks`)
     /// instead of the allocations, weighted by the microseconds waited (the stacks
     /// `flamegraph --locks` draws).
@@ -70,7 +73,7 @@ fn run_sites(
     file: &Path,
     format: Format,
     output: &Path,
-    metric: Metric,
+    metric: SiteOrder,
 ) -> crate::error::Result<ExitCode> {
     let reader = Reader::open(file)?;
     let out = Output::create(output)?;

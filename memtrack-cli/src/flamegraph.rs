@@ -11,11 +11,11 @@ use std::process::ExitCode;
 
 use inferno::flamegraph::{self, Options, color::Color, color::PaletteMap};
 use memtrack::{
-    artifact::Output, artifact::Reader, human, symbolize::KeyFrame, symbolize::KeyedSites,
-    symbolize::SiteComparison, symbolize::SiteKey,
+    analysis::SiteOrder, artifact::Output, artifact::Reader, human, symbolize::KeyFrame,
+    symbolize::KeyedSites, symbolize::SiteComparison, symbolize::SiteKey,
 };
 
-use crate::callsites::{CallSites, Class, Metric, NO_STACK, TRUNCATED};
+use crate::callsites::{CallSites, Class, NO_STACK, TRUNCATED, Weight, site_order};
 use crate::locks::LockClass;
 
 /// The colour of each class's frames: warm for the program's own code (where to look first),
@@ -43,8 +43,8 @@ pub(crate) struct Args {
     output: PathBuf,
     /// What a site weighs: bytes allocated, allocations, bytes live at the peak, or
     /// bytes still live at the end.
-    #[arg(long, value_enum, default_value_t = Metric::Bytes)]
-    metric: Metric,
+    #[arg(long, value_parser = site_order(), default_value = "bytes")]
+    metric: SiteOrder,
     /// Draw the lock waits (a recording made with `record --locks`) instead of the
     /// allocations: each contended call site's stack above the lock call, its lock's
     /// class on top, weighted by the microseconds waited there.
@@ -79,7 +79,7 @@ pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
 fn run_sites(
     file: &Path,
     output: &Path,
-    metric: Metric,
+    metric: SiteOrder,
     trim: bool,
 ) -> crate::error::Result<ExitCode> {
     let reader = Reader::open(file)?;
@@ -101,7 +101,7 @@ fn run_sites(
 /// so.
 pub fn render(
     cs: &CallSites,
-    metric: Metric,
+    metric: SiteOrder,
     trim: bool,
     svg: &mut Vec<u8>,
 ) -> std::io::Result<()> {
@@ -260,7 +260,7 @@ fn run_diff(
     base: &Path,
     head: &Path,
     output: &Path,
-    metric: Metric,
+    metric: SiteOrder,
 ) -> crate::error::Result<ExitCode> {
     // Both refused or read before the output is created: a refusal leaves nothing behind.
     let (rb, rh) = (open_whole(base)?, open_whole(head)?);
@@ -423,7 +423,7 @@ pub fn render_diff(
     keyed: &SiteComparison,
     base: &DiffSide<'_>,
     head: &DiffSide<'_>,
-    metric: Metric,
+    metric: SiteOrder,
     svg: &mut Vec<u8>,
 ) -> std::io::Result<(usize, usize)> {
     let names = DiffNames::new(keyed);

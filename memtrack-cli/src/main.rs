@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use error::{Codes, Error};
-use memtrack::{analysis::Analyzer, analysis::Totals, artifact::Completeness, artifact::Reader};
+use memtrack::{analysis::Analyzer, artifact::Completeness, artifact::Reader, totals::Totals};
 
 mod bench;
 mod callsites;

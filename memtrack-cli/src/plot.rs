@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memtrack::{
-    analysis::Analyzer, analysis::Column, analysis::Extremes, analysis::Timeline, analysis::Totals,
-    artifact::Output, artifact::Reader, event::EventKind, human,
+    analysis::Analyzer, analysis::Column, analysis::Extremes, analysis::Timeline, artifact::Output,
+    artifact::Reader, event::EventKind, human, totals::Totals,
 };
 use plotters::backend::SVGBackend;
 use plotters::coord::types::RangedCoordf64;

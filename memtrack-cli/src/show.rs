@@ -11,10 +11,10 @@ use std::process::ExitCode;
 
 use memtrack::render::{self, Align, Cell, Column, Table};
 use memtrack::{
-    analysis::Analyzer, analysis::KindCounts, analysis::Site, analysis::SiteAnalyzer,
-    analysis::SiteOrder, analysis::SizeClass, analysis::SizeHistogram, analysis::Totals,
-    artifact::Backend, artifact::Metadata, artifact::Reader, event::KindTag, human, stack::Stack,
-    symbolize::ModuleStatus, symbolize::SymFrame,
+    analysis::Analyzer, analysis::Site, analysis::SiteAnalyzer, analysis::SiteOrder,
+    analysis::SizeClass, analysis::SizeHistogram, artifact::Backend, artifact::Metadata,
+    artifact::Reader, event::KindTag, human, stack::Stack, symbolize::ModuleStatus,
+    symbolize::SymFrame, totals::KindCounts, totals::Totals,
 };
 use serde::Serialize;
 
@@ -37,8 +37,8 @@ pub(crate) struct Args {
     top: Option<usize>,
     /// What `--top` ranks sites by: bytes allocated, allocations, bytes live at the peak,
     /// or bytes still live at the end (leaked).
-    #[arg(long, value_enum, default_value_t = By::Bytes, requires = "top")]
-    by: By,
+    #[arg(long, value_parser = crate::callsites::site_order(), default_value = "bytes", requires = "top")]
+    by: SiteOrder,
     /// With `--top`: hide the allocator's own frames at the top of each stack (the default).
     #[arg(long, overrides_with = "no_trim_allocator", requires = "top",
           long_help = crate::callsites::TRIM_HELP)]
@@ -48,32 +48,12 @@ pub(crate) struct Args {
     no_trim_allocator: bool,
 }
 
-/// `show --by`: the orders of `memtrack::analysis::SiteOrder`.
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum By {
-    Bytes,
-    Allocations,
-    Peak,
-    Leaked,
-}
-
-impl By {
-    fn order(self) -> SiteOrder {
-        match self {
-            By::Bytes => SiteOrder::Bytes,
-            By::Allocations => SiteOrder::Allocations,
-            By::Peak => SiteOrder::Peak,
-            By::Leaked => SiteOrder::Leaked,
-        }
-    }
-}
-
 /// Prints `args.file`'s metadata and totals, as a table or JSON.
 pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     let path = &args.file;
     let top = args.top.map(|n| Top {
         n,
-        order: args.by.order(),
+        order: args.by,
         trim: !args.no_trim_allocator,
     });
     let reader = Reader::open(path)?;
@@ -160,7 +140,7 @@ pub struct ShowReport {
     pub per_iteration: Option<PerIteration>,
     /// Each marked iteration's figures, their spread (a session that accumulated calls).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub iteration_spread: Option<memtrack::analysis::IterationSpread>,
+    pub iteration_spread: Option<memtrack::totals::IterationSpread>,
     /// One row per thread, when asked for (`--threads`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_thread: Option<Vec<ThreadRow>>,
@@ -424,7 +404,7 @@ impl ShowReport {
         threads: bool,
         top: Option<Top>,
     ) -> crate::error::Result<Self> {
-        let pass = Pass::read(reader, top.is_some())?;
+        let pass = Scan::read(reader, top.is_some())?;
         let (a, sites, sizes) = (pass.analyzer(), &pass.sites, &pass.sizes);
         let t = a.totals();
         let iterations = reader.final_metadata().and_then(|f| f.iterations);
@@ -485,14 +465,14 @@ impl ShowReport {
 }
 
 /// The one pass over the events: totals, sizes, and the sites when asked for.
-struct Pass {
+struct Scan {
     /// The totals when sites are not counted.
     totals: Analyzer,
     sites: Option<SiteAnalyzer>,
     sizes: SizeHistogram,
 }
 
-impl Pass {
+impl Scan {
     /// Reads every frame with a progress bar on a terminal.
     fn read(reader: &Reader, with_sites: bool) -> crate::error::Result<Self> {
         // Sizes (and sites, when asked for) are counted beside the totals, in the same pass:
@@ -515,7 +495,7 @@ impl Pass {
             None
         };
         bar.finish_and_clear();
-        Ok(Pass {
+        Ok(Scan {
             totals,
             sites,
             sizes,

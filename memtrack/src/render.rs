@@ -29,8 +29,9 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-use crate::analysis::{Benchmark, Metric, Totals, Verdict};
+use crate::analysis::{Benchmark, Metric, Verdict};
 use crate::human;
+use crate::totals::Totals;
 
 /// Which side of its column a cell keeps to in the text and markdown tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

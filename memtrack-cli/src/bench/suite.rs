@@ -5,40 +5,25 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use memtrack::artifact::{Output as OutputFile, Reader};
+use memtrack::artifact::{Backend, Output as OutputFile, Reader};
 
 use crate::error::Error;
 
-/// The recorder the suite is built for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Recorder {
-    /// `--cfg memtrack_bench`: the eBPF tracker.
-    Ebpf,
-    /// `--cfg memtrack_bench="alloc"`: the allocator recorder as the global allocator.
-    Alloc,
-}
-
-impl Recorder {
-    /// The `--cfg` memtrack-criterion reads.
-    fn cfg(self) -> &'static str {
-        match self {
-            Recorder::Ebpf => "memtrack_bench",
-            Recorder::Alloc => "memtrack_bench=\"alloc\"",
-        }
-    }
-
-    /// `MEMTRACK_BACKEND`'s value for it.
-    fn name(self) -> &'static str {
-        match self {
-            Recorder::Ebpf => "ebpf",
-            Recorder::Alloc => "alloc",
-        }
+/// The `--cfg` memtrack-criterion reads for `backend`, and `MEMTRACK_BACKEND`'s value:
+/// `--cfg memtrack_bench` builds the suite for the eBPF tracker, `memtrack_bench="alloc"`
+/// with the allocator recorder as the global allocator (a suite is built for one of the two).
+fn cfg_and_name(backend: Backend) -> (&'static str, &'static str) {
+    if backend == Backend::Ebpf {
+        ("memtrack_bench", "ebpf")
+    } else {
+        ("memtrack_bench=\"alloc\"", "alloc")
     }
 }
 
 /// How to run the suite: `cargo bench ARGS` in a target directory of memory mode's own.
 pub(crate) struct Suite {
-    pub recorder: Recorder,
+    /// The recorder the suite is built for: [`Backend::Ebpf`] or [`Backend::Alloc`].
+    pub backend: Backend,
     pub args: Vec<OsString>,
     /// `<the user's target dir>/memtrack-bench`, or `memtrack-bench-base` for the worktree's
     /// builds (`--base`, `--chain`).
@@ -150,7 +135,7 @@ impl Suite {
         cmd.current_dir(dir);
         let ours = [
             "--cfg",
-            self.recorder.cfg(),
+            cfg_and_name(self.backend).0,
             "-C",
             "force-frame-pointers=yes",
         ];
@@ -193,7 +178,7 @@ impl Suite {
         cmd.env("CARGO_TARGET_DIR", &self.target)
             .env(memtrack::NO_REPLACE, "1")
             .env("MEMTRACK_DIR", out)
-            .env("MEMTRACK_BACKEND", self.recorder.name())
+            .env("MEMTRACK_BACKEND", cfg_and_name(self.backend).1)
             // One table, ours, for all the suite's binaries: each says one line.
             .env("MEMTRACK_SUMMARY", "line")
             .stdin(Stdio::null())
