@@ -1,13 +1,13 @@
-//! Marginal cost of the allocator backend per event, on an allocation-heavy workload: a
+//! Marginal cost of the allocator recorder per event, on an allocation-heavy workload: a
 //! 64-slot ring of blocks of varying sizes (8..1032 bytes), N = 2,000,000 alloc+free pairs.
 //! Five configurations side by side: untracked (`System` directly), `memtrack::Allocator`
-//! with no session, with a session recording (the allocator backend) without call stacks,
+//! with no session, with a session recording (the allocator recorder) without call stacks,
 //! with a session recording 20-frame call stacks (the workload runs NEST frames deep), and the
 //! same with the allocations made through five functions in turn (five stacks in rotation,
 //! more than the recorder keeps to find a stack again: every allocation walks and looks up its
 //! stack, the recorder's worst case).
 //! Targets: ≤ 1 ns/event with no session, ≤ 20 ns/event recording, ≤ 40 ns/event recording
-//! 20-frame stacks, end to end (issues 13 and 14). Stacks need frame pointers: run it with
+//! 20-frame stacks, end to end. Stacks need frame pointers: run it with
 //! `RUSTFLAGS="-C force-frame-pointers=yes"` (it prints the frames the stacks really had).
 //!
 //! How it avoids flattering itself:
@@ -55,7 +55,7 @@ fn nested<R>(depth: u32, f: &mut dyn FnMut() -> R) -> R {
 /// Functions alike but for their name, that make the workload's allocation: allocations
 /// through them in turn have stacks that start at the same frame pointer and differ in one
 /// caller. Five in turn are more than the allocator recorder keeps to find a stack again
-/// (`recorder/walk.rs`): every allocation walks its stack and looks it up (its worst case).
+/// (`allocator/walk.rs`): every allocation walks its stack and looks it up (its worst case).
 macro_rules! via {
     ($($name:ident $k:literal),*) => {
         $(
@@ -129,7 +129,7 @@ fn session_with(dir: &std::path::Path, name: &str, stack_depth: u32) -> Session 
         .stack_depth(stack_depth)
         .quiet(true)
         .start()
-        .expect("allocator backend session")
+        .expect("allocator recorder session")
 }
 
 /// A session around `workload(n)`, timed from the first allocation to the end of `finish`;

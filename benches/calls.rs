@@ -9,7 +9,7 @@
 //! the cost per call is the difference over `CALLS`, wall clock and the CPU time of the whole
 //! process (every thread: the eBPF poller, the allocator recorder's collector). Rounds
 //! alternate the recorders' order (ABBA); medians and ranges of the rounds. The first call of
-//! each round (which starts the recording) is in the warm-up, and so is the eBPF recorder's
+//! each round (which starts the recording) is in the warm-up, and so is the eBPF tracker's
 //! attach.
 //!
 //! Then the cost of calls of two functions in turn (`a(); b(); a(); …`): each call sets the
@@ -21,7 +21,7 @@
 //! cargo bench --bench calls -- [CALLS] [ROUNDS]
 //! ```
 //! Defaults: 20,000 calls, 6 rounds. Targets (exit status 1 if a median misses one): 2 µs per
-//! call on the allocator recorder, 20 µs on the eBPF recorder (skipped without CAP_BPF +
+//! call on the allocator recorder, 20 µs on the eBPF tracker (skipped without CAP_BPF +
 //! CAP_PERFMON, with a message).
 
 use std::hint::black_box;
@@ -151,7 +151,7 @@ fn main() {
     let calls: u32 = args.first().map_or(20_000, |a| a.parse().expect("CALLS"));
     let rounds: usize = args.get(1).map_or(6, |a| a.parse().expect("ROUNDS"));
     let ebpf = memtrack::tracker::Tracker::global(&memtrack::tracker::TrackerOptions::new())
-        .map_err(|e| println!("eBPF recorder skipped: {e}"))
+        .map_err(|e| println!("eBPF tracker skipped: {e}"))
         .is_ok();
     let mut backends: Vec<(&str, fn(), f64)> = vec![("alloc", tracked_alloc, 2_000.0)];
     if ebpf {

@@ -1,7 +1,7 @@
 //! Symbolizing recorded stacks on real binaries: `cargo bench --bench symbolize` prints figures
 //! (not a timed test: the machine is shared, read the numbers, do not gate on them).
 //!
-//! Issue #14's target: every distinct stack of a 10 M-event artifact symbolized, and `--top 20`
+//! The target: every distinct stack of a 10 M-event artifact symbolized, and `--top 20`
 //! printed, in ≤ 1 s once the first run has warmed the caches. The number of distinct stacks does
 //! not grow with the events (`synth` models 300 call sites, whatever its length), so this bench
 //! symbolizes N distinct stacks of 20 frames for N = 300, 3,000 and 30,000, and prints the

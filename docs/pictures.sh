@@ -2,7 +2,7 @@
 # Makes the guide's pictures and sample outputs (docs/src/images/) from a real recording:
 # examples/downstream (a user's project on memtrack-criterion) copied into a scratch git
 # repository, its `tokenize` then changed to copy each token once more, and `memtrack bench
-# --base HEAD` run on the change as a user runs it. Needs root (the eBPF recorder); takes a few
+# --base HEAD` run on the change as a user runs it. Needs root (the eBPF tracker); takes a few
 # minutes (two builds of the suite in memory mode). Run it after a change of the outputs'
 # shape, and commit what it writes.
 set -euo pipefail

@@ -15,8 +15,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use memtrack::{
-    artifact::Backend, artifact::Metadata, encode::EncoderOptions, tracker::Recorded,
-    tracker::Tracker, tracker::TrackerOptions,
+    Recorded, artifact::Backend, artifact::Metadata, encode::EncoderOptions, tracker::Tracker,
+    tracker::TrackerOptions,
 };
 
 /// A failed file, a tracker error or a run that lost events, each with its message.

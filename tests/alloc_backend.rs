@@ -1,9 +1,9 @@
-//! The allocator backend: `memtrack::Allocator` as the global allocator, no privileges needed.
+//! The allocator recorder: `memtrack::Allocator` as the global allocator, no privileges needed.
 //!
 //! `harness = false`: the recorder sees every thread of the process, so these exact counts
 //! need libtest's threads out of the way; the tests run one after another on the main thread.
 //! CI runs this binary twice: as root (where `auto` picks eBPF) and as an unprivileged user
-//! (where `auto` picks this backend and the eBPF backend must be refused with its fix).
+//! (where `auto` picks this backend and the eBPF tracker must be refused with its fix).
 
 use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
 use std::hint::black_box;
@@ -22,7 +22,7 @@ fn session(name: &str) -> memtrack::Session {
         .backend(BackendChoice::Alloc)
         .quiet(true)
         .start()
-        .expect("allocator backend session")
+        .expect("allocator recorder session")
 }
 
 fn events(report: &memtrack::Report) -> Vec<Event> {
@@ -78,7 +78,7 @@ fn paths_recorded(depth: u32) {
         .stack_depth(depth)
         .quiet(true)
         .start()
-        .expect("allocator backend session");
+        .expect("allocator recorder session");
     let mut v: Vec<u8> = Vec::with_capacity(10);
     v.reserve_exact(90);
     v.shrink_to_fit();
@@ -326,7 +326,7 @@ fn criterion_measurements_keep_results_of_their_own() {
 
 /// One criterion `--profile-time` run of a routine making exactly one 64-byte allocation per
 /// iteration, under memtrack's `Profiler`; returns the artifact's totals and iterations.
-fn profile_once(seconds: f64, copy_to: &str) -> (memtrack::analysis::Totals, Option<u64>) {
+fn profile_once(seconds: f64, copy_to: &str) -> (memtrack::totals::Totals, Option<u64>) {
     use memtrack::criterion::{Profiler, iteration};
     let dir = std::path::PathBuf::from(std::env::var_os("MEMTRACK_DIR").unwrap());
     let out = tempfile::tempdir().unwrap();
@@ -345,7 +345,7 @@ fn profile_once(seconds: f64, copy_to: &str) -> (memtrack::analysis::Totals, Opt
     (fin.totals.clone(), fin.iterations)
 }
 
-/// Issue 9, defect 4: criterion picks a different number of iterations each run, so totals of
+/// Criterion picks a different number of iterations each run, so totals of
 /// the same code differ (`-37.50% improved`); per iteration they are the same.
 fn profiler_runs_of_the_same_code_compare_unchanged() {
     use memtrack::{
@@ -371,7 +371,7 @@ fn profiler_runs_of_the_same_code_compare_unchanged() {
             (it + 1, 64 * it + 8, 64 + 8)
         );
     }
-    let bench = |t: memtrack::analysis::Totals, it| {
+    let bench = |t: memtrack::totals::Totals, it| {
         Benchmark::new("alloc_profiled", "x.memtrack", t).with_iterations(Some(it))
     };
     let c = Comparison::new(
@@ -586,7 +586,7 @@ fn allocations_keep_their_stacks_on_the_fast_path() {
         .stack_depth(16)
         .quiet(true)
         .start()
-        .expect("allocator backend session");
+        .expect("allocator recorder session");
     let mut x = 12345u32;
     let mut made = [0u64; 3];
     for _ in 0..3000 {
@@ -625,7 +625,7 @@ fn allocations_keep_their_stacks_on_the_fast_path() {
     assert_eq!(ids.len(), 3, "three routes, three stacks: {stacks:?}");
 }
 
-/// Whether this process may use the eBPF recorder (what `auto` checks).
+/// Whether this process may use the eBPF tracker (what `auto` checks).
 fn privileged() -> bool {
     memtrack_test_support::missing(&[TRACKER]).is_none()
 }

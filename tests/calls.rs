@@ -3,7 +3,7 @@
 //!
 //! `harness = false`: exact counts need libtest's threads out of the way; the tests run one
 //! after another on the main thread. `memtrack::Allocator` is the global allocator, so the
-//! allocator recorder can run (its tests need no privileges); the eBPF recorder's tests need
+//! allocator recorder can run (its tests need no privileges); the eBPF tracker's tests need
 //! CAP_BPF + CAP_PERFMON and are reported as ignored, with why, without them.
 //!
 //! Each call's figures are checked against numbers computed here from what the function does,
@@ -13,9 +13,9 @@
 use std::hint::black_box;
 use std::path::PathBuf;
 
-use memtrack::analysis::Spread;
 use memtrack::artifact::Reader;
 use memtrack::event::{Event, EventKind};
+use memtrack::totals::Spread;
 use memtrack::{BackendChoice, Report, SessionBuilder, memtrack};
 use memtrack_test_support::{TRACKER, requires, test};
 

@@ -2,8 +2,8 @@
 //! declared sites say, counted by the eBPF tracker: the stack tests compare per-site numbers
 //! with those declarations, so the declarations themselves are checked here, stacks aside.
 //!
-//! `rust_fixture_stacks_in_order` checks the eBPF recorder's stacks of the Rust fixture (issue
-//! 14's test: each site's counts and bytes exact, its stack the expected functions in order,
+//! `rust_fixture_stacks_in_order` checks the eBPF tracker's stacks of the Rust fixture (each
+//! site's counts and bytes exact, its stack the expected functions in order,
 //! the `#[inline(always)]` helper an inlined frame, the C function called by FFI a frame of
 //! its own), as memtrack-cli/tests/alloc_stacks.rs does for the allocator recorder.
 //!
@@ -125,7 +125,7 @@ fn rust_fixture() {
     assert_eq!(frees, sites.iter().map(|s| s.count).sum::<u64>(), "{got:?}");
 }
 
-/// The eBPF recorder's stacks of the Rust fixture: each declared site is one stack of exactly
+/// The eBPF tracker's stacks of the Rust fixture: each declared site is one stack of exactly
 /// its count and bytes in the whole recording (no other allocation shares it), and memtrack's
 /// symbolizer names that stack's frames as the site's chain, in order, the
 /// `#[inline(always)]` helper as a frame inlined into its caller.

@@ -1,4 +1,4 @@
-//! The parallel suite (`parallel_suite/suite.rs`) on the eBPF recorder, run in parallel as
+//! The parallel suite (`parallel_suite/suite.rs`) on the eBPF tracker, run in parallel as
 //! libtest runs tests. Needs CAP_BPF + CAP_PERFMON; without them each test is reported as
 //! ignored, with why.
 

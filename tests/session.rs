@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 
-use memtrack::{analysis::Totals, artifact::Reader, event::Event, event::EventKind, memtrack};
+use memtrack::{artifact::Reader, event::Event, event::EventKind, memtrack, totals::Totals};
 use memtrack_test_support::{Cap, Need, TRACKER, requires, test, three_blocks};
 
 fn dir() -> PathBuf {
@@ -452,7 +452,7 @@ fn allocator_backend_without_the_allocator_is_refused() {
         msg.contains("#[global_allocator]") && msg.contains("memtrack::Allocator::system()"),
         "{msg}"
     );
-    assert!(!memtrack::recorder::allocator_installed());
+    assert!(!memtrack::allocator::allocator_installed());
 }
 
 /// Two allocations, then a `#[memtrack]` function with three: it joins this session.

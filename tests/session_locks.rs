@@ -125,7 +125,7 @@ fn the_attribute_asks_for_lock_waits() {
 
 /// `#[memtrack(locks)]` when the allocator recorder is chosen at run time
 /// (`MEMTRACK_BACKEND=alloc`): recording does not start, and a function with limits fails with
-/// the reason (lock waits need the eBPF backend) instead of running unrecorded.
+/// the reason (lock waits need the eBPF tracker) instead of running unrecorded.
 fn the_attribute_with_the_allocator_recorder_at_run_time() {
     #[memtrack::memtrack(locks, in_memory, max_allocations = 1_000)]
     fn limited() {}
@@ -136,7 +136,7 @@ fn the_attribute_with_the_allocator_recorder_at_run_time() {
     // SAFETY: as above.
     unsafe { std::env::remove_var("MEMTRACK_BACKEND") };
     let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
-    assert!(msg.contains("lock waits need the eBPF backend"), "{msg}");
+    assert!(msg.contains("lock waits need the eBPF tracker"), "{msg}");
 }
 
 fn main() {

@@ -4,7 +4,7 @@
 //! session runs, and another user's link at the artifact's name is refused at `start`.
 //!
 //! `harness = false`, tests run one after another on the main thread: sessions are
-//! process-global. They use the allocator backend (no privileges needed); planting a link owned
+//! process-global. They use the allocator recorder (no privileges needed); planting a link owned
 //! by another user needs CAP_CHOWN, and without it that test is reported as ignored.
 
 use std::fs;

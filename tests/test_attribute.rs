@@ -3,7 +3,7 @@
 //! keeps the test a test. Artifacts go to the default `target/memtrack/`.
 //!
 //! These tests are about libtest and the attribute, not a recorder: this binary installs
-//! `memtrack::Allocator`, so they run everywhere, for real (`auto`: the eBPF recorder with
+//! `memtrack::Allocator`, so they run everywhere, for real (`auto`: the eBPF tracker with
 //! CAP_BPF + CAP_PERFMON, as in CI, else the allocator recorder), and never need to skip.
 
 use std::hint::black_box;

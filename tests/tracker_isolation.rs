@@ -1,4 +1,4 @@
-//! The in-process eBPF tracker records this process only (issue 10, least privilege 3): the
+//! The in-process eBPF tracker records this process only (least privilege): the
 //! target pid is load-time read-only data of the BPF program (set before the program is loaded,
 //! so no probe ever runs without it) and the uprobes are attached for this pid only. Here a
 //! forked child — the same executable and libc, so the very same probed instructions — and an

@@ -560,7 +560,7 @@ fn lost_switches_refuse_the_result() {
     );
 }
 
-/// Lock waits with the allocator backend: a clear error before anything starts.
+/// Lock waits with the allocator recorder: a clear error before anything starts.
 fn lock_waits_need_the_ebpf_backend() {
     let err = memtrack::SessionBuilder::new("alloc-locks")
         .backend(memtrack::BackendChoice::Alloc)
@@ -571,7 +571,7 @@ fn lock_waits_need_the_ebpf_backend() {
         .expect("refused");
     let msg = err.to_string();
     assert!(
-        matches!(err, memtrack::Error::InvalidOption(_)) && msg.contains("eBPF backend"),
+        matches!(err, memtrack::Error::InvalidOption(_)) && msg.contains("eBPF tracker"),
         "{msg}"
     );
 }

@@ -564,9 +564,9 @@ fn syscalls_can_be_left_out() {
     between_markers(&run);
 }
 
-/// Issue 12, item 12: by default mmap/munmap are recorded through libc's wrappers (pid-scoped
-/// uprobes, no cost to other processes), so a raw `syscall(SYS_mmap)` is not seen; the raw
-/// option's global tracepoint sees both. Before, the default was the tracepoint (all four).
+/// By default mmap/munmap are recorded through libc's wrappers (pid-scoped uprobes, no cost
+/// to other processes), so a raw `syscall(SYS_mmap)` is not seen; the raw option's global
+/// tracepoint sees both.
 fn syscalls_through_libc_by_default_raw_on_request() {
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
@@ -625,9 +625,9 @@ fn shapes(kinds: &[EventKind]) -> Vec<(&'static str, u64, u64)> {
     kinds.iter().map(shape).collect()
 }
 
-/// Issue 12, item 2: a script, and a script whose interpreter is itself a script (a shim),
-/// record what actually runs: the interpreter named by the `#!` lines, found as the kernel
-/// does. Before, both failed with "no allocator symbols … statically linked?", a wrong cause.
+/// A script, and a script whose interpreter is itself a script (a shim), record what
+/// actually runs: the interpreter named by the `#!` lines, found as the kernel does (not a
+/// "no allocator symbols … statically linked?" refusal, a wrong cause).
 fn scripts_and_shims_record_their_interpreter() {
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
@@ -670,7 +670,7 @@ fn scripts_and_shims_record_their_interpreter() {
     assert!(e.contains("neither an ELF program nor a script"), "{e}");
 }
 
-/// Issue 12, item 9: glibc's thread shutdown returns the blocks left in the exiting thread's
+/// glibc's thread shutdown returns the blocks left in the exiting thread's
 /// cache through `free`; they were freed by the program already and are not user frees. Four
 /// workers each malloc+free one size 100 times: each leaves exactly one block in its tcache.
 fn thread_exit_cache_flush_is_not_counted_as_frees() {
@@ -697,10 +697,9 @@ fn thread_exit_cache_flush_is_not_counted_as_frees() {
     assert_eq!(t.unmatched_frees, 4, "one cache struct per worker: {t:?}");
 }
 
-/// Issue 12, item 12: `sh -c 'exec ./prog'` counted the shell's blocks, discarded by exec, as
-/// live at the end. A process image's heap ends at exec: what the program leaves live is the
-/// same as when it is recorded alone, and the shell's blocks live at the exec are counted as
-/// discarded.
+/// A process image's heap ends at exec: under `sh -c 'exec ./prog'` what the program leaves
+/// live is the same as when it is recorded alone, and the shell's blocks live at the exec are
+/// counted as discarded, not as live at the end.
 fn exec_ends_the_images_heap() {
     let dir = tmp();
     let exe = build(dir.path(), "alloc.c", "alloc", &[]);
@@ -815,8 +814,6 @@ fn with_alone(exclusive: bool, f: impl FnOnce()) {
 /// Held shared by every test, exclusively by `ten_million_events_none_lost`: a burst of 10 M
 /// events as fast as a C loop makes them checks that memtrack keeps up with it, which on 2
 /// cores it cannot be asked to do while another test's program and recording take one of
-/// them. In a clean-clone CI run (2026-12-01 11:30 UTC, on a host whose uprobes cost up to
-/// 2× what they had cost at 05:10 that day) it ran beside the others and lost 47,606 events
-/// (counted, as they must be: the 8 MiB ring overflowed while the poller was behind); run
-/// alone it passed 3 runs of 3.
+/// them: beside the others, on a host with slow uprobes, its 8 MiB ring overflows while the
+/// poller is behind (the lost events counted, as they must be).
 static ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());

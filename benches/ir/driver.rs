@@ -387,7 +387,7 @@ fn session_with(name: &str, depth: Option<u32>) -> memtrack::Session {
     if let Some(depth) = depth {
         b = b.stack_depth(depth);
     }
-    b.start().expect("an allocator backend session")
+    b.start().expect("an allocator recorder session")
 }
 
 fn finish(s: memtrack::Session, pairs: u64) -> u64 {

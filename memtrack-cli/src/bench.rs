@@ -11,32 +11,36 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use memtrack::{
-    analysis::Benchmark, analysis::Metric, analysis::Threshold, artifact::Backend, artifact::Reader,
+    BackendChoice, analysis::Benchmark, analysis::Metric, analysis::Threshold, artifact::Backend,
+    artifact::Reader,
 };
 
 use crate::compare::{self, Format};
+use crate::error::Error;
 
 mod chain;
 mod instructions;
 mod render;
 mod suite;
 
-use suite::{Lock, Recorder, Repo, Suite, Worktree};
+use suite::{Lock, Repo, Suite, Worktree};
 
-/// Exit code of a run that could not be done or whose inputs were refused.
-const INPUT_ERROR: u8 = 2;
-
-/// `--backend`'s choices.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum BackendArg {
-    /// The eBPF tracker when memtrack may load it (root, or CAP_BPF + CAP_PERFMON), else the
-    /// allocator recorder.
-    Auto,
-    /// The eBPF tracker (`--cfg memtrack_bench`): every allocator, C's too.
-    Ebpf,
-    /// The allocator recorder as the global allocator (`--cfg memtrack_bench="alloc"`): Rust's
-    /// allocations only, no privileges needed.
-    Alloc,
+/// `--backend`: a [`BackendChoice`] by its name, each value with its help line.
+fn backend_choice() -> impl clap::builder::TypedValueParser<Value = BackendChoice> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([
+        PossibleValue::new("auto").help(
+            "The eBPF tracker when memtrack may load it (root, or CAP_BPF + CAP_PERFMON), else \
+             the allocator recorder",
+        ),
+        PossibleValue::new("ebpf")
+            .help("The eBPF tracker (`--cfg memtrack_bench`): every allocator, C's too"),
+        PossibleValue::new("alloc").help(
+            "The allocator recorder as the global allocator (`--cfg memtrack_bench=\"alloc\"`): \
+             Rust's allocations only, no privileges needed",
+        ),
+    ])
+    .try_map(|s| s.parse::<BackendChoice>().map_err(|e| e.to_string()))
 }
 
 /// `--measure`'s choices.
@@ -79,8 +83,8 @@ pub(crate) struct Args {
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
     /// The recorder the suite is built for.
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    backend: BackendArg,
+    #[arg(long, value_parser = backend_choice(), default_value = "auto")]
+    backend: BackendChoice,
     /// `cargo bench`'s arguments (packages, `--bench NAME`, `--profile`, features; criterion's
     /// filter after another `--`).
     #[arg(last = true, value_name = "CARGO_BENCH_ARGS")]
@@ -88,18 +92,9 @@ pub(crate) struct Args {
 }
 
 /// Runs the suite (twice with `--base`) and reports; see the module docs for the exit codes.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
-    match bench(args) {
-        Ok(code) => Ok(code),
-        Err(e) => {
-            eprintln!("memtrack: error: {}", memtrack::human::terminal(&e));
-            Ok(ExitCode::from(INPUT_ERROR))
-        }
-    }
-}
-
-fn bench(args: Args) -> Result<ExitCode, String> {
-    let here = std::env::current_dir().map_err(|e| format!("no current directory: {e}"))?;
+pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
+    let here =
+        std::env::current_dir().map_err(|e| crate::error::io("no current directory".into(), e))?;
     let target = suite::target_dir(&here)?;
     // Where the user typed it: cargo runs each side's bench binaries in its package's root.
     let out = args
@@ -107,20 +102,20 @@ fn bench(args: Args) -> Result<ExitCode, String> {
         .as_ref()
         .map_or_else(|| target.join("memtrack/bench"), |o| here.join(o));
     if std::fs::metadata(&out).is_ok_and(|m| !m.is_dir()) {
-        return Err(format!(
+        return Err(Error::Usage(format!(
             "--out {}: it is a file, and bench writes a directory of artifacts: name a directory",
             out.display()
-        ));
+        )));
     }
     let _lock = Lock::take(&target)?;
-    let recorder = match args.backend {
-        BackendArg::Ebpf => Recorder::Ebpf,
-        BackendArg::Alloc => Recorder::Alloc,
-        BackendArg::Auto if memtrack::tracker::privileged() => Recorder::Ebpf,
-        BackendArg::Auto => Recorder::Alloc,
+    // Resolved here, not by each bench binary: the suite is built for one recorder.
+    let backend = match args.backend {
+        BackendChoice::Ebpf => Backend::Ebpf,
+        BackendChoice::Auto if memtrack::tracker::privileged() => Backend::Ebpf,
+        _ => Backend::Alloc,
     };
     let suite = Suite {
-        recorder,
+        backend,
         args: args.cargo.clone(),
         target: target.join("memtrack-bench"),
         only: None,
@@ -136,9 +131,9 @@ fn bench(args: Args) -> Result<ExitCode, String> {
     });
     if let Some(spec) = &args.chain {
         if counting.is_some() {
-            return Err(
+            return Err(Error::Usage(
                 "--chain follows memory only: --measure instructions takes --base".to_string(),
-            );
+            ));
         }
         let repo = Repo::find(&here, "--chain")?;
         return chain::run(
@@ -161,10 +156,14 @@ fn bench(args: Args) -> Result<ExitCode, String> {
                 code = report(&out, args.format)?;
             }
             if let Some(counting) = &counting {
-                counting.run(&here, &out, "head")?;
-                let text = instructions::report(&out, args.format)?;
-                crate::out(&text).map_err(|e| e.to_string())?;
-                summary(&instructions::report(&out, Format::Markdown)?);
+                counting
+                    .run(&here, &out, "head")
+                    .map_err(Error::Instructions)?;
+                let text = instructions::report(&out, args.format).map_err(Error::Instructions)?;
+                crate::out(&text)?;
+                summary(
+                    &instructions::report(&out, Format::Markdown).map_err(Error::Instructions)?,
+                );
             }
         }
         Some(reference) => {
@@ -192,21 +191,27 @@ fn bench(args: Args) -> Result<ExitCode, String> {
                 base_suite.run(&tree.dir, &base, &side)?;
             }
             if let Some(counting) = &counting {
-                counting.run(&here, &head, "head")?;
+                counting
+                    .run(&here, &head, "head")
+                    .map_err(Error::Instructions)?;
                 let base_counting = instructions::Counting {
                     target: target.join("memtrack-instructions-base"),
                     ..instructions::Counting::new(&args.cargo, args.runs as usize, PathBuf::new())
                 };
-                base_counting.run(&tree.dir, &base, &side)?;
+                base_counting
+                    .run(&tree.dir, &base, &side)
+                    .map_err(Error::Instructions)?;
             }
             drop(tree);
             if memory {
                 code = gate(&base, &head, &args)?;
             }
             if counting.is_some() {
-                let gated = instructions::gate(&base, &head, args.threshold, args.format)?;
-                crate::out(&gated.text).map_err(|e| e.to_string())?;
-                let md = instructions::gate(&base, &head, args.threshold, Format::Markdown)?;
+                let gated = instructions::gate(&base, &head, args.threshold, args.format)
+                    .map_err(Error::Instructions)?;
+                crate::out(&gated.text)?;
+                let md = instructions::gate(&base, &head, args.threshold, Format::Markdown)
+                    .map_err(Error::Instructions)?;
                 summary(&md.text);
                 regressed = gated.regressed;
             }
@@ -223,9 +228,9 @@ fn bench(args: Args) -> Result<ExitCode, String> {
 /// (`memtrack::artifact::Output`): a link on the way to `dir`, or `dir` itself, is followed
 /// only if the user or root owns it, and in `dir` only regular files and a real directory are
 /// removed (a link there is removed, never followed).
-fn clear(dir: &Path) -> Result<(), String> {
-    let fail = |e: std::io::Error| format!("cannot clear {}: {e}", dir.display());
-    memtrack::artifact::create_dir_all(dir).map_err(|e| e.to_string())?;
+fn clear(dir: &Path) -> Result<(), Error> {
+    let fail = |e: std::io::Error| crate::error::io(format!("cannot clear {}", dir.display()), e);
+    memtrack::artifact::create_dir_all(dir)?;
     let mut removed = 0u64;
     for entry in std::fs::read_dir(dir).map_err(fail)? {
         let entry = entry.map_err(fail)?;
@@ -255,55 +260,45 @@ fn clear(dir: &Path) -> Result<(), String> {
 }
 
 /// The table of the artifacts in `dir`, one row per benchmark.
-fn report(dir: &Path, format: Format) -> Result<ExitCode, String> {
+fn report(dir: &Path, format: Format) -> Result<ExitCode, Error> {
     let (mut errors, mut sites) = (Vec::new(), compare::SiteSets::new());
     let set = compare::load_side(dir, "bench", &mut errors, &mut sites);
     if !errors.is_empty() {
-        for e in &errors[1..] {
-            eprintln!("memtrack: error: {}", memtrack::human::terminal(e));
-        }
-        return Err(errors.swap_remove(0));
+        return Err(Error::Refused {
+            problems: errors,
+            summary: None,
+        });
     }
     let text = match format {
         Format::Table => render::table(&set),
         Format::Markdown => render::markdown(&set),
         Format::Json => render::json(&set),
     };
-    crate::out(&text).map_err(|e| e.to_string())?;
+    crate::out(&text)?;
     summary(&render::markdown(&set));
     Ok(ExitCode::SUCCESS)
 }
 
 /// Compares base and head as `memtrack compare --threshold` does, both recorded alike.
-fn gate(base: &Path, head: &Path, args: &Args) -> Result<ExitCode, String> {
-    let Some(loaded) = compare::load_pair(base, head) else {
-        return Ok(ExitCode::from(INPUT_ERROR));
-    };
-    if let Some(e) = compare::nothing_in_common(&loaded, base, head) {
-        return Err(e);
-    }
+fn gate(base: &Path, head: &Path, args: &Args) -> Result<ExitCode, Error> {
+    let loaded = compare::load_pair(base, head)?;
+    compare::nothing_in_common(&loaded, base, head)?;
     mixed(&loaded.base, &loaded.head)?;
-    let judged =
-        compare::judge(&loaded, &Metric::ALL, args.threshold).map_err(|e| e.to_string())?;
-    let Some(judged) = judged else {
-        return Ok(ExitCode::from(INPUT_ERROR));
-    };
-    crate::out(&judged.render(args.format)).map_err(|e| e.to_string())?;
+    let judged = compare::judge(&loaded, &Metric::ALL, args.threshold)?;
+    crate::out(&judged.render(args.format))?;
     summary(&judged.render(Format::Markdown));
     Ok(judged.exit_code())
 }
 
 /// An error when a benchmark was recorded by one recorder in the base and another in the head:
 /// the eBPF tracker counts C's allocations, the allocator recorder does not.
-fn mixed(base: &[Benchmark], head: &[Benchmark]) -> Result<(), String> {
+fn mixed(base: &[Benchmark], head: &[Benchmark]) -> Result<(), Error> {
     let recorder = |b: &Benchmark| {
-        Reader::open(&b.path)
-            .map(|r| match r.metadata().backend {
-                Backend::Ebpf => "the eBPF tracker",
-                Backend::Alloc => "the allocator recorder",
-                _ => "another recorder",
-            })
-            .map_err(|e| e.to_string())
+        Reader::open(&b.path).map(|r| match r.metadata().backend {
+            Backend::Ebpf => "the eBPF tracker",
+            Backend::Alloc => "the allocator recorder",
+            _ => "another recorder",
+        })
     };
     for h in head {
         let Some(b) = base.iter().find(|b| b.name == h.name) else {
@@ -311,12 +306,12 @@ fn mixed(base: &[Benchmark], head: &[Benchmark]) -> Result<(), String> {
         };
         let (rb, rh) = (recorder(b)?, recorder(h)?);
         if rb != rh {
-            return Err(format!(
+            return Err(Error::MixedRecorders(format!(
                 "{}: the base ({}) was recorded by {rb} and the head ({}) by {rh}, which count different allocations: record both with one --backend",
                 h.name,
                 b.path.display(),
                 h.path.display()
-            ));
+            )));
         }
     }
     Ok(())

@@ -16,49 +16,51 @@ use memtrack::{
 };
 use std::collections::HashMap;
 
-/// `--metric`: what a site weighs in a flame graph or a weighted export.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Metric {
-    /// Bytes allocated.
-    Bytes,
-    /// Allocations (blocks).
-    Allocations,
-    /// Bytes live when the heap peaked.
-    Peak,
-    /// Bytes still live at the end.
-    Leaked,
+/// `--metric` and `--by`: a [`SiteOrder`] by its name, each value with its help line.
+pub fn site_order() -> impl clap::builder::TypedValueParser<Value = SiteOrder> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let values = SiteOrder::ALL.map(|o| PossibleValue::new(o.name()).help(o.label_cap()));
+    PossibleValuesParser::new(values).try_map(|s| s.parse::<SiteOrder>())
 }
 
-impl Metric {
-    /// The order of [`memtrack::analysis::Sites`] of the same meaning.
-    pub fn order(self) -> SiteOrder {
-        match self {
-            Metric::Bytes => SiteOrder::Bytes,
-            Metric::Allocations => SiteOrder::Allocations,
-            Metric::Peak => SiteOrder::Peak,
-            Metric::Leaked => SiteOrder::Leaked,
-        }
-    }
-
+/// What a site weighs in a picture or an export, by the [`SiteOrder`] it is ranked by.
+pub trait Weight {
     /// A site's weight.
-    pub fn weight(self, s: &Site) -> u64 {
-        self.order().key(s)
+    fn weight(self, s: &Site) -> u64;
+    /// What the weight counts, for titles and tooltips.
+    fn label(self) -> &'static str;
+    /// The same, capitalized, for `--help`.
+    fn label_cap(self) -> &'static str;
+    /// The unit of the weight.
+    fn unit(self) -> &'static str;
+}
+
+impl Weight for SiteOrder {
+    fn weight(self, s: &Site) -> u64 {
+        self.key(s)
     }
 
-    /// What the weight counts, for titles and tooltips.
-    pub fn label(self) -> &'static str {
+    fn label(self) -> &'static str {
         match self {
-            Metric::Bytes => "bytes allocated",
-            Metric::Allocations => "allocations",
-            Metric::Peak => "bytes live at the peak",
-            Metric::Leaked => "bytes live at the end (leaked)",
+            SiteOrder::Allocations => "allocations",
+            SiteOrder::Peak => "bytes live at the peak",
+            SiteOrder::Leaked => "bytes live at the end (leaked)",
+            _ => "bytes allocated",
         }
     }
 
-    /// The unit of the weight.
-    pub fn unit(self) -> &'static str {
+    fn label_cap(self) -> &'static str {
         match self {
-            Metric::Allocations => "allocations",
+            SiteOrder::Allocations => "Allocations (blocks)",
+            SiteOrder::Peak => "Bytes live when the heap peaked",
+            SiteOrder::Leaked => "Bytes still live at the end",
+            _ => "Bytes allocated",
+        }
+    }
+
+    fn unit(self) -> &'static str {
+        match self {
+            SiteOrder::Allocations => "allocations",
             _ => "bytes",
         }
     }
@@ -234,7 +236,7 @@ const RUST_ALLOCATOR: &[&str] = &[
     "std::sys::alloc::",
     "std::sys::pal::unix::alloc::",
     "memtrack::Allocator",
-    "memtrack::recorder::",
+    "memtrack::allocator::",
 ];
 
 /// The source files of Rust's allocation machinery, for the frames a symbolizer names
@@ -325,14 +327,14 @@ impl CallSites {
     /// Reads `file`'s events once (the site analysis) and symbolizes the stacks of its sites.
     /// Refuses a recording without call stacks, saying how to record them, and warns of lost
     /// events (the sites then miss them).
-    pub fn read(reader: &Reader, file: &Path, what: &str) -> memtrack::Result<CallSites> {
+    pub fn read(reader: &Reader, file: &Path, what: &str) -> crate::error::Result<CallSites> {
         let sites = Self::analyse(reader, file, what)?;
         Self::symbolized(reader, file, sites)
     }
 
     /// [`CallSites::read`]'s first half, which needs no symbolizer (and so can run on another
     /// thread): the site analysis of `file`'s events, refused without call stacks.
-    pub fn analyse(reader: &Reader, file: &Path, what: &str) -> memtrack::Result<Sites> {
+    pub fn analyse(reader: &Reader, file: &Path, what: &str) -> crate::error::Result<Sites> {
         super::warn_if_recovered(reader);
         super::whole::warn_lost(reader, file, "the call sites");
         let bar = super::progress::events_bar(reader, what);
@@ -341,18 +343,21 @@ impl CallSites {
         let sites = a.sites();
         // A recording that allocated nothing has no call sites, and none is missing.
         if !sites.sites.is_empty() && !sites.has_stacks() {
-            return Err(memtrack::Error::InvalidOption(format!(
-                "{}: {}",
-                file.display(),
-                super::show::no_stacks_note(reader)
-            )));
+            return Err(crate::error::Error::NoStacks {
+                file: file.to_path_buf(),
+                note: super::show::no_stacks_note(reader),
+            });
         }
         Ok(sites)
     }
 
     /// [`CallSites::read`]'s second half: `sites` (of `file`, read by `reader`) with their
     /// stacks symbolized.
-    pub fn symbolized(reader: &Reader, file: &Path, sites: Sites) -> memtrack::Result<CallSites> {
+    pub fn symbolized(
+        reader: &Reader,
+        file: &Path,
+        sites: Sites,
+    ) -> crate::error::Result<CallSites> {
         let table = reader.stacks()?;
         let mut symbolizer = super::symbolizer(&[reader]);
         let (stacks, named) = symbolizer.symbolize_sites(reader, &sites)?;
@@ -413,7 +418,7 @@ impl CallSites {
     /// sites whose frames read the same merged, sorted (inferno's input, flamegraph.pl's
     /// format). A `;` in a name (Rust's `[T; N]`) is written `,` so that it does not split it.
     /// With `trim`, without the allocator's own innermost frames (the flame graph's).
-    pub fn folded(&self, metric: Metric, trim: bool) -> Vec<String> {
+    pub fn folded(&self, metric: SiteOrder, trim: bool) -> Vec<String> {
         let mut merged: HashMap<String, u64> = HashMap::new();
         for c in &self.call_sites {
             let w = metric.weight(&c.site);
@@ -594,13 +599,13 @@ mod tests {
             (
                 vec![
                     frame(
-                        "memtrack::recorder::walk::Here::now",
-                        "/src/memtrack/src/recorder/walk.rs",
+                        "memtrack::allocator::walk::Here::now",
+                        "/src/memtrack/src/allocator/walk.rs",
                         true,
                     ),
                     frame(
-                        "<memtrack::recorder::Allocator<A> as core::alloc::global::GlobalAlloc>::alloc",
-                        "/src/memtrack/src/recorder/mod.rs",
+                        "<memtrack::allocator::Allocator<A> as core::alloc::global::GlobalAlloc>::alloc",
+                        "/src/memtrack/src/allocator/mod.rs",
                         true,
                     ),
                     frame("__rustc::__rust_alloc", "/src/app/src/main.rs", true),
@@ -642,7 +647,7 @@ mod tests {
         assert_eq!(trimmed(&stack), 6);
     }
 
-    /// The eBPF recorder's stack starts at malloc's caller; blazesym names inlined std
+    /// The eBPF tracker's stack starts at malloc's caller; blazesym names inlined std
     /// functions without their path (`alloc`, `grow_one`): those are told by their file.
     #[test]
     fn inlined_frames_named_without_paths_by_their_file() {

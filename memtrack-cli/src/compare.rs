@@ -11,15 +11,14 @@ use memtrack::{
     artifact::Reader, symbolize::SiteComparison, symbolize::SiteKey,
 };
 
+use crate::error::Error;
+
 pub(crate) mod render;
 
 /// The call sites of the loaded recordings, by file: those of a recording with call stacks, and
 /// the empty set of one that allocated nothing (no call site to miss). A recording that
 /// allocated without call stacks has none here.
 pub(crate) type SiteSets = std::collections::HashMap<PathBuf, Sites>;
-
-/// Exit code of a run whose inputs were refused (clap uses 2 for usage errors too).
-const INPUT_ERROR: u8 = 2;
 
 /// Which metrics `--metric` selects.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -76,7 +75,7 @@ pub(crate) struct Args {
 }
 
 /// Runs the comparison; see the module docs for the exit codes.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     let Args {
         base,
         head,
@@ -85,9 +84,7 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
         format,
     } = args;
     let (base, head) = (base.as_path(), head.as_path());
-    let Some(mut loaded) = load_pair(base, head) else {
-        return Ok(ExitCode::from(INPUT_ERROR));
-    };
+    let mut loaded = load_pair(base, head)?;
     // Two files name their benchmark explicitly: compare them whatever their names.
     let (b, h) = (&mut loaded.base[0], &loaded.head[0]);
     if base.is_file() && head.is_file() && b.name != h.name {
@@ -100,13 +97,8 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
         );
         b.name = h.name.clone();
     }
-    if let Some(e) = nothing_in_common(&loaded, base, head) {
-        eprintln!("memtrack: error: {e}");
-        return Ok(ExitCode::from(INPUT_ERROR));
-    }
-    let Some(judged) = judge(&loaded, &metric.metrics(), threshold)? else {
-        return Ok(ExitCode::from(INPUT_ERROR));
-    };
+    nothing_in_common(&loaded, base, head)?;
+    let judged = judge(&loaded, &metric.metrics(), threshold)?;
     super::out(&judged.render(format))?;
     Ok(judged.exit_code())
 }
@@ -128,15 +120,15 @@ impl Loaded {
     }
 }
 
-/// Why `loaded` compares nothing (no benchmark is on both sides), naming each side's
-/// benchmarks, or `None`: a gate that compared nothing must not pass.
-pub(crate) fn nothing_in_common(loaded: &Loaded, base: &Path, head: &Path) -> Option<String> {
+/// An error when `loaded` compares nothing (no benchmark is on both sides), naming each
+/// side's benchmarks: a gate that compared nothing must not pass.
+pub(crate) fn nothing_in_common(loaded: &Loaded, base: &Path, head: &Path) -> Result<(), Error> {
     if loaded
         .base
         .iter()
         .any(|b| loaded.head.iter().any(|h| h.name == b.name))
     {
-        return None;
+        return Ok(());
     }
     let names = |set: &[Benchmark]| {
         let mut n: Vec<String> = set
@@ -153,19 +145,19 @@ pub(crate) fn nothing_in_common(loaded: &Loaded, base: &Path, head: &Path) -> Op
             n.join(", ")
         }
     };
-    Some(format!(
+    Err(Error::NothingInCommon(format!(
         "nothing to compare: no benchmark is on both sides (base {}: {}; head {}: {}); compare \
          recordings of the same benchmarks",
         base.display(),
         names(&loaded.base),
         head.display(),
         names(&loaded.head)
-    ))
+    )))
 }
 
-/// Reads both sides (an artifact or a directory of them each). `None` when an input is
-/// refused, after one message per problem on stderr.
-pub(crate) fn load_pair(base: &Path, head: &Path) -> Option<Loaded> {
+/// Reads both sides (an artifact or a directory of them each). An error with every problem
+/// when an input is refused.
+pub(crate) fn load_pair(base: &Path, head: &Path) -> Result<Loaded, Error> {
     // The two sides are read at once, on two threads (each decodes on the rayon pool too).
     let load = |path: &Path, side: &str| {
         let (mut errors, mut sites) = (Vec::new(), SiteSets::new());
@@ -181,17 +173,17 @@ pub(crate) fn load_pair(base: &Path, head: &Path) -> Option<Loaded> {
     errors.extend(head_errors);
     sites.extend(head_sites);
     if !errors.is_empty() {
-        for e in &errors {
-            eprintln!("memtrack: error: {}", memtrack::human::terminal(e));
-        }
-        eprintln!(
-            "memtrack: refusing to compare: {} input problem{}",
+        let summary = format!(
+            "refusing to compare: {} input problem{}",
             errors.len(),
             if errors.len() == 1 { "" } else { "s" }
         );
-        return None;
+        return Err(Error::Refused {
+            problems: errors,
+            summary: Some(summary),
+        });
     }
-    Some(Loaded {
+    Ok(Loaded {
         base: base_set,
         head: head_set,
         sites,
@@ -230,28 +222,27 @@ impl Judged {
     }
 }
 
-/// Compares `loaded` on `metrics` and attributes the regressions. `None` when a benchmark
-/// holds per-iteration figures on one side and plain totals on the other, after a message per
-/// such benchmark on stderr.
+/// Compares `loaded` on `metrics` and attributes the regressions. An error naming each
+/// benchmark that holds per-iteration figures on one side and plain totals on the other.
 pub(crate) fn judge(
     loaded: &Loaded,
     metrics: &[Metric],
     threshold: Threshold,
-) -> memtrack::Result<Option<Judged>> {
+) -> Result<Judged, Error> {
     let cmp = Comparison::new(&loaded.base, &loaded.head, metrics, threshold);
     if !cmp.mismatched.is_empty() {
-        for (b, h) in &cmp.mismatched {
-            let e = render::mismatch(b, h);
-            eprintln!("memtrack: error: {}", memtrack::human::terminal(&e));
-        }
-        eprintln!(
-            "memtrack: refusing to compare per-iteration figures with plain totals: {}",
-            memtrack::human::plural(cmp.mismatched.len() as u64, "benchmark", "benchmarks")
-        );
-        return Ok(None);
+        return Err(Error::Refused {
+            problems: (cmp.mismatched.iter())
+                .map(|(b, h)| Error::Mismatched(render::mismatch(b, h)))
+                .collect(),
+            summary: Some(format!(
+                "refusing to compare per-iteration figures with plain totals: {}",
+                memtrack::human::plural(cmp.mismatched.len() as u64, "benchmark", "benchmarks")
+            )),
+        });
     }
     let attributed = attribute(&cmp, &loaded.base, &loaded.head, &loaded.sites)?;
-    Ok(Some(Judged { cmp, attributed }))
+    Ok(Judged { cmp, attributed })
 }
 
 /// The benchmarks of one side: a file, or the `*.memtrack` files of a directory. Problems are
@@ -259,13 +250,13 @@ pub(crate) fn judge(
 pub(crate) fn load_side(
     path: &Path,
     side: &str,
-    errors: &mut Vec<String>,
+    errors: &mut Vec<Error>,
     sites: &mut SiteSets,
 ) -> Vec<Benchmark> {
-    let files = match artifacts(path) {
+    let files = match artifacts(path, side) {
         Ok(f) => f,
         Err(e) => {
-            errors.push(format!("{side} {}: {e}", path.display()));
+            errors.push(e);
             return Vec::new();
         }
     };
@@ -277,12 +268,12 @@ pub(crate) fn load_side(
                     sites.insert(b.path.clone(), s);
                 }
                 if let Some(other) = set.iter().find(|o| o.name == b.name) {
-                    errors.push(format!(
-                        "{side}: {} and {} both hold benchmark {:?}: keep one per name",
-                        other.path.display(),
-                        b.path.display(),
-                        b.name
-                    ));
+                    errors.push(Error::SameBenchmark {
+                        side: side.into(),
+                        first: other.path.clone(),
+                        second: b.path.clone(),
+                        name: b.name.clone(),
+                    });
                 } else {
                     set.push(b);
                 }
@@ -293,21 +284,30 @@ pub(crate) fn load_side(
     set
 }
 
-/// `path` itself if it is a file, else the `*.memtrack` files in it, sorted.
-fn artifacts(path: &Path) -> Result<Vec<PathBuf>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+/// `path` itself if it is a file, else the `*.memtrack` files in it, sorted; `side` names it
+/// in errors.
+fn artifacts(path: &Path, side: &str) -> Result<Vec<PathBuf>, Error> {
+    let unlisted = |source| Error::Unlisted {
+        side: side.into(),
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(unlisted)?;
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
     let mut files = Vec::new();
-    for entry in std::fs::read_dir(path).map_err(|e| e.to_string())? {
-        let p = entry.map_err(|e| e.to_string())?.path();
+    for entry in std::fs::read_dir(path).map_err(unlisted)? {
+        let p = entry.map_err(unlisted)?.path();
         if p.extension().is_some_and(|x| x == "memtrack") && p.is_file() {
             files.push(p);
         }
     }
     if files.is_empty() {
-        return Err("the directory holds no *.memtrack artifacts".into());
+        return Err(Error::NoArtifacts {
+            side: side.into(),
+            path: path.to_path_buf(),
+        });
     }
     files.sort();
     Ok(files)
@@ -316,30 +316,26 @@ fn artifacts(path: &Path) -> Result<Vec<PathBuf>, String> {
 /// Reads one artifact whole and checks it is fit to compare: finished, no lost events, every
 /// frame sound and its decoded totals equal to those its writer stored.
 /// Its sites too when it has call stacks.
-fn load(path: &Path) -> Result<(Benchmark, Option<Sites>), String> {
-    let reader = Reader::open(path).map_err(|e| format!("{e}; it cannot be compared"))?;
-    let fin = super::whole::check(&reader)
-        .map_err(|why| super::whole::refusal(path, &why, "compared"))?;
+fn load(path: &Path) -> Result<(Benchmark, Option<Sites>), Error> {
+    let reader = Reader::open(path).map_err(|e| Error::Uncomparable(e.into()))?;
+    let fin = super::whole::require(&reader, path, "compared")?;
     // A recording with call stacks gets its sites in the same pass (the site accounting costs
     // less than decoding the file a second time when a regression is attributed).
     let stacked = reader.stacks().is_ok_and(|t| t.stacks().len() > 0);
     let (totals, sites) = if stacked {
         let bar = super::progress::events_bar(&reader, "reading");
-        let a = SiteAnalyzer::read(&reader, |evs| bar.inc(evs.len() as u64))
-            .map_err(|e| e.to_string())?;
+        let a = SiteAnalyzer::read(&reader, |evs| bar.inc(evs.len() as u64))?;
         bar.finish_and_clear();
         (a.analyzer().totals(), Some(a.sites()))
     } else {
-        let totals = super::analyse(&reader, "reading").map_err(|e| e.to_string())?;
+        let totals = super::analyse(&reader, "reading")?;
         let sites = (totals.allocations == 0).then(Sites::default);
         (totals, sites)
     };
     if !super::stored_totals_agree(&reader, &totals) {
-        return Err(format!(
-            "{}: the totals stored in the trailer differ from the decoded events: the artifact \
-             is corrupt",
-            path.display()
-        ));
+        return Err(Error::TotalsDisagree {
+            file: path.to_path_buf(),
+        });
     }
     let name = match &reader.metadata().name {
         Some(n) if !n.is_empty() => n.clone(),
@@ -376,7 +372,7 @@ fn attribute(
     base_set: &[Benchmark],
     head_set: &[Benchmark],
     sites: &SiteSets,
-) -> memtrack::Result<Vec<Attributed>> {
+) -> crate::error::Result<Vec<Attributed>> {
     let mut out = Vec::new();
     let mut benchmarks: Vec<&str> = cmp
         .rows

@@ -9,10 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use fxprof_processed_profile as fx;
-use memtrack::{artifact::Output, artifact::Reader, event::EventKind, human, stack::StackId};
+use memtrack::{
+    analysis::SiteOrder, artifact::Output, artifact::Reader, event::EventKind, human,
+    stack::StackId,
+};
 use serde_json::json;
 
-use crate::callsites::{CallSites, Class, Metric, NO_STACK, locations};
+use crate::callsites::{CallSites, Class, NO_STACK, locations, site_order};
 
 /// `--format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -38,8 +41,8 @@ pub(crate) struct Args {
     #[arg(short, long)]
     output: PathBuf,
     /// What a site weighs in the folded stacks (the other formats carry every number).
-    #[arg(long, value_enum, default_value_t = Metric::Bytes)]
-    metric: Metric,
+    #[arg(long, value_parser = site_order(), default_value = "bytes")]
+    metric: SiteOrder,
     /// With `--format folded`: the lock waits (a recording made with `record --locks`)
     /// instead of the allocations, weighted by the microseconds waited (the stacks
     /// `flamegraph --locks` draws).
@@ -51,12 +54,12 @@ pub(crate) struct Args {
 }
 
 /// Writes the call sites, or with `--locks` the lock waits, in the format asked for.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     match (args.locks, args.format) {
         (true, Format::Folded) => {
             run_locks(&args.file, &args.output, crate::lock_classes(&args.class))
         }
-        (true, _) => Err(memtrack::Error::InvalidOption(
+        (true, _) => Err(crate::error::Error::Usage(
             "--locks exports the lock waits as folded stacks only: use --format folded \
              (the other formats are of the allocations)"
                 .into(),
@@ -70,8 +73,8 @@ fn run_sites(
     file: &Path,
     format: Format,
     output: &Path,
-    metric: Metric,
-) -> memtrack::Result<ExitCode> {
+    metric: SiteOrder,
+) -> crate::error::Result<ExitCode> {
     let reader = Reader::open(file)?;
     let out = Output::create(output)?;
     let mut cs = CallSites::read(&reader, file, "reading call sites")?;
@@ -114,7 +117,7 @@ fn run_locks(
     file: &Path,
     output: &Path,
     classes: &[crate::locks::LockClass],
-) -> memtrack::Result<ExitCode> {
+) -> crate::error::Result<ExitCode> {
     let waits = crate::locks::read(file)?;
     let out = Output::create(output)?;
     let lines = crate::locks::folded(&waits, classes);
@@ -248,7 +251,7 @@ fn firefox_memory_warning(events: u64) -> Option<String> {
 /// same address, so that the profiler's "retained memory" view shows what is live; all on one
 /// thread per process, as the profiler keeps them. A second
 /// pass over the events; the frees' stacks (when recorded) are symbolized as they come.
-pub fn firefox(reader: &Reader, cs: &mut CallSites) -> memtrack::Result<fx::Profile> {
+pub fn firefox(reader: &Reader, cs: &mut CallSites) -> crate::error::Result<fx::Profile> {
     let t0 = cs.first_ts;
     let (mut p, cats) = fx_profile(reader, cs);
     let ts = |t: u64| fx::Timestamp::from_nanos_since_reference(t.saturating_sub(t0));

@@ -11,11 +11,11 @@ use std::process::ExitCode;
 
 use inferno::flamegraph::{self, Options, color::Color, color::PaletteMap};
 use memtrack::{
-    artifact::Output, artifact::Reader, human, symbolize::KeyFrame, symbolize::KeyedSites,
-    symbolize::SiteComparison, symbolize::SiteKey,
+    analysis::SiteOrder, artifact::Output, artifact::Reader, human, symbolize::KeyFrame,
+    symbolize::KeyedSites, symbolize::SiteComparison, symbolize::SiteKey,
 };
 
-use crate::callsites::{CallSites, Class, Metric, NO_STACK, TRUNCATED};
+use crate::callsites::{CallSites, Class, NO_STACK, TRUNCATED, Weight, site_order};
 use crate::locks::LockClass;
 
 /// The colour of each class's frames: warm for the program's own code (where to look first),
@@ -43,8 +43,8 @@ pub(crate) struct Args {
     output: PathBuf,
     /// What a site weighs: bytes allocated, allocations, bytes live at the peak, or
     /// bytes still live at the end.
-    #[arg(long, value_enum, default_value_t = Metric::Bytes)]
-    metric: Metric,
+    #[arg(long, value_parser = site_order(), default_value = "bytes")]
+    metric: SiteOrder,
     /// Draw the lock waits (a recording made with `record --locks`) instead of the
     /// allocations: each contended call site's stack above the lock call, its lock's
     /// class on top, weighted by the microseconds waited there.
@@ -63,7 +63,7 @@ pub(crate) struct Args {
 }
 
 /// Draws what `args` asks for: the call sites, the lock waits or a differential flame graph.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     match (args.diff.as_deref(), args.file) {
         (Some([base, head]), _) => run_diff(base, head, &args.output, args.metric),
         (_, Some(file)) if args.locks => {
@@ -76,7 +76,12 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
 
 /// Reads `file` and writes its flame graph to `output`, with `trim` without the allocator's
 /// own frames.
-fn run_sites(file: &Path, output: &Path, metric: Metric, trim: bool) -> memtrack::Result<ExitCode> {
+fn run_sites(
+    file: &Path,
+    output: &Path,
+    metric: SiteOrder,
+    trim: bool,
+) -> crate::error::Result<ExitCode> {
     let reader = Reader::open(file)?;
     let out = Output::create(output)?;
     let cs = CallSites::read(&reader, file, "reading call sites")?;
@@ -96,7 +101,7 @@ fn run_sites(file: &Path, output: &Path, metric: Metric, trim: bool) -> memtrack
 /// so.
 pub fn render(
     cs: &CallSites,
-    metric: Metric,
+    metric: SiteOrder,
     trim: bool,
     svg: &mut Vec<u8>,
 ) -> std::io::Result<()> {
@@ -160,7 +165,7 @@ fn draw(
 /// the lock's class on top, as wide as the time waited there (µs); the frames coloured by
 /// whose code they are, as the call sites' flame graph does, the class frames red. Refused
 /// as `memtrack locks` refuses a recording (without context switches, with lost events).
-fn run_locks(file: &Path, output: &Path, classes: &[LockClass]) -> memtrack::Result<ExitCode> {
+fn run_locks(file: &Path, output: &Path, classes: &[LockClass]) -> crate::error::Result<ExitCode> {
     let (waits, name) = crate::locks::read_with_name(file)?;
     let out = Output::create(output)?;
     let lines = crate::locks::folded(&waits, classes);
@@ -251,7 +256,12 @@ fn empty_svg(title: &str, why: &str, svg: &mut Vec<u8>) -> std::io::Result<()> {
 /// `head` differs from `base` to `output`. Refuses, before writing anything, an input that
 /// cannot stand for its program: incomplete, with lost events or processes not covered, or
 /// without call stacks.
-fn run_diff(base: &Path, head: &Path, output: &Path, metric: Metric) -> memtrack::Result<ExitCode> {
+fn run_diff(
+    base: &Path,
+    head: &Path,
+    output: &Path,
+    metric: SiteOrder,
+) -> crate::error::Result<ExitCode> {
     // Both refused or read before the output is created: a refusal leaves nothing behind.
     let (rb, rh) = (open_whole(base)?, open_whole(head)?);
     let (sb, sh) = std::thread::scope(|s| {
@@ -283,13 +293,9 @@ fn run_diff(base: &Path, head: &Path, output: &Path, metric: Metric) -> memtrack
 /// `file` opened, if the recording is whole ([`whole::check`](super::whole::check), as
 /// `memtrack compare` requires). A recording without stacks is refused by
 /// [`CallSites::analyse`].
-fn open_whole(file: &Path) -> memtrack::Result<Reader> {
+fn open_whole(file: &Path) -> crate::error::Result<Reader> {
     let reader = Reader::open(file)?;
-    if let Err(why) = super::whole::check(&reader) {
-        return Err(memtrack::Error::InvalidOption(super::whole::refusal(
-            file, &why, "diffed",
-        )));
-    }
+    super::whole::require(&reader, file, "diffed")?;
     Ok(reader)
 }
 
@@ -299,7 +305,7 @@ fn write_svg<T>(
     out: Output,
     output: &Path,
     draw: impl FnOnce(&mut Vec<u8>) -> std::io::Result<T>,
-) -> memtrack::Result<(T, PathBuf)> {
+) -> crate::error::Result<(T, PathBuf)> {
     let mut svg = Vec::new();
     let answer = draw(&mut svg).map_err(|e| memtrack::Error::Io {
         what: format!("drawing {}", output.display()),
@@ -390,7 +396,7 @@ pub struct DiffSide<'a> {
 }
 
 impl<'a> DiffSide<'a> {
-    fn new(reader: &Reader, file: &Path, sites: &'a KeyedSites) -> memtrack::Result<Self> {
+    fn new(reader: &Reader, file: &Path, sites: &'a KeyedSites) -> crate::error::Result<Self> {
         let truncated = sites
             .sites
             .iter()
@@ -417,7 +423,7 @@ pub fn render_diff(
     keyed: &SiteComparison,
     base: &DiffSide<'_>,
     head: &DiffSide<'_>,
-    metric: Metric,
+    metric: SiteOrder,
     svg: &mut Vec<u8>,
 ) -> std::io::Result<(usize, usize)> {
     let names = DiffNames::new(keyed);

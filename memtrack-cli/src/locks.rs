@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
+use memtrack::render::{self, Align, Cell, Column, Table};
 use memtrack::{artifact::Reader, human, locks::LockWaits, locks::WaitClass};
 
-pub(crate) fn run(path: &Path, json: bool, top: usize) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(path: &Path, json: bool, top: usize) -> crate::error::Result<ExitCode> {
     let mut waits = read(path)?;
     waits.sites.truncate(top);
     crate::out(&if json { to_json(&waits) } else { text(&waits) })?;
@@ -22,61 +23,54 @@ fn to_json(w: &LockWaits) -> String {
     s
 }
 
-/// Milliseconds with one decimal.
+/// Milliseconds with one decimal, as the tables show nanoseconds.
 fn ms(ns: u64) -> String {
-    format!("{:.1}", ns as f64 / 1e6)
+    Cell::Nanos(ns).human()
 }
 
 fn text(w: &LockWaits) -> String {
-    let mut rows = vec![
-        [
-            "tid",
-            "mutex",
-            "rwlock",
-            "condvar",
-            "barrier",
-            "glibc",
-            "futex",
-            "io",
-            "sleep",
-            "other",
-            "preempt",
-            "cpu",
-            "mutex/cpu",
-        ]
-        .map(String::from),
-    ];
+    let mut threads = Table::new(vec![
+        Column::new("tid", "tid", Align::Left),
+        Column::new("mutex_wait_ns", "mutex", Align::Right),
+        Column::new("rwlock_wait_ns", "rwlock", Align::Right),
+        Column::new("condvar_wait_ns", "condvar", Align::Right),
+        Column::new("barrier_wait_ns", "barrier", Align::Right),
+        Column::new("glibc_lock_wait_ns", "glibc", Align::Right),
+        Column::new("other_futex_wait_ns", "futex", Align::Right),
+        Column::new("io_wait_ns", "io", Align::Right),
+        Column::new("sleep_ns", "sleep", Align::Right),
+        Column::new("other_off_cpu_ns", "other", Align::Right),
+        Column::new("preempted_ns", "preempt", Align::Right),
+        Column::new("cpu_ns", "cpu", Align::Right),
+        Column::new("mutex_wait_per_cpu", "mutex/cpu", Align::Right),
+    ]);
     for t in &w.threads {
-        rows.push([
-            if t.idle {
+        let x = &t.times;
+        threads.push(vec![
+            Cell::Text(if t.idle {
                 format!("{} (idle)", t.tid)
             } else {
                 t.tid.to_string()
-            },
-            ms(t.times.mutex_wait_ns),
-            ms(t.times.rwlock_wait_ns),
-            ms(t.times.condvar_wait_ns),
-            ms(t.times.barrier_wait_ns),
-            ms(t.times.glibc_lock_wait_ns),
-            ms(t.times.other_futex_wait_ns),
-            ms(t.times.io_wait_ns),
-            ms(t.times.sleep_ns),
-            ms(t.times.other_off_cpu_ns),
-            ms(t.times.preempted_ns),
-            ms(t.times.cpu_ns),
-            format!("{:.3}", t.mutex_wait_per_cpu),
+            }),
+            Cell::Nanos(x.mutex_wait_ns),
+            Cell::Nanos(x.rwlock_wait_ns),
+            Cell::Nanos(x.condvar_wait_ns),
+            Cell::Nanos(x.barrier_wait_ns),
+            Cell::Nanos(x.glibc_lock_wait_ns),
+            Cell::Nanos(x.other_futex_wait_ns),
+            Cell::Nanos(x.io_wait_ns),
+            Cell::Nanos(x.sleep_ns),
+            Cell::Nanos(x.other_off_cpu_ns),
+            Cell::Nanos(x.preempted_ns),
+            Cell::Nanos(x.cpu_ns),
+            Cell::Ratio(t.mutex_wait_per_cpu),
         ]);
     }
     let mut out = format!(
         "time per thread, ms, over a window of {} ms:\n",
         ms(w.window_ns)
     );
-    out += &human::table(
-        &rows,
-        &[
-            false, true, true, true, true, true, true, true, true, true, true, true, true,
-        ],
-    );
+    out += &render::text(&threads);
     if w.sites.is_empty() {
         out += "\nno thread waited for a lock\n";
         return out;
@@ -137,12 +131,12 @@ impl LockClass {
 
 /// The lock waits of `file`, refused as `memtrack locks` refuses them (no context switches,
 /// lost events, switches that do not pair).
-pub(crate) fn read(file: &Path) -> memtrack::Result<LockWaits> {
+pub(crate) fn read(file: &Path) -> crate::error::Result<LockWaits> {
     read_with_name(file).map(|(w, _)| w)
 }
 
 /// [`read`], with the recording's name (the file's path if it has none).
-pub(crate) fn read_with_name(file: &Path) -> memtrack::Result<(LockWaits, String)> {
+pub(crate) fn read_with_name(file: &Path) -> crate::error::Result<(LockWaits, String)> {
     let reader = Reader::open(file)?;
     let waits = memtrack::locks::lock_waits(&reader, &mut super::symbolizer(&[&reader]))?;
     let name = reader.metadata().name.clone();

@@ -8,11 +8,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use memtrack::{analysis::Analyzer, analysis::Totals, artifact::Completeness, artifact::Reader};
+use error::{Codes, Error};
+use memtrack::{analysis::Analyzer, artifact::Completeness, artifact::Reader, totals::Totals};
 
 mod bench;
 mod callsites;
 mod compare;
+mod error;
 mod export;
 mod flamegraph;
 mod locks;
@@ -129,17 +131,15 @@ enum Cmd {
 
 fn main() -> ExitCode {
     if let Err(e) = refuse_setuid() {
-        eprintln!("memtrack: error: {e}");
-        return ExitCode::FAILURE;
+        e.report();
+        return ExitCode::from(e.exit_code(Codes::Plain));
     }
     let cli = Cli::parse();
-    // compare's own exit codes: 1 is a regression, so its errors exit 2; record's are the
-    // command's, so its own are set apart (see `record::error_code`).
-    let kind = match &cli.cmd {
-        Cmd::Compare(_) | Cmd::Bench(_) => Some(2),
-        Cmd::Flamegraph(a) if a.diff.is_some() => Some(2),
-        Cmd::Record(_) => None,
-        _ => Some(1),
+    let codes = match &cli.cmd {
+        Cmd::Compare(_) | Cmd::Bench(_) => Codes::Gate,
+        Cmd::Flamegraph(a) if a.diff.is_some() => Codes::Gate,
+        Cmd::Record(_) => Codes::Record,
+        _ => Codes::Plain,
     };
     let res = match cli.cmd {
         Cmd::Show(a) => show::run(a),
@@ -156,9 +156,8 @@ fn main() -> ExitCode {
     match res {
         Ok(code) => code,
         Err(e) => {
-            let text = e.to_string();
-            eprintln!("memtrack: error: {}", memtrack::human::terminal(&text));
-            ExitCode::from(kind.unwrap_or_else(|| record::error_code(&e)))
+            e.report();
+            ExitCode::from(e.exit_code(codes))
         }
     }
 }
@@ -173,7 +172,7 @@ pub(crate) fn lock_classes(class: &[locks::LockClass]) -> &[locks::LockClass] {
 
 /// Refuses to run with a real and an effective identity that differ (memtrack installed
 /// setuid or setgid): every user could then write any file and run any command as its owner.
-fn refuse_setuid() -> Result<(), String> {
+fn refuse_setuid() -> Result<(), Error> {
     // SAFETY: these four calls have no preconditions.
     let (ruid, euid, rgid, egid) = unsafe {
         (
@@ -186,19 +185,19 @@ fn refuse_setuid() -> Result<(), String> {
     if ruid == euid && rgid == egid {
         return Ok(());
     }
-    Err(format!(
-        "memtrack runs setuid or setgid here (real uid {ruid}, effective uid {euid}; real gid \
-         {rgid}, effective gid {egid}), which would let any user write any file and run any \
-         command as its owner: remove the bit (`chmod u-s,g-s`) and use sudo, or file \
-         capabilities (see the guide's Security page)"
-    ))
+    Err(Error::Setuid {
+        ruid,
+        euid,
+        rgid,
+        egid,
+    })
 }
 
 /// Writes `text` to standard output and flushes it, its control characters but line breaks
 /// escaped (names from artifacts reach every human output; JSON has none of its own). A
 /// closed pipe (`| head`) ends memtrack quietly by SIGPIPE, as it does other Unix tools; any
 /// other failure (`> /dev/full`) is an error.
-pub(crate) fn out(text: &str) -> memtrack::Result<()> {
+pub(crate) fn out(text: &str) -> error::Result<()> {
     let text = memtrack::human::terminal(text);
     let mut o = std::io::stdout().lock();
     match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
@@ -213,12 +212,14 @@ pub(crate) fn out(text: &str) -> memtrack::Result<()> {
             Err(memtrack::Error::Io {
                 what: "writing to standard output".into(),
                 source: e,
-            })
+            }
+            .into())
         }
         Err(e) => Err(memtrack::Error::Io {
             what: "writing to standard output".into(),
             source: e,
-        }),
+        }
+        .into()),
     }
 }
 
@@ -273,7 +274,7 @@ pub(crate) fn symbolizer_of<'p>(
 
 /// Decodes every frame (in parallel, in order) and computes the totals, with a progress bar
 /// labelled `what` on a terminal.
-pub(crate) fn analyse(reader: &Reader, what: &str) -> memtrack::Result<Totals> {
+pub(crate) fn analyse(reader: &Reader, what: &str) -> error::Result<Totals> {
     let mut a = Analyzer::new();
     let bar = progress::events_bar(reader, what);
     reader.for_each_frame(|_, evs| {

@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use memtrack::{
-    analysis::Analyzer, analysis::Column, analysis::Extremes, analysis::Timeline, analysis::Totals,
-    artifact::Output, artifact::Reader, event::EventKind, human,
+    analysis::Analyzer, analysis::Column, analysis::Extremes, analysis::Timeline, artifact::Output,
+    artifact::Reader, event::EventKind, human, totals::Totals,
 };
 use plotters::backend::SVGBackend;
 use plotters::coord::types::RangedCoordf64;
@@ -61,7 +61,7 @@ pub(crate) struct Args {
 }
 
 /// Reads `args.file` and writes the chart to `args.output`.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     let (file, output) = (args.file.as_path(), args.output.as_path());
     let size = Size {
         width: args.width,
@@ -73,10 +73,10 @@ pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
     super::warn_if_recovered(&reader);
     super::whole::warn_lost(&reader, file, "the curve");
     let (Some(first), Some(last)) = (reader.frames().first(), reader.frames().last()) else {
-        return Err(memtrack::Error::InvalidOption(format!(
-            "{}: the artifact has no events: there is nothing to plot",
-            file.display()
-        )));
+        return Err(crate::error::Error::NoEvents {
+            file: file.to_path_buf(),
+            verb: "plot",
+        });
     };
     let mut timeline = Timeline::new(first.first_ts, last.last_ts, size.width.max(1) as usize)?;
     let mut calls = Calls::new(&timeline);

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use memtrack::render::{self, Align, Cell, Column, Table};
 use memtrack::{analysis::ProcessTotals, artifact::Final, artifact::ProcessInfo, human};
 
 /// Why a recording is not whole because of processes it did not cover, or `None`.
@@ -45,36 +46,9 @@ pub fn table(
         return o;
     }
     if !processes.is_empty() {
-        let _ = writeln!(
-            o,
-            "  {:>8} {:>8} {:>5} {:>12} {:>12} {:>10} {:>8}  command",
-            "pid", "parent", "exit", "allocations", "allocated", "frees", "live"
-        );
-    }
-    for p in processes {
-        let t = per.get(&p.pid).copied().unwrap_or_default();
-        let command = if p.command.is_empty() {
-            p.exe.clone()
-        } else {
-            p.command.join(" ")
-        };
-        let _ = writeln!(
-            o,
-            "  {:>8} {:>8} {:>5} {:>12} {:>12} {:>10} {:>8}  {}{}",
-            p.pid,
-            p.parent.map_or("-".into(), |x| x.to_string()),
-            p.exit_code.map_or("?".into(), |x| x.to_string()),
-            human::count(t.allocations),
-            human::bytes(t.bytes_allocated),
-            human::count(t.frees),
-            human::count(t.live_blocks_at_end),
-            truncate(&command, 60),
-            if p.uncovered.is_some() {
-                "  NOT COVERED"
-            } else {
-                ""
-            }
-        );
+        for line in render::text(&rows(processes, per)).lines() {
+            let _ = writeln!(o, "  {line}");
+        }
     }
     for p in processes {
         if let Some(why) = &p.uncovered {
@@ -90,6 +64,45 @@ pub fn table(
         );
     }
     o
+}
+
+/// The processes, one row each: pid, parent, exit code, their own allocations, bytes, frees
+/// and live blocks at the end, and the command (`NOT COVERED` after it when so).
+fn rows(processes: &[ProcessInfo], per: &BTreeMap<u32, ProcessTotals>) -> Table {
+    let mut t = Table::new(vec![
+        Column::new("pid", "pid", Align::Right),
+        Column::new("parent", "parent", Align::Right),
+        Column::new("exit_code", "exit", Align::Right),
+        Column::new("allocations", "allocations", Align::Right),
+        Column::new("bytes_allocated", "allocated", Align::Right),
+        Column::new("frees", "frees", Align::Right),
+        Column::new("live_blocks_at_end", "live", Align::Right),
+        Column::new("command", "command", Align::Left),
+    ]);
+    for p in processes {
+        let x = per.get(&p.pid).copied().unwrap_or_default();
+        let command = if p.command.is_empty() {
+            p.exe.clone()
+        } else {
+            p.command.join(" ")
+        };
+        let uncovered = if p.uncovered.is_some() {
+            "  NOT COVERED"
+        } else {
+            ""
+        };
+        t.push(vec![
+            Cell::Text(p.pid.to_string()),
+            Cell::Text(p.parent.map_or("-".into(), |x| x.to_string())),
+            Cell::Text(p.exit_code.map_or("?".into(), |x| x.to_string())),
+            Cell::Count(Some(x.allocations)),
+            Cell::Bytes(x.bytes_allocated),
+            Cell::Count(Some(x.frees)),
+            Cell::Count(Some(x.live_blocks_at_end)),
+            Cell::Text(format!("{}{uncovered}", truncate(&command, 60))),
+        ]);
+    }
+    t
 }
 
 fn truncate(s: &str, n: usize) -> String {

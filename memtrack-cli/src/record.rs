@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use memtrack::{artifact::Output, human};
 
+use crate::error::Error;
 use crate::{processes, writing};
 
 #[derive(clap::Args)]
@@ -53,52 +54,23 @@ pub(crate) struct Args {
     command: Vec<std::ffi::OsString>,
 }
 
-/// `record`'s exit code for its own failures, apart from any code the command can exit with
-/// (as `timeout` and `env` do): 127 the command was not found, 126 it cannot be executed, 2 bad
-/// usage (an option's value), 125 memtrack failed (privileges, the output file, the tracker).
-pub(crate) fn error_code(e: &memtrack::Error) -> u8 {
-    use memtrack::tracker::TrackerError as T;
-    match e {
-        memtrack::Error::InvalidOption(_)
-        | memtrack::Error::Tracker(
-            T::InvalidOption(_) | T::UnknownUser { .. } | T::KernelTooOld { .. },
-        ) => 2,
-        // Reported as invalid options until they got variants of their own: the same code.
-        memtrack::Error::Tracker(
-            T::ObjectMismatch(_)
-            | T::PollerDied
-            | T::Internal(_)
-            | T::Encode(memtrack::encode::EncodeError::InvalidOption(_)),
-        ) => 2,
-        memtrack::Error::Tracker(T::CommandNotFound { .. }) => 127,
-        memtrack::Error::Tracker(T::NotExecutable { .. }) => 126,
-        memtrack::Error::Tracker(T::Spawn { source, .. })
-            if source.kind() == std::io::ErrorKind::NotFound =>
-        {
-            127
-        }
-        memtrack::Error::Tracker(T::Spawn { .. }) => 126,
-        _ => 125,
-    }
-}
-
 /// `--ringbuf-mib`: a power of two from 1 to 1024, in MiB (the unit the user typed).
-fn ringbuf_mib(s: &str) -> Result<u64, String> {
+fn ringbuf_mib(s: &str) -> Result<u64, Error> {
     match s.parse::<u64>() {
         Ok(n) if n.is_power_of_two() && n <= 1024 => Ok(n),
-        _ => Err(format!(
+        _ => Err(Error::Usage(format!(
             "expected a power of two from 1 to 1024 (MiB), got {s:?}"
-        )),
+        ))),
     }
 }
 
 /// `--stack-depth`: 0 to 127 frames (the kernel's `perf_event_max_stack`).
-fn stack_depth(s: &str) -> Result<u32, String> {
+fn stack_depth(s: &str) -> Result<u32, Error> {
     match s.parse::<u32>() {
         Ok(n) if n <= 127 => Ok(n),
-        _ => Err(format!(
+        _ => Err(Error::Usage(format!(
             "expected a number of frames from 0 (no stacks) to 127, got {s:?}"
-        )),
+        ))),
     }
 }
 
@@ -124,10 +96,10 @@ fn is_the_program(output: &Path, command: &[std::ffi::OsString]) -> bool {
 }
 
 /// Records `args.command` into `args.output` and exits with the command's exit code; see
-/// [`error_code`] for memtrack's own failures.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+/// [`Codes::Record`](crate::error::Codes::Record) for memtrack's own failures.
+pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     if is_the_program(&args.output, &args.command) {
-        return Err(memtrack::Error::InvalidOption(format!(
+        return Err(Error::Usage(format!(
             "-o {} is the program being recorded: choose another output file",
             args.output.display()
         )));
@@ -214,9 +186,9 @@ fn summarize(out: &memtrack::tracker::RecordOutcome, written: &Path, ringbuf_mib
     }
     if out.recorded.lost_events > 0 {
         eprintln!(
-            "memtrack: warning: {} events were lost because the {ringbuf_mib} MiB ring buffer \
-             was full: the totals are incomplete; rerun with a larger --ringbuf-mib",
-            human::count(out.recorded.lost_events)
+            "memtrack: warning: {}: the {ringbuf_mib} MiB ring buffer was too small and the \
+             totals are incomplete; rerun with a larger --ringbuf-mib",
+            crate::whole::lost(out.recorded.lost_events)
         );
     }
 }

@@ -9,11 +9,12 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use memtrack::render::{self, Align, Cell, Column, Table};
 use memtrack::{
-    analysis::Analyzer, analysis::KindCounts, analysis::Site, analysis::SiteAnalyzer,
-    analysis::SiteOrder, analysis::SizeClass, analysis::SizeHistogram, analysis::Totals,
-    artifact::Backend, artifact::Metadata, artifact::Reader, event::KindTag, human, stack::Stack,
-    symbolize::ModuleStatus, symbolize::SymFrame,
+    analysis::Analyzer, analysis::Site, analysis::SiteAnalyzer, analysis::SiteOrder,
+    analysis::SizeClass, analysis::SizeHistogram, artifact::Backend, artifact::Metadata,
+    artifact::Reader, event::KindTag, human, stack::Stack, symbolize::ModuleStatus,
+    symbolize::SymFrame, totals::KindCounts, totals::Totals,
 };
 use serde::Serialize;
 
@@ -36,8 +37,8 @@ pub(crate) struct Args {
     top: Option<usize>,
     /// What `--top` ranks sites by: bytes allocated, allocations, bytes live at the peak,
     /// or bytes still live at the end (leaked).
-    #[arg(long, value_enum, default_value_t = By::Bytes, requires = "top")]
-    by: By,
+    #[arg(long, value_parser = crate::callsites::site_order(), default_value = "bytes", requires = "top")]
+    by: SiteOrder,
     /// With `--top`: hide the allocator's own frames at the top of each stack (the default).
     #[arg(long, overrides_with = "no_trim_allocator", requires = "top",
           long_help = crate::callsites::TRIM_HELP)]
@@ -47,32 +48,12 @@ pub(crate) struct Args {
     no_trim_allocator: bool,
 }
 
-/// `show --by`: the orders of `memtrack::analysis::SiteOrder`.
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum By {
-    Bytes,
-    Allocations,
-    Peak,
-    Leaked,
-}
-
-impl By {
-    fn order(self) -> SiteOrder {
-        match self {
-            By::Bytes => SiteOrder::Bytes,
-            By::Allocations => SiteOrder::Allocations,
-            By::Peak => SiteOrder::Peak,
-            By::Leaked => SiteOrder::Leaked,
-        }
-    }
-}
-
 /// Prints `args.file`'s metadata and totals, as a table or JSON.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     let path = &args.file;
     let top = args.top.map(|n| Top {
         n,
-        order: args.by.order(),
+        order: args.by,
         trim: !args.no_trim_allocator,
     });
     let reader = Reader::open(path)?;
@@ -159,7 +140,7 @@ pub struct ShowReport {
     pub per_iteration: Option<PerIteration>,
     /// Each marked iteration's figures, their spread (a session that accumulated calls).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub iteration_spread: Option<memtrack::analysis::IterationSpread>,
+    pub iteration_spread: Option<memtrack::totals::IterationSpread>,
     /// One row per thread, when asked for (`--threads`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_thread: Option<Vec<ThreadRow>>,
@@ -280,7 +261,7 @@ pub fn order_name(order: SiteOrder) -> &'static str {
 }
 
 /// The top sites `want` asks for, with their stacks from `reader`'s tables.
-fn top_sites(reader: &Reader, a: &SiteAnalyzer, want: Top) -> memtrack::Result<TopSites> {
+fn top_sites(reader: &Reader, a: &SiteAnalyzer, want: Top) -> crate::error::Result<TopSites> {
     let sites = a.sites();
     let mut top = TopSites {
         by: order_name(want.order),
@@ -422,8 +403,8 @@ impl ShowReport {
         complete: bool,
         threads: bool,
         top: Option<Top>,
-    ) -> memtrack::Result<Self> {
-        let pass = Pass::read(reader, top.is_some())?;
+    ) -> crate::error::Result<Self> {
+        let pass = Scan::read(reader, top.is_some())?;
         let (a, sites, sizes) = (pass.analyzer(), &pass.sites, &pass.sizes);
         let t = a.totals();
         let iterations = reader.final_metadata().and_then(|f| f.iterations);
@@ -484,16 +465,16 @@ impl ShowReport {
 }
 
 /// The one pass over the events: totals, sizes, and the sites when asked for.
-struct Pass {
+struct Scan {
     /// The totals when sites are not counted.
     totals: Analyzer,
     sites: Option<SiteAnalyzer>,
     sizes: SizeHistogram,
 }
 
-impl Pass {
+impl Scan {
     /// Reads every frame with a progress bar on a terminal.
-    fn read(reader: &Reader, with_sites: bool) -> memtrack::Result<Self> {
+    fn read(reader: &Reader, with_sites: bool) -> crate::error::Result<Self> {
         // Sizes (and sites, when asked for) are counted beside the totals, in the same pass:
         // `Analyzer` stays lean for others.
         let (mut totals, mut sizes) = (Analyzer::new(), SizeHistogram::new());
@@ -514,7 +495,7 @@ impl Pass {
             None
         };
         bar.finish_and_clear();
-        Ok(Pass {
+        Ok(Scan {
             totals,
             sites,
             sizes,
@@ -766,30 +747,30 @@ fn sites_text(o: &mut String, top: &TopSites, r: &ShowReport) {
         human::plural(top.sites as u64, "call site", "call sites"),
         human::bytes(top.peak_live_bytes)
     );
-    let mut rows = vec![[
-        "#".to_string(),
-        "allocations".into(),
-        "bytes".into(),
-        "share".into(),
-        "at peak".into(),
-        "bytes".into(),
-        "at end".into(),
-        "bytes".into(),
-    ]];
+    let mut t = Table::new(vec![
+        Column::new("rank", "#", Align::Right),
+        Column::new("blocks", "allocations", Align::Right),
+        Column::new("bytes", "bytes", Align::Right),
+        Column::new("share", "share", Align::Right),
+        Column::new("blocks_at_peak", "at peak", Align::Right),
+        Column::new("bytes_at_peak", "bytes", Align::Right),
+        Column::new("blocks_at_end", "at end", Align::Right),
+        Column::new("bytes_at_end", "bytes", Align::Right),
+    ]);
     for (i, row) in top.rows.iter().enumerate() {
         let s = &row.site;
-        rows.push([
-            format!("{}", i + 1),
-            human::count(s.blocks),
-            human::bytes(s.bytes),
-            tables::percent(s.bytes, r.bytes_allocated),
-            human::count(s.blocks_at_peak),
-            human::bytes(s.bytes_at_peak),
-            human::count(s.blocks_at_end),
-            human::bytes(s.bytes_at_end),
+        t.push(vec![
+            Cell::Text((i + 1).to_string()),
+            Cell::Count(Some(s.blocks)),
+            Cell::Bytes(s.bytes),
+            Cell::Text(tables::percent(s.bytes, r.bytes_allocated)),
+            Cell::Count(Some(s.blocks_at_peak)),
+            Cell::Bytes(s.bytes_at_peak),
+            Cell::Count(Some(s.blocks_at_end)),
+            Cell::Bytes(s.bytes_at_end),
         ]);
     }
-    let table = human::table(&rows, &[true; 8]);
+    let table = render::text(&t);
     let mut lines = table.lines();
     let _ = writeln!(o, "    {}", lines.next().unwrap_or_default());
     for (row, line) in top.rows.iter().zip(lines) {

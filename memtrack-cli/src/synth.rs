@@ -35,7 +35,7 @@ pub(crate) struct Args {
 }
 
 /// Writes `args.events` events of the model to `args.output`.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     let Args {
         events,
         seed,

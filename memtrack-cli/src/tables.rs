@@ -1,6 +1,7 @@
 //! The human tables of `memtrack show`: allocations by size class, and per thread.
 
-use memtrack::{analysis::SizeClass, human};
+use memtrack::analysis::SizeClass;
+use memtrack::render::{self, Align, Cell, Column, Table};
 
 use crate::show::{ShowReport, ThreadRow};
 
@@ -31,60 +32,70 @@ fn bound(n: u64) -> String {
 /// The size-class table: one row per non-empty class, `(lower, upper]` bounds, with each
 /// class's share of `allocations` and of `bytes_allocated`.
 pub fn size_classes(classes: &[SizeClass], allocations: u64, bytes_allocated: u64) -> String {
-    let mut rows = vec![[
-        "size class".to_string(),
-        "allocations".into(),
-        "share".into(),
-        "bytes".into(),
-        "share".into(),
-    ]];
+    let mut t = Table::new(vec![
+        Column::new("size_class", "size class", Align::Left),
+        Column::new("allocations", "allocations", Align::Right),
+        Column::new("allocations_share", "share", Align::Right),
+        Column::new("bytes", "bytes", Align::Right),
+        Column::new("bytes_share", "share", Align::Right),
+    ]);
     for c in classes {
         let range = if c.min == 0 {
             format!("[0, {}]", bound(c.max))
         } else {
             format!("({}, {}]", bound(c.min - 1), bound(c.max))
         };
-        rows.push([
-            range,
-            human::count(c.allocations),
-            percent(c.allocations, allocations),
-            human::bytes(c.bytes),
-            percent(c.bytes, bytes_allocated),
+        t.push(vec![
+            Cell::Text(range),
+            Cell::Count(Some(c.allocations)),
+            Cell::Text(percent(c.allocations, allocations)),
+            Cell::Bytes(c.bytes),
+            Cell::Text(percent(c.bytes, bytes_allocated)),
         ]);
     }
-    indent(&human::table(&rows, &[false, true, true, true, true]))
+    indent(&render::text(&t))
 }
 
 /// The per-thread table with a total row from the report's totals; frees count in the
 /// freeing thread.
-pub fn threads(rows_in: &[ThreadRow], t: &ShowReport) -> String {
-    let mut rows = vec![[
-        "tid".to_string(),
-        "events".into(),
-        "allocations".into(),
-        "allocated".into(),
-        "frees".into(),
-        "freed".into(),
-    ]];
-    for th in rows_in {
-        rows.push([
-            th.tid.to_string(),
-            human::count(th.events),
-            human::count(th.allocations),
-            human::bytes(th.bytes_allocated),
-            human::count(th.frees),
-            human::bytes(th.bytes_freed),
-        ]);
-    }
-    rows.push([
-        "total".into(),
-        human::count(t.events),
-        human::count(t.allocations),
-        human::bytes(t.bytes_allocated),
-        human::count(t.frees),
-        human::bytes(t.bytes_freed),
+pub fn threads(rows: &[ThreadRow], total: &ShowReport) -> String {
+    let mut t = Table::new(vec![
+        Column::new("tid", "tid", Align::Left),
+        Column::new("events", "events", Align::Right),
+        Column::new("allocations", "allocations", Align::Right),
+        Column::new("bytes_allocated", "allocated", Align::Right),
+        Column::new("frees", "frees", Align::Right),
+        Column::new("bytes_freed", "freed", Align::Right),
     ]);
-    indent(&human::table(&rows, &[false, true, true, true, true, true]))
+    let row = |tid: String, events, allocations, allocated, frees, freed| {
+        vec![
+            Cell::Text(tid),
+            Cell::Count(Some(events)),
+            Cell::Count(Some(allocations)),
+            Cell::Bytes(allocated),
+            Cell::Count(Some(frees)),
+            Cell::Bytes(freed),
+        ]
+    };
+    for th in rows {
+        t.push(row(
+            th.tid.to_string(),
+            th.events,
+            th.allocations,
+            th.bytes_allocated,
+            th.frees,
+            th.bytes_freed,
+        ));
+    }
+    t.push(row(
+        "total".into(),
+        total.events,
+        total.allocations,
+        total.bytes_allocated,
+        total.frees,
+        total.bytes_freed,
+    ));
+    indent(&render::text(&t))
 }
 
 fn indent(table: &str) -> String {

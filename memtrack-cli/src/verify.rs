@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use memtrack::{artifact::Completeness, artifact::Reader, human};
 
-use crate::{analyse, out, processes, stored_totals_agree};
+use crate::whole::{self, NotWhole};
+use crate::{analyse, out, stored_totals_agree};
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -19,11 +20,11 @@ pub(crate) struct Args {
 
 /// Exit 0 if `args.file` is sound and whole (or only sound, with `--structure-only`), else
 /// print the first problem and exit 1.
-pub(crate) fn run(args: Args) -> memtrack::Result<ExitCode> {
+pub(crate) fn run(args: Args) -> crate::error::Result<ExitCode> {
     verify(&args.file, args.structure_only)
 }
 
-fn verify(path: &Path, structure_only: bool) -> memtrack::Result<ExitCode> {
+fn verify(path: &Path, structure_only: bool) -> crate::error::Result<ExitCode> {
     let fail = |msg: String| {
         out(&format!("FAILED {}: {msg}\n", path.display()))?;
         Ok(ExitCode::FAILURE)
@@ -44,24 +45,24 @@ fn verify(path: &Path, structure_only: bool) -> memtrack::Result<ExitCode> {
             "the totals stored in the trailer differ from the totals of the decoded events".into(),
         );
     }
-    // A lossy recording is structurally sound but not whole: its numbers are not the
-    // program's.
-    let lost = reader.final_metadata().map_or(0, |f| f.lost_events);
-    if lost > 0 && !structure_only {
-        return fail(format!(
-            "{} lost while recording (the ring buffer was full): the file is sound but the \
-             recording is not whole; record again with a larger --ringbuf-mib, or pass \
-             --structure-only to check the file's structure alone",
-            human::plural(lost, "event was", "events were")
-        ));
-    }
-    let uncovered = reader.final_metadata().and_then(processes::not_whole);
-    if let Some(why) = &uncovered
+    // A recording that lost events or processes is structurally sound but not whole: its
+    // numbers are not the program's.
+    let not_whole = match whole::check(&reader) {
+        Ok(_) => None,
+        Err(why @ (NotWhole::Lost(_) | NotWhole::Uncovered(_))) => Some(why),
+        Err(why) => return fail(why.reason()),
+    };
+    if let Some(why) = &not_whole
         && !structure_only
     {
+        let fix = match why {
+            NotWhole::Lost(_) => "record again with a larger --ringbuf-mib, or pass",
+            _ => "pass",
+        };
         return fail(format!(
-            "{why}: the file is sound but the recording is not whole; pass --structure-only \
-             to check the file's structure alone"
+            "{}: the file is sound but the recording is not whole; {fix} --structure-only to \
+             check the file's structure alone",
+            why.reason()
         ));
     }
     out(&format!(
@@ -69,15 +70,16 @@ fn verify(path: &Path, structure_only: bool) -> memtrack::Result<ExitCode> {
         path.display(),
         human::count(reader.frames().len() as u64),
         human::count(totals.events),
-        if lost > 0 {
-            format!(
+        match not_whole {
+            Some(NotWhole::Lost(n)) => format!(
                 " (structure only: {} lost, the recording is not whole)",
-                human::plural(lost, "event", "events")
-            )
-        } else if let Some(why) = uncovered {
-            format!(" (structure only: {why}, the recording is not whole)")
-        } else {
-            String::new()
+                human::plural(n, "event", "events")
+            ),
+            Some(why) => format!(
+                " (structure only: {}, the recording is not whole)",
+                why.reason()
+            ),
+            None => String::new(),
         }
     ))?;
     Ok(ExitCode::SUCCESS)

@@ -1,12 +1,14 @@
 //! Whether a recording stands for its whole program: the one gate of the commands that compare
 //! or diff recordings (`compare`, `bench`, `flamegraph --diff`: a partial recording would show
 //! what it missed as shrinking), and the one warning of those that draw what there is (`plot`,
-//! the call-site views).
+//! the call-site views), and the one message of lost events (`verify`'s too).
 
 use std::path::Path;
 
 use memtrack::artifact::{Completeness, Final, Reader};
 use memtrack::human;
+
+use crate::error::Error;
 
 /// Why a recording is not whole.
 #[derive(Debug)]
@@ -23,20 +25,17 @@ pub(crate) enum NotWhole {
 
 impl NotWhole {
     /// What is missing.
-    fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> String {
         match self {
             NotWhole::Incomplete(reason) => format!("the artifact is incomplete ({reason})"),
             NotWhole::NoTrailer => "the artifact has no trailer".into(),
-            NotWhole::Lost(n) => format!(
-                "{} events were lost while recording (the ring buffer overflowed)",
-                human::count(*n)
-            ),
+            NotWhole::Lost(n) => lost(*n),
             NotWhole::Uncovered(why) => why.clone(),
         }
     }
 
     /// How to record it whole.
-    fn fix(&self) -> &'static str {
+    pub(crate) fn fix(&self) -> &'static str {
         match self {
             NotWhole::Incomplete(_) | NotWhole::NoTrailer => {
                 "record it again and let the recording finish"
@@ -47,6 +46,15 @@ impl NotWhole {
             }
         }
     }
+}
+
+/// The one message of lost events, wherever they are reported: "3 events were lost while
+/// recording (the ring buffer overflowed)".
+pub(crate) fn lost(n: u64) -> String {
+    format!(
+        "{} lost while recording (the ring buffer overflowed)",
+        human::plural(n, "event was", "events were")
+    )
 }
 
 /// The recording's final metadata if it is whole, else why not.
@@ -64,15 +72,18 @@ pub(crate) fn check(reader: &Reader) -> Result<&Final, NotWhole> {
     Ok(fin)
 }
 
-/// The refusal of `file` by a command that would `verb` it ("compared", "diffed"): what is
-/// missing, and how to record it whole.
-pub(crate) fn refusal(file: &Path, why: &NotWhole, verb: &str) -> String {
-    format!(
-        "{}: {}, so it cannot be {verb}; {}",
-        file.display(),
-        why.reason(),
-        why.fix()
-    )
+/// The recording's final metadata if it is whole, else the refusal of `file` by a command that
+/// would `verb` it ("compared", "diffed"): what is missing, and how to record it whole.
+pub(crate) fn require<'r>(
+    reader: &'r Reader,
+    file: &Path,
+    verb: &'static str,
+) -> Result<&'r Final, Error> {
+    check(reader).map_err(|why| Error::NotWhole {
+        file: file.to_path_buf(),
+        why,
+        verb,
+    })
 }
 
 /// Warns, once, that `file` lost events while recording and that what is drawn from it
@@ -82,9 +93,9 @@ pub(crate) fn warn_lost(reader: &Reader, file: &Path, misses: &str) {
         && f.lost_events > 0
     {
         eprintln!(
-            "memtrack: warning: {}: {} events were lost while recording; {misses} misses them",
+            "memtrack: warning: {}: {}; {misses} misses them",
             file.display(),
-            human::count(f.lost_events)
+            lost(f.lost_events)
         );
     }
 }

@@ -5,7 +5,7 @@
 //! symbolizer names as the fixture's call chains, in order. No privileges needed.
 //!
 //! The C path of `stacks.rs` (a `malloc` from C code called through FFI) is not here: this
-//! recorder sees only the Rust global allocator (the eBPF recorder's tests cover it).
+//! recorder sees only the Rust global allocator (the eBPF tracker's tests cover it).
 //!
 //! `harness = false` (memtrack-test-support's runner): without `rustc` on PATH the test is
 //! reported as ignored with what is missing.

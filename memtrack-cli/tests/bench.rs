@@ -209,7 +209,7 @@ fn check_report(out: &Output) {
             (
                 r["benchmark"].as_str().unwrap(),
                 r["allocations_per_iteration"].as_f64().unwrap(),
-                r["bytes_per_iteration"].as_f64().unwrap(),
+                r["bytes_allocated_per_iteration"].as_f64().unwrap(),
             )
         })
         .collect();

@@ -195,7 +195,7 @@ fn show_says_what_each_number_is_with_correct_plurals() {
     }
 }
 
-/// Issue 12, item 8: a recording that lost events is sound as a file but not whole, and
+/// A recording that lost events is sound as a file but not whole, and
 /// `verify` promises "exit 0 only if … sound": it fails, saying how many were lost, unless
 /// `--structure-only` asks for the file's structure alone.
 #[test]

@@ -109,7 +109,7 @@ fn record_forwards_exit_code_and_prints_summary() {
     }
 }
 
-/// Issue 12, item 10: `record`'s own failures never look like the command's exit code: 127 not
+/// `record`'s own failures never look like the command's exit code: 127 not
 /// found, 126 not executable (a file without x, a directory), 2 a bad option value (in the unit
 /// typed), as shells and `timeout` report them. Needs no privileges: all fail before loading.
 fn record_exit_codes_tell_its_failures_from_the_commands() {
@@ -185,9 +185,9 @@ fn record_exit_codes_tell_its_failures_from_the_commands() {
     assert!(!out_file.exists());
 }
 
-/// Issue 12, item 12: the default pipeline's resident memory. `record -- /bin/true` was 529 MB
-/// resident with the old 256 MiB ring buffer (its pages are mapped twice, all resident); the
-/// default is now sized from the measured event rate (docs/src/record.md, "Memory").
+/// The default pipeline's resident memory stays small: the ring buffer's pages are mapped
+/// twice, all resident, so its default is sized from the measured event rate
+/// (docs/src/record.md, "Memory").
 // The child is reaped by wait4 (for its rusage), which clippy does not see.
 #[allow(clippy::zombie_processes)]
 fn default_record_stays_under_64_mib_resident() {

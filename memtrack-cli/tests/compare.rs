@@ -414,7 +414,7 @@ fn profiled(dir: &Path, file: &str, pairs: u64, iterations: Option<u64>) -> std:
     path
 }
 
-/// Issue 9, defect 4: the same code run 480 then 300 times is unchanged per iteration, and
+/// The same code run 480 then 300 times is unchanged per iteration, and
 /// `show` says so; a per-iteration artifact and plain totals are refused, naming both.
 #[test]
 fn profiler_artifacts_compare_per_iteration() {
@@ -468,7 +468,7 @@ fn profiler_artifacts_compare_per_iteration() {
     );
 }
 
-/// Issue 12, item 11: `--threshold 0.05` could mean 0.05 % or 5 % (a gate 100× apart); a
+/// `--threshold 0.05` could mean 0.05 % or 5 % (a gate 100× apart); a
 /// bare number is a usage error showing both readings, and every output format states the
 /// threshold it gated on.
 #[test]

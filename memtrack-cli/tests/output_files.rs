@@ -81,7 +81,7 @@ fn planted_symlinks_at_temporary_names_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
 
-    // synth: the repro.
+    // synth.
     let (victim, links) = plant(d, "x.memtrack");
     let out = memtrack(&["synth", "--events", "1000", "-o", s(&d.join("x.memtrack"))]);
     assert!(out.status.success(), "{}", text(&out));
@@ -191,9 +191,8 @@ fn special_files_are_written_in_place_or_refused_never_replaced() {
     let d = dir.path();
     let art = synth(&d.join("a.memtrack"), 1000, 1);
 
-    // As root, copies of /dev/full and /dev/null made with mknod in the scratch directory (the
-    // issue's safe repro): a regression must not replace the machine's own devices, as an older
-    // memtrack did. Another user cannot write /dev, so there the real devices are safe to use.
+    // As root, copies of /dev/full and /dev/null made with mknod in the scratch directory: a
+    // regression must not replace the machine's own devices. Another user cannot write /dev, so there the real devices are safe to use.
     let (full, null) = if is_root() {
         (mknod(&d.join("full"), 7), mknod(&d.join("null"), 3))
     } else {

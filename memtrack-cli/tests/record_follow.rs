@@ -110,7 +110,7 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// The repro: `sh -c 'ls; python3 …'` recorded 47 allocations, all of sh's.
+/// `sh -c 'ls; python3 …'` records python's allocations, not only sh's.
 fn python_started_by_a_shell_is_recorded() {
     let dir = tempfile::tempdir().unwrap();
     let run = record(
@@ -192,8 +192,8 @@ fn a_posix_spawned_program_is_recorded_exactly() {
     assert_eq!(run.fin.uncovered_processes(), 0);
 }
 
-/// The repro: `env LD_PRELOAD=libjemalloc.so.2 prog` recorded 202 of 875,000
-/// allocations. The exec'd program is resolved with its own environment before it runs.
+/// `env LD_PRELOAD=libjemalloc.so.2 prog` records every allocation: the exec'd program is
+/// resolved with its own environment before it runs.
 fn an_ld_preload_allocator_is_recorded_from_the_first_call() {
     let dir = tempfile::tempdir().unwrap();
     let exe = fixture(dir.path());
@@ -208,8 +208,8 @@ fn an_ld_preload_allocator_is_recorded_from_the_first_call() {
     assert_eq!(run.fin.uncovered_processes(), 0);
 }
 
-/// The repro: a program that dlopens its allocator lost 20,000 of 400,000 calls to the
-/// 20 ms rescan. ld.so's `_dl_debug_state` stop probes it before dlopen returns.
+/// A program that dlopens its allocator loses none of its calls to the 20 ms rescan: ld.so's
+/// `_dl_debug_state` stop probes it before dlopen returns.
 fn a_dlopened_allocator_is_probed_before_its_first_call() {
     let dir = tempfile::tempdir().unwrap();
     let exe = fixture(dir.path());
@@ -259,7 +259,7 @@ fn a_trees_totals_are_the_sum_of_its_processes_recorded_alone() {
     let mut an = Analyzer::new();
     an.update_all(&images);
     let per = an.per_process();
-    let key = |t: &memtrack::analysis::Totals| {
+    let key = |t: &memtrack::totals::Totals| {
         (
             t.allocations,
             t.bytes_allocated,

@@ -9,7 +9,11 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 #[cfg(not(memtrack_bench = "instructions"))]
 use memtrack::Report;
+#[cfg(not(memtrack_bench = "instructions"))]
+use memtrack::analysis::Benchmark;
 use memtrack::human;
+#[cfg(not(memtrack_bench = "instructions"))]
+use memtrack::render::{self, BenchmarkRow};
 
 use crate::args::{Args, HELP};
 
@@ -141,6 +145,19 @@ pub(crate) struct Figures {
 
 #[cfg(not(memtrack_bench = "instructions"))]
 impl Figures {
+    /// The benchmark `id` with these figures, for the table.
+    fn benchmark(&self, id: &str) -> Benchmark {
+        let totals = render::totals(
+            self.allocations,
+            self.bytes,
+            self.peak_live_bytes,
+            self.live_blocks_at_end,
+            self.live_bytes_at_end,
+        );
+        Benchmark::new(id, self.path.clone().unwrap_or_default(), totals)
+            .with_iterations(Some(self.iterations))
+    }
+
     /// The figures of a finished session of `iterations`: the one place that reads a
     /// [`Report`]'s fields.
     pub(crate) fn of(report: &Report, iterations: u64) -> Figures {
@@ -307,64 +324,23 @@ pub(crate) fn summarize(table: bool) {
 }
 
 #[cfg(not(memtrack_bench = "instructions"))]
-/// The table: per benchmark, allocations and bytes per iteration, the peak live heap, and what
-/// is still live at the end of its session.
+/// The table of the benchmarks that ran: the library's table of benchmarks, the one `memtrack
+/// bench` prints ([`memtrack::render::benchmarks`]); a failed one's row says so.
 fn render(outcomes: &[(String, Result<Option<Figures>, String>)]) -> String {
-    let header = [
-        "benchmark",
-        "allocs/iter",
-        "bytes/iter",
-        "peak",
-        "live at end",
-    ];
-    let mut rows = vec![header.map(String::from)];
-    for (id, outcome) in outcomes {
-        rows.push(match outcome {
-            Ok(None) => continue,
-            Ok(Some(f)) => {
-                let n = f.iterations.max(1) as f64;
-                [
-                    id.clone(),
-                    per_iteration(f.allocations as f64 / n),
-                    bytes(f.bytes as f64 / n),
-                    human::bytes(f.peak_live_bytes),
-                    format!(
-                        "{} ({})",
-                        human::plural(f.live_blocks_at_end, "block", "blocks"),
-                        human::bytes(f.live_bytes_at_end)
-                    ),
-                ]
-            }
-            Err(_) => [
-                id.clone(),
-                "failed".into(),
-                String::new(),
-                String::new(),
-                String::new(),
-            ],
-        });
-    }
-    human::table(&rows, &[false, true, true, true, true])
-}
-
-#[cfg(not(memtrack_bench = "instructions"))]
-/// A per-iteration count: whole numbers as such, else two decimals.
-fn per_iteration(v: f64) -> String {
-    if v.fract() == 0.0 {
-        human::count(v as u64)
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-#[cfg(not(memtrack_bench = "instructions"))]
-/// Per-iteration bytes: `64 B`, `12.50 B`, `8.0 KiB`.
-fn bytes(v: f64) -> String {
-    if v.fract() == 0.0 {
-        human::bytes(v as u64)
-    } else {
-        human::bytes_f64(v)
-    }
+    let measured: Vec<(&str, Result<Benchmark, ()>)> = outcomes
+        .iter()
+        .filter_map(|(id, o)| match o {
+            Ok(None) => None,
+            Ok(Some(f)) => Some((id.as_str(), Ok(f.benchmark(id)))),
+            Err(_) => Some((id.as_str(), Err(()))),
+        })
+        .collect();
+    render::text(&render::benchmarks(measured.iter().map(
+        |(id, b)| match b {
+            Ok(b) => BenchmarkRow::Measured(b),
+            Err(()) => BenchmarkRow::Failed(id),
+        },
+    )))
 }
 
 #[cfg(all(test, not(memtrack_bench = "instructions")))]
@@ -412,10 +388,10 @@ mod tests {
         ]);
         assert_eq!(
             t,
-            "benchmark  allocs/iter  bytes/iter     peak     live at end\n\
-             vec/1024             1     8.0 KiB  8.0 KiB  1 block (24 B)\n\
-             fmt               1.25     12.50 B  8.0 KiB  1 block (24 B)\n\
-             custom          failed\n"
+            "benchmark  iterations  allocations         bytes     peak     live at end\n\
+             vec/1024           10    1.00/iter  8.0 KiB/iter  8.0 KiB  1 block (24 B)\n\
+             fmt                 4    1.25/iter  12.50 B/iter  8.0 KiB  1 block (24 B)\n\
+             custom         failed\n"
         );
     }
 }

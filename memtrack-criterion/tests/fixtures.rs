@@ -336,13 +336,14 @@ fn check_run(
             "{id}: recorded allocations and bytes over {iterations} iterations, against \
              {allocations} allocations and {bytes} bytes counted per call"
         );
-        // Its row: the id, then the allocations per iteration.
+        // Its row: the id, the iterations, then the allocations per iteration.
         let row = stdout
             .lines()
             .find(|l| l.split("  ").next() == Some(id.as_str()))
             .unwrap_or_else(|| panic!("no row for {id}:\n{stdout}"));
         let cells: Vec<&str> = row.split("  ").filter(|c| !c.is_empty()).collect();
-        assert_eq!(cells[1].trim(), allocations.to_string(), "{row}");
+        assert_eq!(cells[1].trim(), iterations.to_string(), "{row}");
+        assert_eq!(cells[2].trim(), format!("{allocations}.00/iter"), "{row}");
     }
     assert!(
         stdout
@@ -375,7 +376,7 @@ fn timing_mode_is_criterion() {
         );
     }
     assert_eq!(stdout.matches("Success\n").count(), IDS.len(), "{stdout}");
-    assert!(!stdout.contains("allocs/iter"), "{stdout}");
+    assert!(!stdout.contains("live at end"), "{stdout}");
     let out = bench(Build::Counting, dir.path(), &["--bench", "--list"], &[]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), listing());
     assert!(files(dir.path()).is_empty());

@@ -15,7 +15,7 @@ pub(crate) struct Args {
     pub scope: Option<LitStr>,
     pub krate: Option<Path>,
     pub in_memory: Option<Span>,
-    /// `locks`: also record lock waits (the eBPF recorder's context switches).
+    /// `locks`: also record lock waits (the eBPF tracker's context switches).
     pub locks: Option<Span>,
     pub limits: LimitArgs,
 }
@@ -304,9 +304,9 @@ impl Args {
         {
             return Err(syn::Error::new(
                 span,
-                "`locks` needs the eBPF recorder: lock waits are context switches the kernel \
+                "`locks` needs the eBPF tracker: lock waits are context switches the kernel \
                  reports, which the allocator recorder (`backend = \"alloc\"`) cannot see; \
-                 remove `backend = \"alloc\"` (the eBPF recorder needs root or CAP_BPF + \
+                 remove `backend = \"alloc\"` (the eBPF tracker needs root or CAP_BPF + \
                  CAP_PERFMON) or `locks`",
             ));
         }

@@ -22,7 +22,7 @@
 //! `in_memory`: write no artifact (the report and its limits are all there is).
 //! `locks`: also record lock waits (`SessionBuilder::lock_waits(true)`: every context switch
 //! of the recorded threads, classified by stack; the summary line gives their totals). It
-//! needs the eBPF recorder: with `backend = "alloc"` it is a compile error, and when `auto`
+//! needs the eBPF tracker: with `backend = "alloc"` it is a compile error, and when `auto`
 //! picks the allocator recorder at run time, recording does not start and says why.
 //! Limits for tests: `max_allocations = N`, `max_bytes = N` (bytes allocated in total),
 //! `max_peak = N` (peak live heap bytes), `max_blocks = N` (most heap blocks live at once),

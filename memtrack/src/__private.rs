@@ -173,8 +173,8 @@ pub mod hotpath {
         crate::tracker::record_to_event(data)
     }
 
-    /// Events the allocator backend's threads wrote that its collector has not drained yet.
+    /// Events the allocator recorder's threads wrote that its collector has not drained yet.
     pub fn alloc_undrained() -> usize {
-        crate::recorder::undrained()
+        crate::allocator::undrained()
     }
 }

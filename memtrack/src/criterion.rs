@@ -8,7 +8,7 @@
 //! - [`Allocations`] and [`BytesAllocated`]: measurements, so criterion reports, compares and
 //!   plots **allocations per iteration** or **bytes allocated per iteration** instead of time.
 //!   They read two counters (no event stream): the BPF program's (a couple of syscalls per
-//!   sample), or, with the allocator backend, two atomics the wrapper increments.
+//!   sample), or, with the allocator recorder, two atomics the wrapper increments.
 //!
 //! ```ignore
 //! use memtrack::criterion::Allocations;
@@ -25,9 +25,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ::criterion::Throughput;
 use ::criterion::measurement::{Measurement, ValueFormatter};
 
+use crate::backend::Counter;
 use crate::error::Result;
 use crate::human;
-use crate::recording::Counter;
 use crate::session::{Session, SessionBuilder, counter};
 
 /// Calls of [`iteration`] since the profiler last started a benchmark.

@@ -18,12 +18,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::analysis::{Analyzer, ProcessTotals, SizeClass, SizeHistogram, Stats, Timeline, Totals};
+use crate::analysis::{Analyzer, ProcessTotals, SizeClass, SizeHistogram, Stats, Timeline};
 use crate::artifact::FormatError;
 use crate::artifact::{Definitions, FrameScratch, MAX_FRAME_EVENTS};
 use crate::artifact::{Final, FrameWriter, Metadata, ProcessInfo, encode_frame, monotonic_ns};
 use crate::event::Event;
 use crate::stack::{Module, ModuleId, Stack, StackId};
+use crate::totals::Totals;
 
 /// Why the encoder pipeline failed.
 ///
@@ -171,7 +172,8 @@ impl EncoderOptions {
     }
 }
 
-/// What [`Encoder::finish`] wrote.
+/// What the encoder wrote ([`Encoder::finish`]): the artifact's size and the numbers computed
+/// while streaming. What a recorder returns holds it (its `written`).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Written {
@@ -564,7 +566,7 @@ fn writer_loop<W: Write + Send>(
 ) -> Result<WriterResult<W>> {
     let mut batch = Batch::new(window);
     let mut outs: Vec<Vec<u8>> = (0..window).map(|_| Vec::new()).collect();
-    let mut figures = Figures::new();
+    let mut figures = StreamAnalysis::new();
     loop {
         batch.receive(&rx, window);
         if batch.frames.is_empty() {
@@ -650,7 +652,7 @@ fn compress_and_count(
     batch: &Batch,
     outs: &mut [Vec<u8>],
     level: i32,
-    figures: &mut Figures,
+    figures: &mut StreamAnalysis,
 ) -> Result<()> {
     let mut results: Vec<Result<()>> = (0..batch.frames.len()).map(|_| Ok(())).collect();
     pool.in_place_scope(|s| {
@@ -664,15 +666,15 @@ fn compress_and_count(
 }
 
 /// The figures the writer keeps of every event it writes: the totals, sizes and timeline.
-struct Figures {
+struct StreamAnalysis {
     analyzer: Analyzer,
     sizes: SizeHistogram,
     timeline: Timeline,
 }
 
-impl Figures {
-    fn new() -> Figures {
-        Figures {
+impl StreamAnalysis {
+    fn new() -> StreamAnalysis {
+        StreamAnalysis {
             analyzer: Analyzer::new(),
             sizes: SizeHistogram::new(),
             timeline: Timeline::growing(TIMELINE_COLUMNS).expect("a valid column count"),

@@ -10,7 +10,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong in memtrack. Each variant carries enough context (path, frame,
 /// byte offset) for its message to say what is wrong and what to do about it. The errors of
 /// each layer are variants of their own ([`Format`](Error::Format), [`Encode`](Error::Encode),
-/// [`Tracker`](Error::Tracker), [`Recorder`](Error::Recorder)), with their messages unchanged.
+/// [`Tracker`](Error::Tracker), [`Allocator`](Error::Allocator)), with their messages unchanged.
 ///
 /// `Debug` prints the same message as `Display` (cause and fix), not the bare variant: that is
 /// what `.unwrap()`, `.expect()` and `fn main() -> Result<…>` show. Match on the variants for
@@ -76,18 +76,18 @@ pub enum Error {
     },
     /// `auto` found neither backend usable.
     #[error(
-        "memtrack cannot record here: the eBPF backend needs root or the capabilities \
+        "memtrack cannot record here: the eBPF tracker needs root or the capabilities \
          CAP_BPF and CAP_PERFMON (run with sudo, or `sudo setcap cap_bpf,cap_perfmon+ep \
-         <binary>`), and the allocator backend needs `#[global_allocator] static A: \
+         <binary>`), and the allocator recorder needs `#[global_allocator] static A: \
          memtrack::Allocator = memtrack::Allocator::system();` in your program"
     )]
     NoBackend,
-    /// The allocator backend was asked for, but [`Allocator`](crate::Allocator) is not the
+    /// The allocator recorder was asked for, but [`Allocator`](crate::Allocator) is not the
     /// global allocator.
     #[error(
-        "the allocator backend records through memtrack's global allocator, which this program \
+        "the allocator recorder records through memtrack's global allocator, which this program \
          does not use: add `#[global_allocator] static A: memtrack::Allocator = \
-         memtrack::Allocator::system();`, or use the eBPF backend"
+         memtrack::Allocator::system();`, or use the eBPF tracker"
     )]
     AllocatorNotInstalled,
     /// The eBPF tracker failed (privileges, BTF, symbols, libbpf); the message says the fix.
@@ -98,7 +98,7 @@ pub enum Error {
     LockWaits(#[from] crate::locks::LockWaitsError),
     /// The allocator recorder failed (no invariant TSC, already recording, its threads).
     #[error(transparent)]
-    Recorder(#[from] crate::recorder::RecorderError),
+    Allocator(#[from] crate::allocator::AllocatorError),
     /// A session that may not replace a file (`SessionBuilder::replace(false)`,
     /// `MEMTRACK_NO_REPLACE`) found its artifact's path taken: two benchmarks of one run whose
     /// names give one file.
@@ -144,7 +144,7 @@ pub enum Error {
         /// Where the recording's artifact will be when it is finished.
         path: Option<std::path::PathBuf>,
         /// What the call measured.
-        iteration: Box<crate::analysis::Iteration>,
+        iteration: Box<crate::totals::Iteration>,
         /// Every limit it did not keep, with the measured numbers.
         violations: Vec<crate::limits::Violation>,
     },
@@ -191,11 +191,11 @@ impl std::fmt::Debug for Error {
 }
 
 /// Contradictory limits are an invalid option of the session (as documented on `start`).
-impl From<crate::recording::RecordingError> for Error {
-    fn from(e: crate::recording::RecordingError) -> Self {
+impl From<crate::backend::RecordingError> for Error {
+    fn from(e: crate::backend::RecordingError) -> Self {
         match e {
-            crate::recording::RecordingError::Tracker(e) => Error::Tracker(e),
-            crate::recording::RecordingError::Recorder(e) => Error::Recorder(e),
+            crate::backend::RecordingError::Tracker(e) => Error::Tracker(e),
+            crate::backend::RecordingError::Allocator(e) => Error::Allocator(e),
         }
     }
 }

@@ -56,7 +56,9 @@
 //! ```
 //!
 //! [`Session::finish`] returns a [`Report`]: the totals, sizes by class, the live heap over
-//! time, lost events, where the artifact went. [`Session::stats`] gives the numbers so far.
+//! time, lost events, where the artifact went. [`Session::stats`] gives the numbers so far
+//! ([`Stats`]). A report's numbers nest: it holds what the recorder returned ([`Recorded`]),
+//! which holds what the encoder wrote ([`Written`]), which holds the [`Totals`](totals::Totals).
 //!
 //! ## Recorders
 //!
@@ -71,14 +73,13 @@
 //!
 //! The front door above is all most users name. The public modules, lowest layer first:
 //!
-//! - [`event`], [`stack`], [`human`]: what a recording holds (events, call stacks) and how its
-//!   numbers are printed;
+//! - [`event`], [`stack`], [`totals`]: what a recording holds (events, call stacks) and what
+//!   it adds up to;
 //! - [`artifact`]: the file format, its [`Reader`](artifact::Reader) and safe file output;
 //! - [`analysis`]: recordings to numbers (totals, size classes, timeline, call sites,
 //!   comparisons), with the accounting rules;
-//! - [`encode`]: the pipeline that compresses events into an artifact;
-//! - [`tracker`], [`recorder`], [`modules`]: the two recorders, and the code mappings that name
-//!   stack frames; [`limits`]: limits checked against the numbers;
+//! - [`tracker`], [`allocator`]: the two recorders, the eBPF tracker and the allocator
+//!   recorder; [`limits`]: limits checked against the numbers;
 //! - `symbolize` (feature `symbolize`): frames to functions and lines; [`locks`]: lock waits;
 //! - `criterion` (feature `criterion`): criterion measurements and profiler;
 //!   `synth` (feature `synth`): a seeded model trace.
@@ -98,28 +99,34 @@ compile_error!(
 
 #[doc(hidden)]
 pub mod __private;
-// The guide's pages as doctests (see the module).
+pub mod allocator;
 pub mod analysis;
 pub mod artifact;
+mod backend;
 #[cfg(feature = "callgrind")]
 pub mod callgrind;
 #[cfg(feature = "criterion")]
 pub mod criterion;
+// Public for memtrack-cli and memtrack-criterion only, not a user's API.
+#[doc(hidden)]
 pub mod encode;
 mod error;
 pub mod event;
+// The guide's pages as doctests (see the module).
 #[cfg(doctest)]
 mod guide;
+// Public for memtrack-cli and memtrack-criterion only, not a user's API.
+#[doc(hidden)]
 pub mod human;
 #[cfg(feature = "callgrind")]
 pub mod instructions;
 mod lifecycle;
 pub mod limits;
 pub mod locks;
+// Public for memtrack-cli and memtrack-criterion only, not a user's API.
+#[doc(hidden)]
 pub mod modules;
-mod recorded;
-pub mod recorder;
-mod recording;
+pub mod render;
 mod report;
 mod scope;
 mod session;
@@ -128,17 +135,19 @@ pub mod stack;
 pub mod symbolize;
 #[cfg(feature = "synth")]
 pub mod synth;
-mod totals;
+pub mod totals;
 pub mod tracker;
 
 // The front door: what a user of the attribute and of sessions names. Everything else is in
 // the public modules above, one per layer.
+pub use allocator::{Allocator, in_session};
 pub use analysis::Stats;
+pub use backend::Recorded;
+pub use encode::{EncodeError, Written};
 pub use error::{Error, Result};
 pub use limits::{Limits, Violation};
 #[cfg(feature = "macros")]
 pub use memtrack_macros::memtrack;
-pub use recorder::{Allocator, in_session};
 pub use report::Report;
 pub use scope::{InvalidScope, Scope};
 pub use session::{BackendChoice, Call, NO_REPLACE, Session, SessionBuilder, finish_calls, start};

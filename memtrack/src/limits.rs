@@ -2,8 +2,8 @@
 
 use std::fmt;
 
-use crate::analysis::Totals;
 use crate::human;
+use crate::totals::Totals;
 
 /// What a session may allocate, for tests; empty (no limit) by default.
 ///
@@ -11,20 +11,20 @@ use crate::human;
 /// no_leaks)]` (or `allocations = N`, `min_allocations = N`) or the same methods on
 /// `SessionBuilder`, and checked against the session's totals (and lost events) when it ends.
 /// The numbers are the report's (the accounting rules of [`Totals`]):
-/// - `max_allocations`: [`Totals::allocations`](crate::analysis::Totals::allocations), successful calls
+/// - `max_allocations`: [`Totals::allocations`](crate::totals::Totals::allocations), successful calls
 ///   returning a heap block (a `realloc` is one allocation);
 /// - `allocations = N` (an expectation, [`Limits::expect_allocations`]): exactly `N` of them,
 ///   for tests that pin a count; `min_allocations`: at least `N` (e.g. that a cache was
 ///   bypassed). `allocations` cannot be combined with the other two, and `min_allocations`
 ///   may not exceed `max_allocations` (a compile error on the attribute,
 ///   `Error::InvalidOption` from the builder's `start`);
-/// - `max_bytes`: [`Totals::bytes_allocated`](crate::analysis::Totals::bytes_allocated), the sum of the
+/// - `max_bytes`: [`Totals::bytes_allocated`](crate::totals::Totals::bytes_allocated), the sum of the
 ///   sizes of those allocations (bytes allocated in total, not net of frees);
-/// - `max_peak`: [`Totals::peak_live_bytes`](crate::analysis::Totals::peak_live_bytes), the maximum of
+/// - `max_peak`: [`Totals::peak_live_bytes`](crate::totals::Totals::peak_live_bytes), the maximum of
 ///   live heap bytes (blocks allocated during the session and not yet freed);
-/// - `max_blocks`: [`Totals::peak_live_blocks`](crate::analysis::Totals::peak_live_blocks), the most
+/// - `max_blocks`: [`Totals::peak_live_blocks`](crate::totals::Totals::peak_live_blocks), the most
 ///   heap blocks live at once;
-/// - `no_leaks`: [`Totals::live_blocks_at_end`](crate::analysis::Totals::live_blocks_at_end) is 0: every
+/// - `no_leaks`: [`Totals::live_blocks_at_end`](crate::totals::Totals::live_blocks_at_end) is 0: every
 ///   heap block allocated during the session was freed by its end. Heap only: mapped regions
 ///   (`mmap`) are not counted, and a value a `#[memtrack]` function returns is still live when
 ///   its session ends (the caller frees it), so it counts.
@@ -138,25 +138,27 @@ impl Limits {
         Limits::default()
     }
 
-    /// At most `n` allocations (`n` passes).
+    /// At most `n` allocations ([`Totals::allocations`](crate::totals::Totals::allocations); `n` passes).
     pub fn max_allocations(mut self, n: u64) -> Self {
         self.max_allocations = Some(n);
         self
     }
 
-    /// Exactly `n` allocations (an expectation for tests that pin a count; see the type docs).
+    /// Exactly `n` allocations ([`Totals::allocations`](crate::totals::Totals::allocations)): an expectation
+    /// for tests that pin a count, `allocations = N` on `#[memtrack]`; see the type docs.
     pub fn expect_allocations(mut self, n: u64) -> Self {
         self.exact_allocations = Some(n);
         self
     }
 
-    /// At least `n` allocations.
+    /// At least `n` allocations ([`Totals::allocations`](crate::totals::Totals::allocations)).
     pub fn min_allocations(mut self, n: u64) -> Self {
         self.min_allocations = Some(n);
         self
     }
 
-    /// At most `n` heap blocks live at once (the peak of live blocks; `n` passes).
+    /// At most `n` heap blocks live at once ([`Totals::peak_live_blocks`](crate::totals::Totals::peak_live_blocks);
+    /// `n` passes).
     pub fn max_blocks(mut self, n: u64) -> Self {
         self.max_blocks = Some(n);
         self
@@ -203,19 +205,22 @@ impl Limits {
         Ok(())
     }
 
-    /// At most `bytes` bytes allocated in total (not net of frees).
+    /// At most `bytes` bytes allocated in total, not net of frees
+    /// ([`Totals::bytes_allocated`](crate::totals::Totals::bytes_allocated)).
     pub fn max_bytes(mut self, bytes: u64) -> Self {
         self.max_bytes = Some(bytes);
         self
     }
 
-    /// Live heap bytes never above `bytes`.
+    /// Live heap bytes never above `bytes`: checks the peak,
+    /// [`Totals::peak_live_bytes`](crate::totals::Totals::peak_live_bytes).
     pub fn max_peak(mut self, bytes: u64) -> Self {
         self.max_peak = Some(bytes);
         self
     }
 
-    /// No heap block allocated during the session may be live at its end.
+    /// No heap block allocated during the session may be live at its end
+    /// ([`Totals::live_blocks_at_end`](crate::totals::Totals::live_blocks_at_end) is 0).
     pub fn no_leaks(mut self) -> Self {
         self.no_leaks = true;
         self

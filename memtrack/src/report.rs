@@ -4,12 +4,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::analysis::{Sites, SizeClass, Timeline, Totals};
+use crate::analysis::{Sites, SizeClass, Timeline};
 use crate::artifact::{Backend, FormatError, Reader};
+use crate::backend::Recorded;
 use crate::human;
 use crate::locks::{LockWaits, LockWaitsError, WaitClass};
-use crate::recording::Recorded;
 use crate::scope::Scope;
+use crate::totals::Totals;
 
 /// What a session measured: what the recorder returned ([`Report::recorded`], which holds what
 /// the encoder wrote, computed while streaming), and what the session knows of itself.

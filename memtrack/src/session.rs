@@ -29,15 +29,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::allocator::allocator_installed;
 use crate::analysis::Stats;
 use crate::artifact::{Backend, Metadata, Output, OutputError};
+#[cfg(feature = "criterion")]
+use crate::backend::Counter;
+use crate::backend::{Options, Recorder, Recording};
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::locks::{LockWaits, LockWaitsError};
-use crate::recorder::allocator_installed;
-#[cfg(feature = "criterion")]
-use crate::recording::Counter;
-use crate::recording::{Options, Recorder, Recording};
 use crate::report::Report;
 use crate::scope::Scope;
 use crate::tracker::{ProbeHold, Tracker};
@@ -111,7 +111,7 @@ pub const NO_REPLACE: &str = "MEMTRACK_NO_REPLACE";
 #[non_exhaustive]
 pub enum BackendChoice {
     /// eBPF when this process is privileged (root, or CAP_BPF + CAP_PERFMON), else the
-    /// allocator backend if [`Allocator`](crate::Allocator) is the global allocator, else an
+    /// allocator recorder if [`Allocator`](crate::Allocator) is the global allocator, else an
     /// error that says how to get either. The default.
     Auto,
     /// The eBPF tracker: every allocator (Rust, C, C++) and mmap; needs privileges.
@@ -190,7 +190,7 @@ impl SessionBuilder {
             scope: Scope::default(),
             in_memory: false,
             lock_waits: false,
-            stack_depth: crate::recorder::DEFAULT_STACK_DEPTH,
+            stack_depth: crate::allocator::DEFAULT_STACK_DEPTH,
             accumulating: false,
             replace: std::env::var_os(NO_REPLACE).is_none_or(|v| v.is_empty() || v == "0"),
         }
@@ -209,7 +209,7 @@ impl SessionBuilder {
     /// `memtrack locks FILE`). The report carries them ([`Report::lock_waits`]) and the
     /// summary line their totals; computing them reads the session's events again when it
     /// finishes (an in-memory session keeps its compressed artifact in memory for that).
-    /// Needs the eBPF backend: with the allocator backend,
+    /// Needs the eBPF tracker: with the allocator recorder,
     /// [`start`](Self::start) fails with [`Error::InvalidOption`]. Its `sched_switch` program
     /// runs for every context switch on the machine while the session records.
     pub fn lock_waits(mut self, on: bool) -> Self {
@@ -276,7 +276,8 @@ impl SessionBuilder {
         self
     }
 
-    /// Fail [`Session::finish`] if the session makes more than `n` allocations (`n` passes).
+    /// Fail [`Session::finish`] if the session makes more than `n` allocations
+    /// ([`Totals::allocations`](crate::totals::Totals::allocations); `n` passes).
     /// Limits are for tests; see [`Limits`] for what each number means. A session that lost
     /// events fails any limit (its numbers are incomplete), and every violated limit is
     /// reported in [`Error::LimitExceeded`], which keeps the [`Report`].
@@ -292,15 +293,17 @@ impl SessionBuilder {
         self
     }
 
-    /// Fail [`Session::finish`] if live heap bytes ever exceed `bytes` (the peak; see
+    /// Fail [`Session::finish`] if live heap bytes ever exceed `bytes`: checks the peak,
+    /// [`Totals::peak_live_bytes`](crate::totals::Totals::peak_live_bytes) (see
     /// [`SessionBuilder::max_allocations`]).
     pub fn max_peak(mut self, bytes: u64) -> Self {
         self.limits = self.limits.max_peak(bytes);
         self
     }
 
-    /// Fail [`Session::finish`] unless the session makes exactly `n` allocations: for tests that
-    /// pin a count. Cannot be combined with [`SessionBuilder::max_allocations`] or
+    /// Fail [`Session::finish`] unless the session makes exactly `n` allocations
+    /// ([`Totals::allocations`](crate::totals::Totals::allocations); `allocations = N` on
+    /// `#[memtrack]`): for tests that pin a count. Cannot be combined with [`SessionBuilder::max_allocations`] or
     /// [`SessionBuilder::min_allocations`] ([`SessionBuilder::start`] says so).
     pub fn expect_allocations(mut self, n: u64) -> Self {
         self.limits = self.limits.expect_allocations(n);
@@ -314,7 +317,8 @@ impl SessionBuilder {
     }
 
     /// Fail [`Session::finish`] if more than `n` heap blocks are ever live at once (the peak
-    /// of live blocks; see [`SessionBuilder::max_allocations`]).
+    /// of live blocks, [`Totals::peak_live_blocks`](crate::totals::Totals::peak_live_blocks); see
+    /// [`SessionBuilder::max_allocations`]).
     pub fn max_blocks(mut self, n: u64) -> Self {
         self.limits = self.limits.max_blocks(n);
         self
@@ -364,7 +368,7 @@ impl SessionBuilder {
     /// Begins a call of this name in a recording that accumulates calls: the first call
     /// starts it, later calls of the same name (on any thread, one at a time) resume it, and
     /// each call ends with [`Call::end`]. The recording writes one artifact holding every
-    /// call, its iterations the calls ([`IterationSpread`](crate::analysis::IterationSpread) in its
+    /// call, its iterations the calls ([`IterationSpread`](crate::totals::IterationSpread) in its
     /// totals gives each call's spread), and prints one summary line when finished: at
     /// [`finish_calls`] or when the process exits. A call of another name or a session started
     /// by hand sets the recording aside, and the next call records its next part: the artifact
@@ -402,10 +406,10 @@ impl SessionBuilder {
                 "workers must be at least 1 (got 0)".into(),
             ));
         }
-        if self.stack_depth > crate::recorder::STACK_MAX {
+        if self.stack_depth > crate::allocator::STACK_MAX {
             return Err(Error::InvalidOption(format!(
                 "the stack depth is at most {} frames, got {}",
-                crate::recorder::STACK_MAX,
+                crate::allocator::STACK_MAX,
                 self.stack_depth
             )));
         }
@@ -428,7 +432,7 @@ impl SessionBuilder {
         // Probes handed over by the previous session stay attached until this one has started,
         // or failed to: then they go before the turn ends, so that they are not detached under
         // the next session's start.
-        match self.start_inner() {
+        match self.start_recording() {
             Ok(mut session) => {
                 session.turn = Some(turn);
                 drop(handed_over);
@@ -442,18 +446,18 @@ impl SessionBuilder {
         }
     }
 
-    fn start_inner(self) -> Result<Session> {
+    fn start_recording(self) -> Result<Session> {
         let backend = resolve_backend(self.backend);
-        // Said before "the allocator backend is not installed": lock waits need eBPF anyway.
+        // Said before "the allocator recorder is not installed": lock waits need eBPF anyway.
         let not_ebpf = matches!(
             backend,
             Ok(Backend::Alloc) | Err(Error::AllocatorNotInstalled)
         );
         if self.lock_waits && not_ebpf {
             return Err(Error::InvalidOption(
-                "lock waits need the eBPF backend (they are context switches the kernel \
-                 reports, which the allocator backend cannot see): run with root or \
-                 CAP_BPF + CAP_PERFMON and the eBPF backend, or drop lock_waits(true)"
+                "lock waits need the eBPF tracker (they are context switches the kernel \
+                 reports, which the allocator recorder cannot see): run with root or \
+                 CAP_BPF + CAP_PERFMON and the eBPF tracker, or drop lock_waits(true)"
                     .into(),
             ));
         }
@@ -618,7 +622,7 @@ pub(crate) fn recorded_here() -> bool {
 
 /// Whether the calling thread is recorded by the session running now (its scope includes it).
 fn current_thread_recorded() -> bool {
-    crate::recorder::current_thread_in_scope()
+    crate::allocator::current_thread_in_scope()
         || Tracker::loaded().is_some_and(|t| t.current_thread_in_scope().unwrap_or(false))
 }
 
@@ -688,7 +692,7 @@ impl Session {
     /// # Errors
     ///
     /// The recorder's error if it failed while recording ([`Error::Tracker`],
-    /// [`Error::Recorder`]).
+    /// [`Error::Allocator`]).
     pub fn stats(&self) -> Result<Stats> {
         Ok(self.recording()?.stats()?)
     }
@@ -706,10 +710,10 @@ impl Session {
     /// - the recorder's or the encoder's error if recording failed, [`Error::Output`] if the
     ///   artifact could not be put in place (the temporary file is then removed).
     pub fn finish(mut self) -> Result<Report> {
-        self.finish_inner()
+        self.finish_and_enforce()
     }
 
-    fn finish_inner(&mut self) -> Result<Report> {
+    fn finish_and_enforce(&mut self) -> Result<Report> {
         let (report, _) = self.stop(true)?;
         if !self.quiet {
             report.announce();
@@ -807,7 +811,7 @@ fn enforce(limits: &Limits, report: Report) -> Result<Report> {
 impl Drop for Session {
     fn drop(&mut self) {
         if self.recording.is_some()
-            && let Err(e) = self.finish_inner()
+            && let Err(e) = self.finish_and_enforce()
         {
             eprintln!("memtrack: {}: {e}", self.name);
         }
@@ -916,7 +920,7 @@ pub(crate) fn target_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::recording::Recorded;
+    use crate::backend::Recorded;
 
     #[test]
     fn backend_names_parse_and_typos_say_the_choices() {
@@ -945,7 +949,7 @@ mod tests {
             backend: Backend::Ebpf,
             scope: Scope::Threads,
             iterations: None,
-            recorded: Recorded::of_totals(crate::analysis::Totals {
+            recorded: Recorded::of_totals(crate::totals::Totals {
                 allocations: 2,
                 ..Default::default()
             }),

@@ -6,7 +6,7 @@
 // threads: glibc's TLS vector for a new thread stack (none when an exited thread's stack is
 // reused) and std's map of live threads' stack guards growing a node; the spawning tests count
 // those blocks apart, by call site, and bound them (see `process_dependent`). Included by
-// `parallel_limits.rs` (eBPF recorder) and `parallel_limits_alloc.rs` (allocator recorder), each
+// `parallel_limits.rs` (eBPF tracker) and `parallel_limits_alloc.rs` (allocator recorder), each
 // defining `BACKEND` and a `main` that runs `TESTS` (`harness = false`: memtrack-test-support's
 // runner, so that a test the machine cannot run is reported as ignored, not passed).
 //
@@ -45,7 +45,7 @@ fn session(name: &str, body: impl FnOnce()) -> Report {
 }
 
 /// Spawns `threads` threads (as the documented helper says: through `memtrack::in_session`,
-/// which the eBPF recorder does not need) that each make `n` allocations of `size` bytes.
+/// which the eBPF tracker does not need) that each make `n` allocations of `size` bytes.
 fn spawn_allocating(threads: usize, n: usize, size: usize) {
     std::thread::scope(|s| {
         for _ in 0..threads {

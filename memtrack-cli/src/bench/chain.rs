@@ -9,10 +9,12 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use memtrack::render::{Align, Cell, Column, Table, Unit, md_escape};
 use memtrack::{analysis::Metric, analysis::Row, analysis::Threshold, analysis::Verdict, human};
 
 use super::suite::{Repo, Suite, Worktree};
 use crate::compare::{self, Attributed, Format, Judged, render};
+use crate::error::Error;
 
 /// One commit of the range.
 pub(crate) struct Commit {
@@ -30,8 +32,8 @@ impl Commit {
 
 /// `BASE..HEAD` resolved: BASE, then every commit of HEAD's first-parent line after it, oldest
 /// first (HEAD last).
-pub(crate) fn commits(repo: &Repo, spec: &str) -> Result<Vec<Commit>, String> {
-    let bad = |why: &str| format!("--chain {spec}: {why}");
+pub(crate) fn commits(repo: &Repo, spec: &str) -> Result<Vec<Commit>, Error> {
+    let bad = |why: &str| Error::Usage(format!("--chain {spec}: {why}"));
     if spec.contains("...") {
         return Err(bad(
             "`...` is a symmetric difference: give BASE..HEAD, BASE an ancestor of HEAD",
@@ -118,7 +120,7 @@ pub(crate) fn run(
     spec: &str,
     threshold: Threshold,
     format: Format,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, Error> {
     let chain = commits(repo, spec)?;
     let n = chain.len();
     let tree = Worktree::add(repo, &chain[0].id, target, "--chain")?;
@@ -143,18 +145,10 @@ pub(crate) fn run(
     for i in [0, n - 1] {
         measure(&tree, &suite, &chain[i], &dirs[i])?;
     }
-    let Some(ends) = compare::load_pair(&dirs[0], &dirs[n - 1]) else {
-        return Ok(ExitCode::from(super::INPUT_ERROR));
-    };
-    if let Some(e) = compare::nothing_in_common(&ends, &dirs[0], &dirs[n - 1]) {
-        return Err(e);
-    }
+    let ends = compare::load_pair(&dirs[0], &dirs[n - 1])?;
+    compare::nothing_in_common(&ends, &dirs[0], &dirs[n - 1])?;
     super::mixed(&ends.base, &ends.head)?;
-    let Some(overall) =
-        compare::judge(&ends, &Metric::ALL, threshold).map_err(|e| e.to_string())?
-    else {
-        return Ok(ExitCode::from(super::INPUT_ERROR));
-    };
+    let overall = compare::judge(&ends, &Metric::ALL, threshold)?;
     let regressed: BTreeSet<String> = overall
         .cmp
         .rows
@@ -186,7 +180,7 @@ pub(crate) fn run(
         overall: &overall,
         steps: &steps,
     };
-    crate::out(&report.render(format)).map_err(|e| e.to_string())?;
+    crate::out(&report.render(format))?;
     super::summary(&report.markdown());
     Ok(overall.exit_code())
 }
@@ -218,9 +212,9 @@ fn between(
                     "memtrack: warning: commit {} not measured: {}; its change counts with the \
                      next measured commit's",
                     chain[i].short(),
-                    human::terminal(&e)
+                    human::terminal(&e.to_string())
                 );
-                Outcome::Failed(e)
+                Outcome::Failed(e.to_string())
             }
         };
     }
@@ -228,7 +222,7 @@ fn between(
 
 /// Empties and removes the `NN-COMMIT` directories of an earlier chain in `out` that this one
 /// does not reuse (a directory that holds other files than memtrack's stays, emptied of them).
-fn clear_old_commits(out: &Path, dirs: &[PathBuf]) -> Result<(), String> {
+fn clear_old_commits(out: &Path, dirs: &[PathBuf]) -> Result<(), Error> {
     let ours = |name: &str| {
         let b = name.as_bytes();
         b.len() == 15
@@ -257,25 +251,25 @@ fn clear_old_commits(out: &Path, dirs: &[PathBuf]) -> Result<(), String> {
 /// Checks `commit` out, clears `dir` and runs the suite there into it: an error when it
 /// recorded nothing (the benchmarks followed are gone at that commit, or its suite records
 /// elsewhere).
-fn measure(tree: &Worktree, suite: &Suite, commit: &Commit, dir: &Path) -> Result<(), String> {
+fn measure(tree: &Worktree, suite: &Suite, commit: &Commit, dir: &Path) -> Result<(), Error> {
     tree.checkout(&commit.id)?;
     super::clear(dir)?;
     suite.run(&tree.dir, dir, &format!("commit {}", commit.short()))?;
     let recorded = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .map_err(|e| crate::error::io(format!("cannot read {}", dir.display()), e))?
         .filter_map(Result::ok)
         .any(|e| e.path().extension().is_some_and(|x| x == "memtrack"));
     if !recorded {
-        return Err(format!(
+        return Err(Error::Command(format!(
             "its suite recorded no benchmark in {}",
             dir.display()
-        ));
+        )));
     }
     Ok(())
 }
 
 /// The steps of the regressed benchmarks between consecutive measured commits.
-fn follow(outcomes: &[Outcome], regressed: &BTreeSet<String>) -> Result<Vec<Step>, String> {
+fn follow(outcomes: &[Outcome], regressed: &BTreeSet<String>) -> Result<Vec<Step>, Error> {
     let measured: Vec<(usize, &PathBuf)> = outcomes
         .iter()
         .enumerate()
@@ -287,18 +281,10 @@ fn follow(outcomes: &[Outcome], regressed: &BTreeSet<String>) -> Result<Vec<Step
     let mut steps = Vec::new();
     for pair in measured.windows(2) {
         let ((from, a), (to, b)) = (pair[0], pair[1]);
-        let Some(mut loaded) = compare::load_pair(a, b) else {
-            return Err(format!(
-                "the artifacts of {} and {} were refused (see above)",
-                a.display(),
-                b.display()
-            ));
-        };
+        let mut loaded = compare::load_pair(a, b)?;
         loaded.retain(regressed);
         let zero = Threshold::from_ppm(0);
-        let judged = compare::judge(&loaded, &Metric::ALL, zero)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("{} and {} cannot be compared", a.display(), b.display()))?;
+        let judged = compare::judge(&loaded, &Metric::ALL, zero)?;
         let changed = judged
             .cmp
             .rows
@@ -397,6 +383,39 @@ impl Report<'_> {
         }
     }
 
+    /// The steps: per benchmark and metric that changed at a step, the commit, the figures
+    /// before and after (per iteration when compared so) and the commit's subject.
+    fn steps_table(&self) -> Table {
+        let mut t = Table::new(vec![
+            Column::new("benchmark", "benchmark", Align::Left),
+            Column::new("metric", "metric", Align::Left),
+            Column::new("commit", "commit", Align::Left),
+            Column::new("before", "before", Align::Right),
+            Column::new("after", "after", Align::Right),
+            Column::new("change_percent", "change", Align::Right),
+            Column::new("subject", "subject", Align::Left),
+        ]);
+        for step in self.steps {
+            for r in changed(step) {
+                let figure = |total, per_iteration| Cell::Figure {
+                    unit: Unit::of(r.metric),
+                    total,
+                    per_iteration,
+                };
+                t.push(vec![
+                    Cell::Text(r.benchmark.clone()),
+                    Cell::Text(r.metric.name().into()),
+                    Cell::Code(self.commit_text(step)),
+                    figure(r.base, r.base_per_iteration),
+                    figure(r.head, r.head_per_iteration),
+                    Cell::Change(r.change_percent),
+                    Cell::Text(self.chain[step.to].subject.clone()),
+                ]);
+            }
+        }
+        t
+    }
+
     fn table(&self) -> String {
         let mut out = format!("memtrack: --chain {}: {}\n", self.spec, self.headline());
         // The sites are the steps': each commit's own.
@@ -404,36 +423,8 @@ impl Report<'_> {
         if self.steps.is_empty() {
             return out;
         }
-        let mut cells: Vec<[String; 7]> = vec![
-            [
-                "benchmark",
-                "metric",
-                "commit",
-                "before",
-                "after",
-                "change",
-                "subject",
-            ]
-            .map(String::from),
-        ];
-        for step in self.steps {
-            for r in changed(step) {
-                cells.push([
-                    r.benchmark.clone(),
-                    r.metric.name().into(),
-                    self.commit_text(step),
-                    render::human_base(r),
-                    render::human_head(r),
-                    render::change_text(r.change_percent),
-                    self.chain[step.to].subject.clone(),
-                ]);
-            }
-        }
         out.push_str("\nsteps along the chain (oldest first)\n");
-        out.push_str(&human::table(
-            &cells,
-            &[false, false, false, true, true, true, false],
-        ));
+        out.push_str(&memtrack::render::text(&self.steps_table()));
         for step in self.steps {
             self.presence_lines(step, &mut out);
             for a in self.sites(step) {
@@ -469,36 +460,21 @@ impl Report<'_> {
     fn markdown(&self) -> String {
         let mut out = format!(
             "### memtrack: commits behind the change, {}\n\n{}\n\n",
-            render::md_escape(self.spec),
-            render::md_escape(&self.headline())
+            md_escape(self.spec),
+            md_escape(&self.headline())
         );
         out.push_str(&render::markdown(&self.overall.cmp, &[]));
         if self.steps.is_empty() {
             return out;
         }
         out.push_str("#### Steps along the chain (oldest first)\n\n");
-        out.push_str("| benchmark | metric | commit | before | after | change | subject |\n");
-        out.push_str("|:--|:--|:--|--:|--:|--:|:--|\n");
-        for step in self.steps {
-            for r in changed(step) {
-                out.push_str(&format!(
-                    "| {} | {} | `{}` | {} | {} | {} | {} |\n",
-                    render::md_escape(&r.benchmark),
-                    r.metric.name(),
-                    self.commit_text(step),
-                    render::human_base(r),
-                    render::human_head(r),
-                    render::change_text(r.change_percent),
-                    render::md_escape(&self.chain[step.to].subject)
-                ));
-            }
-        }
+        out.push_str(&memtrack::render::markdown(&self.steps_table()));
         out.push('\n');
         for step in self.steps {
             let mut lines = String::new();
             self.presence_lines(step, &mut lines);
             for l in lines.lines() {
-                out.push_str(&format!("- {}\n", render::md_escape(l)));
+                out.push_str(&format!("- {}\n", md_escape(l)));
             }
             for a in self.sites(step) {
                 out.push_str(&format!("At `{}`:\n\n", self.chain[step.to].short()));
@@ -508,7 +484,7 @@ impl Report<'_> {
         let mut failed = String::new();
         self.failures(&mut failed);
         for l in failed.lines() {
-            out.push_str(&format!("- {}\n", render::md_escape(l)));
+            out.push_str(&format!("- {}\n", md_escape(l)));
         }
         out
     }

@@ -5,38 +5,25 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use memtrack::artifact::{Output as OutputFile, Reader};
+use memtrack::artifact::{Backend, Output as OutputFile, Reader};
 
-/// The recorder the suite is built for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Recorder {
-    /// `--cfg memtrack_bench`: the eBPF tracker.
-    Ebpf,
-    /// `--cfg memtrack_bench="alloc"`: the allocator recorder as the global allocator.
-    Alloc,
-}
+use crate::error::Error;
 
-impl Recorder {
-    /// The `--cfg` memtrack-criterion reads.
-    fn cfg(self) -> &'static str {
-        match self {
-            Recorder::Ebpf => "memtrack_bench",
-            Recorder::Alloc => "memtrack_bench=\"alloc\"",
-        }
-    }
-
-    /// `MEMTRACK_BACKEND`'s value for it.
-    fn name(self) -> &'static str {
-        match self {
-            Recorder::Ebpf => "ebpf",
-            Recorder::Alloc => "alloc",
-        }
+/// The `--cfg` memtrack-criterion reads for `backend`, and `MEMTRACK_BACKEND`'s value:
+/// `--cfg memtrack_bench` builds the suite for the eBPF tracker, `memtrack_bench="alloc"`
+/// with the allocator recorder as the global allocator (a suite is built for one of the two).
+fn cfg_and_name(backend: Backend) -> (&'static str, &'static str) {
+    if backend == Backend::Ebpf {
+        ("memtrack_bench", "ebpf")
+    } else {
+        ("memtrack_bench=\"alloc\"", "alloc")
     }
 }
 
 /// How to run the suite: `cargo bench ARGS` in a target directory of memory mode's own.
 pub(crate) struct Suite {
-    pub recorder: Recorder,
+    /// The recorder the suite is built for: [`Backend::Ebpf`] or [`Backend::Alloc`].
+    pub backend: Backend,
     pub args: Vec<OsString>,
     /// `<the user's target dir>/memtrack-bench`, or `memtrack-bench-base` for the worktree's
     /// builds (`--base`, `--chain`).
@@ -96,18 +83,18 @@ pub(crate) fn add_rustflags(cmd: &mut Command, dir: &Path, ours: &[&str]) {
 }
 
 /// Runs `cmd` to the end, its output captured: an error naming it if it cannot start or fails.
-fn output(cmd: &mut Command) -> Result<Output, String> {
+fn output(cmd: &mut Command) -> Result<Output, Error> {
     let out = cmd
         .output()
-        .map_err(|e| format!("cannot run `{}`: {e}", shown(cmd)))?;
+        .map_err(|e| crate::error::io(format!("cannot run `{}`", shown(cmd)), e))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!(
+        return Err(Error::Command(format!(
             "`{}` failed ({}): {}",
             shown(cmd),
             out.status,
             err.trim()
-        ));
+        )));
     }
     Ok(out)
 }
@@ -152,7 +139,7 @@ fn target_rustflags_configured(dir: &Path) -> bool {
 
 /// The user's target directory: `$CARGO_TARGET_DIR`, else cargo's (`cargo metadata`) for the
 /// package in `dir`.
-pub(crate) fn target_dir(dir: &Path) -> Result<PathBuf, String> {
+pub(crate) fn target_dir(dir: &Path) -> Result<PathBuf, Error> {
     // Empty is unset, as cargo takes it.
     if let Some(t) = std::env::var_os("CARGO_TARGET_DIR").filter(|t| !t.is_empty()) {
         return Ok(dir.join(t));
@@ -166,23 +153,23 @@ pub(crate) fn target_dir(dir: &Path) -> Result<PathBuf, String> {
     ]);
     let out = output(&mut cmd)?;
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("`{}` printed no JSON: {e}", shown(&cmd)))?;
+        .map_err(|e| Error::Command(format!("`{}` printed no JSON: {e}", shown(&cmd))))?;
     meta["target_directory"]
         .as_str()
         .map(PathBuf::from)
-        .ok_or_else(|| format!("`{}` named no target_directory", shown(&cmd)))
+        .ok_or_else(|| Error::Command(format!("`{}` named no target_directory", shown(&cmd))))
 }
 
 impl Suite {
     /// Runs `cargo bench` in `dir`, the artifacts written to `out`. Cargo's standard output
     /// (criterion's own table) goes to stderr with cargo's messages, so that memtrack's
     /// standard output is its table or JSON only. `what` names the side for messages.
-    pub(crate) fn run(&self, dir: &Path, out: &Path, what: &str) -> Result<(), String> {
+    pub(crate) fn run(&self, dir: &Path, out: &Path, what: &str) -> Result<(), Error> {
         let mut cmd = cargo();
         cmd.current_dir(dir);
         let ours = [
             "--cfg",
-            self.recorder.cfg(),
+            cfg_and_name(self.backend).0,
             "-C",
             "force-frame-pointers=yes",
         ];
@@ -196,20 +183,20 @@ impl Suite {
         cmd.env("CARGO_TARGET_DIR", &self.target)
             .env(memtrack::NO_REPLACE, "1")
             .env("MEMTRACK_DIR", out)
-            .env("MEMTRACK_BACKEND", self.recorder.name())
+            .env("MEMTRACK_BACKEND", cfg_and_name(self.backend).1)
             // One table, ours, for all the suite's binaries: each says one line.
             .env("MEMTRACK_SUMMARY", "line")
             .stdin(Stdio::null())
             .stdout(std::io::stderr());
         let status = cmd
             .status()
-            .map_err(|e| format!("cannot run `{}` ({what}): {e}", shown(&cmd)))?;
+            .map_err(|e| crate::error::io(format!("cannot run `{}` ({what})", shown(&cmd)), e))?;
         if !status.success() {
-            return Err(format!(
+            return Err(Error::Command(format!(
                 "`{}` failed ({what}, in {}): {status}; its messages are above",
                 shown(&cmd),
                 dir.display()
-            ));
+            )));
         }
         self.keep_executables(out)
     }
@@ -219,21 +206,19 @@ impl Suite {
     /// id: a later build (the next commit of `--chain`, the user's next run) replaces the file
     /// at its path, and `show`, `compare` and `flamegraph` then read the copy (they look beside
     /// an artifact and in the directory above).
-    fn keep_executables(&self, out: &Path) -> Result<(), String> {
+    fn keep_executables(&self, out: &Path) -> Result<(), Error> {
         let target = self
             .target
             .canonicalize()
             .unwrap_or_else(|_| self.target.clone());
         let store = &self.store;
-        let fail = |what: &Path, e: &dyn std::fmt::Display| {
-            format!("cannot keep a copy of {}: {e}", what.display())
-        };
-        for entry in std::fs::read_dir(out).map_err(|e| fail(out, &e))? {
-            let path = entry.map_err(|e| fail(out, &e))?.path();
+        let fail = |e| crate::error::io(format!("cannot keep a copy of {}", out.display()), e);
+        for entry in std::fs::read_dir(out).map_err(fail)? {
+            let path = entry.map_err(fail)?.path();
             if path.extension().is_none_or(|x| x != "memtrack") {
                 continue;
             }
-            let reader = Reader::open(&path).map_err(|e| e.to_string())?;
+            let reader = Reader::open(&path)?;
             let Ok(table) = reader.stacks() else { continue };
             for (_, module) in table.modules() {
                 let (file, Some(id)) = (Path::new(&module.path), module.build_id.as_deref()) else {
@@ -247,7 +232,10 @@ impl Suite {
                 if copy.exists() {
                     continue;
                 }
-                keep(file, &copy).map_err(|e| fail(file, &e))?;
+                keep(file, &copy).map_err(|e| Error::KeepCopy {
+                    file: file.to_path_buf(),
+                    source: Box::new(e),
+                })?;
             }
         }
         Ok(())
@@ -255,21 +243,23 @@ impl Suite {
 }
 
 /// Copies `file` to `copy` (a new file, put in place only once whole).
-fn keep(file: &Path, copy: &Path) -> Result<(), String> {
+fn keep(file: &Path, copy: &Path) -> Result<(), Error> {
     if let Some(dir) = copy.parent() {
         // Through no link another user planted, as artifacts are written.
         memtrack::artifact::create_dir_all(dir).map_err(|e| match e {
             memtrack::artifact::OutputError::Io { source, .. } => {
-                format!("creating {}: {source}", dir.display())
+                crate::error::io(format!("creating {}", dir.display()), source)
             }
-            e => e.to_string(),
+            e => e.into(),
         })?;
     }
-    let out = OutputFile::create(copy).map_err(|e| e.to_string())?;
-    let mut from = std::fs::File::open(file).map_err(|e| e.to_string())?;
-    let mut to = out.writer().map_err(|e| e.to_string())?;
-    std::io::copy(&mut from, &mut to).map_err(|e| format!("{}: {e}", copy.display()))?;
-    out.commit().map(drop).map_err(|e| e.to_string())
+    let out = OutputFile::create(copy)?;
+    let mut from = std::fs::File::open(file)
+        .map_err(|e| crate::error::io(format!("opening {}", file.display()), e))?;
+    let mut to = out.writer()?;
+    std::io::copy(&mut from, &mut to)
+        .map_err(|e| crate::error::io(copy.display().to_string(), e))?;
+    Ok(out.commit().map(drop)?)
 }
 
 /// `ids` as `MEMTRACK_BENCHMARKS` lists them: one per line, a backslash written `\\` and a
@@ -310,7 +300,7 @@ fn git_command(git_dir: &Path, work_tree: &Path) -> Command {
 }
 
 /// `cmd`'s standard output, trimmed, or an error naming it.
-fn stdout_of(cmd: &mut Command) -> Result<String, String> {
+fn stdout_of(cmd: &mut Command) -> Result<String, Error> {
     output(cmd).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
@@ -329,7 +319,7 @@ pub(crate) struct Repo {
 
 impl Repo {
     /// The repository holding `dir`; `option` (`--base`, `--chain`) names what needs it.
-    pub(crate) fn find(dir: &Path, option: &str) -> Result<Repo, String> {
+    pub(crate) fn find(dir: &Path, option: &str) -> Result<Repo, Error> {
         let mut cmd = Command::new("git");
         for var in GIT_ENV {
             cmd.env_remove(var);
@@ -345,19 +335,19 @@ impl Repo {
         let text = output(&mut cmd)
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .map_err(|e| {
-                format!(
+                Error::Usage(format!(
                     "{option} needs a git repository, and {} is in none: {e}",
                     dir.display()
-                )
+                ))
             })?;
         let mut lines = text.lines();
         let mut next = || lines.next().unwrap_or_default().to_string();
         let (git_dir, common, top, prefix) = (next(), next(), next(), next());
         if top.is_empty() {
-            return Err(format!(
+            return Err(Error::Usage(format!(
                 "{option} needs a checkout, and {} is in a bare repository ({git_dir})",
                 dir.display()
-            ));
+            )));
         }
         Ok(Repo {
             git_dir: git_dir.into(),
@@ -368,7 +358,7 @@ impl Repo {
     }
 
     /// `git ARGS` in the user's checkout: its standard output, trimmed.
-    pub(crate) fn git(&self, args: &[&str]) -> Result<String, String> {
+    pub(crate) fn git(&self, args: &[&str]) -> Result<String, Error> {
         stdout_of(git_command(&self.git_dir, &self.top).args(args))
     }
 }
@@ -382,10 +372,10 @@ pub(crate) struct Lock {
 
 impl Lock {
     /// Takes the lock, or an error naming the run that holds it and the way round.
-    pub(crate) fn take(target: &Path) -> Result<Lock, String> {
+    pub(crate) fn take(target: &Path) -> Result<Lock, Error> {
         use std::os::fd::AsRawFd;
         use std::os::unix::fs::OpenOptionsExt;
-        memtrack::artifact::create_dir_all(target).map_err(|e| e.to_string())?;
+        memtrack::artifact::create_dir_all(target)?;
         let path = target.join("memtrack-bench.lock");
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -395,19 +385,22 @@ impl Lock {
             .mode(0o644)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
-            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            .map_err(|e| crate::error::io(format!("cannot open {}", path.display()), e))?;
         // SAFETY: flock on a descriptor this function owns; no memory is passed.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
             return Ok(Lock { _file: file });
         }
         match std::io::Error::last_os_error() {
-            e if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Err(format!(
+            e if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Err(Error::Busy(format!(
                 "another `memtrack bench` is running with the target directory {} (it holds \
                  {}): wait for it to end, or give this run a CARGO_TARGET_DIR of its own",
                 target.display(),
                 path.display()
+            ))),
+            e => Err(crate::error::io(
+                format!("cannot lock {}", path.display()),
+                e,
             )),
-            e => Err(format!("cannot lock {}: {e}", path.display())),
         }
     }
 }
@@ -446,7 +439,7 @@ impl Worktree {
         reference: &str,
         target: &Path,
         option: &str,
-    ) -> Result<Worktree, String> {
+    ) -> Result<Worktree, Error> {
         let commit = repo
             .git(&[
                 "rev-parse",
@@ -455,10 +448,10 @@ impl Worktree {
                 &format!("{reference}^{{commit}}"),
             ])
             .map_err(|_| {
-                format!(
+                Error::Usage(format!(
                     "{option} {reference}: no such commit in {}: name a branch, tag or commit",
                     repo.top.display()
-                )
+                ))
             })?;
         let record = target.join(RECORD);
         remove_left_over(repo, &record);
@@ -466,9 +459,12 @@ impl Worktree {
             .prefix("memtrack-bench-")
             .tempdir()
             .map_err(|e| {
-                format!(
-                    "cannot make a directory for the worktree in {}: {e}",
-                    std::env::temp_dir().display()
+                crate::error::io(
+                    format!(
+                        "cannot make a directory for the worktree in {}",
+                        std::env::temp_dir().display()
+                    ),
+                    e,
                 )
             })?
             .keep();
@@ -507,28 +503,28 @@ impl Worktree {
     }
 
     /// Writes [`RECORD`].
-    fn note(&self) -> Result<(), String> {
+    fn note(&self) -> Result<(), Error> {
         use std::io::Write;
         let text = format!("{}\n{}\n", self.admin.display(), self.path.display());
-        let out = OutputFile::create(&self.record).map_err(|e| e.to_string())?;
-        let mut w = out.writer().map_err(|e| e.to_string())?;
+        let out = OutputFile::create(&self.record)?;
+        let mut w = out.writer()?;
         w.write_all(text.as_bytes())
-            .map_err(|e| format!("cannot write {}: {e}", self.record.display()))?;
-        out.commit().map(drop).map_err(|e| e.to_string())
+            .map_err(|e| crate::error::io(format!("cannot write {}", self.record.display()), e))?;
+        Ok(out.commit().map(drop)?)
     }
 
     /// Checks `commit` out in the worktree, discarding what a previous run changed in it; the
     /// files the commit does not change keep their times, so cargo rebuilds only what changed.
     /// Refused unless the worktree's git directory is still the one this run made and names
     /// this worktree.
-    pub(crate) fn checkout(&self, commit: &str) -> Result<(), String> {
+    pub(crate) fn checkout(&self, commit: &str) -> Result<(), Error> {
         if !names(&self.admin, &self.path) {
-            return Err(format!(
+            return Err(Error::Worktree(format!(
                 "the worktree at {} is no longer the one memtrack made (its git directory {} \
                  is gone or names another): refusing to check out there",
                 self.path.display(),
                 self.admin.display()
-            ));
+            )));
         }
         output(
             git_command(&self.admin, &self.path)
@@ -540,19 +536,19 @@ impl Worktree {
 
 /// The git directory `git worktree add` made for the worktree at `path`: the one under
 /// `<common>/worktrees/` that names `path` (read from `path/.git`, then checked both ways).
-fn admin_of(common: &Path, path: &Path) -> Result<PathBuf, String> {
+fn admin_of(common: &Path, path: &Path) -> Result<PathBuf, Error> {
     let text = std::fs::read_to_string(path.join(".git"))
-        .map_err(|e| format!("cannot read {}/.git: {e}", path.display()))?;
+        .map_err(|e| crate::error::io(format!("cannot read {}/.git", path.display()), e))?;
     let admin = text
         .strip_prefix("gitdir: ")
         .map(|d| PathBuf::from(d.trim()))
         .filter(|a| names(a, path) && in_worktrees(common, a))
         .ok_or_else(|| {
-            format!(
+            Error::Worktree(format!(
                 "{}/.git does not name a worktree of {}: {text:?}",
                 path.display(),
                 common.display()
-            )
+            ))
         })?;
     Ok(admin)
 }

@@ -2,12 +2,51 @@
 //! markdown for a CI job summary, and JSON with exact values. The numbers and verdicts are the
 //! library's [`Comparison`]; only their presentation is here.
 
+use memtrack::render::{self, Align, Cell, Column, Table, Unit, md_escape};
 use memtrack::{
-    analysis::Benchmark, analysis::Comparison, analysis::Metric, analysis::Row,
-    analysis::SiteDelta, analysis::Verdict, human, symbolize::SiteKey,
+    analysis::Benchmark, analysis::Comparison, analysis::Metric, analysis::SiteDelta,
+    analysis::Verdict, human, symbolize::SiteKey,
 };
 
 use super::Attributed;
+
+/// The comparison's rows, one per benchmark and metric, with the figures compared (per
+/// iteration when they are) and the verdict.
+pub(crate) fn rows(c: &Comparison) -> Table {
+    let mut t = Table::new(vec![
+        Column::new("benchmark", "benchmark", Align::Left),
+        Column::new("metric", "metric", Align::Left),
+        Column::new("base", "base", Align::Right),
+        Column::new("head", "head", Align::Right),
+        Column::new("change_percent", "change", Align::Right),
+        Column::new("verdict", "verdict", Align::Left),
+        Column::json_only("base_iterations"),
+        Column::json_only("head_iterations"),
+    ]);
+    for r in &c.rows {
+        let figure = |total, per_iteration| Cell::Figure {
+            unit: Unit::of(r.metric),
+            total,
+            per_iteration,
+        };
+        t.push(vec![
+            Cell::Text(r.benchmark.clone()),
+            Cell::Text(r.metric.name().into()),
+            figure(r.base, r.base_per_iteration),
+            figure(r.head, r.head_per_iteration),
+            Cell::Change(r.change_percent),
+            Cell::Verdict(r.verdict),
+            Cell::Count(r.base_iterations),
+            Cell::Count(r.head_iterations),
+        ]);
+    }
+    t
+}
+
+/// A metric's value for people: a count with thousands separators, or bytes in KiB/MiB.
+pub(crate) fn metric_human(m: Metric, v: u64) -> String {
+    Unit::of(m).human(v)
+}
 
 /// Sites shown per regressed row in the table and markdown (JSON has them all).
 const SHOWN_SITES: usize = 10;
@@ -34,25 +73,7 @@ fn site_text(k: &SiteKey) -> String {
 /// An aligned plain-text table for a terminal, with a summary line and the added and removed
 /// benchmarks.
 pub fn table(c: &Comparison, attributed: &[Attributed]) -> String {
-    let mut cells: Vec<[String; 6]> = vec![[
-        "benchmark".into(),
-        "metric".into(),
-        "base".into(),
-        "head".into(),
-        "change".into(),
-        "verdict".into(),
-    ]];
-    for r in &c.rows {
-        cells.push([
-            r.benchmark.clone(),
-            r.metric.name().into(),
-            human_base(r),
-            human_head(r),
-            change_text(r.change_percent),
-            verdict_human(r.verdict).into(),
-        ]);
-    }
-    let mut out = human::table(&cells, &[false, false, true, true, true, false]);
+    let mut out = render::text(&rows(c));
     out.push('\n');
     out.push_str(&summary(c));
     out.push('\n');
@@ -120,45 +141,52 @@ fn presence(d: &SiteDelta<SiteKey>) -> &'static str {
     }
 }
 
-fn share_text(share: Option<f64>) -> String {
-    share.map_or_else(String::new, |s| format!("{:.1}%", s * 100.0))
-}
-
 /// A signed change for people: `+1,024 B`, `-3`.
 fn delta_human(m: Metric, d: i128) -> String {
-    let mag = u64::try_from(d.unsigned_abs()).unwrap_or(u64::MAX);
-    format!("{}{}", if d < 0 { "-" } else { "+" }, metric_human(m, mag))
+    Cell::Delta {
+        unit: Unit::of(m),
+        delta: d,
+    }
+    .human()
+}
+
+/// The sites shown of a regressed row's attribution, ranked: share of the change, the change,
+/// the figures, whether new or vanished, and the innermost frames.
+fn sites_table(a: &Attributed) -> Table {
+    let at = &a.attribution;
+    let unit = Unit::of(at.metric);
+    let mut t = Table::new(vec![
+        Column::new("rank", "#", Align::Right),
+        Column::new("share", "share", Align::Right),
+        Column::new("delta", "delta", Align::Right),
+        Column::new("base", "base", Align::Right),
+        Column::new("head", "head", Align::Right),
+        Column::new("status", "", Align::Left),
+        Column::new("site", "site (innermost frame first)", Align::Left),
+    ]);
+    for (i, d) in at.sites.iter().take(SHOWN_SITES).enumerate() {
+        t.push(vec![
+            Cell::Count(Some(i as u64 + 1)),
+            Cell::Share(at.share(d)),
+            Cell::Delta {
+                unit,
+                delta: d.delta(),
+            },
+            Cell::whole(unit, d.base),
+            Cell::whole(unit, d.head),
+            Cell::Text(presence(d).into()),
+            Cell::Text(site_text(&d.key)),
+        ]);
+    }
+    t
 }
 
 /// A regressed row's attribution as a compact ranked table.
 pub(crate) fn attribution_table(a: &Attributed) -> String {
     let at = &a.attribution;
     let mut out = format!("call sites behind {}\n", attribution_title(a));
-    let mut cells: Vec<[String; 7]> = vec![[
-        "#".into(),
-        "share".into(),
-        "delta".into(),
-        "base".into(),
-        "head".into(),
-        "".into(),
-        "site (innermost frame first)".into(),
-    ]];
-    for (i, d) in at.sites.iter().take(SHOWN_SITES).enumerate() {
-        cells.push([
-            (i + 1).to_string(),
-            share_text(at.share(d)),
-            delta_human(at.metric, d.delta()),
-            metric_human(at.metric, d.base),
-            metric_human(at.metric, d.head),
-            presence(d).into(),
-            site_text(&d.key),
-        ]);
-    }
     if !at.sites.is_empty() {
-        out.push_str(&human::table(
-            &cells,
-            &[true, true, true, true, true, false, false],
-        ));
+        out.push_str(&render::text(&sites_table(a)));
     }
     for n in attribution_notes(a) {
         out.push_str(&format!("note: {n}\n"));
@@ -174,20 +202,7 @@ pub(crate) fn attribution_markdown(a: &Attributed) -> String {
         html_escape(&attribution_title(a))
     );
     if !at.sites.is_empty() {
-        out.push_str("| # | share | delta | base | head | | site (innermost frame first) |\n");
-        out.push_str("|--:|--:|--:|--:|--:|:--|:--|\n");
-        for (i, d) in at.sites.iter().take(SHOWN_SITES).enumerate() {
-            out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} |\n",
-                i + 1,
-                share_text(at.share(d)),
-                delta_human(at.metric, d.delta()),
-                metric_human(at.metric, d.base),
-                metric_human(at.metric, d.head),
-                presence(d),
-                md_escape(&site_text(&d.key))
-            ));
-        }
+        out.push_str(&render::markdown(&sites_table(a)));
         out.push('\n');
     }
     for n in attribution_notes(a) {
@@ -210,19 +225,7 @@ pub fn markdown(c: &Comparison, attributed: &[Attributed]) -> String {
     let mark = if c.regressions() > 0 { "❌" } else { "✅" };
     out.push_str(&format!("{mark} **{}**\n\n", summary(c)));
     if !c.rows.is_empty() {
-        out.push_str("| benchmark | metric | base | head | change | verdict |\n");
-        out.push_str("|:--|:--|--:|--:|--:|:--|\n");
-        for r in &c.rows {
-            out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} |\n",
-                md_escape(&r.benchmark),
-                r.metric.name(),
-                human_base(r),
-                human_head(r),
-                change_text(r.change_percent),
-                verdict_markdown(r.verdict)
-            ));
-        }
+        out.push_str(&render::markdown(&rows(c)));
         out.push('\n');
     }
     // A GFM table cannot hold a block: each regressed row's sites follow the table, in the
@@ -257,18 +260,7 @@ pub fn json(c: &Comparison, attributed: &[Attributed]) -> serde_json::Value {
         "threshold_ppm": c.threshold.ppm(),
         "metrics": c.metrics.iter().map(|m| m.name()).collect::<Vec<_>>(),
         "regressions": c.regressions(),
-        "rows": c.rows.iter().map(|r| serde_json::json!({
-            "benchmark": r.benchmark,
-            "metric": r.metric.name(),
-            "base": r.base,
-            "head": r.head,
-            "base_iterations": r.base_iterations,
-            "head_iterations": r.head_iterations,
-            "base_per_iteration": r.base_per_iteration,
-            "head_per_iteration": r.head_per_iteration,
-            "change_percent": r.change_percent,
-            "verdict": r.verdict.name(),
-        })).collect::<Vec<_>>(),
+        "rows": rows(c),
         "added": c.added.iter().map(bench).collect::<Vec<_>>(),
         "removed": c.removed.iter().map(bench).collect::<Vec<_>>(),
         "mismatched": c.mismatched.iter().map(|(b, h)| serde_json::json!({
@@ -367,77 +359,6 @@ fn summary(c: &Comparison) -> String {
     )
 }
 
-/// A metric's value for people: a count with thousands separators, or bytes in KiB/MiB.
-pub(crate) fn metric_human(m: Metric, v: u64) -> String {
-    match m {
-        Metric::Allocations => human::count(v),
-        Metric::Bytes | Metric::Peak => human::bytes(v),
-    }
-}
-
-/// A per-iteration value for people: `1.00/iter`, `64.00 B/iter`.
-pub(crate) fn metric_human_per_iteration(m: Metric, v: f64) -> String {
-    match m {
-        Metric::Allocations => format!("{v:.2}/iter"),
-        Metric::Bytes | Metric::Peak => format!("{}/iter", human::bytes_f64(v)),
-    }
-}
-
-pub(crate) fn human_base(r: &Row) -> String {
-    match r.base_per_iteration {
-        Some(v) => metric_human_per_iteration(r.metric, v),
-        None => metric_human(r.metric, r.base),
-    }
-}
-
-pub(crate) fn human_head(r: &Row) -> String {
-    match r.head_per_iteration {
-        Some(v) => metric_human_per_iteration(r.metric, v),
-        None => metric_human(r.metric, r.head),
-    }
-}
-
-fn verdict_human(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Unchanged => "unchanged",
-        Verdict::Improved => "improved",
-        Verdict::WithinThreshold => "ok",
-        Verdict::Regressed => "REGRESSED",
-    }
-}
-
-fn verdict_markdown(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Unchanged => "unchanged",
-        Verdict::Improved => "✅ improved",
-        Verdict::WithinThreshold => "within threshold",
-        Verdict::Regressed => "❌ **regressed**",
-    }
-}
-
-pub(crate) fn change_text(p: Option<f64>) -> String {
-    match p {
-        None => "from 0".into(),
-        Some(0.0) => "0.00%".into(),
-        Some(p) => format!("{p:+.2}%"),
-    }
-}
-
-/// Backslash-escapes what would break a GFM table cell or start markup.
-pub(crate) fn md_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(
-            c,
-            '|' | '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '#'
-        ) {
-            out.push('\\');
-        }
-        out.push(if c == '\n' { ' ' } else { c });
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use memtrack::{analysis::Analyzer, analysis::Threshold, event::Event, event::EventKind};
@@ -479,10 +400,6 @@ mod tests {
              b          peak                 64 B          64 B   0.00%  unchanged\n\
              \n\
              no benchmark regressed (no figure beyond +3% growth in allocations, bytes, peak), 1 compared\n"
-        );
-        assert_eq!(
-            (change_text(Some(0.0)), change_text(None)),
-            ("0.00%".into(), "from 0".into())
         );
     }
 

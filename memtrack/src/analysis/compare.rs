@@ -28,7 +28,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::analysis::Totals;
+use crate::totals::Totals;
 
 /// A metric the comparison gates on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

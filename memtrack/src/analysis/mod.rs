@@ -42,10 +42,10 @@ pub use attribution::{Attribution, SiteDelta, attribute};
 pub use compare::{Benchmark, Comparison, Metric, Row, Threshold, Verdict};
 pub use histogram::{SizeClass, SizeHistogram};
 pub use offcpu::{Interval, OffCpu, OffCpuBuilder, ThreadTime};
-pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites};
+pub use sites::{Site, SiteAnalyzer, SiteOrder, Sites, UnknownSiteOrder};
 pub use timeline::{Column, Extremes, InvalidTimeline, Timeline};
 
-pub use crate::totals::{Iteration, IterationSpread, KindCounts, Spread, ThreadTotals, Totals};
+use crate::totals::{Iteration, IterationSpread, ThreadTotals, Totals};
 
 use std::collections::BTreeMap;
 
@@ -690,6 +690,7 @@ impl Analyzer {
 mod tests {
     use super::*;
     use crate::event::KindTag;
+    use crate::totals::Spread;
 
     fn ev(tid: u32, kind: EventKind) -> Event {
         Event::new(0, 1, tid, kind)

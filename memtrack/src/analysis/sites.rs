@@ -4,7 +4,7 @@
 //! the event that allocated it (`malloc`, `calloc`, `realloc`'s new block, the aligned family).
 //! Events without a stack (a recorder that captures none, a stack the recorder could not walk)
 //! fall in one site, [`StackId::NONE`], counted like the others. Mappings are not heap blocks
-//! and are in no site, as in the [`Totals`](crate::analysis::Totals).
+//! and are in no site, as in the [`Totals`](crate::totals::Totals).
 //!
 //! Computed from the events in a pass of its own ([`SiteAnalyzer`], [`Sites::read`]), not by
 //! the encoder's writer: the per-block work (each live block tagged with its site, in the
@@ -24,7 +24,7 @@ use crate::stack::StackId;
 pub struct Site {
     /// The allocating stack; [`StackId::NONE`] for the events without one.
     pub stack: StackId,
-    /// Blocks allocated at this site (allocations, as [`Totals::allocations`](crate::analysis::Totals)
+    /// Blocks allocated at this site (allocations, as [`Totals::allocations`](crate::totals::Totals)
     /// counts them: a `realloc` is one).
     pub blocks: u64,
     /// Their bytes, in total.
@@ -67,6 +67,24 @@ pub enum SiteOrder {
 }
 
 impl SiteOrder {
+    /// Every order, as the command line names them (`--by`, `--metric`).
+    pub const ALL: [SiteOrder; 4] = [
+        SiteOrder::Bytes,
+        SiteOrder::Allocations,
+        SiteOrder::Peak,
+        SiteOrder::Leaked,
+    ];
+
+    /// Its name on the command line: `bytes`, `allocations`, `peak` or `leaked`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SiteOrder::Bytes => "bytes",
+            SiteOrder::Allocations => "allocations",
+            SiteOrder::Peak => "peak",
+            SiteOrder::Leaked => "leaked",
+        }
+    }
+
     /// The value a site is ranked by.
     pub fn key(self, s: &Site) -> u64 {
         match self {
@@ -78,9 +96,26 @@ impl SiteOrder {
     }
 }
 
+/// [`SiteOrder::name`]'s text that names no order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown site order {0:?}: expected bytes, allocations, peak or leaked")]
+pub struct UnknownSiteOrder(pub String);
+
+impl std::str::FromStr for SiteOrder {
+    type Err = UnknownSiteOrder;
+
+    /// Parses a [`SiteOrder::name`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        SiteOrder::ALL
+            .into_iter()
+            .find(|o| o.name() == s)
+            .ok_or_else(|| UnknownSiteOrder(s.to_string()))
+    }
+}
+
 /// Every call site of a recording, with the instant of its peak.
 ///
-/// **The peak** is the global one of [`Totals::peak_live_bytes`](crate::analysis::Totals): the live heap
+/// **The peak** is the global one of [`Totals::peak_live_bytes`](crate::totals::Totals): the live heap
 /// bytes summed over every process of the recording, after the event that first reached their
 /// maximum. A recording that followed a process tree has one heap per process, and the peak is
 /// the instant the sum of their live bytes was highest; the "at peak" numbers of a site are

@@ -252,7 +252,7 @@ impl Timeline {
             Some(c) => {
                 c.events += 1;
                 c.heap.add(heap);
-                // Mapped bytes rarely change (never with the allocator backend): the column's
+                // Mapped bytes rarely change (never with the allocator recorder): the column's
                 // `last` value again changes nothing (min <= last <= max).
                 if mapped != c.mapped.last {
                     c.mapped.add(mapped);

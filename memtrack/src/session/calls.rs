@@ -249,7 +249,7 @@ fn with_last_part(
 
 impl Call {
     /// Ends the call: the recording pauses until the next call. With limits, checks them
-    /// against this call's figures ([`Iteration`](crate::analysis::Iteration)), waiting for the recorder to analyse the
+    /// against this call's figures ([`Iteration`](crate::totals::Iteration)), waiting for the recorder to analyse the
     /// call (the allocator recorder's 2 ms merge window, or the eBPF poller's drain), and
     /// returns [`Error::CallLimitExceeded`] for a call that broke one.
     ///
@@ -258,10 +258,10 @@ impl Call {
     /// [`Error::CallLimitExceeded`] as above, or the recorder's error if it failed during the
     /// call.
     pub fn end(mut self) -> Result<()> {
-        self.end_inner()
+        self.end_once()
     }
 
-    fn end_inner(&mut self) -> Result<()> {
+    fn end_once(&mut self) -> Result<()> {
         if std::mem::replace(&mut self.ended, true) {
             return Ok(());
         }
@@ -297,7 +297,7 @@ impl Call {
 
 impl Drop for Call {
     fn drop(&mut self) {
-        if let Err(e) = self.end_inner() {
+        if let Err(e) = self.end_once() {
             eprintln!("memtrack: {e}");
         }
     }

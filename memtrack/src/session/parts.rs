@@ -19,10 +19,10 @@ use std::sync::{Arc, Mutex};
 
 use super::{Out, session_lock_waits};
 use crate::artifact::{Final, FormatError, Output, ProcessInfo, Reader};
+use crate::backend::Recorded;
 use crate::encode::{EncodeError, Encoder, EncoderOptions};
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::recording::Recorded;
 use crate::report::Report;
 use crate::stack::{Module, ModuleId, Stack, StackId};
 

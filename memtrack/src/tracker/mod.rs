@@ -29,11 +29,11 @@
 //! excluded in BPF by tid, so the numbers are the user's code alone.
 
 mod bpf;
+mod command;
 mod error;
 mod follow;
 mod kernel;
 mod poll;
-mod record;
 mod stacks;
 mod unwind;
 
@@ -46,14 +46,18 @@ use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
 
-pub use crate::recorded::Recorded;
+// `Tracker::start`'s encoder settings (the `encode` module is the CLI's, not documented).
+pub use crate::encode::EncoderOptions;
 pub use error::TrackerError;
 pub use kernel::{Feature, Kernel};
-pub use record::{CommandOptions, RecordOutcome, record_command, record_command_with};
+// `memtrack record`'s engine: public for memtrack-cli, not a user's API.
+#[doc(hidden)]
+pub use command::{CommandOptions, RecordOutcome, record_command, record_command_with};
 
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, ProcessInfo};
-use crate::encode::{Encoder, EncoderOptions, Snapshot};
+use crate::backend::Recorded;
+use crate::encode::{Encoder, Snapshot};
 use crate::lifecycle::Stage;
 use crate::modules::ModuleMap;
 use crate::scope::Scope;
@@ -61,7 +65,7 @@ use bpf::{Bpf, Syscalls, exclude_tid, gettid, mapped_objects};
 use memtrack_bpf::RawSwitch;
 pub(crate) use poll::record_to_event;
 use poll::{Marks, Poller, PollerRecording, monotonic_ns};
-pub(crate) use stacks::{Defined, StackTable};
+pub(crate) use stacks::{Defined, SentStacks};
 
 /// Whether this process may load the eBPF tracker: root, or both CAP_BPF (39) and
 /// CAP_PERFMON (38) in its effective capabilities. `BackendChoice::Auto` picks eBPF then.
@@ -694,7 +698,7 @@ impl Tracker {
             ));
         }
         self.state().claim()?;
-        let result = self.start_inner(out, meta, opts, workers, capture);
+        let result = self.start_claimed(out, meta, opts, workers, capture);
         if result.is_err() {
             // Starting → Idle cannot be refused: the claim above holds the stage.
             let _ = self.state().finish();
@@ -702,7 +706,7 @@ impl Tracker {
         result
     }
 
-    fn start_inner<W: Write + Send + 'static>(
+    fn start_claimed<W: Write + Send + 'static>(
         &self,
         out: W,
         meta: &Metadata,
@@ -717,7 +721,7 @@ impl Tracker {
         let poller = self.poller.get_or_try_init(|| {
             // A tracer updates the module map at each exec of a followed process; without
             // one (in-process, `--no-follow`), the stream's exec events do.
-            let table = StackTable::new(Arc::clone(&self.modules), !self.bpf.follows());
+            let table = SentStacks::new(Arc::clone(&self.modules), !self.bpf.follows());
             Poller::spawn(Arc::clone(&self.bpf.events), exclude, table)
         })?;
         let mut st = self.state();
@@ -1059,10 +1063,10 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
 
     /// Stops recording: switch off, drain the ring buffer's tail, finish the artifact.
     pub fn stop(mut self) -> Result<Recorded, TrackerError> {
-        self.stop_inner()
+        self.drain_and_finish()
     }
 
-    fn stop_inner(&mut self) -> Result<Recorded, TrackerError> {
+    fn drain_and_finish(&mut self) -> Result<Recorded, TrackerError> {
         let Some(poller) = self.poller.take() else {
             return Err(TrackerError::Internal("the recording was already stopped"));
         };
@@ -1141,7 +1145,7 @@ impl<W: Write + Send + 'static> Recording<'_, W> {
 impl<W: Write + Send + 'static> Drop for Recording<'_, W> {
     fn drop(&mut self) {
         if self.poller.is_some() {
-            let _ = self.stop_inner();
+            let _ = self.drain_and_finish();
         }
     }
 }

@@ -16,7 +16,7 @@ use memtrack_bpf::{RawEvent, RawStack};
 
 use super::TrackerError;
 use super::bpf::{ThreadStates, exclude_tid, gettid};
-use super::stacks::{Defined, StackTable};
+use super::stacks::{Defined, SentStacks};
 use crate::encode::{EncodeError, Encoder, Snapshot};
 use crate::event::{Event, EventKind, RawRecord};
 use crate::stack::{Module, ModuleId, Stack, StackId};
@@ -283,7 +283,7 @@ impl Poller {
     pub(crate) fn spawn(
         events: Arc<MapHandle>,
         exclude: Option<Arc<ThreadStates>>,
-        stacks: StackTable,
+        stacks: SentStacks,
     ) -> Result<Self, TrackerError> {
         let (ready_tx, ready_rx) = sync_channel(1);
         let (cmd_tx, cmd_rx) = sync_channel(1);
@@ -406,7 +406,7 @@ impl Active {
 /// One ring-buffer record: a stack goes into the table (also between recordings: the program
 /// remembers every stack it sent, and a late one must not be missing from the next recording);
 /// an event goes to the recording, if one runs, with its stack in the recording's numbering.
-fn on_record(data: &[u8], table: &mut StackTable, active: Option<&mut Active>) {
+fn on_record(data: &[u8], table: &mut SentStacks, active: Option<&mut Active>) {
     if RawStack::is_stack(data) {
         let ok = RawStack::from_bytes(data).is_some_and(|(h, frames)| table.add(&h, frames));
         if let (false, Some(a)) = (ok, active) {
@@ -441,7 +441,7 @@ fn on_record(data: &[u8], table: &mut StackTable, active: Option<&mut Active>) {
 
 fn run(
     events: &MapHandle,
-    table: StackTable,
+    table: SentStacks,
     cmds: &Receiver<Cmd>,
     ready: &SyncSender<Result<(), TrackerError>>,
     waker: &Waker,

@@ -23,8 +23,10 @@ use crate::stack::{Frame, ModuleId, Stack, StackId};
 use super::poll::Sink;
 use super::unwind::ReturnSlots;
 
-/// Every stack the program sent, by its BPF id.
-pub(crate) struct StackTable {
+/// Every stack a recorder sent, by the id it sent it under (the BPF program's, or the
+/// allocator recorder's): not the artifact's [`StackTable`](crate::artifact::StackTable), which a
+/// reader gathers from a file.
+pub(crate) struct SentStacks {
     modules: Arc<Mutex<ModuleMap>>,
     interner: StackInterner,
     /// BPF id → global id (`StackId::NONE`: not sent, or not understood).
@@ -57,7 +59,7 @@ fn is_c_library(path: &str) -> bool {
         || name.starts_with("ld-musl")
 }
 
-impl StackTable {
+impl SentStacks {
     pub(crate) fn new(modules: Arc<Mutex<ModuleMap>>, images_from_events: bool) -> Self {
         Self {
             modules,
@@ -178,7 +180,7 @@ impl Defined {
     /// definitions it needs given to `sink` first.
     pub(crate) fn attach(
         &mut self,
-        table: &StackTable,
+        table: &SentStacks,
         ev: Event,
         bpf_id: u32,
         sink: &mut dyn Sink,
@@ -199,7 +201,7 @@ impl Defined {
     #[inline(always)]
     pub(crate) fn local(
         &mut self,
-        table: &StackTable,
+        table: &SentStacks,
         bpf_id: u32,
         heap: bool,
         sink: &mut dyn Sink,
@@ -217,7 +219,7 @@ impl Defined {
     #[inline(never)]
     fn local_new(
         &mut self,
-        table: &StackTable,
+        table: &SentStacks,
         bpf_id: u32,
         global: StackId,
         heap: bool,
@@ -259,7 +261,7 @@ impl Defined {
 
     fn define(
         &mut self,
-        table: &StackTable,
+        table: &SentStacks,
         global: StackId,
         sink: &mut dyn Sink,
     ) -> Result<StackId, EncodeError> {
@@ -315,8 +317,8 @@ mod tests {
 
     /// A table of recorder ids 1 (two frames of this binary: whole), 2 (one frame: short) and
     /// 3 (one frame in the C library: short, in libc).
-    fn three_stacks() -> StackTable {
-        let mut table = StackTable::new(Default::default(), false);
+    fn three_stacks() -> SentStacks {
+        let mut table = SentStacks::new(Default::default(), false);
         let code = |f: fn()| f as *const () as u64;
         let stacks: [(u32, Vec<u64>); 3] = [
             (1, vec![code(one), code(two)]),

@@ -4,7 +4,7 @@
 
 use memtrack::memtrack;
 
-// One-line bodies are where rustc's `unused_braces` looks (the example).
+// One-line bodies are where rustc's `unused_braces` looks (a user's report).
 #[rustfmt::skip]
 #[memtrack]
 fn answer() -> u32 { 42 }

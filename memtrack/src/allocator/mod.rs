@@ -27,17 +27,17 @@
 //!   collector has drained it. Allocations made after the thread's ring was torn down (other
 //!   thread-local destructors) go to a shared, locked overflow ring.
 //! - **Call stacks**: an allocation's stack is its wrapper's instruction pointer, then a
-//!   bounded frame-pointer walk (`recorder/walk.rs`; the session's `stack_depth`, default 64
+//!   bounded frame-pointer walk (`allocator/walk.rs`; the session's `stack_depth`, default 64
 //!   frames, 0 for none), each distinct stack sent once per thread to the collector, which
 //!   resolves it with the [`ModuleMap`](crate::modules::ModuleMap) of this process and defines it in
-//!   the artifact as the eBPF recorder does. Frees carry none. Needs frame pointers in the
+//!   the artifact as the eBPF tracker does. Frees carry none. Needs frame pointers in the
 //!   program (`-C force-frame-pointers=yes`; Rust's std has them).
 //! - **Before `main` and with no session**: the wrapper only forwards (one relaxed load of the
 //!   switch per call; the ir-gate's `alloc_idle` over `alloc_system` gates it). The process's
 //!   first allocation through it takes the recording call once,
 //!   to learn that it is installed (`LEARN`).
 //! - **Lifecycle**: idle → starting → recording → stopping → idle, one state behind one lock
-//!   in `recorder/lifecycle.rs`; the switch and session word the hot path reads are its view,
+//!   in `allocator/lifecycle.rs`; the switch and session word the hot path reads are its view,
 //!   written only by its transitions.
 
 mod collector;
@@ -54,7 +54,7 @@ use std::sync::{Arc, Mutex};
 pub(crate) use collector::{AllocRecording, start_recording};
 #[cfg(feature = "criterion")]
 pub(crate) use collector::{CountingGuard, counters, start_counting};
-pub use error::RecorderError;
+pub use error::AllocatorError;
 pub(crate) use walk::{DEFAULT_STACK_DEPTH, STACK_MAX};
 
 use crate::event::KindTag;
@@ -78,7 +78,7 @@ const _: () = assert!(LEARN & (STREAM | COUNT) == 0);
 /// next began is recorded with the epoch it read the scope with, so it is either in the new
 /// session's scope or dropped.
 static SESSION: AtomicU64 = AtomicU64::new(0);
-/// The allocator recorder's lifecycle; see `recorder/lifecycle.rs`.
+/// The allocator recorder's lifecycle; see `allocator/lifecycle.rs`.
 static RECORDER: Lifecycle<HotPath> = Lifecycle::new(HotPath);
 
 /// The view [`RECORDER`]'s transitions write: [`SWITCH`] and [`SESSION`].
@@ -108,11 +108,11 @@ impl View for HotPath {
 }
 
 /// The session word while the switch is exactly [`STREAM`] (recording, nobody counting), else
-/// [`FAST_CLOSED`]: the one word the fast path compares with its thread's [`Pass`]. Written
+/// [`FAST_CLOSED`]: the one word the fast path compares with its thread's [`FastPass`]. Written
 /// only by [`HotPath::publish`]. A session whose word is [`NEVER`] or above has no fast path.
 static FAST: AtomicU64 = AtomicU64::new(FAST_CLOSED);
 const FAST_CLOSED: u64 = u64::MAX;
-/// A [`Pass`] word that [`FAST`] never holds.
+/// A [`FastPass`] word that [`FAST`] never holds.
 const NEVER: u64 = u64::MAX - 1;
 /// Events dropped because recording stopped while their thread waited for room (the
 /// collector failed), or whose record the collector could not read (an unknown kind): reported
@@ -135,7 +135,7 @@ pub fn allocator_installed() -> bool {
 }
 
 /// A `GlobalAlloc` that records every allocation of the program while a memtrack session with
-/// the allocator backend runs, and otherwise only forwards to `A` (one relaxed load).
+/// the allocator recorder runs, and otherwise only forwards to `A` (one relaxed load).
 ///
 /// ```
 /// #[global_allocator]
@@ -143,7 +143,7 @@ pub fn allocator_installed() -> bool {
 /// # fn main() {}
 /// ```
 /// Needs no privileges. It sees the Rust global allocator only: allocations of C libraries
-/// (through `malloc` directly) and `mmap`s are not recorded; the eBPF backend sees those.
+/// (through `malloc` directly) and `mmap`s are not recorded; the eBPF tracker sees those.
 /// Call stacks need the program built with frame pointers (`RUSTFLAGS="-C
 /// force-frame-pointers=yes"`); without them they stop early, and `memtrack show` says so.
 pub struct Allocator<A = System> {
@@ -424,8 +424,8 @@ thread_local! {
     /// The generation of the thread-scoped session this thread belongs to (0: none). Set only
     /// through [`set_scope`], which revokes the thread's [`PASS`].
     static THREAD_SCOPE: Cell<u32> = const { Cell::new(0) };
-    /// The thread's pass for the recording call's fast path (see [`Pass`]).
-    static PASS: Cell<Pass> = const { Cell::new(Pass::NONE) };
+    /// The thread's pass for the recording call's fast path (see [`FastPass`]).
+    static PASS: Cell<FastPass> = const { Cell::new(FastPass::NONE) };
 }
 
 /// What the full recording call checked of a thread, so that its next calls need not check it
@@ -436,7 +436,7 @@ thread_local! {
 /// the thread's scope, its exclusion, its ring's end). One TLS read and one compare replace
 /// the re-entrancy flag's two writes, the switch's, scope's and counting's checks of a call.
 #[derive(Clone, Copy)]
-struct Pass {
+struct FastPass {
     /// The thread's ring (valid while a word is not [`NEVER`]).
     ring: *const Ring,
     /// The session word the checks were made under ([`NEVER`]: no pass).
@@ -456,8 +456,8 @@ struct Pass {
     malloc_meta: u64,
 }
 
-impl Pass {
-    const NONE: Pass = Pass {
+impl FastPass {
+    const NONE: FastPass = FastPass {
         ring: std::ptr::null(),
         word: NEVER,
         alloc_word: NEVER,
@@ -470,7 +470,7 @@ impl Pass {
 }
 
 fn revoke_pass() {
-    PASS.with(|p| p.set(Pass::NONE));
+    PASS.with(|p| p.set(FastPass::NONE));
 }
 
 /// Puts the calling thread in the thread scope `generation` (0: none).
@@ -507,7 +507,7 @@ pub(crate) fn current_thread_in_scope() -> bool {
 /// `std::thread::spawn(memtrack::in_session(move || work()))`.
 ///
 /// A session's default [`Scope::Threads`](crate::Scope::Threads) covers the thread that
-/// started it and the threads spawned from it. The eBPF recorder sees every thread being created and needs no help; the
+/// started it and the threads spawned from it. The eBPF tracker sees every thread being created and needs no help; the
 /// allocator recorder ([`Allocator`]) cannot see a spawn, so a thread it should record must be
 /// started through this wrapper (elsewhere its allocations are counted in
 /// the report's `out_of_scope`, not recorded). Outside a session, or
@@ -590,7 +590,7 @@ unsafe fn stamp(slot: *mut Raw) {
 /// kinds leave that field of the slot as it was: their events do not read it).
 #[inline(always)]
 fn fast_alloc<const MOVE: bool>(
-    meta: impl FnOnce(&Pass) -> u64,
+    meta: impl FnOnce(&FastPass) -> u64,
     addr: u64,
     old: u64,
     size: u64,
@@ -618,7 +618,14 @@ fn fast_alloc<const MOVE: bool>(
 /// ([`push_passed`]); false if the ring's room says the full call must record it. Arguments as
 /// [`record`]'s; a kind that is not a realloc's ignores the `addr2` it writes.
 #[inline(always)]
-fn push_stack(pass: &Pass, stack: u32, addr: u64, size: u64, kind_align: u32, addr2: u64) -> bool {
+fn push_stack(
+    pass: &FastPass,
+    stack: u32,
+    addr: u64,
+    size: u64,
+    kind_align: u32,
+    addr2: u64,
+) -> bool {
     push_passed(pass, |slot, pass| {
         let meta = Raw::meta_of(kind_align as u8, (kind_align >> 8) as u8) | pass.epoch;
         // SAFETY: `push_passed` hands a free slot of this thread's ring.
@@ -666,7 +673,7 @@ fn fast_free(addr: u64) -> bool {
     )
 }
 
-/// Records one allocation in full: when [`fast_alloc`] could not (no valid [`Pass`], call
+/// Records one allocation in full: when [`fast_alloc`] could not (no valid [`FastPass`], call
 /// stacks, a check of the ring's room). `kind_align` is the kind's tag in the low byte and
 /// [`Raw::align_log`] in the next; `at` is where the allocator wrapper runs, the call stack's
 /// start; `addr2` a realloc's old block. The arguments come in the registers the wrapper's
@@ -698,23 +705,26 @@ fn record(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
 #[cold]
 #[inline(never)]
 fn record_full(addr: u64, at: walk::Here, size: u64, kind_align: u32, addr2: u64) {
-    record_inner::<true>(kind_align, addr, addr2, size, at)
+    record_checked::<true>(kind_align, addr, addr2, size, at)
 }
 
 /// [`record`] of a free: its own entry, with one argument and no stack to consider.
 #[cold]
 #[inline(never)]
 fn record_free(addr: u64) {
-    record_inner::<false>(KindTag::Free as u32, addr, 0, 0, walk::Here::NONE)
+    record_checked::<false>(KindTag::Free as u32, addr, 0, 0, walk::Here::NONE)
 }
 
-/// The recording call's fast path: with a valid [`Pass`] (the session word in force is the
+/// The recording call's fast path: with a valid [`FastPass`] (the session word in force is the
 /// pass's `word` of it) and room in the ring before its next check, has `fill` write the next
 /// slot (given the pass, for the epoch's [`Raw::meta`] bits) and, if `fill` returns true,
 /// publishes it and returns true; else returns false, the slot unpublished, and the caller
-/// takes the full call ([`record_inner`]).
+/// takes the full call ([`record_checked`]).
 #[inline(always)]
-fn fast_push(word: impl FnOnce(&Pass) -> u64, fill: impl FnOnce(*mut Raw, &Pass) -> bool) -> bool {
+fn fast_push(
+    word: impl FnOnce(&FastPass) -> u64,
+    fill: impl FnOnce(*mut Raw, &FastPass) -> bool,
+) -> bool {
     let pass = PASS.with(Cell::get);
     if FAST.load(Ordering::Relaxed) != word(&pass) {
         return false;
@@ -724,7 +734,7 @@ fn fast_push(word: impl FnOnce(&Pass) -> u64, fill: impl FnOnce(*mut Raw, &Pass)
 
 /// [`fast_push`] once the thread's `pass` is found valid: the ring's room, `fill`, publishing.
 #[inline(always)]
-fn push_passed(pass: &Pass, fill: impl FnOnce(*mut Raw, &Pass) -> bool) -> bool {
+fn push_passed(pass: &FastPass, fill: impl FnOnce(*mut Raw, &FastPass) -> bool) -> bool {
     // SAFETY: a pass's ring is this thread's, alive while the pass is (revoked before the
     // ring's handle drops).
     let ring = unsafe { &*pass.ring };
@@ -743,7 +753,7 @@ fn push_passed(pass: &Pass, fill: impl FnOnce(*mut Raw, &Pass) -> bool) -> bool 
 /// `ALLOCATION`: the call is an allocation's, which learns [`INSTALLED`] (a free does not
 /// check, so that its recording call is not longer for it).
 #[inline(always)]
-fn record_inner<const ALLOCATION: bool>(
+fn record_checked<const ALLOCATION: bool>(
     kind_align: u32,
     addr: u64,
     addr2: u64,
@@ -814,7 +824,7 @@ fn grant_pass(sw: u32, session: u64) {
         let stacks = depth != 0;
         let epoch = Raw::epoch_meta((session >> 32) as u8);
         PASS.with(|p| {
-            p.set(Pass {
+            p.set(FastPass {
                 ring,
                 word: session,
                 alloc_word: if stacks { NEVER } else { session },
@@ -845,7 +855,7 @@ pub(crate) fn mark(kind: KindTag) {
     if INSIDE.with(|i| i.replace(true)) {
         return;
     }
-    let pass = PASS.with(|p| p.replace(Pass::NONE));
+    let pass = PASS.with(|p| p.replace(FastPass::NONE));
     let epoch = (SESSION.load(Ordering::Relaxed) >> 32) as u8;
     push(|| Raw {
         tsc: tsc(),
@@ -986,7 +996,7 @@ const MIN_ALIGN: usize = 16;
 // The recording calls of the wrapper, made only while the switch is on. Cold and out of line,
 // so that the forwarding path stays as short as it is. Generic (through `A`), so that they
 // are compiled in the program's own crate: there the fast path reads its thread-local
-// `Pass` with one `fs`-relative load, where a library's code reaches a thread-local
+// `FastPass` with one `fs`-relative load, where a library's code reaches a thread-local
 // through what is, to the compiler, a call to `__tls_get_addr`, which made every recording
 // call save and restore the registers holding its arguments. `at` is where the wrapper runs,
 // the start of an allocation's call stack.
@@ -1004,7 +1014,7 @@ impl<A> Allocator<A> {
             KindTag::Malloc
         };
         let (addr, size) = (p as u64, layout.size() as u64);
-        let meta = |pass: &Pass| {
+        let meta = |pass: &FastPass| {
             if ZEROED {
                 Raw::meta(kind, 0) | pass.epoch
             } else {
@@ -1022,7 +1032,7 @@ impl<A> Allocator<A> {
     fn note_aligned(p: *mut u8, at: walk::Here, layout: Layout) {
         let (kind, align_log) = (KindTag::AlignedAlloc, Raw::align_log(layout.align() as u64));
         let (addr, size) = (p as u64, layout.size() as u64);
-        let meta = |pass: &Pass| Raw::meta(kind, align_log) | pass.epoch;
+        let meta = |pass: &FastPass| Raw::meta(kind, align_log) | pass.epoch;
         if !fast_alloc::<false>(meta, addr, 0, size) {
             record(addr, at, size, kind as u32 | u32::from(align_log) << 8, 0);
         }
@@ -1031,7 +1041,7 @@ impl<A> Allocator<A> {
     #[cold]
     #[inline(never)]
     fn note_realloc(new: u64, at: walk::Here, size: u64, old: u64) {
-        let meta = |pass: &Pass| Raw::meta(KindTag::Realloc, 0) | pass.epoch;
+        let meta = |pass: &FastPass| Raw::meta(KindTag::Realloc, 0) | pass.epoch;
         if !fast_alloc::<true>(meta, new, old, size) {
             record(new, at, size, KindTag::Realloc as u32, old);
         }

@@ -11,11 +11,10 @@
 
 use std::io::Write;
 
+use crate::allocator::{AllocRecording, AllocatorError};
 use crate::analysis::Stats;
 use crate::artifact::{Backend, Metadata};
-use crate::encode::EncoderOptions;
-pub use crate::recorded::Recorded;
-use crate::recorder::{AllocRecording, RecorderError};
+use crate::encode::{EncoderOptions, Written};
 use crate::scope::Scope;
 use crate::tracker::{Capture, Tracker, TrackerError, TrackerOptions};
 
@@ -28,7 +27,7 @@ pub(crate) enum RecordingError {
     Tracker(#[from] TrackerError),
     /// The allocator recorder's.
     #[error(transparent)]
-    Recorder(#[from] RecorderError),
+    Allocator(#[from] AllocatorError),
 }
 
 /// What a recording captures and how, for either backend.
@@ -51,7 +50,7 @@ pub(crate) struct Options {
 pub(crate) enum Recorder {
     /// The eBPF tracker of this process.
     Ebpf(&'static Tracker),
-    /// The allocator recorder ([`Allocator`](crate::recorder::Allocator) is the global
+    /// The allocator recorder ([`Allocator`](crate::allocator::Allocator) is the global
     /// allocator).
     Alloc,
 }
@@ -84,7 +83,7 @@ impl Recorder {
                 let r = t.start_with(out, meta, EncoderOptions::new(), options.workers, capture)?;
                 Recording::Ebpf(r)
             }
-            Recorder::Alloc => Recording::Alloc(crate::recorder::start_recording(
+            Recorder::Alloc => Recording::Alloc(crate::allocator::start_recording(
                 out,
                 meta,
                 options.workers,
@@ -147,7 +146,7 @@ impl<W: Write + Send + 'static> Recording<W> {
     pub(crate) fn lost_so_far(&self) -> Result<u64, RecordingError> {
         Ok(match self {
             Recording::Ebpf(r) => r.lost_so_far()?,
-            Recording::Alloc(_) => crate::recorder::lost_so_far(),
+            Recording::Alloc(_) => crate::allocator::lost_so_far(),
         })
     }
 
@@ -175,7 +174,7 @@ pub(crate) enum Counter {
         _counting: crate::tracker::Counting<'static>,
     },
     /// The allocator recorder's counters, kept on by the guard.
-    Alloc(crate::recorder::CountingGuard),
+    Alloc(crate::allocator::CountingGuard),
 }
 
 #[cfg(feature = "criterion")]
@@ -183,7 +182,7 @@ impl Counter {
     /// Starts counting with `recorder`.
     pub(crate) fn start(recorder: Recorder) -> Result<Self, RecordingError> {
         Ok(match recorder {
-            Recorder::Alloc => Counter::Alloc(crate::recorder::start_counting()),
+            Recorder::Alloc => Counter::Alloc(crate::allocator::start_counting()),
             Recorder::Ebpf(tracker) => Counter::Ebpf {
                 tracker,
                 _counting: tracker.counting()?,
@@ -201,9 +200,72 @@ impl Counter {
                 (c.allocations, c.bytes_allocated)
             }
             Counter::Alloc(_) => {
-                let (allocs, bytes, _) = crate::recorder::counters();
+                let (allocs, bytes, _) = crate::allocator::counters();
                 (allocs, bytes)
             }
+        }
+    }
+}
+
+/// What a recorder returned when its recording stopped, either recorder's: what the encoder
+/// wrote ([`Recorded::written`]) and what the recorder counted beside it. A session's report
+/// holds it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Recorded {
+    /// The artifact's frames, events, bytes and totals.
+    pub written: Written,
+    /// Events lost because the ring buffer was full (also in the artifact's trailer).
+    pub lost_events: u64,
+    /// Allocation and free calls of threads outside a thread-scoped recording's scope, not
+    /// recorded (0 for a process-wide recording).
+    pub out_of_scope: u64,
+    /// Processes the recorded process started and that were not followed (`record
+    /// --no-follow`; also in the artifact's trailer).
+    pub unfollowed_processes: u64,
+    /// Distinct call stacks the program sent during the recording.
+    pub stacks: u64,
+    /// Heap allocations whose call stack stops early: no frame beyond the allocator's caller,
+    /// or a frame outside the mapped code (built without frame pointers; also in the
+    /// artifact's trailer, [`Final::short_stacks`](crate::artifact::Final::short_stacks)).
+    pub short_stacks: u64,
+    /// Of [`Recorded::short_stacks`], those whose call site is in the C library (its own
+    /// allocations: no rebuild of the program gives them callers).
+    pub short_stacks_in_libc: u64,
+    /// Stacks cut at [`TrackerOptions::stack_depth`](crate::tracker::TrackerOptions::stack_depth) (or the session's) frames.
+    pub truncated_stacks: u64,
+    /// Stacks whose first hash matched another stack's: sent again under an id of their own
+    /// (never confused with the other; only more ring-buffer traffic).
+    pub stack_collisions: u64,
+    /// New stacks the program could not remember (its map of sent stacks was full): sent
+    /// again each time they recur (nothing lost; more ring-buffer traffic).
+    pub stacks_not_remembered: u64,
+}
+
+impl Recorded {
+    /// A recording of nothing but `totals` (nothing lost, no stacks): for tests of what reads
+    /// a result.
+    #[cfg(test)]
+    pub(crate) fn of_totals(totals: crate::totals::Totals) -> Self {
+        Recorded {
+            written: Written {
+                frames: 0,
+                events: 0,
+                bytes: 0,
+                totals,
+                sizes: Vec::new(),
+                timeline: crate::analysis::Timeline::growing(1).unwrap(),
+                per_process: Default::default(),
+            },
+            lost_events: 0,
+            out_of_scope: 0,
+            unfollowed_processes: 0,
+            stacks: 0,
+            short_stacks: 0,
+            short_stacks_in_libc: 0,
+            truncated_stacks: 0,
+            stack_collisions: 0,
+            stacks_not_remembered: 0,
         }
     }
 }

@@ -35,8 +35,9 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 use super::follow::{Tracer, seize};
-use super::{Recorded, Tracker, TrackerError, TrackerOptions};
+use super::{Tracker, TrackerError, TrackerOptions};
 use crate::artifact::{Backend, Metadata, ProcessInfo};
+use crate::backend::Recorded;
 use crate::encode::{EncoderOptions, default_workers};
 
 /// How often `record` looks for objects the command mapped since it started (20 ms: the

@@ -5,7 +5,7 @@
 /// `Debug` prints the same message as `Display` (cause and fix), which `.unwrap()` prints.
 #[derive(thiserror::Error)]
 #[non_exhaustive]
-pub enum RecorderError {
+pub enum AllocatorError {
     /// The CPU's time-stamp counter cannot time events (it is not invariant, or does not
     /// advance): the recorder timestamps events with it.
     #[error("{0}")]
@@ -30,7 +30,7 @@ pub enum RecorderError {
     Internal(&'static str),
 }
 
-impl std::fmt::Debug for RecorderError {
+impl std::fmt::Debug for AllocatorError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         std::fmt::Display::fmt(self, f)
     }

@@ -129,16 +129,16 @@ pub(super) enum Refused {
     NotCounting,
 }
 
-impl From<Refused> for super::RecorderError {
+impl From<Refused> for super::AllocatorError {
     fn from(r: Refused) -> Self {
         match r {
             // Sessions take turns before they start a recorder: a second claim is a bug.
             Refused::Busy(_) => {
-                super::RecorderError::Internal("a recording started while another one ran")
+                super::AllocatorError::Internal("a recording started while another one ran")
             }
-            Refused::Invalid(w) => super::RecorderError::Internal(w.transition),
+            Refused::Invalid(w) => super::AllocatorError::Internal(w.transition),
             #[cfg(any(test, feature = "criterion"))]
-            Refused::NotCounting => super::RecorderError::Internal("count_end while not counting"),
+            Refused::NotCounting => super::AllocatorError::Internal("count_end while not counting"),
         }
     }
 }
@@ -495,8 +495,8 @@ mod tests {
         l.finish(None).unwrap();
         assert_eq!(l.claim(Scope::Process).unwrap().epoch, 2);
         assert_eq!(
-            super::super::RecorderError::from(Refused::Busy("recording")).to_string(),
-            super::super::RecorderError::Internal("a recording started while another one ran")
+            super::super::AllocatorError::from(Refused::Busy("recording")).to_string(),
+            super::super::AllocatorError::Internal("a recording started while another one ran")
                 .to_string()
         );
     }
@@ -530,7 +530,7 @@ mod tests {
         assert_eq!(l.abandon(None), Err(invalid("abandon", Stage::Recording)));
         assert_eq!(l.phase(), "recording(1, 0)");
         assert_eq!(switch(&l), STREAM);
-        let e = super::super::RecorderError::from(invalid("finish", Stage::Recording));
+        let e = super::super::AllocatorError::from(invalid("finish", Stage::Recording));
         assert!(e.to_string().contains("unexpected state (finish)"), "{e}");
     }
 

@@ -6,17 +6,17 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::RecorderError as Error;
+use super::AllocatorError as Error;
 use super::merge::Pending;
 use super::{OVERFLOW, RECORDER, REGISTRY, Raw, exclude_current_thread, tsc};
 use crate::analysis::Stats;
 use crate::artifact::{Metadata, monotonic_ns};
+use crate::backend::Recorded;
 use crate::encode::{Encoder, EncoderOptions, Snapshot, Written};
 use crate::event::RawRecord;
 use crate::modules::ModuleMap;
-use crate::recorded::Recorded;
 use crate::scope::Scope;
-use crate::tracker::{Defined, StackTable};
+use crate::tracker::{Defined, SentStacks};
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -54,8 +54,8 @@ impl Clock {
         let (t1, m1) = (tsc(), monotonic_ns());
         if t1 <= t0 {
             return Err(Error::UnsupportedCpu(
-                "the CPU's time-stamp counter does not advance: the allocator backend needs an \
-                 invariant TSC; use the eBPF backend",
+                "the CPU's time-stamp counter does not advance: the allocator recorder needs an \
+                 invariant TSC; use the eBPF tracker",
             ));
         }
         let mut clock = Clock {
@@ -114,7 +114,7 @@ fn invariant_tsc() -> bool {
 /// Every stack the threads sent (they remember what they sent for their whole life, across
 /// recordings), resolved against this process's module map: kept between recordings, owned
 /// by the collector during one.
-static STACKS: Mutex<Option<StackTable>> = Mutex::new(None);
+static STACKS: Mutex<Option<SentStacks>> = Mutex::new(None);
 
 /// What a recording learnt of call stacks (see [`Recorded`]).
 #[derive(Debug, Default, Clone, Copy)]
@@ -129,7 +129,7 @@ struct StackCounts {
 
 /// Moves the stacks the threads sent since the last call into `table` (frames resolved with
 /// the module map; a miss rescans it: a library dlopen'ed since), counting them in `counts`.
-fn absorb(table: &mut StackTable, pid: u32, counts: &mut StackCounts) {
+fn absorb(table: &mut SentStacks, pid: u32, counts: &mut StackCounts) {
     for s in super::walk::take_new_stacks() {
         let header = memtrack_bpf::RawStack {
             ts: monotonic_ns(),
@@ -150,7 +150,7 @@ fn absorb(table: &mut StackTable, pid: u32, counts: &mut StackCounts) {
     }
 }
 
-/// A recording with the allocator backend; [`AllocRecording::stop`] finishes the artifact.
+/// A recording with the allocator recorder; [`AllocRecording::stop`] finishes the artifact.
 pub(crate) struct AllocRecording<W: Write + Send + 'static> {
     stop: Arc<AtomicBool>,
     snapshot: Arc<Snapshot>,
@@ -172,8 +172,8 @@ pub(crate) fn start_recording<W: Write + Send + 'static>(
 ) -> Result<AllocRecording<W>> {
     if !invariant_tsc() {
         return Err(Error::UnsupportedCpu(
-            "the allocator backend needs an invariant TSC (cpuinfo flags constant_tsc and \
-             nonstop_tsc), which this CPU does not report; use the eBPF backend",
+            "the allocator recorder needs an invariant TSC (cpuinfo flags constant_tsc and \
+             nonstop_tsc), which this CPU does not report; use the eBPF tracker",
         ));
     }
     // Idle → Starting: refused while another recording starts, records or stops.
@@ -341,7 +341,7 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
     /// the collector failed while a thread waited for room (the recorder waits for room
     /// instead of dropping events).
     pub(crate) fn stop(mut self) -> Result<Recorded> {
-        let (written, lost_events, counts) = self.stop_inner()?;
+        let (written, lost_events, counts) = self.drain_and_finish()?;
         Ok(Recorded {
             written,
             lost_events,
@@ -382,7 +382,7 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
         }
     }
 
-    fn stop_inner(&mut self) -> Result<(Written, u64, StackCounts)> {
+    fn drain_and_finish(&mut self) -> Result<(Written, u64, StackCounts)> {
         // Recording → Stopping: the switch is off before the collector drains the last events.
         let stopped = RECORDER.stop();
         let (joined, clock) = self.join_collector();
@@ -402,7 +402,7 @@ impl<W: Write + Send + 'static> AllocRecording<W> {
 impl<W: Write + Send + 'static> Drop for AllocRecording<W> {
     fn drop(&mut self) {
         if self.thread.is_some() {
-            let _ = self.stop_inner();
+            let _ = self.drain_and_finish();
         }
     }
 }
@@ -469,7 +469,7 @@ fn collect<W: Write + Send + 'static>(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .take()
-        .unwrap_or_else(|| StackTable::new(Arc::new(Mutex::new(ModuleMap::new())), false));
+        .unwrap_or_else(|| SentStacks::new(Arc::new(Mutex::new(ModuleMap::new())), false));
     let mut stacks = (table, Defined::default());
     let mut counts = StackCounts::default();
     let r = collect_with(
@@ -499,7 +499,7 @@ fn collect_with<W: Write + Send + 'static>(
     clock: &mut Clock,
     pid: u32,
     snapshot_at: &mut Option<u64>,
-    stacks: &mut (StackTable, Defined),
+    stacks: &mut (SentStacks, Defined),
     counts: &mut StackCounts,
 ) -> Result<()> {
     // Events drained but younger than the lag, in timestamp order.

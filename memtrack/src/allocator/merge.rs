@@ -14,7 +14,7 @@ use super::Raw;
 use crate::encode::{EncodeError, Encoder};
 use crate::event::{Event, EventKind, KindTag};
 use crate::stack::StackId;
-use crate::tracker::{Defined, StackTable};
+use crate::tracker::{Defined, SentStacks};
 
 /// Slots emitted a chunk at a time: both passes of [`Pending::emit`] (stack ids, then events)
 /// run over one chunk before the next, so that the second reads the slots from the L1 cache
@@ -128,7 +128,7 @@ impl Pending {
         n: usize,
         to_ns: impl Fn(u64) -> u64,
         enc: &mut Encoder<W>,
-        stacks: &mut (StackTable, Defined),
+        stacks: &mut (SentStacks, Defined),
     ) -> Result<(), EncodeError> {
         if self.stacks {
             self.emit_with::<true, W>(n, to_ns, enc, stacks)
@@ -145,7 +145,7 @@ impl Pending {
         n: usize,
         to_ns: impl Fn(u64) -> u64,
         enc: &mut Encoder<W>,
-        stacks: &mut (StackTable, Defined),
+        stacks: &mut (SentStacks, Defined),
     ) -> Result<(), EncodeError> {
         let (front, back) = self.slots.as_mut_slices();
         let (front, back) = if n <= front.len() {
@@ -401,8 +401,8 @@ mod tests {
     }
 
     /// A table of the process-wide stacks 1..=3, each the one frame `code[id - 1]`.
-    fn three_stacks(code: [u64; 3]) -> StackTable {
-        let mut table = StackTable::new(Default::default(), false);
+    fn three_stacks(code: [u64; 3]) -> SentStacks {
+        let mut table = SentStacks::new(Default::default(), false);
         for (id, at) in (1..=3u32).zip(code) {
             let h = memtrack_bpf::RawStack {
                 ts: 0,
@@ -464,7 +464,7 @@ mod tests {
         let opts = EncoderOptions::new().workers(1).frame_events(3);
         let mut enc = Encoder::new(Vec::new(), &meta, opts).unwrap();
         let mut stacks = (
-            StackTable::new(Default::default(), false),
+            SentStacks::new(Default::default(), false),
             Defined::default(),
         );
         p.emit(4, |t| t * 100, &mut enc, &mut stacks).unwrap();

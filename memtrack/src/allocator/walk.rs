@@ -26,10 +26,10 @@ use rustc_hash::FxHashMap;
 /// Frames walked per allocation (0: no stacks). Set by the session before recording starts.
 pub(crate) static STACK_DEPTH: AtomicU32 = AtomicU32::new(DEFAULT_STACK_DEPTH);
 
-/// The default depth: 64 frames, as the eBPF recorder's.
+/// The default depth: 64 frames, as the eBPF tracker's.
 pub(crate) const DEFAULT_STACK_DEPTH: u32 = 64;
 
-/// The deepest walk allowed: the eBPF recorder's cap (the kernel's `perf_event_max_stack`), so
+/// The deepest walk allowed: the eBPF tracker's cap (the kernel's `perf_event_max_stack`), so
 /// that one setting means the same for both recorders.
 pub(crate) const STACK_MAX: u32 = memtrack_bpf::STACK_MAX;
 
@@ -480,7 +480,7 @@ fn intern(ids: &mut FxHashMap<Box<[u64]>, u32>, key: &[u64]) -> u32 {
 /// Where the allocator wrapper runs: its instruction pointer and frame pointer (`rbp`). Taken
 /// in the wrapper, which is compiled into the program's own code (with the program's
 /// frame-pointer setting), often inlined into the allocating function: the instruction pointer
-/// is the allocation's call site (as the eBPF recorder's first frame, the return address into
+/// is the allocation's call site (as the eBPF tracker's first frame, the return address into
 /// the code that called `malloc`), and the walk from `rbp` gives its callers.
 #[derive(Clone, Copy)]
 pub(crate) struct Here {
