@@ -29,12 +29,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Mutex;
 
+use memtrack::callgrind::{CallgrindError, Profile};
+// Operations whose Ir/op varies more than MAX_GATED_SPREAD between runs (percent) are not
+// gated: the bound `memtrack bench --measure instructions` applies to benchmarks.
+use memtrack::instructions::{InstructionsError, MAX_GATED_SPREAD, Toolchain};
 use serde::{Deserialize, Serialize};
 
 /// Default regression threshold, percent.
 const DEFAULT_THRESHOLD: f64 = 3.0;
-/// Operations whose Ir/op varies more than this between runs (percent) are not gated.
-const MAX_GATED_SPREAD: f64 = 0.5;
 /// The function the driver runs measured work in (`benches/ir/driver.rs`).
 const MEASURED_FN: &str = "memtrack_ir_measured";
 const THRESHOLD_ENV: &str = "MEMTRACK_IR_THRESHOLD";
@@ -101,7 +103,8 @@ fn read_driver_hash() -> Result<String> {
         })
 }
 
-/// The baseline must come from this toolchain, this driver and these CPU features.
+/// The baseline must come from this toolchain, this driver and these CPU features: the
+/// toolchain compared as `memtrack bench` compares two sides' ([`Toolchain::comparable`]).
 fn same_measurement(
     base: &Baseline,
     rustc: &str,
@@ -109,13 +112,37 @@ fn same_measurement(
     driver: &str,
     cpu: &str,
 ) -> Result<()> {
-    if (rustc, valgrind) != (base.rustc.as_str(), base.valgrind.as_str()) {
-        return Err(GateError::Baseline(format!(
-            "measured with {} and {}, this machine has {rustc} and {valgrind}: instruction \
-             counts of different compilers do not compare. Re-measure the base commit with this \
-             toolchain (`ir-gate update`), in a commit of its own",
-            base.rustc, base.valgrind
-        )));
+    let then = Toolchain {
+        rustc: base.rustc.clone(),
+        valgrind: base.valgrind.clone(),
+        cpu: base.cpu.clone(),
+    };
+    let now = Toolchain {
+        rustc: rustc.into(),
+        valgrind: valgrind.into(),
+        cpu: cpu.into(),
+    };
+    match then.comparable(&now, "the baseline") {
+        Err(InstructionsError::Incomparable {
+            what: "CPU feature set",
+            ..
+        }) => {
+            return Err(GateError::Baseline(format!(
+                "measured on a CPU with the features [{}] (as valgrind reports them), this one \
+                 has [{cpu}]: glibc, zstd and crc32fast take other code paths, so the counts do \
+                 not compare. Re-measure the base commit on this machine (`ir-gate update`)",
+                base.cpu
+            )));
+        }
+        Err(_) => {
+            return Err(GateError::Baseline(format!(
+                "measured with {} and {}, this machine has {rustc} and {valgrind}: instruction \
+                 counts of different compilers do not compare. Re-measure the base commit with \
+                 this toolchain (`ir-gate update`), in a commit of its own",
+                base.rustc, base.valgrind
+            )));
+        }
+        Ok(()) => {}
     }
     if driver != base.driver {
         return Err(GateError::Baseline(format!(
@@ -125,70 +152,24 @@ fn same_measurement(
             base.driver
         )));
     }
-    if cpu != base.cpu {
-        return Err(GateError::Baseline(format!(
-            "measured on a CPU with the features [{}] (as valgrind reports them), this one has \
-             [{cpu}]: glibc, zstd and crc32fast take other code paths, so the counts do not \
-             compare. Re-measure the base commit on this machine (`ir-gate update`)",
-            base.cpu
-        )));
-    }
     Ok(())
 }
 
-/// The `Ir` total of a callgrind output file (its `totals:` line, else `summary:`).
+/// The `Ir` total of a callgrind output file, read by `memtrack::callgrind` (its `totals:`
+/// line, else `summary:`, else the sum of its cost lines).
 fn parse_callgrind(file: &Path, text: &str) -> Result<u64> {
     let err = |problem: String| GateError::Callgrind {
         file: file.to_path_buf(),
         problem,
     };
-    if !text.starts_with("# callgrind format") && !text.contains("\ncreator: callgrind") {
-        return Err(err("not a callgrind output file".into()));
-    }
-    let mut events: Option<Vec<&str>> = None;
-    let (mut totals, mut summary) = (None, None);
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("events:") {
-            if events.is_some() {
-                return Err(err("more than one `events:` line".into()));
-            }
-            events = Some(rest.split_whitespace().collect());
-        } else if let Some(rest) = line.strip_prefix("totals:") {
-            totals = Some(rest);
-        } else if let Some(rest) = line.strip_prefix("summary:") {
-            summary = Some(rest);
-        }
-    }
-    let events = events.ok_or_else(|| err("no `events:` line".into()))?;
-    let at = events
-        .iter()
-        .position(|&e| e == "Ir")
-        .ok_or_else(|| err(format!("no Ir among the events {events:?}")))?;
-    let value = |what: &str, line: &str| -> Result<u64> {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        if fields.len() != events.len() {
-            return Err(err(format!(
-                "`{what}:` has {} values for {} events",
-                fields.len(),
-                events.len()
-            )));
-        }
-        fields[at]
-            .parse()
-            .map_err(|_| err(format!("`{what}:` Ir {:?} is not a number", fields[at])))
-    };
-    let ir = match (totals, summary) {
-        (Some(t), Some(s)) => {
-            let (t, s) = (value("totals", t)?, value("summary", s)?);
-            if t != s {
-                return Err(err(format!("totals Ir {t} and summary Ir {s} disagree")));
-            }
-            t
-        }
-        (Some(t), None) => value("totals", t)?,
-        (None, Some(s)) => value("summary", s)?,
-        (None, None) => return Err(err("no `totals:` or `summary:` line".into())),
-    };
+    let profile = Profile::parse(text).map_err(|e| match e {
+        CallgrindError::Parse { line, problem, .. } => err(format!("line {line}: {problem}")),
+        other => err(other.to_string()),
+    })?;
+    let at = profile
+        .event("Ir")
+        .ok_or_else(|| err(format!("no Ir among the events {:?}", profile.events)))?;
+    let ir = profile.totals[at];
     if ir == 0 {
         return Err(err(format!(
             "0 instructions counted: was {MEASURED_FN} in the driver called (or renamed)?"
@@ -290,20 +271,11 @@ fn ir_per_op(small: (u64, u64), large: (u64, u64)) -> Result<f64> {
     Ok((ir_l - ir_s) as f64 / (n_l - n_s) as f64)
 }
 
-/// Median and spread ((max − min) / median, percent) of per-run Ir/op values.
+/// Median and spread ((max − min) / median, percent) of per-run Ir/op values, as
+/// `memtrack bench` takes them.
 fn median_spread(values: &[f64]) -> Result<(f64, f64)> {
-    if values.is_empty() {
-        return Err(GateError::Sizes("no runs to take a median of".into()));
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let median = if v.len() % 2 == 1 {
-        v[v.len() / 2]
-    } else {
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
-    let spread = (v[v.len() - 1] - v[0]) / median * 100.0;
-    Ok((median, spread))
+    memtrack::instructions::run::median_spread(values)
+        .ok_or_else(|| GateError::Sizes("no runs to take a median of".into()))
 }
 
 /// The checked-in baseline (`benches/ir-baseline.json`).
@@ -1125,23 +1097,12 @@ mod tests {
     fn callgrind_output_that_does_not_parse_is_an_error() {
         let cases = [
             ("", "not a callgrind output"),
-            ("# callgrind format\ntotals: 5\n", "no `events:` line"),
+            ("# callgrind format\ntotals: 5\n", "0 events"),
             ("# callgrind format\nevents: Dr\ntotals: 5\n", "no Ir"),
-            (
-                "# callgrind format\nevents: Ir\n",
-                "no `totals:` or `summary:`",
-            ),
+            ("# callgrind format\nevents: Ir\n", "0 instructions"),
             (
                 "# callgrind format\nevents: Ir\ntotals: 12x\n",
-                "not a number",
-            ),
-            (
-                "# callgrind format\nevents: Ir Dr\ntotals: 12\n",
-                "1 values for 2 events",
-            ),
-            (
-                "# callgrind format\nevents: Ir\nsummary: 1\ntotals: 2\n",
-                "disagree",
+                "not a whole number",
             ),
             (
                 "# callgrind format\nevents: Ir\ntotals: 0\n",

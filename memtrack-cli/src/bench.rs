@@ -19,6 +19,7 @@ use crate::compare::{self, Format};
 use crate::error::Error;
 
 mod chain;
+mod instructions;
 mod render;
 mod suite;
 
@@ -42,8 +43,24 @@ fn backend_choice() -> impl clap::builder::TypedValueParser<Value = BackendChoic
     .try_map(|s| s.parse::<BackendChoice>().map_err(|e| e.to_string()))
 }
 
+/// `--measure`'s choices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Measure {
+    /// Allocations, bytes and peak per iteration (memory mode).
+    Memory,
+    /// Instructions per iteration under callgrind (instructions mode; needs valgrind).
+    Instructions,
+}
+
 #[derive(clap::Args)]
 pub(crate) struct Args {
+    /// What to measure, one or both, comma-separated: `memory` (the default), `instructions`.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "memory")]
+    measure: Vec<Measure>,
+    /// Instructions: runs of the suite under callgrind; the median is the figure and the
+    /// spread decides whether a benchmark is gated.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    runs: u64,
     /// The artifacts' directory (default: `memtrack/bench` in the target directory), its
     /// `*.memtrack` of a previous run removed first. With --base: DIR/base and DIR/head; with
     /// --chain, DIR/NN-COMMIT per commit.
@@ -104,7 +121,20 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
         only: None,
         store: out.join(crate::BUILD_IDS),
     };
+    let memory = args.measure.contains(&Measure::Memory);
+    let counting = args.measure.contains(&Measure::Instructions).then(|| {
+        instructions::Counting::new(
+            &args.cargo,
+            args.runs as usize,
+            target.join("memtrack-instructions"),
+        )
+    });
     if let Some(spec) = &args.chain {
+        if counting.is_some() {
+            return Err(Error::Usage(
+                "--chain follows memory only: --measure instructions takes --base".to_string(),
+            ));
+        }
         let repo = Repo::find(&here, "--chain")?;
         return chain::run(
             &repo,
@@ -116,11 +146,25 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
             args.format,
         );
     }
+    let mut code = ExitCode::SUCCESS;
+    let mut regressed = false;
     match &args.base {
         None => {
             clear(&out)?;
-            suite.run(&here, &out, "head")?;
-            report(&out, args.format)
+            if memory {
+                suite.run(&here, &out, "head")?;
+                code = report(&out, args.format)?;
+            }
+            if let Some(counting) = &counting {
+                counting
+                    .run(&here, &out, "head")
+                    .map_err(Error::Instructions)?;
+                let text = instructions::report(&out, args.format).map_err(Error::Instructions)?;
+                crate::out(&text)?;
+                summary(
+                    &instructions::report(&out, Format::Markdown).map_err(Error::Instructions)?,
+                );
+            }
         }
         Some(reference) => {
             // The worktree first: a bad REF is refused before anything is built.
@@ -131,22 +175,52 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
             clear(&out)?;
             clear(&base)?;
             clear(&head)?;
-            suite.run(&here, &head, "head")?;
             let side = format!(
                 "base {reference}, {}",
                 &tree.commit[..tree.commit.len().min(12)]
             );
-            // A target directory of its own: cargo names a workspace's crates the same wherever
-            // they are, so in the head's it would take the head's build for the base's.
-            let base_suite = Suite {
-                target: target.join("memtrack-bench-base"),
-                ..suite
-            };
-            base_suite.run(&tree.dir, &base, &side)?;
+            if memory {
+                suite.run(&here, &head, "head")?;
+                // A target directory of its own: cargo names a workspace's crates the same
+                // wherever they are, so in the head's it would take the head's build for the
+                // base's.
+                let base_suite = Suite {
+                    target: target.join("memtrack-bench-base"),
+                    ..suite
+                };
+                base_suite.run(&tree.dir, &base, &side)?;
+            }
+            if let Some(counting) = &counting {
+                counting
+                    .run(&here, &head, "head")
+                    .map_err(Error::Instructions)?;
+                let base_counting = instructions::Counting {
+                    target: target.join("memtrack-instructions-base"),
+                    ..instructions::Counting::new(&args.cargo, args.runs as usize, PathBuf::new())
+                };
+                base_counting
+                    .run(&tree.dir, &base, &side)
+                    .map_err(Error::Instructions)?;
+            }
             drop(tree);
-            gate(&base, &head, &args)
+            if memory {
+                code = gate(&base, &head, &args)?;
+            }
+            if counting.is_some() {
+                let gated = instructions::gate(&base, &head, args.threshold, args.format)
+                    .map_err(Error::Instructions)?;
+                crate::out(&gated.text)?;
+                let md = instructions::gate(&base, &head, args.threshold, Format::Markdown)
+                    .map_err(Error::Instructions)?;
+                summary(&md.text);
+                regressed = gated.regressed;
+            }
         }
     }
+    if code == ExitCode::SUCCESS && regressed {
+        code = ExitCode::from(1);
+    }
+    Ok(code)
 }
 
 /// Creates `dir` if need be and removes the `*.memtrack` a previous run left in it (saying so

@@ -117,6 +117,10 @@ pub(crate) enum Error {
     /// the message names the command and what it printed.
     #[error("{0}")]
     Command(String),
+    /// Instructions could not be counted or compared (`bench --measure instructions`): no
+    /// valgrind, a build or a suite that failed under callgrind, counts of another toolchain.
+    #[error("{0}")]
+    Instructions(String),
     /// `bench`'s git worktree is not (or no longer) the one it made; the message names it.
     #[error("{0}")]
     Worktree(String),

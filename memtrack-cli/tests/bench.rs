@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
-use memtrack_test_support::{run, run_ok, test};
+use memtrack_test_support::{Need, requires, run, run_ok, test};
 
 /// The input of benches/tokenize.rs, as it spells it.
 const LINE: &str = "fn main() { let x_1 = 42; println!(\"{}\", x_1 + 7); } ";
@@ -766,8 +766,114 @@ fn a_copy_that_cannot_be_kept_is_an_error() {
     );
 }
 
+/// `--measure instructions --base HEAD~1`: the second commit makes `tokenize` do more work
+/// per token and leaves `render` as it was: exactly tokenize regressed, render's count within
+/// 0.01 %, the grown functions name `downstream::tokenize`, exit 1; each side has
+/// one result file per benchmark, with identical counts in its two runs.
+fn instructions_base_names_the_regression() {
+    let (_turn, dir) = project();
+    let out_dir = tmp().join("instructions");
+    let args = [
+        "--measure",
+        "instructions",
+        "--runs",
+        "2",
+        "--base",
+        "HEAD~1",
+        "--format",
+        "json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = bench(dir, &args, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let j = json(&out);
+    let rows = j["rows"].as_array().unwrap();
+    let row = |id: &str| {
+        rows.iter()
+            .find(|r| r["benchmark"] == id)
+            .unwrap_or_else(|| panic!("no row {id}: {j}"))
+    };
+    assert_eq!(rows.len(), 2, "{j}");
+    let tokenize = row("tokenize");
+    assert_eq!(tokenize["metric"], "instructions");
+    assert_eq!(tokenize["verdict"], "regressed", "{j}");
+    assert!(tokenize["head"].as_f64() > tokenize["base"].as_f64(), "{j}");
+    let grown: Vec<&str> = tokenize["grown"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["function"].as_str().unwrap())
+        .collect();
+    assert!(grown.contains(&"downstream::tokenize"), "grown: {grown:?}");
+    // render's code is the same on both sides; its input (made by each side's tokenize) holds
+    // the same strings, allocated otherwise, and the allocator's paths may differ by a few
+    // instructions.
+    let render = row("render");
+    assert!(
+        ["unchanged", "within threshold", "improved"]
+            .contains(&render["verdict"].as_str().unwrap()),
+        "{j}"
+    );
+    let (b, h) = (
+        render["base"].as_f64().unwrap(),
+        render["head"].as_f64().unwrap(),
+    );
+    assert!((h - b).abs() / b < 1e-4, "render: {b} → {h}");
+    for side in ["base", "head"] {
+        for id in ["tokenize", "render"] {
+            let file = out_dir.join(side).join(format!("{id}.instructions.json"));
+            let m: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+            let runs = m["runs"].as_array().unwrap();
+            assert_eq!(runs.len(), 2, "{file:?}");
+            assert_eq!(
+                runs[0], runs[1],
+                "{file:?}: single-threaded, the same in both runs"
+            );
+            assert_eq!(m["not_gated"], serde_json::Value::Null);
+            assert!(
+                m["toolchain"]["rustc"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("rustc ")
+            );
+        }
+    }
+}
+
+/// Without valgrind on PATH, `--measure instructions` names the package to install, exit 2.
+fn instructions_without_valgrind_names_the_package() {
+    let (_turn, dir) = project();
+    let out_dir = tmp().join("no-valgrind");
+    let args = [
+        "--measure",
+        "instructions",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let empty = tmp().join("empty-path");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = bench(dir, &args, &[("PATH", &empty)]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("install the package `valgrind`"),
+        "{stderr}"
+    );
+}
+
 fn main() {
     run(vec![
+        requires(
+            "instructions_base_names_the_regression",
+            &[Need::Tool("valgrind")],
+            instructions_base_names_the_regression,
+        ),
+        test(
+            "instructions_without_valgrind_names_the_package",
+            instructions_without_valgrind_names_the_package,
+        ),
         test(
             "report_counts_what_each_routine_allocates",
             report_counts_what_each_routine_allocates,

@@ -4,11 +4,25 @@
 use std::hint::black_box;
 use std::marker::PhantomData;
 
+#[cfg(not(memtrack_bench = "instructions"))]
 use memtrack::{Scope, Session, SessionBuilder};
+
+#[cfg(memtrack_bench = "instructions")]
+use crate::instructions::Window as Session;
 
 use crate::run::{Counts, Figures};
 use crate::upstream::BatchSize;
 use crate::upstream::measurement::{Measurement, WallTime};
+
+/// Why `iter_custom` fails the benchmark.
+#[cfg(not(memtrack_bench = "instructions"))]
+const ITER_CUSTOM: &str = "iter_custom is refused in memory mode: its routine runs and times the \
+     iterations itself, so memtrack cannot tell their allocations from its own (use iter or \
+     iter_batched)";
+#[cfg(memtrack_bench = "instructions")]
+const ITER_CUSTOM: &str = "iter_custom is refused in instructions mode: its routine runs and \
+     times the iterations itself, so memtrack cannot tell their instructions from its own (use \
+     iter or iter_batched)";
 
 /// How a benchmark runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +51,10 @@ enum State {
 ///    output (and its input, for the `iter_batched` kin) before the next begins: those frees are
 ///    recorded, which changes no allocation or byte count and keeps the peak to what one
 ///    iteration holds (with what earlier iterations kept).
+///
+/// In instructions mode, step 3 is a callgrind window instead of a session: its counters are
+/// set to zero before the iterations and dumped after them, named by the benchmark's id and
+/// iterations (`memtrack::instructions::Dump`).
 ///
 /// [`iter_custom`](Bencher::iter_custom) is refused: its routine runs and times the
 /// iterations itself.
@@ -83,16 +101,36 @@ impl<'a, M: Measurement> Bencher<'a, M> {
     }
 
     /// Starts the benchmark's session: recording starts when this returns.
-    fn start(&self) -> Result<Session, String> {
+    #[cfg(not(memtrack_bench = "instructions"))]
+    fn start(&self, _counts: Counts) -> Result<Session, String> {
         start(self.id).map_err(|e| format!("not recorded: {e}"))
     }
 
     /// Ends the benchmark's session of `counts.iterations` iterations, if it started.
+    #[cfg(not(memtrack_bench = "instructions"))]
     fn finish(&mut self, session: Result<Session, String>, counts: Counts) {
         let outcome = session.and_then(|mut session| {
             session.set_iterations(counts.iterations);
             let report = session.finish().map_err(|e| e.to_string())?;
             Ok(Some(Figures::of(&report, counts.iterations)))
+        });
+        self.state = State::Done(outcome);
+    }
+
+    /// Opens the benchmark's window: callgrind counts from when this returns.
+    #[cfg(memtrack_bench = "instructions")]
+    #[inline(always)]
+    fn start(&self, counts: Counts) -> Result<Session, String> {
+        Ok(Session::open(self.id, counts.iterations))
+    }
+
+    /// Closes the benchmark's window: callgrind writes its counts.
+    #[cfg(memtrack_bench = "instructions")]
+    #[inline(always)]
+    fn finish(&mut self, session: Result<Session, String>, _counts: Counts) {
+        let outcome = session.map(|window| {
+            window.close();
+            Some(Figures)
         });
         self.state = State::Done(outcome);
     }
@@ -113,7 +151,7 @@ impl<'a, M: Measurement> Bencher<'a, M> {
                 for _ in 0..counts.warmup {
                     drop(black_box(routine()));
                 }
-                let session = self.start();
+                let session = self.start(counts);
                 if session.is_ok() {
                     for _ in 0..counts.iterations {
                         drop(black_box(routine()));
@@ -138,12 +176,7 @@ impl<'a, M: Measurement> Bencher<'a, M> {
                 black_box(routine(1));
                 self.state = State::Done(Ok(None));
             }
-            Some(Plan::Record(_)) => {
-                self.state = State::Done(Err("iter_custom is refused in memory mode: its \
-                     routine runs and times the iterations itself, so memtrack cannot tell \
-                     their allocations from its own (use iter or iter_batched)"
-                    .to_string()))
-            }
+            Some(Plan::Record(_)) => self.state = State::Done(Err(ITER_CUSTOM.to_string())),
         }
     }
 
@@ -187,7 +220,7 @@ impl<'a, M: Measurement> Bencher<'a, M> {
                     drop(black_box(routine(black_box(setup()))));
                 }
                 let mut inputs = inputs(counts.iterations, &mut setup);
-                let session = self.start();
+                let session = self.start(counts);
                 if session.is_ok() {
                     for input in &mut inputs {
                         drop(black_box(routine(input)));
@@ -222,7 +255,7 @@ impl<'a, M: Measurement> Bencher<'a, M> {
                     drop(black_box(input));
                 }
                 let mut inputs = inputs(counts.iterations, &mut setup);
-                let session = self.start();
+                let session = self.start(counts);
                 if session.is_ok() {
                     for mut input in &mut inputs {
                         drop(black_box(routine(&mut input)));
@@ -246,6 +279,7 @@ fn inputs<I>(n: u64, setup: impl FnMut() -> I) -> std::vec::IntoIter<I> {
         .into_iter()
 }
 
+#[cfg(not(memtrack_bench = "instructions"))]
 /// Starts the session of benchmark `id`: quiet (the table says its figures), recording the
 /// benchmark's thread and the threads it spawns, in `$MEMTRACK_DIR` or `memtrack/` in the
 /// target directory. With `memtrack_bench="alloc"` the allocator recorder, unless

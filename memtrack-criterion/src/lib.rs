@@ -6,6 +6,8 @@
 //! memory mode (--cfg memtrack_bench, or memtrack_bench="alloc")
 //!   bench       Criterion, BenchmarkGroup, BenchmarkId: ids, the filter, which mode runs
 //!   bencher     Bencher: warm-up, then N iterations in one memtrack::Session per benchmark
+//! instructions mode (--cfg memtrack_bench="instructions"): the same modules, and
+//!   instructions  the window of N iterations: callgrind's counters zeroed, then dumped
 //!   run         the process's run: settings (env, arguments), results, the final table
 //!   args        criterion's command line, as memory mode reads it
 //!   macros      criterion_group!, criterion_main!
@@ -34,20 +36,51 @@ use criterion_0_8 as upstream;
 pub use upstream::*;
 
 // Reads no memtrack: its unit tests run in the timing-mode `cargo test` too.
-#[cfg(any(memtrack_bench, memtrack_bench = "alloc", test))]
+#[cfg(any(
+    memtrack_bench,
+    memtrack_bench = "alloc",
+    memtrack_bench = "instructions",
+    test
+))]
 mod args;
-#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+#[cfg(any(
+    memtrack_bench,
+    memtrack_bench = "alloc",
+    memtrack_bench = "instructions"
+))]
 mod bench;
-#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+#[cfg(any(
+    memtrack_bench,
+    memtrack_bench = "alloc",
+    memtrack_bench = "instructions"
+))]
 mod bencher;
-#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+#[cfg(memtrack_bench = "instructions")]
+mod instructions;
+#[cfg(any(
+    memtrack_bench,
+    memtrack_bench = "alloc",
+    memtrack_bench = "instructions"
+))]
 mod macros;
-#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+#[cfg(any(
+    memtrack_bench,
+    memtrack_bench = "alloc",
+    memtrack_bench = "instructions"
+))]
 mod run;
 
-#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+#[cfg(any(
+    memtrack_bench,
+    memtrack_bench = "alloc",
+    memtrack_bench = "instructions"
+))]
 pub use bench::{BenchmarkGroup, BenchmarkId, Criterion, runner};
-#[cfg(any(memtrack_bench, memtrack_bench = "alloc"))]
+#[cfg(any(
+    memtrack_bench,
+    memtrack_bench = "alloc",
+    memtrack_bench = "instructions"
+))]
 pub use bencher::Bencher;
 
 /// The allocator recorder, without a source edit: `--cfg memtrack_bench="alloc"`.

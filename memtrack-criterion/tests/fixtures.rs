@@ -8,6 +8,8 @@
 //! Each configuration is built once per run of this binary, into one target directory under the
 //! workspace's (`CARGO_TARGET_TMPDIR`), where later runs find it built; the lock files are the
 //! fixtures' own (`--locked`, and `--offline` when they resolve without the network).
+//! `tests/fixtures/instr` is instructions mode's: benchmarks whose instruction counts are known
+//! without memtrack, run under callgrind.
 //! `harness = false` (memtrack-test-support's runner): the eBPF test is reported as ignored
 //! where the tracker cannot load.
 
@@ -17,7 +19,9 @@ use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
 
 use memtrack::artifact::{Backend, Reader};
-use memtrack_test_support::{TRACKER, Trial, requires, run, test, text};
+use memtrack::instructions::run::{Callgrind, Measurement, measure};
+use memtrack::instructions::{MAX_GATED_SPREAD, Toolchain};
+use memtrack_test_support::{Need, TRACKER, Trial, requires, run, test, text};
 
 /// A build of a fixture suite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -28,6 +32,8 @@ enum Build {
     Memory05,
     /// suite08 likewise (the same flags as `Memory05`: the memtrack crates are built once).
     Memory08,
+    /// The `instr` suite in instructions mode (`memtrack_bench="instructions"`).
+    Instructions,
 }
 
 impl Build {
@@ -35,6 +41,7 @@ impl Build {
         match self {
             Build::Counting | Build::Memory05 => "suite05",
             Build::Memory08 => "suite08",
+            Build::Instructions => "instr",
         }
     }
 
@@ -44,6 +51,7 @@ impl Build {
             Build::Memory05 | Build::Memory08 => {
                 "--cfg memtrack_bench=\"alloc\" -C force-frame-pointers=yes"
             }
+            Build::Instructions => "--cfg memtrack_bench=\"instructions\"",
         }
     }
 }
@@ -139,6 +147,11 @@ fn built(build: Build) -> Built {
     }
     if build == Build::Counting {
         cmd.args(["--features", "count"]);
+    }
+    if build == Build::Instructions {
+        // Counts of optimized code: the fixture's crate, where the harness's generic loop is
+        // compiled too, is optimized.
+        cmd.args(["--config", "profile.bench.package.instr.opt-level=3"]);
     }
     let out = cmd
         .output()
@@ -539,6 +552,111 @@ fn criterion_0_8_suite_on_the_ebpf_tracker() {
     check_run(Build::Memory08, dir.path(), &env, 10, Backend::Ebpf);
 }
 
+/// The harness's own cost per iteration, at most (crate docs, README "Instructions mode").
+const HARNESS_IR: f64 = 20.0;
+
+/// The instr suite run `runs` times under callgrind (10 iterations after 2 of warm-up):
+/// each benchmark's measurement, by id.
+fn counted_runs(runs: usize) -> BTreeMap<String, Measurement> {
+    let exe = built(Build::Instructions).exe;
+    let callgrind = Callgrind::find().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let mut all = Vec::new();
+    for run in 0..runs {
+        let env = [("MEMTRACK_ITERATIONS", "10"), ("MEMTRACK_WARMUP", "2")];
+        let dir = scratch.path().join(run.to_string());
+        let (counted, status) = callgrind
+            .count(&exe, &["--bench".into()], scratch.path(), &env, &dir)
+            .unwrap();
+        // `panics` and `custom` fail; the others ran and were dumped.
+        assert_eq!(status.code(), Some(1));
+        all.push(counted);
+    }
+    let toolchain = Toolchain {
+        rustc: String::new(),
+        valgrind: String::new(),
+        cpu: String::new(),
+    };
+    measure(&all, &toolchain)
+        .into_iter()
+        .map(|m| (m.benchmark.clone(), m))
+        .collect()
+}
+
+/// Instructions mode against counts known without memtrack: `spin(K)` executes `dec; jnz` K
+/// times, so Ir per iteration grows by exactly 2 per K; what is counted besides is the
+/// harness's loop and the call, at most [`HARNESS_IR`]; `iter_batched`'s setup (100,000
+/// spins) is not counted; a single-threaded benchmark counts the same in every run, and one
+/// that waits for a thread by spinning varies and is not gated.
+fn instructions_mode_counts_known_work() {
+    let m = counted_runs(3);
+    let ids: Vec<&str> = m.keys().map(String::as_str).collect();
+    assert_eq!(
+        ids,
+        ["batched/spin", "empty", "spin/1000", "spin/3000", "threads"],
+        "a dump per benchmark that ran, none for the failed ones"
+    );
+    let ir = |id: &str| m[id].ir_per_iteration;
+    assert!(ir("empty") <= HARNESS_IR, "harness floor {}", ir("empty"));
+    // Whole counts of the 10 iterations: exact.
+    let whole = |per_iteration: f64| (per_iteration * 10.0).round() as i64;
+    assert_eq!(whole(ir("spin/3000")) - whole(ir("spin/1000")), 40_000);
+    let extra = ir("spin/1000") - 2000.0;
+    assert!(
+        (0.0..=HARNESS_IR).contains(&extra),
+        "spin/1000: {}",
+        ir("spin/1000")
+    );
+    let batched = ir("batched/spin") - 2000.0;
+    assert!(
+        (0.0..=HARNESS_IR).contains(&batched),
+        "setup counted: {}",
+        ir("batched/spin")
+    );
+    for id in ["empty", "spin/1000", "spin/3000", "batched/spin"] {
+        assert_eq!(m[id].iterations, 10);
+        assert_eq!(m[id].runs.len(), 3);
+        assert!(
+            m[id].runs.iter().all(|&r| r == m[id].runs[0]),
+            "{id}: {:?}",
+            m[id].runs
+        );
+        assert_eq!(m[id].not_gated, None);
+    }
+    // The function itself, demangled: 2K and its return.
+    let spin = |id: &str| {
+        let f = m[id].functions.iter().find(|f| f.name == "instr::spin");
+        f.unwrap_or_else(|| panic!("{id}: no instr::spin in {:?}", m[id].functions))
+            .clone()
+    };
+    assert_eq!(
+        spin("spin/3000").self_ir - spin("spin/1000").self_ir,
+        4000.0
+    );
+    assert!((2000.0..=2004.0).contains(&spin("spin/1000").self_ir));
+    assert_eq!(spin("spin/1000").inclusive, spin("spin/1000").self_ir);
+    let threads = &m["threads"];
+    assert!(
+        threads.spread_percent > MAX_GATED_SPREAD && threads.not_gated.is_some(),
+        "threads: {:?}",
+        threads.runs
+    );
+}
+
+/// Outside valgrind an instructions-mode binary says how to run it, and exits 2.
+fn instructions_mode_outside_valgrind_says_so() {
+    let out = Command::new(built(Build::Instructions).exe)
+        .arg("--bench")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("run it with `memtrack bench --measure instructions`"),
+        "{stderr}"
+    );
+}
+
 fn main() {
     let trials: Vec<Trial> = vec![
         test("timing_mode_is_criterion", timing_mode_is_criterion),
@@ -555,6 +673,15 @@ fn main() {
             "criterion_0_8_suite_on_the_ebpf_tracker",
             &[TRACKER],
             criterion_0_8_suite_on_the_ebpf_tracker,
+        ),
+        requires(
+            "instructions_mode_counts_known_work",
+            &[Need::Tool("valgrind")],
+            instructions_mode_counts_known_work,
+        ),
+        test(
+            "instructions_mode_outside_valgrind_says_so",
+            instructions_mode_outside_valgrind_says_so,
         ),
     ];
     run(trials)

@@ -67,6 +67,9 @@ pub struct Profile {
     /// Every function with a cost or a call, largest inclusive first cost (the first event),
     /// then by name.
     pub functions: Vec<Function>,
+    /// What made callgrind write this file (its `desc: Trigger:` line): `Program termination`,
+    /// or `Client Request: TEXT` for a dump the program asked for with `CALLGRIND_DUMP_STATS_AT`.
+    pub trigger: Option<String>,
 }
 
 impl Profile {
@@ -140,6 +143,7 @@ struct Parser {
     /// Set by a `calls=` line: the next cost line is that call's inclusive cost.
     pending_call: Option<u64>,
     summed: Vec<u64>,
+    trigger: Option<String>,
 }
 
 impl Parser {
@@ -164,6 +168,7 @@ impl Parser {
             stated_totals,
             mut functions,
             summed,
+            trigger,
             ..
         } = self;
         for f in &mut functions {
@@ -181,6 +186,7 @@ impl Parser {
             totals: stated_totals.unwrap_or(summed),
             events,
             functions,
+            trigger,
         })
     }
 
@@ -210,6 +216,11 @@ impl Parser {
                     return Err("an `events:` line that names no event".into());
                 }
                 self.summed = vec![0; self.events.len()];
+            }
+            "desc" => {
+                if let Some(t) = value.trim().strip_prefix("Trigger:") {
+                    self.trigger = Some(t.trim().to_string());
+                }
             }
             "positions" => self.positions = value.split_whitespace().count(),
             "totals" | "summary" => self.stated_totals = Some(self.numbers(value, key)?),
@@ -303,9 +314,10 @@ impl Parser {
         let (id, name) = rest
             .split_once(')')
             .ok_or_else(|| format!("a compressed name {value:?} without its `)`"))?;
-        let id: u64 = id
-            .parse()
-            .map_err(|_| format!("a compressed name {value:?} whose id is not a number"))?;
+        // Uncompressed, a name may begin with `(` too: valgrind's `(below main)`.
+        let Ok(id) = id.parse::<u64>() else {
+            return Ok(value.to_string());
+        };
         let name = name.trim();
         if name.is_empty() {
             self.names
@@ -452,6 +464,17 @@ totals: 78
         // Without a stated total, the sum of the self costs.
         let p = Profile::parse("events: Ir\nfn=f\n1 7\nfn=g\n3 4\n").unwrap();
         assert_eq!(p.totals, [11]);
+    }
+
+    /// Uncompressed names are as they are, one in parentheses too; the dump's trigger is kept.
+    #[test]
+    fn uncompressed_names_and_the_trigger() {
+        let text = "desc: Trigger: Client Request: x y\nevents: Ir\nfn=(below main)\n1 3\n\
+                    cfn=main\ncalls=1 1\n1 4\nfn=main\n1 4\n";
+        let p = Profile::parse(text).unwrap();
+        assert_eq!(p.trigger.as_deref(), Some("Client Request: x y"));
+        let below = p.function("(below main)").unwrap();
+        assert_eq!((below.self_cost[0], below.inclusive[0]), (3, 7));
     }
 
     #[test]

@@ -118,6 +118,8 @@ mod guide;
 // Public for memtrack-cli and memtrack-criterion only, not a user's API.
 #[doc(hidden)]
 pub mod human;
+#[cfg(feature = "callgrind")]
+pub mod instructions;
 mod lifecycle;
 pub mod limits;
 pub mod locks;

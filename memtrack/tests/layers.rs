@@ -31,6 +31,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("runtime: report", &["report"]),
     ("runtime: crate-wide error", &["error"]),
     ("runtime: session", &["session"]),
+    // Runs benchmark programs under callgrind and compares their counts (reads `callgrind`).
+    ("runtime: instruction counts", &["instructions"]),
     ("runtime: integrations", &["criterion", "__private"]),
     // The report model and its renderers (table, markdown, JSON): numbers become text.
     ("presentation", &["render"]),
@@ -212,7 +214,7 @@ fn no_module_names_a_layer_above_its_own() {
 #[test]
 fn a_planted_upward_import_is_caught() {
     let lib = "mod analysis;\nmod session;\nmod artifact;\nmod event;\nmod totals;\nmod human;\n\
-               #[cfg(feature = \"callgrind\")]\npub mod callgrind;\nmod encode;\nmod lifecycle;\nmod scope;\nmod synth;\nmod tracker;\nmod allocator;\nmod backend;\nmod render;\nmod limits;\n\
+               #[cfg(feature = \"callgrind\")]\npub mod callgrind;\n#[cfg(feature = \"callgrind\")]\npub mod instructions;\nmod encode;\nmod lifecycle;\nmod scope;\nmod synth;\nmod tracker;\nmod allocator;\nmod backend;\nmod render;\nmod limits;\n\
                mod report;\nmod error;\nmod stack;\nmod modules;\nmod locks;\n#[cfg(feature = \"symbolize\")]\nmod symbolize;\n#[cfg(feature = \"criterion\")]\npub mod criterion;\n\
                #[doc(hidden)]\npub mod __private;\n#[cfg(doctest)]\nmod guide;\n\
                pub use report::Report;\npub use analysis::{Analyzer, Totals};\n";

@@ -37,15 +37,49 @@ pub(crate) struct Suite {
 }
 
 /// The cargo that runs memtrack (`$CARGO` under cargo), else the one on the PATH.
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
 /// `cmd`'s program and arguments as a shell would show them, for messages.
-fn shown(cmd: &Command) -> String {
+pub(crate) fn shown(cmd: &Command) -> String {
     let mut words = vec![cmd.get_program().to_string_lossy().into_owned()];
     words.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
     words.join(" ")
+}
+
+/// Adds `ours` to the rustflags of `cmd`, a cargo command to run in `dir`, keeping the user's.
+pub(crate) fn add_rustflags(cmd: &mut Command, dir: &Path, ours: &[&str]) {
+    // The user's flags are kept. CARGO_ENCODED_RUSTFLAGS, when set, wins over RUSTFLAGS, and
+    // either replaces the rustflags of cargo's configuration.
+    if let Some(enc) = std::env::var_os("CARGO_ENCODED_RUSTFLAGS") {
+        let mut flags = enc;
+        for f in ours {
+            if !flags.is_empty() {
+                flags.push("\u{1f}");
+            }
+            flags.push(f);
+        }
+        cmd.env("CARGO_ENCODED_RUSTFLAGS", flags);
+    } else if let Some(mut flags) = std::env::var_os("RUSTFLAGS") {
+        for f in ours {
+            flags.push(" ");
+            flags.push(f);
+        }
+        cmd.env("RUSTFLAGS", flags);
+    } else {
+        // Cargo's `--config` joins arrays to the configuration's own: the suite's
+        // configured flags stay. Cargo reads `target.*.rustflags` instead of
+        // `build.rustflags` when any is set, so ours join whichever it reads.
+        let list = serde_json::to_string(ours).expect("strings serialize");
+        let key = if target_rustflags_configured(dir) {
+            "target.'cfg(all())'.rustflags"
+        } else {
+            "build.rustflags"
+        };
+        // Before the subcommand: the user's arguments may end in `-- FILTER`.
+        cmd.arg("--config").arg(format!("{key}={list}"));
+    }
 }
 
 /// Runs `cmd` to the end, its output captured: an error naming it if it cannot start or fails.
@@ -139,36 +173,7 @@ impl Suite {
             "-C",
             "force-frame-pointers=yes",
         ];
-        // The user's flags are kept. CARGO_ENCODED_RUSTFLAGS, when set, wins over RUSTFLAGS, and
-        // either replaces the rustflags of cargo's configuration.
-        if let Some(enc) = std::env::var_os("CARGO_ENCODED_RUSTFLAGS") {
-            let mut flags = enc;
-            for f in ours {
-                if !flags.is_empty() {
-                    flags.push("\u{1f}");
-                }
-                flags.push(f);
-            }
-            cmd.env("CARGO_ENCODED_RUSTFLAGS", flags);
-        } else if let Some(mut flags) = std::env::var_os("RUSTFLAGS") {
-            for f in ours {
-                flags.push(" ");
-                flags.push(f);
-            }
-            cmd.env("RUSTFLAGS", flags);
-        } else {
-            // Cargo's `--config` joins arrays to the configuration's own: the suite's
-            // configured flags stay. Cargo reads `target.*.rustflags` instead of
-            // `build.rustflags` when any is set, so ours join whichever it reads.
-            let list = serde_json::to_string(&ours).expect("strings serialize");
-            let key = if target_rustflags_configured(dir) {
-                "target.'cfg(all())'.rustflags"
-            } else {
-                "build.rustflags"
-            };
-            // Before the subcommand: the user's arguments may end in `-- FILTER`.
-            cmd.arg("--config").arg(format!("{key}={list}"));
-        }
+        add_rustflags(&mut cmd, dir, &ours);
         cmd.arg("bench").args(&self.args);
         match &self.only {
             Some(ids) => cmd.env("MEMTRACK_BENCHMARKS", benchmark_list(ids)),
