@@ -19,6 +19,7 @@ use crate::compare::{self, Format};
 mod chain;
 mod render;
 mod suite;
+mod time;
 
 use suite::{Lock, Recorder, Repo, Suite, Worktree};
 
@@ -36,6 +37,22 @@ pub enum BackendArg {
     /// The allocator recorder as the global allocator (`--cfg memtrack_bench="alloc"`): Rust's
     /// allocations only, no privileges needed.
     Alloc,
+}
+
+/// `--measure`'s choices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MeasureArg {
+    /// Allocations, bytes and peak per iteration (memory mode).
+    Memory,
+    /// Wall-clock time, base and head in alternating order (needs --base).
+    Time,
+}
+
+/// `--gate`'s choices: measures that are reported, and gate only when named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GateArg {
+    /// A time regression (`--measure time`) makes the exit code 1.
+    Time,
 }
 
 #[derive(clap::Args)]
@@ -64,6 +81,15 @@ pub(crate) struct Args {
     /// The recorder the suite is built for.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     backend: BackendArg,
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = MeasureArg::Memory)]
+    measure: MeasureArg,
+    /// Measures whose regression makes the exit code 1 beside memory's, comma-separated
+    /// (time is reported, not gated, unless named: it moves with the machine's load).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "MEASURES")]
+    gate: Vec<GateArg>,
+    #[command(flatten)]
+    time: time::TimeArgs,
     /// `cargo bench`'s arguments (packages, `--bench NAME`, `--profile`, features; criterion's
     /// filter after another `--`).
     #[arg(last = true, value_name = "CARGO_BENCH_ARGS")]
@@ -96,6 +122,29 @@ fn bench(args: Args) -> Result<ExitCode, String> {
         ));
     }
     let _lock = Lock::take(&target)?;
+    if args.measure == MeasureArg::Time {
+        return match (&args.base, &args.chain) {
+            (Some(reference), None) => time::run(&time::Request {
+                here: &here,
+                target: &target,
+                out: &out,
+                reference,
+                cargo: &args.cargo,
+                threshold: args.threshold,
+                format: args.format,
+                gate: args.gate.contains(&GateArg::Time),
+                time: &args.time,
+            }),
+            _ => Err(
+                "--measure time compares two builds run in alternating order: give \
+                      --base REF"
+                    .into(),
+            ),
+        };
+    }
+    if args.gate.contains(&GateArg::Time) {
+        return Err("--gate time gates --measure time: add --measure time".into());
+    }
     let recorder = match args.backend {
         BackendArg::Ebpf => Recorder::Ebpf,
         BackendArg::Alloc => Recorder::Alloc,

@@ -50,12 +50,12 @@ pub(crate) struct Suite {
 }
 
 /// The cargo that runs memtrack (`$CARGO` under cargo), else the one on the PATH.
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
 /// `cmd`'s program and arguments as a shell would show them, for messages.
-fn shown(cmd: &Command) -> String {
+pub(crate) fn shown(cmd: &Command) -> String {
     let mut words = vec![cmd.get_program().to_string_lossy().into_owned()];
     words.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
     words.join(" ")
