@@ -52,7 +52,7 @@ fn edit(dir: &Path, file: &str, what: (&str, &str)) {
 /// The commits of the fixture repository, by what each changes from its parent.
 struct Project {
     dir: PathBuf,
-    /// A comment added: nothing a benchmark runs changes.
+    /// A comment added after the code: nothing a benchmark runs changes.
     noop: String,
     /// `render` joins the tokens ten times.
     slow: String,
@@ -95,12 +95,13 @@ fn make_project(dir: &Path) -> Project {
     git(dir, &["init", "-q"]);
     git(dir, &["add", "."]);
     git(dir, &["commit", "-qm", "base"]);
+    // At the end: no line of the code moves, so neither do the panic locations compiled in.
     edit(
         dir,
         "src/lib.rs",
         (
-            "/// `tokens` separated",
-            "// A note.\n/// `tokens` separated",
+            "    tokens.join(\" \")\n}\n",
+            "    tokens.join(\" \")\n}\n\n// A note.\n",
         ),
     );
     git(dir, &["commit", "-qam", "a comment"]);
@@ -194,7 +195,9 @@ fn bench_as(
     ] {
         cmd.env_remove(var);
     }
-    cmd.env("CARGO_TARGET_DIR", tmp().join("target"));
+    // No debug info: the two timing builds are most of these tests' time.
+    cmd.env("CARGO_TARGET_DIR", tmp().join("target"))
+        .env("CARGO_PROFILE_DEV_DEBUG", "0");
     cmd.output().expect("run memtrack bench")
 }
 
@@ -275,7 +278,8 @@ fn check_order(out: &Path, report: &serde_json::Value, rounds: usize) {
 }
 
 /// A commit that changes nothing the benchmarks run, five times over: every row within noise,
-/// exit 0 even with `--gate time`, the order read back from the log.
+/// exit 0 even with `--gate time`, the order read back from the log. Five rounds (ten runs a
+/// side): runs that differ by chance alone all fall on one side one time in 184,756.
 fn a_noop_is_within_noise_and_runs_alternate() {
     let p = project();
     let out = tmp().join("noop");
@@ -284,7 +288,7 @@ fn a_noop_is_within_noise_and_runs_alternate() {
             p,
             &p.noop,
             &out,
-            &["--base", "HEAD~1", "--gate", "time", "--rounds", "4"],
+            &["--base", "HEAD~1", "--gate", "time", "--rounds", "5"],
             None,
         );
         let v = json(&o);
@@ -299,9 +303,9 @@ fn a_noop_is_within_noise_and_runs_alternate() {
         );
         assert_eq!(
             (v["rounds"].as_u64(), v["regressions"].as_u64()),
-            (Some(4), Some(0))
+            (Some(5), Some(0))
         );
-        check_order(&out, &v, 4);
+        check_order(&out, &v, 5);
     }
 }
 
@@ -331,7 +335,15 @@ fn a_slower_benchmark_regresses_and_gates_when_asked() {
         "{render}"
     );
     assert!(render["change_percent"].as_f64().unwrap() > 3.0, "{render}");
-    assert_eq!(v["regressions"], 1, "{v}");
+    // Not asserted of tokenize: its code is the same, but the build around it is not, and a
+    // change of layout is a real change of time, which this rule may call.
+    let regressed = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["verdict"] == "regressed")
+        .count();
+    assert_eq!(v["regressions"], regressed, "{v}");
     check_order(&out, &v, 3);
 
     let o = bench(
