@@ -1,10 +1,11 @@
 //! `memtrack bench [--base REF | --chain BASE..HEAD] -- <cargo bench args>`: a criterion suite
 //! on memtrack-criterion, run in memory mode and reported per benchmark; with `--base`, also
 //! run at REF (a git worktree) and gated as `memtrack compare` gates; with `--chain`, the
-//! commits of a range that made each regressed benchmark change. Beside its artifacts each run
-//! keeps a copy of the executables they recorded (`.build-id/`), so that they stay named after
-//! the suite is rebuilt. Exit 0: done, no regression; 1: a regression; 2: bad usage, a failed
-//! build or run, or an artifact refused.
+//! commits of a range that made each regressed benchmark change; with `--measure time --base
+//! REF`, both sides' wall-clock times in alternating order instead (`time`). Beside its
+//! artifacts each run keeps a copy of the executables they recorded (`.build-id/`), so that
+//! they stay named after the suite is rebuilt. Exit 0: done, no regression; 1: a regression;
+//! 2: bad usage, a failed build or run, or an artifact refused.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
