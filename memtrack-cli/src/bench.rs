@@ -1,10 +1,11 @@
 //! `memtrack bench [--base REF | --chain BASE..HEAD] -- <cargo bench args>`: a criterion suite
 //! on memtrack-criterion, run in memory mode and reported per benchmark; with `--base`, also
 //! run at REF (a git worktree) and gated as `memtrack compare` gates; with `--chain`, the
-//! commits of a range that made each regressed benchmark change. Beside its artifacts each run
-//! keeps a copy of the executables they recorded (`.build-id/`), so that they stay named after
-//! the suite is rebuilt. Exit 0: done, no regression; 1: a regression; 2: bad usage, a failed
-//! build or run, or an artifact refused.
+//! commits of a range that made each regressed benchmark change; with `--measure time --base
+//! REF`, both sides' wall-clock times in alternating order instead (`time`). Beside its
+//! artifacts each run keeps a copy of the executables they recorded (`.build-id/`), so that
+//! they stay named after the suite is rebuilt. Exit 0: done, no regression; 1: a regression;
+//! 2: bad usage, a failed build or run, or an artifact refused.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ mod chain;
 mod instructions;
 mod render;
 mod suite;
+mod time;
 
 use suite::{Lock, Repo, Suite, Worktree};
 
@@ -50,11 +52,21 @@ pub enum Measure {
     Memory,
     /// Instructions per iteration under callgrind (instructions mode; needs valgrind).
     Instructions,
+    /// Wall-clock time, base and head in alternating order (needs --base; measured alone).
+    Time,
+}
+
+/// `--gate`'s choices: measures that are reported, and gate only when named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GateArg {
+    /// A time regression (`--measure time`) makes the exit code 1.
+    Time,
 }
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// What to measure, one or both, comma-separated: `memory` (the default), `instructions`.
+    /// What to measure, comma-separated: `memory` (the default), `instructions`; or `time`
+    /// (with --base, alone).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "memory")]
     measure: Vec<Measure>,
     /// Instructions: runs of the suite under callgrind; the median is the figure and the
@@ -85,6 +97,13 @@ pub(crate) struct Args {
     /// The recorder the suite is built for.
     #[arg(long, value_parser = backend_choice(), default_value = "auto")]
     backend: BackendChoice,
+    /// Measures whose regression makes the exit code 1 beside memory's and instructions',
+    /// comma-separated (time is reported, not gated, unless named: it moves with the
+    /// machine's load).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "MEASURES")]
+    gate: Vec<GateArg>,
+    #[command(flatten)]
+    time: time::TimeArgs,
     /// `cargo bench`'s arguments (packages, `--bench NAME`, `--profile`, features; criterion's
     /// filter after another `--`).
     #[arg(last = true, value_name = "CARGO_BENCH_ARGS")]
@@ -108,6 +127,37 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
         )));
     }
     let _lock = Lock::take(&target)?;
+    if args.measure.contains(&Measure::Time) {
+        if args.measure.len() > 1 {
+            return Err(Error::Usage(
+                "--measure time runs alone: measure time, then memory and instructions, in two \
+                 runs"
+                    .into(),
+            ));
+        }
+        return match (&args.base, &args.chain) {
+            (Some(reference), None) => time::run(&time::Request {
+                here: &here,
+                target: &target,
+                out: &out,
+                reference,
+                cargo: &args.cargo,
+                threshold: args.threshold,
+                format: args.format,
+                gate: args.gate.contains(&GateArg::Time),
+                time: &args.time,
+            }),
+            _ => Err(Error::Usage(
+                "--measure time compares two builds run in alternating order: give --base REF"
+                    .into(),
+            )),
+        };
+    }
+    if args.gate.contains(&GateArg::Time) {
+        return Err(Error::Usage(
+            "--gate time gates --measure time: add --measure time".into(),
+        ));
+    }
     // Resolved here, not by each bench binary: the suite is built for one recorder.
     let backend = match args.backend {
         BackendChoice::Ebpf => Backend::Ebpf,

@@ -70,7 +70,9 @@ enum Cmd {
     /// (`-- <cargo bench args>`) and prints each benchmark's allocations, bytes, peak and live
     /// blocks per iteration. With `--base REF`: runs it at REF too, in a git worktree, and
     /// compares as `compare` does (exit 1 on a regression, 2 if a build, a run or an input
-    /// failed).
+    /// failed). With `--measure time --base REF`: criterion's own timings of both sides, run
+    /// in alternating order (base, head, head, base), a change called only beyond the
+    /// threshold with the two sides' ranges apart (exit 1 on it only with `--gate time`).
     Bench(bench::Args),
     /// Draw live heap bytes over time as an SVG.
     ///
