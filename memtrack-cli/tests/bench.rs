@@ -63,22 +63,7 @@ fn tmp() -> PathBuf {
 }
 
 fn git(dir: &Path, args: &[&str]) -> Output {
-    run_ok(
-        Command::new("git")
-            .current_dir(dir)
-            // Never the repository this test runs in (the test's repositories are inside its
-            // target directory): a missing `.git` fails instead of finding that one.
-            .env("GIT_CEILING_DIRECTORIES", tmp())
-            .args([
-                "-c",
-                "user.name=t",
-                "-c",
-                "user.email=t@t",
-                "-c",
-                "init.defaultBranch=main",
-            ])
-            .args(args),
-    )
+    common::git(dir, &tmp(), args)
 }
 
 /// examples/downstream in a fresh repository at `dir`: a commit as it is, then one with

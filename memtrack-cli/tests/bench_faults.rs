@@ -11,7 +11,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use memtrack_test_support::{Need, alloc_free_pairs, requires, run, run_ok, test, write};
+mod common;
+
+use memtrack_test_support::{Need, alloc_free_pairs, requires, run, test, write};
 
 /// The stand-in: `cargo metadata` names the target directory; `cargo bench` copies the
 /// artifacts `benches.txt` lists into `$MEMTRACK_DIR` (relative to where it runs, as a bench
@@ -99,7 +101,7 @@ impl Project {
 
     /// `git ARGS` in the repository: its standard output, trimmed.
     fn git(&self, args: &[&str]) -> String {
-        git(&self.repo(), args)
+        git(&self.repo(), self.tmp.path(), args)
     }
 
     /// `memtrack bench ARGS --` in `dir`, the stand-in as cargo, with `env`.
@@ -149,20 +151,9 @@ impl Project {
     }
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = run_ok(
-        Command::new("git")
-            .current_dir(dir)
-            .args([
-                "-c",
-                "user.name=t",
-                "-c",
-                "user.email=t@t",
-                "-c",
-                "init.defaultBranch=main",
-            ])
-            .args(args),
-    );
+/// `git args` in `dir` (a repository in `ceiling`), its stdout trimmed.
+fn git(dir: &Path, ceiling: &Path, args: &[&str]) -> String {
+    let out = common::git(dir, ceiling, args);
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -257,7 +248,7 @@ fn base_removes_only_its_own_worktree() {
     let away = p.tmp.path().join("away");
     p.git(&["worktree", "add", "-q", away.to_str().unwrap(), "HEAD~1"]);
     std::fs::write(away.join("staged.txt"), "staged\n").unwrap();
-    git(&away, &["add", "staged.txt"]);
+    git(&away, p.tmp.path(), &["add", "staged.txt"]);
     std::fs::rename(&away, p.tmp.path().join("moved")).unwrap();
     let admin = p.repo().join(".git/worktrees/away");
     assert!(admin.join("index").is_file());

@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use memtrack_test_support::{run_ok, run_sequential, test};
+mod common;
+
+use memtrack_test_support::{run_sequential, test};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -24,21 +26,7 @@ fn tmp() -> PathBuf {
 }
 
 fn git(dir: &Path, args: &[&str]) -> Output {
-    run_ok(
-        Command::new("git")
-            .current_dir(dir)
-            // Never the repository this test runs in: a missing `.git` fails instead.
-            .env("GIT_CEILING_DIRECTORIES", tmp())
-            .args([
-                "-c",
-                "user.name=t",
-                "-c",
-                "user.email=t@t",
-                "-c",
-                "init.defaultBranch=main",
-            ])
-            .args(args),
-    )
+    common::git(dir, &tmp(), args)
 }
 
 /// Replaces `what.0` with `what.1` in `file` of `dir` (which must hold it).

@@ -42,3 +42,23 @@ pub fn svg_doc(body: &str) -> roxmltree::Document<'_> {
     };
     roxmltree::Document::parse_with_options(body, opt).expect("well-formed SVG")
 }
+
+/// Runs `git args` in `dir` as a throwaway identity, and fails the test if it fails. It never
+/// finds a repository at or above `ceiling`: the tests' repositories live in the target
+/// directory, inside the workspace's own, and a missing `.git` must fail, not find that one.
+pub fn git(dir: &Path, ceiling: &Path, args: &[&str]) -> Output {
+    memtrack_test_support::run_ok(
+        Command::new("git")
+            .current_dir(dir)
+            .env("GIT_CEILING_DIRECTORIES", ceiling)
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args),
+    )
+}
