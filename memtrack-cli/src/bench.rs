@@ -159,10 +159,8 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
                 report(&out, args.format, &mut doc)?;
             }
             if let Some(counting) = &counting {
-                counting
-                    .run(&here, &out, "head")
-                    .map_err(Error::Instructions)?;
-                let counts = instructions::report(&out).map_err(Error::Instructions)?;
+                counting.run(&here, &out, "head")?;
+                let counts = instructions::report(&out)?;
                 if json {
                     counts.add_to(&mut doc);
                 } else {
@@ -196,24 +194,19 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
                 base_suite.run(&tree.dir, &base, &side)?;
             }
             if let Some(counting) = &counting {
-                counting
-                    .run(&here, &head, "head")
-                    .map_err(Error::Instructions)?;
+                counting.run(&here, &head, "head")?;
                 let base_counting = instructions::Counting {
                     target: target.join("memtrack-instructions-base"),
                     ..instructions::Counting::new(&args.cargo, args.runs as usize, PathBuf::new())
                 };
-                base_counting
-                    .run(&tree.dir, &base, &side)
-                    .map_err(Error::Instructions)?;
+                base_counting.run(&tree.dir, &base, &side)?;
             }
             drop(tree);
             if memory {
                 code = gate(&base, &head, &args, &mut doc)?;
             }
             if counting.is_some() {
-                let gated = instructions::gate(&base, &head, args.threshold)
-                    .map_err(Error::Instructions)?;
+                let gated = instructions::gate(&base, &head, args.threshold)?;
                 if json {
                     gated.add_to(&mut doc);
                 } else {

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use super::suite::{add_rustflags, cargo, shown};
 use crate::compare::Format;
+use crate::error::Error;
 
 /// What one side needs: where to build, how many runs, cargo's and the benchmarks' arguments.
 pub(crate) struct Counting {
@@ -50,16 +51,20 @@ impl Counting {
 
     /// Builds the suite in `dir` and counts it, writing one file per benchmark into `out`.
     /// `what` names the side in messages.
-    pub(crate) fn run(&self, dir: &Path, out: &Path, what: &str) -> Result<(), String> {
-        let callgrind = Callgrind::find().map_err(|e| e.to_string())?;
+    ///
+    /// # Errors
+    /// No valgrind, a build or a bench executable that failed, no benchmark counted, a result
+    /// that cannot be written.
+    pub(crate) fn run(&self, dir: &Path, out: &Path, what: &str) -> Result<(), Error> {
+        let callgrind = Callgrind::find()?;
         clear(out)?;
         let exes = self.build(dir, what)?;
         let rustc = rustc_version(dir)?;
-        let toolchain = callgrind.toolchain(&rustc).map_err(|e| e.to_string())?;
+        let toolchain = callgrind.toolchain(&rustc)?;
         let scratch = tempfile::Builder::new()
             .prefix("memtrack-callgrind-")
             .tempdir()
-            .map_err(|e| format!("cannot make a temporary directory: {e}"))?;
+            .map_err(|e| crate::error::io("cannot make a temporary directory".into(), e))?;
         let mut args = vec![OsString::from("--bench")];
         args.extend(self.bench.iter().cloned());
         let mut runs = Vec::new();
@@ -73,14 +78,13 @@ impl Counting {
             for (i, (exe, root)) in exes.iter().enumerate() {
                 let files = scratch.path().join(format!("{run}-{i}"));
                 let env = [("MEMTRACK_SUMMARY", "line")];
-                let (c, status) = callgrind
-                    .count(exe, &args, root, &env, &files)
-                    .map_err(|e| e.to_string())?;
+                let (c, status) = callgrind.count(exe, &args, root, &env, &files)?;
                 if !status.success() {
-                    return Err(format!(
-                        "{} failed under callgrind ({what}): {status}; its messages are above",
-                        exe.display()
-                    ));
+                    return Err(Error::FailedUnderCallgrind {
+                        exe: exe.clone(),
+                        side: what.to_string(),
+                        status,
+                    });
                 }
                 counted.extend(c);
             }
@@ -88,19 +92,17 @@ impl Counting {
         }
         let measured = measure(&runs, &toolchain);
         if measured.is_empty() {
-            return Err(format!(
-                "no benchmark was counted ({what}): is the suite on memtrack-criterion \
-                 (`criterion = {{ package = \"memtrack-criterion\", … }}`), and does the filter \
-                 match?"
-            ));
+            return Err(Error::NothingCounted {
+                side: what.to_string(),
+            });
         }
-        save(out, &measured).map_err(|e| e.to_string())?;
+        save(out, &measured)?;
         Ok(())
     }
 
     /// `cargo bench --no-run` in instructions mode: each bench executable and the directory
     /// cargo would run it in (its package's).
-    fn build(&self, dir: &Path, what: &str) -> Result<Vec<(PathBuf, PathBuf)>, String> {
+    fn build(&self, dir: &Path, what: &str) -> Result<Vec<(PathBuf, PathBuf)>, Error> {
         let mut cmd = cargo();
         cmd.current_dir(dir);
         add_rustflags(&mut cmd, dir, &["--cfg", "memtrack_bench=\"instructions\""]);
@@ -115,14 +117,14 @@ impl Counting {
         .stderr(Stdio::inherit());
         let out = cmd
             .output()
-            .map_err(|e| format!("cannot run `{}` ({what}): {e}", shown(&cmd)))?;
+            .map_err(|e| Error::Command(format!("cannot run `{}` ({what}): {e}", shown(&cmd))))?;
         if !out.status.success() {
-            return Err(format!(
+            return Err(Error::Command(format!(
                 "`{}` failed ({what}, in {}): {}; its messages are above",
                 shown(&cmd),
                 dir.display(),
                 out.status
-            ));
+            )));
         }
         let mut exes = Vec::new();
         for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -139,33 +141,37 @@ impl Counting {
             }
         }
         if exes.is_empty() {
-            return Err(format!(
+            return Err(Error::Command(format!(
                 "`{}` built no bench executable ({what})",
                 shown(&cmd)
-            ));
+            )));
         }
         Ok(exes)
     }
 }
 
 /// `rustc -V` as cargo would run it in `dir` (`$RUSTC`, else rustup's choice there).
-fn rustc_version(dir: &Path) -> Result<String, String> {
+fn rustc_version(dir: &Path) -> Result<String, Error> {
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let mut cmd = Command::new(rustc);
     cmd.current_dir(dir).arg("-V");
     let out = cmd
         .output()
-        .map_err(|e| format!("cannot run `{}`: {e}", shown(&cmd)))?;
+        .map_err(|e| Error::Command(format!("cannot run `{}`: {e}", shown(&cmd))))?;
     if !out.status.success() {
-        return Err(format!("`{}` failed: {}", shown(&cmd), out.status));
+        return Err(Error::Command(format!(
+            "`{}` failed: {}",
+            shown(&cmd),
+            out.status
+        )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// Removes the `*.instructions.json` of a previous run from `dir` (created if need be).
-pub(crate) fn clear(dir: &Path) -> Result<(), String> {
-    let fail = |e: std::io::Error| format!("cannot clear {}: {e}", dir.display());
-    memtrack::artifact::create_dir_all(dir).map_err(|e| e.to_string())?;
+pub(crate) fn clear(dir: &Path) -> Result<(), Error> {
+    let fail = |e: std::io::Error| crate::error::io(format!("cannot clear {}", dir.display()), e);
+    memtrack::artifact::create_dir_all(dir)?;
     for entry in std::fs::read_dir(dir).map_err(fail)? {
         let entry = entry.map_err(fail)?;
         if entry.file_name().to_string_lossy().ends_with(FILE_SUFFIX)
@@ -199,8 +205,8 @@ pub(crate) struct Counts {
 }
 
 /// The figures of one side, read from `dir`.
-pub(crate) fn report(dir: &Path) -> Result<Counts, String> {
-    let set = load(dir).map_err(|e| e.to_string())?;
+pub(crate) fn report(dir: &Path) -> Result<Counts, Error> {
+    let set = load(dir)?;
     let mut table = Table::new(vec![
         Column::new("benchmark", "benchmark", Align::Left),
         Column::json_only("metric"),
@@ -265,13 +271,10 @@ pub(crate) struct Gated {
 /// # Errors
 /// Counts that do not compare (another rustc, valgrind or CPU feature set), or files that
 /// cannot be read: the caller exits 2.
-pub(crate) fn gate(base: &Path, head: &Path, threshold: Threshold) -> Result<Gated, String> {
-    let (b, h) = (
-        load(base).map_err(|e| e.to_string())?,
-        load(head).map_err(|e| e.to_string())?,
-    );
+pub(crate) fn gate(base: &Path, head: &Path, threshold: Threshold) -> Result<Gated, Error> {
+    let (b, h) = (load(base)?, load(head)?);
     // Counts of another toolchain are refused (InstructionsError::Incomparable): exit 2.
-    let compared = compare(&b, &h, threshold).map_err(|e| e.to_string())?;
+    let compared = compare(&b, &h, threshold)?;
     let side = |set: &[Measurement], id: &str| set.iter().find(|m| m.benchmark == id).cloned();
     let mut rows = Table::new(vec![
         Column::new("benchmark", "benchmark", Align::Left),
