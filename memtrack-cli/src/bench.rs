@@ -198,22 +198,25 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
     }
     let mut code = ExitCode::SUCCESS;
     let mut regressed = false;
+    // With --format json, one document: memory's, the instruction rows added to it.
+    let json = matches!(args.format, Format::Json);
+    let mut doc = serde_json::json!({});
     match &args.base {
         None => {
             clear(&out)?;
             if memory {
                 suite.run(&here, &out, "head")?;
-                code = report(&out, args.format)?;
+                report(&out, args.format, &mut doc)?;
             }
             if let Some(counting) = &counting {
-                counting
-                    .run(&here, &out, "head")
-                    .map_err(Error::Instructions)?;
-                let text = instructions::report(&out, args.format).map_err(Error::Instructions)?;
-                crate::out(&text)?;
-                summary(
-                    &instructions::report(&out, Format::Markdown).map_err(Error::Instructions)?,
-                );
+                counting.run(&here, &out, "head")?;
+                let counts = instructions::report(&out)?;
+                if json {
+                    counts.add_to(&mut doc);
+                } else {
+                    crate::out(&counts.render(args.format))?;
+                }
+                summary(&counts.render(Format::Markdown));
             }
         }
         Some(reference) => {
@@ -241,31 +244,31 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
                 base_suite.run(&tree.dir, &base, &side)?;
             }
             if let Some(counting) = &counting {
-                counting
-                    .run(&here, &head, "head")
-                    .map_err(Error::Instructions)?;
+                counting.run(&here, &head, "head")?;
                 let base_counting = instructions::Counting {
                     target: target.join("memtrack-instructions-base"),
                     ..instructions::Counting::new(&args.cargo, args.runs as usize, PathBuf::new())
                 };
-                base_counting
-                    .run(&tree.dir, &base, &side)
-                    .map_err(Error::Instructions)?;
+                base_counting.run(&tree.dir, &base, &side)?;
             }
             drop(tree);
             if memory {
-                code = gate(&base, &head, &args)?;
+                code = gate(&base, &head, &args, &mut doc)?;
             }
             if counting.is_some() {
-                let gated = instructions::gate(&base, &head, args.threshold, args.format)
-                    .map_err(Error::Instructions)?;
-                crate::out(&gated.text)?;
-                let md = instructions::gate(&base, &head, args.threshold, Format::Markdown)
-                    .map_err(Error::Instructions)?;
-                summary(&md.text);
-                regressed = gated.regressed;
+                let gated = instructions::gate(&base, &head, args.threshold)?;
+                if json {
+                    gated.add_to(&mut doc);
+                } else {
+                    crate::out(&gated.render(args.format))?;
+                }
+                summary(&gated.render(Format::Markdown));
+                regressed = gated.regressed();
             }
         }
+    }
+    if json {
+        crate::out(&(serde_json::to_string_pretty(&doc).expect("json values serialize") + "\n"))?;
     }
     if code == ExitCode::SUCCESS && regressed {
         code = ExitCode::from(1);
@@ -309,8 +312,9 @@ fn clear(dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// The table of the artifacts in `dir`, one row per benchmark.
-fn report(dir: &Path, format: Format) -> Result<ExitCode, Error> {
+/// The table of the artifacts in `dir`, one row per benchmark, printed (JSON: put into `doc`,
+/// under `benchmarks`).
+fn report(dir: &Path, format: Format, doc: &mut serde_json::Value) -> Result<(), Error> {
     let (mut errors, mut sites) = (Vec::new(), compare::SiteSets::new());
     let set = compare::load_side(dir, "bench", &mut errors, &mut sites);
     if !errors.is_empty() {
@@ -319,23 +323,31 @@ fn report(dir: &Path, format: Format) -> Result<ExitCode, Error> {
             summary: None,
         });
     }
-    let text = match format {
-        Format::Table => render::table(&set),
-        Format::Markdown => render::markdown(&set),
-        Format::Json => render::json(&set),
-    };
-    crate::out(&text)?;
+    match format {
+        Format::Table => crate::out(&render::table(&set))?,
+        Format::Markdown => crate::out(&render::markdown(&set))?,
+        Format::Json => doc["benchmarks"] = render::json(&set),
+    }
     summary(&render::markdown(&set));
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
-/// Compares base and head as `memtrack compare --threshold` does, both recorded alike.
-fn gate(base: &Path, head: &Path, args: &Args) -> Result<ExitCode, Error> {
+/// Compares base and head as `memtrack compare --threshold` does, both recorded alike; prints
+/// the comparison (JSON: makes it `doc`).
+fn gate(
+    base: &Path,
+    head: &Path,
+    args: &Args,
+    doc: &mut serde_json::Value,
+) -> Result<ExitCode, Error> {
     let loaded = compare::load_pair(base, head)?;
     compare::nothing_in_common(&loaded, base, head)?;
     mixed(&loaded.base, &loaded.head)?;
     let judged = compare::judge(&loaded, &Metric::ALL, args.threshold)?;
-    crate::out(&judged.render(args.format))?;
+    match args.format {
+        Format::Json => *doc = compare::render::json(&judged.cmp, &judged.attributed),
+        format => crate::out(&judged.render(format))?,
+    }
     summary(&judged.render(Format::Markdown));
     Ok(judged.exit_code())
 }

@@ -117,10 +117,37 @@ pub(crate) enum Error {
     /// the message names the command and what it printed.
     #[error("{0}")]
     Command(String),
-    /// Instructions could not be counted or compared (`bench --measure instructions`): no
-    /// valgrind, a build or a suite that failed under callgrind, counts of another toolchain.
-    #[error("{0}")]
-    Instructions(String),
+    /// Instructions could not be counted, read or compared (`bench --measure instructions`):
+    /// no valgrind ([`InstructionsError::NoValgrind`]), counts of another toolchain
+    /// ([`InstructionsError::Incomparable`]), a callgrind or result file.
+    ///
+    /// [`InstructionsError::NoValgrind`]: memtrack::instructions::InstructionsError::NoValgrind
+    /// [`InstructionsError::Incomparable`]: memtrack::instructions::InstructionsError::Incomparable
+    #[error(transparent)]
+    Instructions(#[from] memtrack::instructions::InstructionsError),
+    /// A bench executable that failed under callgrind (a benchmark panicked, or the suite
+    /// refused its arguments); what it printed is above.
+    #[error(
+        "{} failed under callgrind ({side}): {status}; its messages are above",
+        exe.display()
+    )]
+    FailedUnderCallgrind {
+        /// The bench executable.
+        exe: PathBuf,
+        /// Which side ("head", "base main, 0123abcd").
+        side: String,
+        /// How it ended.
+        status: std::process::ExitStatus,
+    },
+    /// A suite whose bench executables ran under callgrind without counting one benchmark.
+    #[error(
+        "no benchmark was counted ({side}): is the suite on memtrack-criterion (`criterion = \
+         {{ package = \"memtrack-criterion\", … }}`), and does the filter match?"
+    )]
+    NothingCounted {
+        /// Which side.
+        side: String,
+    },
     /// `bench`'s git worktree is not (or no longer) the one it made; the message names it.
     #[error("{0}")]
     Worktree(String),

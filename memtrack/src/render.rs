@@ -49,6 +49,8 @@ pub enum Unit {
     Count,
     /// Bytes: `64 B`, `8.0 KiB`.
     Bytes,
+    /// Instructions executed, as callgrind counts them (`Ir`): `2,007 Ir`.
+    Instructions,
 }
 
 impl Unit {
@@ -65,15 +67,25 @@ impl Unit {
         match self {
             Unit::Count => human::count(v),
             Unit::Bytes => human::bytes(v),
+            Unit::Instructions => format!("{} Ir", human::count(v)),
         }
     }
 
     /// A value per iteration for people, at the precision figures are compared at
-    /// (hundredths): `1.00/iter`, `64.00 B/iter`. The one per-iteration format of every table.
+    /// (hundredths): `1.00/iter`, `64.00 B/iter`, `2,007.40 Ir/iter`. The one per-iteration
+    /// format of every table.
     pub fn per_iteration(self, v: f64) -> String {
         match self {
             Unit::Count => format!("{v:.2}/iter"),
             Unit::Bytes => format!("{}/iter", human::bytes_f64(v)),
+            Unit::Instructions => {
+                let hundredths = (v.max(0.0) * 100.0).round() as u64;
+                format!(
+                    "{}.{:02} Ir/iter",
+                    human::count(hundredths / 100),
+                    hundredths % 100
+                )
+            }
         }
     }
 }
@@ -165,6 +177,8 @@ pub enum Cell {
     Share(Option<f64>),
     /// A change in percent, `+1.23%`; `None` is growth from 0. JSON: a float or `null`.
     Change(Option<f64>),
+    /// A percentage that is no change (a spread between runs), `1.23%`. JSON: the float.
+    Percent(f64),
     /// A comparison's verdict. JSON: its [name](Verdict::name).
     Verdict(Verdict),
     /// Nothing (a failed benchmark's figures). JSON: `null`.
@@ -175,7 +189,7 @@ impl Cell {
     /// A whole figure of `unit`: [`Cell::Count`] or [`Cell::Bytes`].
     pub fn whole(unit: Unit, v: u64) -> Cell {
         match unit {
-            Unit::Count => Cell::Count(Some(v)),
+            Unit::Count | Unit::Instructions => Cell::Count(Some(v)),
             Unit::Bytes => Cell::Bytes(v),
         }
     }
@@ -227,6 +241,7 @@ impl Cell {
             Cell::Change(None) => "from 0".into(),
             Cell::Change(Some(p)) if *p == 0.0 => "0.00%".into(),
             Cell::Change(Some(p)) => format!("{p:+.2}%"),
+            Cell::Percent(p) => format!("{p:.2}%"),
             Cell::Verdict(v) => match v {
                 Verdict::Unchanged => "unchanged",
                 Verdict::Improved => "improved",
@@ -264,7 +279,7 @@ impl Cell {
             Cell::Path(p) => put(key.into(), p.display().to_string().into()),
             Cell::Count(n) => put(key.into(), (*n).into()),
             Cell::Bytes(n) | Cell::Nanos(n) => put(key.into(), (*n).into()),
-            Cell::Ratio(r) => put(key.into(), (*r).into()),
+            Cell::Ratio(r) | Cell::Percent(r) => put(key.into(), (*r).into()),
             Cell::Figure {
                 total,
                 per_iteration,
@@ -597,5 +612,22 @@ mod tests {
         assert_eq!(j[1]["allocations_per_iteration"], Value::Null);
         assert_eq!(j[1]["iterations"], Value::Null);
         assert_eq!(j[0]["file"], "b.memtrack");
+    }
+
+    /// Instructions per iteration read at hundredths, thousands grouped; a spread is a
+    /// percentage without a sign; JSON has the exact values.
+    #[test]
+    fn instructions_and_percent() {
+        assert_eq!(Unit::Instructions.per_iteration(2007.4), "2,007.40 Ir/iter");
+        assert_eq!(Unit::Instructions.human(1024), "1,024 Ir");
+        let delta = Cell::Delta {
+            unit: Unit::Instructions,
+            delta: -3,
+        };
+        assert_eq!(delta.human(), "-3 Ir");
+        assert_eq!(Cell::Percent(0.5).human(), "0.50%");
+        let mut t = Table::new(vec![Column::new("spread_percent", "spread", Align::Right)]);
+        t.push(vec![Cell::Percent(0.25)]);
+        assert_eq!(json(&t)[0]["spread_percent"], 0.25);
     }
 }

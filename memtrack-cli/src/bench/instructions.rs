@@ -2,22 +2,24 @@
 //! instructions mode, each bench executable run R times under callgrind
 //! (`memtrack::instructions`), one `<id>.instructions.json` per benchmark in `--out`, the table
 //! of Ir per iteration; with `--base`, both sides compared per benchmark.
-//!
-//! Its rendering is its own (table, markdown, JSON), kept apart from memory's, to be moved
-//! onto one report model.
+//! Its rows are [`memtrack::render`] tables, as memory's are; in JSON they join memory's
+//! document (`rows`, as `memtrack compare` writes them).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use memtrack::analysis::{Threshold, Verdict};
+use memtrack::analysis::Threshold;
 use memtrack::human;
-use memtrack::instructions::compare::{Change, Row, compare};
+use memtrack::instructions::compare::{Change, compare};
 use memtrack::instructions::run::{Callgrind, Measurement, measure};
 use memtrack::instructions::{FILE_SUFFIX, load, save};
+use memtrack::render::{self, Align, Cell, Column, Table, Unit};
+use serde_json::Value;
 
 use super::suite::{add_rustflags, cargo, shown};
 use crate::compare::Format;
+use crate::error::Error;
 
 /// What one side needs: where to build, how many runs, cargo's and the benchmarks' arguments.
 pub(crate) struct Counting {
@@ -49,16 +51,20 @@ impl Counting {
 
     /// Builds the suite in `dir` and counts it, writing one file per benchmark into `out`.
     /// `what` names the side in messages.
-    pub(crate) fn run(&self, dir: &Path, out: &Path, what: &str) -> Result<(), String> {
-        let callgrind = Callgrind::find().map_err(|e| e.to_string())?;
+    ///
+    /// # Errors
+    /// No valgrind, a build or a bench executable that failed, no benchmark counted, a result
+    /// that cannot be written.
+    pub(crate) fn run(&self, dir: &Path, out: &Path, what: &str) -> Result<(), Error> {
+        let callgrind = Callgrind::find()?;
         clear(out)?;
         let exes = self.build(dir, what)?;
         let rustc = rustc_version(dir)?;
-        let toolchain = callgrind.toolchain(&rustc).map_err(|e| e.to_string())?;
+        let toolchain = callgrind.toolchain(&rustc)?;
         let scratch = tempfile::Builder::new()
             .prefix("memtrack-callgrind-")
             .tempdir()
-            .map_err(|e| format!("cannot make a temporary directory: {e}"))?;
+            .map_err(|e| crate::error::io("cannot make a temporary directory".into(), e))?;
         let mut args = vec![OsString::from("--bench")];
         args.extend(self.bench.iter().cloned());
         let mut runs = Vec::new();
@@ -72,14 +78,13 @@ impl Counting {
             for (i, (exe, root)) in exes.iter().enumerate() {
                 let files = scratch.path().join(format!("{run}-{i}"));
                 let env = [("MEMTRACK_SUMMARY", "line")];
-                let (c, status) = callgrind
-                    .count(exe, &args, root, &env, &files)
-                    .map_err(|e| e.to_string())?;
+                let (c, status) = callgrind.count(exe, &args, root, &env, &files)?;
                 if !status.success() {
-                    return Err(format!(
-                        "{} failed under callgrind ({what}): {status}; its messages are above",
-                        exe.display()
-                    ));
+                    return Err(Error::FailedUnderCallgrind {
+                        exe: exe.clone(),
+                        side: what.to_string(),
+                        status,
+                    });
                 }
                 counted.extend(c);
             }
@@ -87,19 +92,17 @@ impl Counting {
         }
         let measured = measure(&runs, &toolchain);
         if measured.is_empty() {
-            return Err(format!(
-                "no benchmark was counted ({what}): is the suite on memtrack-criterion \
-                 (`criterion = {{ package = \"memtrack-criterion\", … }}`), and does the filter \
-                 match?"
-            ));
+            return Err(Error::NothingCounted {
+                side: what.to_string(),
+            });
         }
-        save(out, &measured).map_err(|e| e.to_string())?;
+        save(out, &measured)?;
         Ok(())
     }
 
     /// `cargo bench --no-run` in instructions mode: each bench executable and the directory
     /// cargo would run it in (its package's).
-    fn build(&self, dir: &Path, what: &str) -> Result<Vec<(PathBuf, PathBuf)>, String> {
+    fn build(&self, dir: &Path, what: &str) -> Result<Vec<(PathBuf, PathBuf)>, Error> {
         let mut cmd = cargo();
         cmd.current_dir(dir);
         add_rustflags(&mut cmd, dir, &["--cfg", "memtrack_bench=\"instructions\""]);
@@ -114,18 +117,18 @@ impl Counting {
         .stderr(Stdio::inherit());
         let out = cmd
             .output()
-            .map_err(|e| format!("cannot run `{}` ({what}): {e}", shown(&cmd)))?;
+            .map_err(|e| Error::Command(format!("cannot run `{}` ({what}): {e}", shown(&cmd))))?;
         if !out.status.success() {
-            return Err(format!(
+            return Err(Error::Command(format!(
                 "`{}` failed ({what}, in {}): {}; its messages are above",
                 shown(&cmd),
                 dir.display(),
                 out.status
-            ));
+            )));
         }
         let mut exes = Vec::new();
         for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let Ok(m) = serde_json::from_str::<serde_json::Value>(line) else {
+            let Ok(m) = serde_json::from_str::<Value>(line) else {
                 continue;
             };
             if m["reason"] == "compiler-artifact"
@@ -138,33 +141,37 @@ impl Counting {
             }
         }
         if exes.is_empty() {
-            return Err(format!(
+            return Err(Error::Command(format!(
                 "`{}` built no bench executable ({what})",
                 shown(&cmd)
-            ));
+            )));
         }
         Ok(exes)
     }
 }
 
 /// `rustc -V` as cargo would run it in `dir` (`$RUSTC`, else rustup's choice there).
-fn rustc_version(dir: &Path) -> Result<String, String> {
+fn rustc_version(dir: &Path) -> Result<String, Error> {
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let mut cmd = Command::new(rustc);
     cmd.current_dir(dir).arg("-V");
     let out = cmd
         .output()
-        .map_err(|e| format!("cannot run `{}`: {e}", shown(&cmd)))?;
+        .map_err(|e| Error::Command(format!("cannot run `{}`: {e}", shown(&cmd))))?;
     if !out.status.success() {
-        return Err(format!("`{}` failed: {}", shown(&cmd), out.status));
+        return Err(Error::Command(format!(
+            "`{}` failed: {}",
+            shown(&cmd),
+            out.status
+        )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// Removes the `*.instructions.json` of a previous run from `dir` (created if need be).
-pub(crate) fn clear(dir: &Path) -> Result<(), String> {
-    let fail = |e: std::io::Error| format!("cannot clear {}: {e}", dir.display());
-    memtrack::artifact::create_dir_all(dir).map_err(|e| e.to_string())?;
+pub(crate) fn clear(dir: &Path) -> Result<(), Error> {
+    let fail = |e: std::io::Error| crate::error::io(format!("cannot clear {}", dir.display()), e);
+    memtrack::artifact::create_dir_all(dir)?;
     for entry in std::fs::read_dir(dir).map_err(fail)? {
         let entry = entry.map_err(fail)?;
         if entry.file_name().to_string_lossy().ends_with(FILE_SUFFIX)
@@ -176,80 +183,87 @@ pub(crate) fn clear(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Ir per iteration as shown: one decimal, thousands grouped.
-fn ir(v: f64) -> String {
-    let tenths = (v * 10.0).round() as u64;
-    format!("{}.{}", human::count(tenths / 10), tenths % 10)
-}
-
-fn gated(m: &Measurement) -> String {
-    match &m.not_gated {
-        None => "gated".into(),
-        Some(_) => "not gated".into(),
+/// Ir per iteration as a figure: the Ir of the `iterations` counted (rounded, as the median of
+/// even runs may fall between two counts) and per iteration.
+fn figure(per_iteration: f64, iterations: u64) -> Cell {
+    Cell::Figure {
+        unit: Unit::Instructions,
+        total: (per_iteration * iterations as f64).round().max(0.0) as u64,
+        per_iteration: Some(per_iteration),
     }
 }
 
-/// The figures of one side, in `format`.
-pub(crate) fn report(dir: &Path, format: Format) -> Result<String, String> {
-    let set = load(dir).map_err(|e| e.to_string())?;
-    Ok(match format {
-        Format::Json => {
-            let rows: Vec<_> = set
-                .iter()
-                .map(|m| {
-                    serde_json::json!({
-                        "benchmark": m.benchmark,
-                        "metric": "instructions",
-                        "ir_per_iteration": m.ir_per_iteration,
-                        "spread_percent": m.spread_percent,
-                        "gated": m.not_gated.is_none(),
-                        "not_gated": m.not_gated,
-                    })
-                })
-                .collect();
-            let doc = serde_json::json!({ "rows": rows });
-            format!("{}\n", serde_json::to_string_pretty(&doc).expect("JSON"))
-        }
-        Format::Table => {
-            let mut rows = vec![["benchmark", "Ir/iter", "spread", "gated"].map(String::from)];
-            for m in &set {
-                rows.push([
-                    m.benchmark.clone(),
-                    ir(m.ir_per_iteration),
-                    format!("{:.2} %", m.spread_percent),
-                    gated(m),
-                ]);
-            }
-            let mut t = human::table(&rows, &[false, true, true, false]);
-            for m in &set {
-                if let Some(why) = &m.not_gated {
-                    t.push_str(&format!("{}: not gated: {why}\n", m.benchmark));
-                }
-            }
-            t
-        }
-        Format::Markdown => {
-            let mut t = String::from(
-                "### Instructions per iteration\n\n| benchmark | Ir/iter | spread | gated |\n|---|---:|---:|---|\n",
-            );
-            for m in &set {
-                t.push_str(&format!(
-                    "| `{}` | {} | {:.2} % | {} |\n",
-                    m.benchmark,
-                    ir(m.ir_per_iteration),
-                    m.spread_percent,
-                    gated(m)
-                ));
-            }
-            t
-        }
-    })
+/// Why a benchmark is not gated, or nothing (JSON: `null`).
+fn not_gated(why: Option<&str>) -> Cell {
+    why.map_or(Cell::Empty, |w| Cell::Text(w.into()))
 }
 
-/// What comparing base with head gives: the text in `format`, and whether one regressed.
+/// The figures of one side: one row per benchmark, Ir per iteration (the median of the runs),
+/// its spread between runs and why it is not gated.
+pub(crate) struct Counts {
+    table: Table,
+}
+
+/// The figures of one side, read from `dir`.
+pub(crate) fn report(dir: &Path) -> Result<Counts, Error> {
+    let set = load(dir)?;
+    let mut table = Table::new(vec![
+        Column::new("benchmark", "benchmark", Align::Left),
+        Column::json_only("metric"),
+        Column::new("iterations", "iterations", Align::Right),
+        Column::new("instructions", "instructions", Align::Right),
+        Column::new("spread_percent", "spread", Align::Right),
+        Column::new("not_gated", "not gated", Align::Left),
+    ]);
+    for m in &set {
+        table.push(vec![
+            Cell::Text(m.benchmark.clone()),
+            Cell::Text(METRIC.into()),
+            Cell::Count(Some(m.iterations)),
+            figure(m.ir_per_iteration, m.iterations),
+            Cell::Percent(m.spread_percent),
+            not_gated(m.not_gated.as_deref()),
+        ]);
+    }
+    shown_when_some(&mut table, "not_gated");
+    Ok(Counts { table })
+}
+
+/// Shows column `key` in the text and markdown tables only when a row has something in it.
+fn shown_when_some(t: &mut Table, key: &str) {
+    if let Some(i) = t.columns.iter().position(|c| c.key == key) {
+        t.columns[i].shown = t.rows.iter().any(|r| r[i] != Cell::Empty);
+    }
+}
+
+impl Counts {
+    /// The table or the markdown; JSON is [`Counts::add_to`]'s.
+    pub(crate) fn render(&self, format: Format) -> String {
+        match format {
+            Format::Markdown => format!(
+                "### memtrack: instructions per benchmark\n\n{}\n",
+                render::markdown(&self.table)
+            ),
+            Format::Table | Format::Json => render::text(&self.table),
+        }
+    }
+
+    /// Puts the rows into `doc` (a JSON object) under `rows`.
+    pub(crate) fn add_to(&self, doc: &mut Value) {
+        doc["rows"] = render::json(&self.table);
+    }
+}
+
+/// The metric of instruction rows, in every format.
+const METRIC: &str = "instructions";
+
+/// Base compared with head: a row per benchmark and the functions that grew most in each
+/// regressed one.
 pub(crate) struct Gated {
-    pub text: String,
-    pub regressed: bool,
+    rows: Table,
+    grown: Table,
+    threshold: Threshold,
+    regressions: usize,
 }
 
 /// Compares the measurements in `base` with those in `head`.
@@ -257,169 +271,173 @@ pub(crate) struct Gated {
 /// # Errors
 /// Counts that do not compare (another rustc, valgrind or CPU feature set), or files that
 /// cannot be read: the caller exits 2.
-pub(crate) fn gate(
-    base: &Path,
-    head: &Path,
-    threshold: Threshold,
-    format: Format,
-) -> Result<Gated, String> {
-    let (b, h) = (
-        load(base).map_err(|e| e.to_string())?,
-        load(head).map_err(|e| e.to_string())?,
-    );
+pub(crate) fn gate(base: &Path, head: &Path, threshold: Threshold) -> Result<Gated, Error> {
+    let (b, h) = (load(base)?, load(head)?);
     // Counts of another toolchain are refused (InstructionsError::Incomparable): exit 2.
-    let rows = compare(&b, &h, threshold).map_err(|e| e.to_string())?;
-    let regressed = rows.iter().any(Row::regressed);
-    let text = match format {
-        Format::Json => json(&rows, threshold),
-        Format::Table => table(&rows, threshold),
-        Format::Markdown => markdown(&rows, threshold),
-    };
-    Ok(Gated { text, regressed })
-}
-
-fn verdict(change: &Change) -> &'static str {
-    match change {
-        Change::Judged { verdict, .. } => match verdict {
-            Verdict::Regressed => "regressed",
-            Verdict::Improved => "improved",
-            Verdict::Unchanged => "unchanged",
-            _ => "within threshold",
-        },
-        Change::NotGated { .. } => "not gated",
-        Change::New => "new",
-        Change::Gone => "gone",
-    }
-}
-
-fn sides(change: &Change) -> (Option<f64>, Option<f64>) {
-    match change {
-        Change::Judged { base, head, .. } | Change::NotGated { base, head, .. } => {
-            (Some(*base), Some(*head))
-        }
-        Change::New | Change::Gone => (None, None),
-    }
-}
-
-fn percent(base: f64, head: f64) -> String {
-    if base == 0.0 {
-        return String::new();
-    }
-    format!("{:+.2} %", (head - base) / base * 100.0)
-}
-
-/// The grown functions of a regression: `write_frames: 380.0 → 536.0 Ir/iter`.
-fn grown_lines(change: &Change) -> Vec<String> {
-    match change {
-        Change::Judged { grown, .. } => grown
-            .iter()
-            .map(|(name, b, h)| format!("{name}: {} → {} Ir/iter", ir(*b), ir(*h)))
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-fn table(rows: &[Row], threshold: Threshold) -> String {
-    let mut cells = vec![
-        [
-            "benchmark",
-            "base Ir/iter",
-            "head Ir/iter",
-            "change",
-            "verdict",
-        ]
-        .map(String::from),
-    ];
-    for r in rows {
-        let (b, h) = sides(&r.change);
-        cells.push([
-            r.benchmark.clone(),
-            b.map(ir).unwrap_or_default(),
-            h.map(ir).unwrap_or_default(),
-            match (b, h) {
-                (Some(b), Some(h)) => percent(b, h),
-                _ => String::new(),
-            },
-            verdict(&r.change).to_string(),
+    let compared = compare(&b, &h, threshold)?;
+    let side = |set: &[Measurement], id: &str| set.iter().find(|m| m.benchmark == id).cloned();
+    let mut rows = Table::new(vec![
+        Column::new("benchmark", "benchmark", Align::Left),
+        Column::new("metric", "metric", Align::Left),
+        Column::new("base", "base", Align::Right),
+        Column::new("head", "head", Align::Right),
+        Column::new("change_percent", "change", Align::Right),
+        Column::new("verdict", "verdict", Align::Left),
+        Column::new("not_gated", "not gated", Align::Left),
+        Column::json_only("base_iterations"),
+        Column::json_only("head_iterations"),
+        Column::json_only("base_spread_percent"),
+        Column::json_only("head_spread_percent"),
+    ]);
+    let mut grown = Table::new(vec![
+        Column::new("benchmark", "benchmark", Align::Left),
+        Column::new("function", "function", Align::Left),
+        Column::new("base", "base", Align::Right),
+        Column::new("head", "head", Align::Right),
+    ]);
+    for r in &compared {
+        let (mb, mh) = (side(&b, &r.benchmark), side(&h, &r.benchmark));
+        let iterations = |m: &Option<Measurement>| m.as_ref().map_or(1, |m| m.iterations);
+        let (nb, nh) = (iterations(&mb), iterations(&mh));
+        let (sides, verdict, why) = match &r.change {
+            Change::Judged {
+                base,
+                head,
+                verdict,
+                grown: g,
+            } => {
+                for (function, fb, fh) in g {
+                    grown.push(vec![
+                        Cell::Text(r.benchmark.clone()),
+                        Cell::Text(function.clone()),
+                        figure(*fb, nb),
+                        figure(*fh, nh),
+                    ]);
+                }
+                (Some((*base, *head)), Cell::Verdict(*verdict), None)
+            }
+            Change::NotGated { base, head, why } => (
+                Some((*base, *head)),
+                Cell::Text("not_gated".into()),
+                Some(why.as_str()),
+            ),
+            Change::New => (None, Cell::Text("new".into()), None),
+            Change::Gone => (None, Cell::Text("gone".into()), None),
+        };
+        let (base, head, change) = match sides {
+            Some((vb, vh)) => (figure(vb, nb), figure(vh, nh), change(vb, vh)),
+            None => (Cell::Empty, Cell::Empty, Cell::Empty),
+        };
+        let count = |m: &Option<Measurement>| Cell::Count(m.as_ref().map(|m| m.iterations));
+        let spread = |m: &Option<Measurement>| {
+            m.as_ref()
+                .map_or(Cell::Empty, |m| Cell::Percent(m.spread_percent))
+        };
+        rows.push(vec![
+            Cell::Text(r.benchmark.clone()),
+            Cell::Text(METRIC.into()),
+            base,
+            head,
+            change,
+            verdict,
+            not_gated(why),
+            count(&mb),
+            count(&mh),
+            spread(&mb),
+            spread(&mh),
         ]);
     }
-    let mut t = human::table(&cells, &[false, true, true, true, false]);
-    for r in rows {
-        match &r.change {
-            Change::NotGated { why, .. } => {
-                t.push_str(&format!("{}: not gated: {why}\n", r.benchmark));
-            }
-            c if r.regressed() => {
-                t.push_str(&format!(
-                    "{} regressed (more than {} %); grown:\n",
-                    r.benchmark,
-                    threshold.percent()
-                ));
-                for l in grown_lines(c) {
-                    t.push_str(&format!("  {l}\n"));
+    shown_when_some(&mut rows, "not_gated");
+    Ok(Gated {
+        rows,
+        grown,
+        threshold,
+        regressions: compared.iter().filter(|r| r.regressed()).count(),
+    })
+}
+
+/// Base → head in percent; `None` is growth from 0.
+fn change(base: f64, head: f64) -> Cell {
+    if base == 0.0 {
+        return Cell::Change((head == 0.0).then_some(0.0));
+    }
+    Cell::Change(Some((head - base) / base * 100.0))
+}
+
+impl Gated {
+    /// Whether a benchmark regressed.
+    pub(crate) fn regressed(&self) -> bool {
+        self.regressions > 0
+    }
+
+    /// The line under the table: how many regressed at which threshold.
+    fn summary(&self) -> String {
+        let head = match self.regressions {
+            0 => "no benchmark regressed".to_string(),
+            n => format!(
+                "{} regressed",
+                human::plural(n as u64, "benchmark", "benchmarks")
+            ),
+        };
+        format!(
+            "{head} (beyond +{} growth in instructions), {} compared",
+            self.threshold,
+            human::count(self.rows.rows.len() as u64)
+        )
+    }
+
+    /// The table or the markdown; JSON is [`Gated::add_to`]'s.
+    pub(crate) fn render(&self, format: Format) -> String {
+        match format {
+            Format::Markdown => {
+                let mark = if self.regressed() { "❌" } else { "✅" };
+                let mut out = format!(
+                    "### memtrack: instructions comparison\n\n{mark} **{}**\n\n{}\n",
+                    self.summary(),
+                    render::markdown(&self.rows)
+                );
+                if !self.grown.rows.is_empty() {
+                    out.push_str(&format!(
+                        "Functions that grew most (inclusive, per iteration):\n\n{}\n",
+                        render::markdown(&self.grown)
+                    ));
                 }
+                out
             }
-            _ => {}
+            Format::Table | Format::Json => {
+                let mut out = format!("{}\n{}\n", render::text(&self.rows), self.summary());
+                if !self.grown.rows.is_empty() {
+                    out.push_str(&format!(
+                        "\nfunctions that grew most (inclusive, per iteration):\n{}",
+                        render::text(&self.grown)
+                    ));
+                }
+                out
+            }
         }
     }
-    t
-}
 
-fn markdown(rows: &[Row], threshold: Threshold) -> String {
-    let mut t = format!(
-        "### Instructions per iteration (threshold {} %)\n\n| benchmark | base Ir/iter | head Ir/iter | change | verdict |\n|---|---:|---:|---:|---|\n",
-        threshold.percent()
-    );
-    for r in rows {
-        let (b, h) = sides(&r.change);
-        t.push_str(&format!(
-            "| `{}` | {} | {} | {} | {} |\n",
-            r.benchmark,
-            b.map(ir).unwrap_or_default(),
-            h.map(ir).unwrap_or_default(),
-            match (b, h) {
-                (Some(b), Some(h)) => percent(b, h),
-                _ => String::new(),
-            },
-            verdict(&r.change)
-        ));
-    }
-    for r in rows.iter().filter(|r| r.regressed()) {
-        t.push_str(&format!("\n**{}** grew in:\n\n", r.benchmark));
-        for l in grown_lines(&r.change) {
-            t.push_str(&format!("- `{l}`\n"));
+    /// Puts the comparison into `doc`, a comparison's JSON document (`memtrack compare`'s,
+    /// or an empty object): its rows after `rows`' own, `instructions` among `metrics`, its
+    /// regressions counted in `regressions`, and the grown functions under `grown`.
+    pub(crate) fn add_to(&self, doc: &mut Value) {
+        if doc.get("threshold").is_none() {
+            doc["threshold"] = self.threshold.to_string().into();
+            doc["threshold_ppm"] = self.threshold.ppm().into();
         }
+        let mut rows = doc["rows"].as_array().cloned().unwrap_or_default();
+        rows.extend(
+            render::json(&self.rows)
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        doc["rows"] = rows.into();
+        let mut metrics = doc["metrics"].as_array().cloned().unwrap_or_default();
+        metrics.push(METRIC.into());
+        doc["metrics"] = metrics.into();
+        let before = doc["regressions"].as_u64().unwrap_or(0);
+        doc["regressions"] = (before + self.regressions as u64).into();
+        doc["grown"] = render::json(&self.grown);
     }
-    t
-}
-
-fn json(rows: &[Row], threshold: Threshold) -> String {
-    let rows: Vec<_> = rows
-        .iter()
-        .map(|r| {
-            let (b, h) = sides(&r.change);
-            let grown: Vec<_> = match &r.change {
-                Change::Judged { grown, .. } => grown
-                    .iter()
-                    .map(|(n, b, h)| serde_json::json!({"function": n, "base": b, "head": h}))
-                    .collect(),
-                _ => Vec::new(),
-            };
-            let why = match &r.change {
-                Change::NotGated { why, .. } => Some(why.clone()),
-                _ => None,
-            };
-            serde_json::json!({
-                "benchmark": r.benchmark,
-                "metric": "instructions",
-                "base": b,
-                "head": h,
-                "verdict": verdict(&r.change),
-                "not_gated": why,
-                "grown": grown,
-            })
-        })
-        .collect();
-    let doc = serde_json::json!({ "threshold_percent": threshold.percent(), "rows": rows });
-    format!("{}\n", serde_json::to_string_pretty(&doc).expect("JSON"))
 }

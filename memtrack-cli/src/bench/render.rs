@@ -22,10 +22,8 @@ pub(crate) fn markdown(set: &[Benchmark]) -> String {
     )
 }
 
-/// Machine-readable form: `{"benchmarks": [...]}`, exact integers, and the per-iteration
-/// figures as floats (`null` without an iteration count).
-pub(crate) fn json(set: &[Benchmark]) -> String {
-    serde_json::to_string_pretty(&serde_json::json!({ "benchmarks": table_of(set) }))
-        .expect("json values serialize")
-        + "\n"
+/// Machine-readable form, `bench`'s document's `benchmarks`: exact integers, and the
+/// per-iteration figures as floats (`null` without an iteration count).
+pub(crate) fn json(set: &[Benchmark]) -> serde_json::Value {
+    render::json(&table_of(set))
 }
