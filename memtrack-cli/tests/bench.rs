@@ -86,33 +86,15 @@ fn edit(dir: &Path, file: &str, what: (&str, &str)) {
     std::fs::write(&path, body.replacen(what.0, what.1, 1)).unwrap();
 }
 
-/// examples/downstream copied to `dir`, its memtrack-criterion dependency made absolute.
+/// examples/downstream copied to `dir` ([`common::copy_downstream`]), its input checked to be
+/// the one the expected figures are counted from.
 fn copy_downstream(dir: &Path) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/downstream");
-    let _ = std::fs::remove_dir_all(dir);
-    for f in [
-        "Cargo.toml",
-        "Cargo.lock",
-        "src/lib.rs",
-        "benches/tokenize.rs",
-        ".cargo/config.toml",
-    ] {
-        let to = dir.join(f);
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        let mut body = std::fs::read_to_string(src.join(f)).unwrap();
-        if f == "Cargo.toml" {
-            let crit = src.join("../../memtrack-criterion").canonicalize().unwrap();
-            body = body.replace("\"../../memtrack-criterion\"", &format!("{:?}", crit));
-        }
-        if f == "benches/tokenize.rs" {
-            assert!(
-                body.contains(&format!("{LINE:?}.repeat({LINES})")),
-                "the input changed"
-            );
-        }
-        std::fs::write(&to, body).unwrap();
-    }
-    std::fs::write(dir.join(".gitignore"), "/target\n").unwrap();
+    common::copy_downstream(dir);
+    let bench = std::fs::read_to_string(dir.join("benches/tokenize.rs")).unwrap();
+    assert!(
+        bench.contains(&format!("{LINE:?}.repeat({LINES})")),
+        "the input changed"
+    );
 }
 
 /// The host's target triple: with `--target`, RUSTFLAGS apply to the suite's crates only, so

@@ -56,25 +56,7 @@ fn project() -> &'static Project {
 }
 
 fn make_project(dir: &Path) -> Project {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/downstream");
-    let _ = std::fs::remove_dir_all(dir);
-    for f in [
-        "Cargo.toml",
-        "Cargo.lock",
-        "src/lib.rs",
-        "benches/tokenize.rs",
-        ".cargo/config.toml",
-    ] {
-        let to = dir.join(f);
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        let mut body = std::fs::read_to_string(src.join(f)).unwrap();
-        if f == "Cargo.toml" {
-            let crit = src.join("../../memtrack-criterion").canonicalize().unwrap();
-            body = body.replace("\"../../memtrack-criterion\"", &format!("{crit:?}"));
-        }
-        std::fs::write(&to, body).unwrap();
-    }
-    std::fs::write(dir.join(".gitignore"), "/target\n").unwrap();
+    common::copy_downstream(dir);
     let head = |dir: &Path| {
         text(&git(dir, &["rev-parse", "HEAD"]).stdout)
             .trim()

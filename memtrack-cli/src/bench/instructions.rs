@@ -276,16 +276,12 @@ pub(crate) fn gate(base: &Path, head: &Path, threshold: Threshold) -> Result<Gat
     // Counts of another toolchain are refused (InstructionsError::Incomparable): exit 2.
     let compared = compare(&b, &h, threshold)?;
     let side = |set: &[Measurement], id: &str| set.iter().find(|m| m.benchmark == id).cloned();
-    let mut rows = Table::new(vec![
-        Column::new("benchmark", "benchmark", Align::Left),
-        Column::new("metric", "metric", Align::Left),
-        Column::new("base", "base", Align::Right),
-        Column::new("head", "head", Align::Right),
-        Column::new("change_percent", "change", Align::Right),
-        Column::new("verdict", "verdict", Align::Left),
-        Column::new("not_gated", "not gated", Align::Left),
-        Column::json_only("base_iterations"),
-        Column::json_only("head_iterations"),
+    let mut rows = Table::new(crate::compare::render::row_columns(vec![Column::new(
+        "not_gated",
+        "not gated",
+        Align::Left,
+    )]));
+    rows.columns.extend([
         Column::json_only("base_spread_percent"),
         Column::json_only("head_spread_percent"),
     ]);

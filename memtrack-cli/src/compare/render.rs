@@ -10,19 +10,29 @@ use memtrack::{
 
 use super::Attributed;
 
-/// The comparison's rows, one per benchmark and metric, with the figures compared (per
-/// iteration when they are) and the verdict.
-pub(crate) fn rows(c: &Comparison) -> Table {
-    let mut t = Table::new(vec![
+/// The columns of a comparison's rows, whatever the measure (`extra` after the verdict): the
+/// row every command that compares base with head prints, and `rows` in its JSON.
+pub(crate) fn row_columns(extra: Vec<Column>) -> Vec<Column> {
+    let mut columns = vec![
         Column::new("benchmark", "benchmark", Align::Left),
         Column::new("metric", "metric", Align::Left),
         Column::new("base", "base", Align::Right),
         Column::new("head", "head", Align::Right),
         Column::new("change_percent", "change", Align::Right),
         Column::new("verdict", "verdict", Align::Left),
+    ];
+    columns.extend(extra);
+    columns.extend([
         Column::json_only("base_iterations"),
         Column::json_only("head_iterations"),
     ]);
+    columns
+}
+
+/// The comparison's rows, one per benchmark and metric, with the figures compared (per
+/// iteration when they are) and the verdict.
+pub(crate) fn rows(c: &Comparison) -> Table {
+    let mut t = Table::new(row_columns(vec![]));
     for r in &c.rows {
         let figure = |total, per_iteration| Cell::Figure {
             unit: Unit::of(r.metric),

@@ -62,3 +62,28 @@ pub fn git(dir: &Path, ceiling: &Path, args: &[&str]) -> Output {
             .args(args),
     )
 }
+
+/// examples/downstream (a user's project on memtrack-criterion) copied to `dir`, replacing
+/// what was there, its memtrack-criterion dependency made absolute and its `target/` ignored
+/// by git.
+pub fn copy_downstream(dir: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/downstream");
+    let _ = std::fs::remove_dir_all(dir);
+    for f in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "src/lib.rs",
+        "benches/tokenize.rs",
+        ".cargo/config.toml",
+    ] {
+        let to = dir.join(f);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        let mut body = std::fs::read_to_string(src.join(f)).unwrap();
+        if f == "Cargo.toml" {
+            let crit = src.join("../../memtrack-criterion").canonicalize().unwrap();
+            body = body.replace("\"../../memtrack-criterion\"", &format!("{crit:?}"));
+        }
+        std::fs::write(&to, body).unwrap();
+    }
+    std::fs::write(dir.join(".gitignore"), "/target\n").unwrap();
+}
