@@ -128,50 +128,14 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
     }
     let _lock = Lock::take(&target)?;
     if args.measure.contains(&Measure::Time) {
-        if args.measure.len() > 1 {
-            return Err(Error::Usage(
-                "--measure time runs alone: measure time, then memory and instructions, in two \
-                 runs"
-                    .into(),
-            ));
-        }
-        return match (&args.base, &args.chain) {
-            (Some(reference), None) => time::run(&time::Request {
-                here: &here,
-                target: &target,
-                out: &out,
-                reference,
-                cargo: &args.cargo,
-                threshold: args.threshold,
-                format: args.format,
-                gate: args.gate.contains(&GateArg::Time),
-                time: &args.time,
-            }),
-            _ => Err(Error::Usage(
-                "--measure time compares two builds run in alternating order: give --base REF"
-                    .into(),
-            )),
-        };
+        return timed(&args, &here, &target, &out);
     }
     if args.gate.contains(&GateArg::Time) {
         return Err(Error::Usage(
             "--gate time gates --measure time: add --measure time".into(),
         ));
     }
-    // Resolved here, not by each bench binary: the suite is built for one recorder.
-    let backend = match args.backend {
-        BackendChoice::Ebpf => Backend::Ebpf,
-        BackendChoice::Auto if memtrack::tracker::privileged() => Backend::Ebpf,
-        _ => Backend::Alloc,
-    };
-    let suite = Suite {
-        backend,
-        args: args.cargo.clone(),
-        target: target.join("memtrack-bench"),
-        only: None,
-        store: out.join(crate::BUILD_IDS),
-    };
-    let memory = args.measure.contains(&Measure::Memory);
+    let suite = memory_suite(&args, &target, &out);
     let counting = args.measure.contains(&Measure::Instructions).then(|| {
         instructions::Counting::new(
             &args.cargo,
@@ -196,82 +160,165 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
             args.format,
         );
     }
-    let mut code = ExitCode::SUCCESS;
-    let mut regressed = false;
     // With --format json, one document: memory's, the instruction rows added to it.
     let json = matches!(args.format, Format::Json);
     let mut doc = serde_json::json!({});
-    match &args.base {
+    let code = match &args.base {
         None => {
-            clear(&out)?;
-            if memory {
-                suite.run(&here, &out, "head")?;
-                report(&out, args.format, &mut doc)?;
-            }
-            if let Some(counting) = &counting {
-                counting.run(&here, &out, "head")?;
-                let counts = instructions::report(&out)?;
-                if json {
-                    counts.add_to(&mut doc);
-                } else {
-                    crate::out(&counts.render(args.format))?;
-                }
-                summary(&counts.render(Format::Markdown));
-            }
+            measure_here(&args, &here, &out, &suite, counting.as_ref(), &mut doc)?;
+            ExitCode::SUCCESS
         }
         Some(reference) => {
-            // The worktree first: a bad REF is refused before anything is built.
-            let repo = Repo::find(&here, "--base")?;
-            let tree = Worktree::add(&repo, reference, &target, "--base")?;
-            let (base, head) = (out.join("base"), out.join("head"));
-            // The build-id store of both sides is --out's.
-            clear(&out)?;
-            clear(&base)?;
-            clear(&head)?;
-            let side = format!(
-                "base {reference}, {}",
-                &tree.commit[..tree.commit.len().min(12)]
-            );
-            if memory {
-                suite.run(&here, &head, "head")?;
-                // A target directory of its own: cargo names a workspace's crates the same
-                // wherever they are, so in the head's it would take the head's build for the
-                // base's.
-                let base_suite = Suite {
-                    target: target.join("memtrack-bench-base"),
-                    ..suite
-                };
-                base_suite.run(&tree.dir, &base, &side)?;
-            }
-            if let Some(counting) = &counting {
-                counting.run(&here, &head, "head")?;
-                let base_counting = instructions::Counting {
-                    target: target.join("memtrack-instructions-base"),
-                    ..instructions::Counting::new(&args.cargo, args.runs as usize, PathBuf::new())
-                };
-                base_counting.run(&tree.dir, &base, &side)?;
-            }
-            drop(tree);
-            if memory {
-                code = gate(&base, &head, &args, &mut doc)?;
-            }
-            if counting.is_some() {
-                let gated = instructions::gate(&base, &head, args.threshold)?;
-                if json {
-                    gated.add_to(&mut doc);
-                } else {
-                    crate::out(&gated.render(args.format))?;
-                }
-                summary(&gated.render(Format::Markdown));
-                regressed = gated.regressed();
-            }
+            let sides = Sides {
+                here: &here,
+                target: &target,
+                out: &out,
+                reference,
+            };
+            measure_both(&args, &sides, suite, counting.as_ref(), &mut doc)?
         }
-    }
+    };
     if json {
         crate::out(&(serde_json::to_string_pretty(&doc).expect("json values serialize") + "\n"))?;
     }
-    if code == ExitCode::SUCCESS && regressed {
-        code = ExitCode::from(1);
+    Ok(code)
+}
+
+/// The suite as memory mode builds it: for the recorder `--backend` resolves to here, not by
+/// each bench binary (a suite is built for one recorder).
+fn memory_suite(args: &Args, target: &Path, out: &Path) -> Suite {
+    let backend = match args.backend {
+        BackendChoice::Ebpf => Backend::Ebpf,
+        BackendChoice::Auto if memtrack::tracker::privileged() => Backend::Ebpf,
+        _ => Backend::Alloc,
+    };
+    Suite {
+        backend,
+        args: args.cargo.clone(),
+        target: target.join("memtrack-bench"),
+        only: None,
+        store: out.join(crate::BUILD_IDS),
+    }
+}
+
+/// `--measure time`: alone, and with `--base` (the A/B needs two builds).
+fn timed(args: &Args, here: &Path, target: &Path, out: &Path) -> Result<ExitCode, Error> {
+    if args.measure.len() > 1 {
+        return Err(Error::Usage(
+            "--measure time runs alone: measure time, then memory and instructions, in two runs"
+                .into(),
+        ));
+    }
+    match (&args.base, &args.chain) {
+        (Some(reference), None) => time::run(&time::Request {
+            here,
+            target,
+            out,
+            reference,
+            cargo: &args.cargo,
+            threshold: args.threshold,
+            format: args.format,
+            gate: args.gate.contains(&GateArg::Time),
+            time: &args.time,
+        }),
+        _ => Err(Error::Usage(
+            "--measure time compares two builds run in alternating order: give --base REF".into(),
+        )),
+    }
+}
+
+/// Without `--base`: the suite measured here, its table printed (or added to `doc`).
+fn measure_here(
+    args: &Args,
+    here: &Path,
+    out: &Path,
+    suite: &Suite,
+    counting: Option<&instructions::Counting>,
+    doc: &mut serde_json::Value,
+) -> Result<(), Error> {
+    clear(out)?;
+    if args.measure.contains(&Measure::Memory) {
+        suite.run(here, out, "head")?;
+        report(out, args.format, doc)?;
+    }
+    if let Some(counting) = counting {
+        counting.run(here, out, "head")?;
+        let counts = instructions::report(out)?;
+        if matches!(args.format, Format::Json) {
+            counts.add_to(doc);
+        } else {
+            crate::out(&counts.render(args.format))?;
+        }
+        summary(&counts.render(Format::Markdown));
+    }
+    Ok(())
+}
+
+/// Where `--base` measures: the head here, the base in a worktree at `reference`.
+struct Sides<'a> {
+    here: &'a Path,
+    target: &'a Path,
+    out: &'a Path,
+    reference: &'a str,
+}
+
+/// With `--base`: each measure at the head and at the base, then compared; exit 1 when a
+/// gated measure regressed.
+fn measure_both(
+    args: &Args,
+    s: &Sides<'_>,
+    suite: Suite,
+    counting: Option<&instructions::Counting>,
+    doc: &mut serde_json::Value,
+) -> Result<ExitCode, Error> {
+    // The worktree first: a bad REF is refused before anything is built.
+    let repo = Repo::find(s.here, "--base")?;
+    let tree = Worktree::add(&repo, s.reference, s.target, "--base")?;
+    let (base, head) = (s.out.join("base"), s.out.join("head"));
+    // The build-id store of both sides is --out's.
+    clear(s.out)?;
+    clear(&base)?;
+    clear(&head)?;
+    let side = format!(
+        "base {}, {}",
+        s.reference,
+        &tree.commit[..tree.commit.len().min(12)]
+    );
+    let memory = args.measure.contains(&Measure::Memory);
+    if memory {
+        suite.run(s.here, &head, "head")?;
+        // A target directory of its own: cargo names a workspace's crates the same wherever
+        // they are, so in the head's it would take the head's build for the base's.
+        let base_suite = Suite {
+            target: s.target.join("memtrack-bench-base"),
+            ..suite
+        };
+        base_suite.run(&tree.dir, &base, &side)?;
+    }
+    if let Some(counting) = counting {
+        counting.run(s.here, &head, "head")?;
+        let base_counting = instructions::Counting {
+            target: s.target.join("memtrack-instructions-base"),
+            ..instructions::Counting::new(&args.cargo, args.runs as usize, PathBuf::new())
+        };
+        base_counting.run(&tree.dir, &base, &side)?;
+    }
+    drop(tree);
+    let mut code = ExitCode::SUCCESS;
+    if memory {
+        code = gate(&base, &head, args, doc)?;
+    }
+    if counting.is_some() {
+        let gated = instructions::gate(&base, &head, args.threshold)?;
+        if matches!(args.format, Format::Json) {
+            gated.add_to(doc);
+        } else {
+            crate::out(&gated.render(args.format))?;
+        }
+        summary(&gated.render(Format::Markdown));
+        if code == ExitCode::SUCCESS && gated.regressed() {
+            code = ExitCode::from(1);
+        }
     }
     Ok(code)
 }

@@ -545,6 +545,49 @@ pub(crate) struct Request<'a> {
     pub time: &'a TimeArgs,
 }
 
+impl Runner<'_> {
+    /// Times benchmark `id` of the base's and the head's executable (`exes`) in the order of
+    /// `plan`, and judges the change; the first run that fails ends it, as its failure.
+    fn ab(
+        &mut self,
+        id: &str,
+        exes: (&Executable, &Executable),
+        plan: &[Side],
+        threshold: Threshold,
+    ) -> Result<Row, Failure> {
+        eprintln!(
+            "memtrack: timing {id}: {} runs in the order base, head, head, base",
+            plan.len()
+        );
+        let (mut bs, mut hs) = (Vec::new(), Vec::new());
+        for (i, &side) in plan.iter().enumerate() {
+            let round = i as u32 / 4 + 1;
+            let exe = match side {
+                Side::Base => exes.0,
+                Side::Head => exes.1,
+            };
+            let v = self.run(exe, id, side, round).map_err(|e| Failure {
+                side,
+                benchmark: Some(id.to_string()),
+                error: e.to_string(),
+            })?;
+            match side {
+                Side::Base => bs.push(v),
+                Side::Head => hs.push(v),
+            }
+        }
+        let (base, head) = (Runs(bs), Runs(hs));
+        let (change_percent, verdict) = judge(&base, &head, threshold);
+        Ok(Row {
+            benchmark: id.to_string(),
+            base,
+            head,
+            change_percent,
+            verdict,
+        })
+    }
+}
+
 /// Builds both sides, times every benchmark they share in alternating order and reports. Exit
 /// 0, or 1 on a time regression when gated, or 2 when a build, a listing or a run failed (the
 /// report, with what failed, is printed first).
@@ -597,44 +640,10 @@ pub(crate) fn run(r: &Request<'_>) -> crate::error::Result<ExitCode> {
             continue;
         };
         let h = head.benchmarks[id];
-        eprintln!(
-            "memtrack: timing {id}: {} runs in the order base, head, head, base",
-            plan.len()
-        );
-        let (mut bs, mut hs) = (Vec::new(), Vec::new());
-        let mut failed = false;
-        for (i, &side) in plan.iter().enumerate() {
-            let round = i as u32 / 4 + 1;
-            let exe = match side {
-                Side::Base => &base.exes[b],
-                Side::Head => &head.exes[h],
-            };
-            match runner.run(exe, id, side, round) {
-                Ok(v) if side == Side::Base => bs.push(v),
-                Ok(v) => hs.push(v),
-                Err(error) => {
-                    failures.push(Failure {
-                        side,
-                        benchmark: Some(id.clone()),
-                        error: error.to_string(),
-                    });
-                    failed = true;
-                    break;
-                }
-            }
+        match runner.ab(id, (&base.exes[b], &head.exes[h]), &plan, r.threshold) {
+            Ok(row) => rows.push(row),
+            Err(failure) => failures.push(failure),
         }
-        if failed {
-            continue;
-        }
-        let (base_runs, head_runs) = (Runs(bs), Runs(hs));
-        let (change_percent, verdict) = judge(&base_runs, &head_runs, r.threshold);
-        rows.push(Row {
-            benchmark: id.clone(),
-            base: base_runs,
-            head: head_runs,
-            change_percent,
-            verdict,
-        });
     }
     if let Some((old, _)) = &pinned {
         unpin(old);
@@ -643,31 +652,39 @@ pub(crate) fn run(r: &Request<'_>) -> crate::error::Result<ExitCode> {
     log_out.commit()?;
     let base_commit = tree.commit.clone();
     drop(tree);
-    let only = |a: &Built, b: &Built| -> Vec<String> {
-        a.order
-            .iter()
-            .filter(|id| !b.benchmarks.contains_key(*id))
-            .cloned()
-            .collect()
-    };
     let report = Report {
         threshold: r.threshold,
         rounds: r.time.rounds,
         base_commit,
         cpu: pinned.map(|p| p.1),
-        added: only(&head, &base),
-        removed: only(&base, &head),
+        added: only_in(&head, &base),
+        removed: only_in(&base, &head),
         rows,
         failures,
         log: log_path,
     };
+    print(&report, r)
+}
+
+/// The benchmarks of `a` that `b` lacks, in `a`'s order.
+fn only_in(a: &Built, b: &Built) -> Vec<String> {
+    a.order
+        .iter()
+        .filter(|id| !b.benchmarks.contains_key(*id))
+        .cloned()
+        .collect()
+}
+
+/// Prints `report` as `r` asks (and its markdown into the job summary); the exit code: 2 when
+/// something failed, 1 on a time regression when gated, else 0.
+fn print(report: &Report, r: &Request<'_>) -> crate::error::Result<ExitCode> {
     let text = match r.format {
-        Format::Table => render::table(&report),
-        Format::Markdown => render::markdown(&report),
-        Format::Json => render::json(&report),
+        Format::Table => render::table(report),
+        Format::Markdown => render::markdown(report),
+        Format::Json => render::json(report),
     };
     crate::out(&text)?;
-    super::summary(&render::markdown(&report));
+    super::summary(&render::markdown(report));
     Ok(if !report.failures.is_empty() {
         // The report names what failed; the exit code says the run was not whole.
         ExitCode::from(2)
