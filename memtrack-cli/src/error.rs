@@ -148,6 +148,16 @@ pub(crate) enum Error {
         /// Which side.
         side: String,
     },
+    /// A suite whose build has no memtrack-criterion (`bench --measure instructions`): on
+    /// criterion itself it would be timed under callgrind and counted nothing.
+    #[error(
+        "the suite ({side}) is not on memtrack-criterion, so it has no instructions mode: point \
+         its criterion line at it (`criterion = {{ package = \"memtrack-criterion\", … }}`)"
+    )]
+    NotOnMemtrackCriterion {
+        /// Which side.
+        side: String,
+    },
     /// `bench`'s git worktree is not (or no longer) the one it made; the message names it.
     #[error("{0}")]
     Worktree(String),

@@ -126,27 +126,64 @@ impl Counting {
                 out.status
             )));
         }
-        let mut exes = Vec::new();
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let Ok(m) = serde_json::from_str::<Value>(line) else {
-                continue;
-            };
-            if m["reason"] == "compiler-artifact"
-                && m["target"]["kind"] == serde_json::json!(["bench"])
-                && let (Some(exe), Some(manifest)) =
-                    (m["executable"].as_str(), m["manifest_path"].as_str())
-            {
-                let root = Path::new(manifest).parent().unwrap_or(dir).to_path_buf();
-                exes.push((PathBuf::from(exe), root));
-            }
-        }
-        if exes.is_empty() {
+        let built = Built::read(&String::from_utf8_lossy(&out.stdout), dir);
+        if built.exes.is_empty() {
             return Err(Error::Command(format!(
                 "`{}` built no bench executable ({what})",
                 shown(&cmd)
             )));
         }
-        Ok(exes)
+        // A suite on criterion itself would run its whole timing under callgrind (minutes)
+        // and count nothing.
+        if !built.memtrack_criterion {
+            return Err(Error::NotOnMemtrackCriterion {
+                side: what.to_string(),
+            });
+        }
+        Ok(built.exes)
+    }
+}
+
+/// What `cargo bench --no-run --message-format=json` built.
+#[derive(Debug, PartialEq)]
+struct Built {
+    /// Each bench executable and the directory cargo would run it in (its package's).
+    exes: Vec<(PathBuf, PathBuf)>,
+    /// Whether memtrack-criterion's library was among the artifacts (cargo lists fresh ones
+    /// too): without it no benchmark can be counted.
+    memtrack_criterion: bool,
+}
+
+impl Built {
+    /// Reads cargo's messages (`stdout`); `dir` is the root of a bench without a manifest.
+    fn read(stdout: &str, dir: &Path) -> Built {
+        let mut built = Built {
+            exes: Vec::new(),
+            memtrack_criterion: false,
+        };
+        for line in stdout.lines() {
+            let Ok(m) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if m["reason"] != "compiler-artifact" {
+                continue;
+            }
+            if m["target"]["name"] == "memtrack_criterion"
+                && m["target"]["kind"]
+                    .as_array()
+                    .is_some_and(|k| k.iter().any(|k| k == "lib"))
+            {
+                built.memtrack_criterion = true;
+            }
+            if m["target"]["kind"] == serde_json::json!(["bench"])
+                && let (Some(exe), Some(manifest)) =
+                    (m["executable"].as_str(), m["manifest_path"].as_str())
+            {
+                let root = Path::new(manifest).parent().unwrap_or(dir).to_path_buf();
+                built.exes.push((PathBuf::from(exe), root));
+            }
+        }
+        built
     }
 }
 
@@ -435,5 +472,57 @@ impl Gated {
         let before = doc["regressions"].as_u64().unwrap_or(0);
         doc["regressions"] = (before + self.regressions as u64).into();
         doc["grown"] = render::json(&self.grown);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// cargo's messages for a suite's bench executable, after its criterion library's (`lib`
+    /// named `lib_name`) and a line that is not JSON.
+    fn messages(lib_name: &str) -> String {
+        let lib = serde_json::json!({
+            "reason": "compiler-artifact",
+            "package_id": "path+file:///src/memtrack-criterion#0.1.0",
+            "manifest_path": "/src/memtrack-criterion/Cargo.toml",
+            "target": { "kind": ["lib"], "crate_types": ["lib"], "name": lib_name },
+            "filenames": [format!("/t/release/deps/lib{lib_name}-0347462a981e0c24.rlib")],
+            "executable": null,
+            "fresh": true
+        });
+        let bench = serde_json::json!({
+            "reason": "compiler-artifact",
+            "package_id": "path+file:///tmp/real-semver#semver@1.0.27",
+            "manifest_path": "/tmp/real-semver/Cargo.toml",
+            "target": { "kind": ["bench"], "crate_types": ["bin"], "name": "parse" },
+            "filenames": ["/t/release/deps/parse-b3b580388397a23c"],
+            "executable": "/t/release/deps/parse-b3b580388397a23c",
+            "fresh": false
+        });
+        let done = serde_json::json!({ "reason": "build-finished", "success": true });
+        format!("{lib}\nnot json\n{bench}\n{done}\n")
+    }
+
+    #[test]
+    fn a_suite_on_memtrack_criterion_is_counted() {
+        let built = Built::read(&messages("memtrack_criterion"), Path::new("/elsewhere"));
+        assert_eq!(
+            built,
+            Built {
+                exes: vec![(
+                    PathBuf::from("/t/release/deps/parse-b3b580388397a23c"),
+                    PathBuf::from("/tmp/real-semver"),
+                )],
+                memtrack_criterion: true,
+            }
+        );
+    }
+
+    #[test]
+    fn a_suite_on_criterion_itself_is_told_apart() {
+        let built = Built::read(&messages("criterion"), Path::new("/elsewhere"));
+        assert_eq!(built.exes.len(), 1);
+        assert!(!built.memtrack_criterion);
     }
 }
