@@ -949,6 +949,109 @@ fn instructions_chain_names_the_commit() {
     assert_eq!(worktrees.lines().count(), 1, "{worktrees}");
 }
 
+/// `--measure memory,instructions --chain HEAD~2..HEAD` over base, [`GROW`] and a comment:
+/// tokenize regressed in both measures, and the one step, named by the middle commit, holds
+/// both measures' rows for tokenize alone, memory's call sites in `tokenize` and the grown
+/// function `downstream::tokenize`; the commit between ran tokenize alone in each measure.
+fn both_measures_chain_name_the_commit() {
+    let (_turn, _) = project();
+    let dir = tmp().join("both-chain");
+    let _ = std::fs::remove_dir_all(&dir);
+    copy_downstream(&dir);
+    git(&dir, &["init", "-q"]);
+    git(&dir, &["add", "."]);
+    git(&dir, &["commit", "-qm", "base"]);
+    edit(&dir, "src/lib.rs", GROW);
+    git(&dir, &["commit", "-qam", "tokenize copies each token"]);
+    let comment = ("//! The code under test", "//! The code under test (same)");
+    edit(&dir, "src/lib.rs", comment);
+    git(&dir, &["commit", "-qam", "a comment"]);
+    let log = git(&dir, &["log", "--reverse", "--format=%H"]);
+    let ids: Vec<String> = text(&log.stdout).lines().map(String::from).collect();
+    let out_dir = tmp().join("both-chain-out");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let args = [
+        "--backend",
+        "alloc",
+        "--measure",
+        "memory,instructions",
+        "--runs",
+        "1",
+        "--chain",
+        "HEAD~2..HEAD",
+        "--format",
+        "json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = bench(&dir, &args, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["regressed"], serde_json::json!(["tokenize"]), "{v:#}");
+    assert_eq!(
+        v["comparison"]["metrics"],
+        serde_json::json!(["allocations", "bytes", "peak", "instructions"]),
+        "{v:#}"
+    );
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{v:#}");
+    let step = &steps[0];
+    assert_eq!(
+        (&step["commit"], &step["after"]),
+        (&ids[1].as_str().into(), &ids[0].as_str().into())
+    );
+    let c = &step["comparison"];
+    let changed: Vec<(&str, &str)> = c["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["verdict"] != "unchanged")
+        .map(|r| {
+            (
+                r["benchmark"].as_str().unwrap(),
+                r["metric"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for metric in ["allocations", "bytes", "instructions"] {
+        assert!(changed.contains(&("tokenize", metric)), "{c:#}");
+    }
+    assert!(changed.iter().all(|r| r.0 == "tokenize"), "{c:#}");
+    let a = c["attribution"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["metric"] == "allocations")
+        .unwrap_or_else(|| panic!("no attribution of allocations: {c:#}"));
+    assert_eq!(a["delta"], 10 * tokens().len() as i64, "{a:#}");
+    let functions = functions(&a["sites"][0]["frames"]);
+    assert!(
+        functions
+            .iter()
+            .any(|f| f.starts_with("downstream::tokenize")),
+        "{functions:?}"
+    );
+    let grown: Vec<&str> = c["grown"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["function"].as_str().unwrap())
+        .collect();
+    assert!(grown.contains(&"downstream::tokenize"), "{grown:?}");
+    let d = out_dir.join(format!("01-{}", &ids[1][..12]));
+    let mut files: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["tokenize.instructions.json", "tokenize.memtrack"],
+        "{}",
+        d.display()
+    );
+}
+
 /// Without valgrind on PATH, `--measure instructions` names the package to install, exit 2.
 fn instructions_without_valgrind_names_the_package() {
     let (_turn, dir) = project();
@@ -981,6 +1084,11 @@ fn main() {
             "instructions_chain_names_the_commit",
             &[Need::Tool("valgrind")],
             instructions_chain_names_the_commit,
+        ),
+        requires(
+            "both_measures_chain_name_the_commit",
+            &[Need::Tool("valgrind")],
+            both_measures_chain_name_the_commit,
         ),
         test(
             "instructions_without_valgrind_names_the_package",
