@@ -128,13 +128,6 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
         )));
     }
     let _lock = Lock::take(&target)?;
-    if args.chain.is_some() && args.measure.contains(&Measure::Time) {
-        return Err(Error::Usage(
-            "--chain follows memory and instructions, not time: chain with --measure \
-             instructions, then time the commit it names with --measure time --base COMMIT~1"
-                .into(),
-        ));
-    }
     if args.measure.contains(&Measure::Time) {
         return timed(&args, &here, &target, &out);
     }
@@ -228,6 +221,11 @@ fn timed(args: &Args, here: &Path, target: &Path, out: &Path) -> Result<ExitCode
             gate: args.gate.contains(&GateArg::Time),
             time: &args.time,
         }),
+        (None, Some(_)) => Err(Error::Usage(
+            "--chain follows memory and instructions, not time: chain with --measure \
+             instructions, then time the commit it names with --measure time --base COMMIT~1"
+                .into(),
+        )),
         _ => Err(Error::Usage(
             "--measure time compares two builds run in alternating order: give --base REF".into(),
         )),
