@@ -1,10 +1,10 @@
 //! `memtrack bench [--base REF | --chain BASE..HEAD] -- <cargo bench args>`: a criterion suite
 //! on memtrack-criterion, run in memory mode and reported per benchmark; with `--base`, also
 //! run at REF (a git worktree) and gated as `memtrack compare` gates; with `--chain`, the
-//! commits of a range that made each regressed benchmark change; with `--measure time --base
-//! REF`, both sides' wall-clock times in alternating order instead (`time`). Beside its
-//! artifacts each run keeps a copy of the executables they recorded (`.build-id/`), so that
-//! they stay named after the suite is rebuilt. Exit 0: done, no regression; 1: a regression;
+//! commits of a range that made each regressed benchmark change (memory, instructions or
+//! both); with `--measure time --base REF`, both sides' wall-clock times in alternating order
+//! instead (`time`). Beside its artifacts each run keeps a copy of the executables they
+//! recorded (`.build-id/`), so that they stay named after the suite is rebuilt. Exit 0: done, no regression; 1: a regression;
 //! 2: bad usage, a failed build or run, or an artifact refused.
 
 use std::ffi::OsString;
@@ -82,9 +82,10 @@ pub(crate) struct Args {
     /// per iteration: exit 1 on a regression.
     #[arg(long, value_name = "REF")]
     base: Option<String>,
-    /// Which commit of BASE..HEAD made each benchmark that regressed from BASE to HEAD grow:
-    /// runs them at every commit of HEAD's first-parent line between (one worktree, builds
-    /// reused) and names each step with its call sites. Exit 1 when one regressed.
+    /// Which commit of BASE..HEAD made each benchmark that regressed from BASE to HEAD grow,
+    /// in memory or instructions (--measure): runs them at every commit of HEAD's first-parent
+    /// line between (one worktree, builds reused) and names each step with its call sites or
+    /// the functions that grew. Exit 1 when one regressed.
     #[arg(long, value_name = "BASE..HEAD", conflicts_with = "base")]
     chain: Option<String>,
     /// Growth allowed before a metric counts as regressed, with its % sign (as `compare`'s).
@@ -144,17 +145,16 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
         )
     });
     if let Some(spec) = &args.chain {
-        if counting.is_some() {
-            return Err(Error::Usage(
-                "--chain follows memory only: --measure instructions takes --base".to_string(),
-            ));
-        }
         let repo = Repo::find(&here, "--chain")?;
+        let measures = chain::Measures {
+            memory: args.measure.contains(&Measure::Memory).then_some(suite),
+            instructions: counting,
+        };
         return chain::run(
             &repo,
             &target,
             &out,
-            suite,
+            measures,
             spec,
             args.threshold,
             args.format,
@@ -221,6 +221,11 @@ fn timed(args: &Args, here: &Path, target: &Path, out: &Path) -> Result<ExitCode
             gate: args.gate.contains(&GateArg::Time),
             time: &args.time,
         }),
+        (None, Some(_)) => Err(Error::Usage(
+            "--chain follows memory and instructions, not time: chain with --measure \
+             instructions, then time the commit it names with --measure time --base COMMIT~1"
+                .into(),
+        )),
         _ => Err(Error::Usage(
             "--measure time compares two builds run in alternating order: give --base REF".into(),
         )),

@@ -675,6 +675,15 @@ fn chain_refuses_a_bad_range() {
             format!("memtrack: error: --chain {range}: {why}\n")
         );
     }
+    // Time is not followed along a chain: the way to time a step is named.
+    let out = bench(dir, &["--measure", "time", "--chain", "HEAD~1..HEAD"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr),
+        "memtrack: error: --chain follows memory and instructions, not time: chain with \
+         --measure instructions, then time the commit it names with --measure time --base \
+         COMMIT~1\n"
+    );
     // A BASE that HEAD reaches only through a merge's second parent: the chain of HEAD's first
     // parents never passes through it.
     let side = tmp().join("side");
@@ -815,6 +824,234 @@ fn instructions_base_names_the_regression() {
     }
 }
 
+/// The edit that makes `tokenize` do more work and allocate nothing more: the source scanned
+/// twice to size the vector.
+const LONGER_LOOP: (&str, &str) = (
+    "Vec::with_capacity(words().count())",
+    "Vec::with_capacity((0..2).map(|_| words().count()).max().unwrap_or(0))",
+);
+
+/// `--measure instructions --chain HEAD~2..HEAD` over base, [`LONGER_LOOP`] and a comment:
+/// exit 1, tokenize alone regressed and followed (the commit between counts it only), one
+/// step, named by the middle commit, whose grown functions name `downstream::tokenize`; the
+/// job summary (markdown) names them too.
+fn instructions_chain_names_the_commit() {
+    let (_turn, _) = project();
+    let dir = tmp().join("ir-chain");
+    let _ = std::fs::remove_dir_all(&dir);
+    copy_downstream(&dir);
+    git(&dir, &["init", "-q"]);
+    git(&dir, &["add", "."]);
+    git(&dir, &["commit", "-qm", "base"]);
+    edit(&dir, "src/lib.rs", LONGER_LOOP);
+    git(&dir, &["commit", "-qam", "tokenize scans twice"]);
+    let comment = ("//! The code under test", "//! The code under test (same)");
+    edit(&dir, "src/lib.rs", comment);
+    git(&dir, &["commit", "-qam", "a comment"]);
+    let log = git(&dir, &["log", "--reverse", "--format=%H"]);
+    let ids: Vec<String> = text(&log.stdout).lines().map(String::from).collect();
+    let out_dir = tmp().join("ir-chain-out");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let summary = tmp().join("ir-chain-summary.md");
+    std::fs::write(&summary, "").unwrap();
+    let args = [
+        "--measure",
+        "instructions",
+        "--runs",
+        "1",
+        "--chain",
+        "HEAD~2..HEAD",
+        "--format",
+        "json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = bench(&dir, &args, &[("GITHUB_STEP_SUMMARY", &summary)]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["regressed"], serde_json::json!(["tokenize"]), "{v:#}");
+    let states: Vec<&str> = v["commits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["measured"; 3], "{v:#}");
+    let verdicts: Vec<(&str, &str, &str)> = v["comparison"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap();
+            (s("benchmark"), s("metric"), s("verdict"))
+        })
+        .filter(|r| r.2 == "regressed")
+        .collect();
+    assert_eq!(
+        verdicts,
+        [("tokenize", "instructions", "regressed")],
+        "{v:#}"
+    );
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{v:#}");
+    let step = &steps[0];
+    assert_eq!(step["commit"], ids[1].as_str());
+    assert_eq!(step["after"], ids[0].as_str());
+    let rows = step["comparison"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{step:#}");
+    assert_eq!(
+        (&rows[0]["benchmark"], &rows[0]["metric"]),
+        (&"tokenize".into(), &"instructions".into())
+    );
+    assert!(
+        rows[0]["head_per_iteration"].as_f64() > rows[0]["base_per_iteration"].as_f64(),
+        "{step:#}"
+    );
+    let grown: Vec<(&str, &str)> = step["comparison"]["grown"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["benchmark"].as_str().unwrap(),
+                g["function"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        grown.contains(&("tokenize", "downstream::tokenize")),
+        "{grown:?}"
+    );
+    assert!(grown.iter().all(|g| g.0 == "tokenize"), "{grown:?}");
+    // The ends counted the whole suite, the commit between the regressed benchmark only.
+    for (i, id) in ids.iter().enumerate() {
+        let d = out_dir.join(format!("{i:02}-{}", &id[..12]));
+        let mut files: Vec<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        let expected: &[&str] = match i {
+            1 => &["tokenize.instructions.json"],
+            _ => &["render.instructions.json", "tokenize.instructions.json"],
+        };
+        assert_eq!(files, expected, "{}", d.display());
+    }
+    let markdown = std::fs::read_to_string(&summary).unwrap();
+    assert!(
+        markdown.contains(&format!(
+            "At `{}`, functions that grew most (inclusive, per iteration):",
+            &ids[1][..12]
+        )) && markdown.contains("downstream::tokenize"),
+        "{markdown}"
+    );
+    let worktrees = text(&git(&dir, &["worktree", "list"]).stdout);
+    assert_eq!(worktrees.lines().count(), 1, "{worktrees}");
+}
+
+/// `--measure memory,instructions --chain HEAD~2..HEAD` over base, [`GROW`] and a comment:
+/// tokenize regressed in both measures, and the one step, named by the middle commit, holds
+/// both measures' rows for tokenize alone, memory's call sites in `tokenize` and the grown
+/// function `downstream::tokenize`; the commit between ran tokenize alone in each measure.
+fn both_measures_chain_name_the_commit() {
+    let (_turn, _) = project();
+    let dir = tmp().join("both-chain");
+    let _ = std::fs::remove_dir_all(&dir);
+    copy_downstream(&dir);
+    git(&dir, &["init", "-q"]);
+    git(&dir, &["add", "."]);
+    git(&dir, &["commit", "-qm", "base"]);
+    edit(&dir, "src/lib.rs", GROW);
+    git(&dir, &["commit", "-qam", "tokenize copies each token"]);
+    let comment = ("//! The code under test", "//! The code under test (same)");
+    edit(&dir, "src/lib.rs", comment);
+    git(&dir, &["commit", "-qam", "a comment"]);
+    let log = git(&dir, &["log", "--reverse", "--format=%H"]);
+    let ids: Vec<String> = text(&log.stdout).lines().map(String::from).collect();
+    let out_dir = tmp().join("both-chain-out");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let args = [
+        "--backend",
+        "alloc",
+        "--measure",
+        "memory,instructions",
+        "--runs",
+        "1",
+        "--chain",
+        "HEAD~2..HEAD",
+        "--format",
+        "json",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = bench(&dir, &args, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let v = json(&out);
+    assert_eq!(v["regressed"], serde_json::json!(["tokenize"]), "{v:#}");
+    assert_eq!(
+        v["comparison"]["metrics"],
+        serde_json::json!(["allocations", "bytes", "peak", "instructions"]),
+        "{v:#}"
+    );
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{v:#}");
+    let step = &steps[0];
+    assert_eq!(
+        (&step["commit"], &step["after"]),
+        (&ids[1].as_str().into(), &ids[0].as_str().into())
+    );
+    let c = &step["comparison"];
+    let changed: Vec<(&str, &str)> = c["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["verdict"] != "unchanged")
+        .map(|r| {
+            (
+                r["benchmark"].as_str().unwrap(),
+                r["metric"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for metric in ["allocations", "bytes", "instructions"] {
+        assert!(changed.contains(&("tokenize", metric)), "{c:#}");
+    }
+    assert!(changed.iter().all(|r| r.0 == "tokenize"), "{c:#}");
+    let a = c["attribution"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["metric"] == "allocations")
+        .unwrap_or_else(|| panic!("no attribution of allocations: {c:#}"));
+    assert_eq!(a["delta"], 10 * tokens().len() as i64, "{a:#}");
+    let functions = functions(&a["sites"][0]["frames"]);
+    assert!(
+        functions
+            .iter()
+            .any(|f| f.starts_with("downstream::tokenize")),
+        "{functions:?}"
+    );
+    let grown: Vec<&str> = c["grown"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["function"].as_str().unwrap())
+        .collect();
+    assert!(grown.contains(&"downstream::tokenize"), "{grown:?}");
+    let d = out_dir.join(format!("01-{}", &ids[1][..12]));
+    let mut files: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["tokenize.instructions.json", "tokenize.memtrack"],
+        "{}",
+        d.display()
+    );
+}
+
 /// Without valgrind on PATH, `--measure instructions` names the package to install, exit 2.
 fn instructions_without_valgrind_names_the_package() {
     let (_turn, dir) = project();
@@ -842,6 +1079,16 @@ fn main() {
             "instructions_base_names_the_regression",
             &[Need::Tool("valgrind")],
             instructions_base_names_the_regression,
+        ),
+        requires(
+            "instructions_chain_names_the_commit",
+            &[Need::Tool("valgrind")],
+            instructions_chain_names_the_commit,
+        ),
+        requires(
+            "both_measures_chain_name_the_commit",
+            &[Need::Tool("valgrind")],
+            both_measures_chain_name_the_commit,
         ),
         test(
             "instructions_without_valgrind_names_the_package",

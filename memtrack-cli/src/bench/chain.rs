@@ -1,9 +1,11 @@
 //! `memtrack bench --chain BASE..HEAD`: which commit of a range made each regressed benchmark
-//! change. The whole suite runs at BASE and at HEAD and is compared as `--base` compares; then
-//! the regressed benchmarks alone (`MEMTRACK_BENCHMARKS`) run at every commit between, on
-//! HEAD's first-parent line, in one worktree and one target directory (`--base`'s), so that
-//! each commit rebuilds only what it changed. Each step, a change between two consecutive
-//! measured commits, is named by its commit, with the call sites behind each growth.
+//! change, for memory, instructions or both. The whole suite runs at BASE and at HEAD and is
+//! compared as `--base` compares; then the benchmarks that regressed in each measure run alone
+//! (`MEMTRACK_BENCHMARKS`) at every commit between, on HEAD's first-parent line, in one
+//! worktree and, per measure, one target directory (`--base`'s), so that each commit rebuilds
+//! only what it changed. Each step, a change between two consecutive measured commits, is
+//! named by its commit, with the call sites behind each growth of memory and the functions
+//! whose inclusive instructions per iteration grew most.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,6 +14,7 @@ use std::process::ExitCode;
 use memtrack::render::{Align, Cell, Column, Table, Unit, md_escape};
 use memtrack::{analysis::Metric, analysis::Row, analysis::Threshold, analysis::Verdict, human};
 
+use super::instructions::{self, Counting, Gated};
 use super::suite::{Repo, Suite, Worktree};
 use crate::compare::{self, Attributed, Format, Judged, render};
 use crate::error::Error;
@@ -92,9 +95,16 @@ pub(crate) fn commits(repo: &Repo, spec: &str) -> Result<Vec<Commit>, Error> {
     Ok(out)
 }
 
+/// What the chain measures at each commit, each measure in a target directory of its own: the
+/// suite in memory mode, instructions under callgrind, or both.
+pub(crate) struct Measures {
+    pub memory: Option<Suite>,
+    pub instructions: Option<Counting>,
+}
+
 /// What became of one commit of the chain.
 enum Outcome {
-    /// Measured: its artifacts' directory.
+    /// Measured: its results' directory.
     Measured(PathBuf),
     /// Its suite did not build or run (a broken commit of the range): why.
     Failed(String),
@@ -102,13 +112,106 @@ enum Outcome {
     Skipped,
 }
 
+/// BASE compared with HEAD in each measure, and the benchmarks each follows along the chain.
+struct Overall {
+    memory: Option<Judged>,
+    instructions: Option<Gated>,
+    /// The benchmarks whose memory regressed.
+    memory_regressed: BTreeSet<String>,
+    /// The benchmarks whose instructions regressed.
+    instructions_regressed: BTreeSet<String>,
+}
+
+impl Overall {
+    /// Compares the ends, measured into `base` and `head`, in each measure of `m`.
+    fn judge(m: &Measures, base: &Path, head: &Path, threshold: Threshold) -> Result<Self, Error> {
+        let memory = match m.memory {
+            Some(_) => {
+                let ends = compare::load_pair(base, head)?;
+                compare::nothing_in_common(&ends, base, head)?;
+                super::mixed(&ends.base, &ends.head)?;
+                Some(compare::judge(&ends, &Metric::ALL, threshold)?)
+            }
+            None => None,
+        };
+        let instructions = match m.instructions {
+            Some(_) => Some(instructions::gate(base, head, threshold)?),
+            None => None,
+        };
+        let memory_regressed = memory
+            .iter()
+            .flat_map(|j| &j.cmp.rows)
+            .filter(|r| r.verdict == Verdict::Regressed)
+            .map(|r| r.benchmark.clone())
+            .collect();
+        let instructions_regressed = instructions
+            .iter()
+            .flat_map(Gated::regressed_benchmarks)
+            .cloned()
+            .collect();
+        Ok(Overall {
+            memory,
+            instructions,
+            memory_regressed,
+            instructions_regressed,
+        })
+    }
+
+    /// The benchmarks that regressed in a measure, by name.
+    fn regressed(&self) -> BTreeSet<String> {
+        self.memory_regressed
+            .union(&self.instructions_regressed)
+            .cloned()
+            .collect()
+    }
+
+    /// `m` limited to what the chain follows: each measure's regressed benchmarks, and no
+    /// measure where none regressed.
+    fn followed(&self, m: Measures) -> Measures {
+        let list = |set: &BTreeSet<String>| Some(set.iter().cloned().collect());
+        Measures {
+            memory: m
+                .memory
+                .filter(|_| !self.memory_regressed.is_empty())
+                .map(|s| Suite {
+                    only: list(&self.memory_regressed),
+                    ..s
+                }),
+            instructions: m
+                .instructions
+                .filter(|_| !self.instructions_regressed.is_empty())
+                .map(|c| Counting {
+                    only: list(&self.instructions_regressed),
+                    ..c
+                }),
+        }
+    }
+
+    /// 1 when a benchmark regressed from BASE to HEAD in a measure, else 0.
+    fn exit_code(&self) -> ExitCode {
+        let memory = self
+            .memory
+            .as_ref()
+            .is_some_and(|j| j.exit_code() != ExitCode::SUCCESS);
+        if memory || !self.instructions_regressed.is_empty() {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
+}
+
 /// A change of the followed benchmarks between two consecutive measured commits.
 struct Step {
     /// Indices into the chain: the measured commit before, and the one that changed.
     from: usize,
     to: usize,
-    /// The two compared with a threshold of 0, so that every growth gets its call sites.
-    judged: Judged,
+    /// Memory's comparison of the two, when memory is followed: with a threshold of 0, so
+    /// that every growth gets its call sites.
+    memory: Option<Judged>,
+    /// Instructions', when they are followed: with a threshold of 0, so that every growth
+    /// names its functions.
+    instructions: Option<Gated>,
 }
 
 /// Runs the chain; see the module docs. Exit 1 when a benchmark regressed from BASE to HEAD.
@@ -116,7 +219,7 @@ pub(crate) fn run(
     repo: &Repo,
     target: &Path,
     out: &Path,
-    suite: Suite,
+    measures: Measures,
     spec: &str,
     threshold: Threshold,
     format: Format,
@@ -124,10 +227,16 @@ pub(crate) fn run(
     let chain = commits(repo, spec)?;
     let n = chain.len();
     let tree = Worktree::add(repo, &chain[0].id, target, "--chain")?;
-    // The target directory of `--base`'s builds, in the same worktree: one set of builds.
-    let suite = Suite {
-        target: target.join("memtrack-bench-base"),
-        ..suite
+    // The target directories of `--base`'s builds, in the same worktree: one set of builds.
+    let measures = Measures {
+        memory: measures.memory.map(|s| Suite {
+            target: target.join("memtrack-bench-base"),
+            ..s
+        }),
+        instructions: measures.instructions.map(|c| Counting {
+            target: target.join("memtrack-instructions-base"),
+            ..c
+        }),
     };
     let dirs: Vec<PathBuf> = chain
         .iter()
@@ -143,35 +252,26 @@ pub(crate) fn run(
         chain[n - 1].short()
     );
     for i in [0, n - 1] {
-        measure(&tree, &suite, &chain[i], &dirs[i])?;
+        measure(&tree, &measures, &chain[i], &dirs[i])?;
     }
-    let ends = compare::load_pair(&dirs[0], &dirs[n - 1])?;
-    compare::nothing_in_common(&ends, &dirs[0], &dirs[n - 1])?;
-    super::mixed(&ends.base, &ends.head)?;
-    let overall = compare::judge(&ends, &Metric::ALL, threshold)?;
-    let regressed: BTreeSet<String> = overall
-        .cmp
-        .rows
-        .iter()
-        .filter(|r| r.verdict == Verdict::Regressed)
-        .map(|r| r.benchmark.clone())
-        .collect();
+    let overall = Overall::judge(&measures, &dirs[0], &dirs[n - 1], threshold)?;
     let mut outcomes: Vec<Outcome> = (0..n).map(|_| Outcome::Skipped).collect();
     outcomes[0] = Outcome::Measured(dirs[0].clone());
     outcomes[n - 1] = Outcome::Measured(dirs[n - 1].clone());
+    let regressed = overall.regressed();
     if !regressed.is_empty() {
-        let only = Suite {
-            only: Some(regressed.iter().cloned().collect()),
-            ..suite
-        };
-        between(&tree, &only, &chain, &dirs, &mut outcomes);
+        let followed = overall.followed(measures);
+        between(
+            &tree,
+            &followed,
+            &chain,
+            &dirs,
+            &mut outcomes,
+            regressed.len(),
+        );
     }
     drop(tree);
-    let steps = if regressed.is_empty() {
-        Vec::new()
-    } else {
-        follow(&outcomes, &regressed)?
-    };
+    let steps = follow(&outcomes, &overall)?;
     let report = Report {
         spec,
         regressed: &regressed,
@@ -185,27 +285,27 @@ pub(crate) fn run(
     Ok(overall.exit_code())
 }
 
-/// Measures the commits between the ends (the suite limited to the regressed benchmarks); a
-/// commit whose suite does not build or run is noted and passed over.
+/// Measures the commits between the ends (each measure limited to its `count` regressed
+/// benchmarks in all); a commit whose suite does not build or run is noted and passed over.
 fn between(
     tree: &Worktree,
-    only: &Suite,
+    followed: &Measures,
     chain: &[Commit],
     dirs: &[PathBuf],
     outcomes: &mut [Outcome],
+    count: usize,
 ) {
     let n = chain.len();
     if n <= 2 {
         return;
     }
-    let count = only.only.as_ref().map_or(0, Vec::len) as u64;
     eprintln!(
         "memtrack: following {} along the {} commits between",
-        human::plural(count, "regressed benchmark", "regressed benchmarks"),
+        human::plural(count as u64, "regressed benchmark", "regressed benchmarks"),
         n - 2
     );
     for i in 1..n - 1 {
-        outcomes[i] = match measure(tree, only, &chain[i], &dirs[i]) {
+        outcomes[i] = match measure(tree, followed, &chain[i], &dirs[i]) {
             Ok(()) => Outcome::Measured(dirs[i].clone()),
             Err(e) => {
                 eprintln!(
@@ -243,33 +343,41 @@ fn clear_old_commits(out: &Path, dirs: &[PathBuf]) -> Result<(), Error> {
             continue;
         }
         super::clear(&path)?;
+        instructions::clear(&path)?;
         let _ = std::fs::remove_dir(&path);
     }
     Ok(())
 }
 
-/// Checks `commit` out, clears `dir` and runs the suite there into it: an error when it
-/// recorded nothing (the benchmarks followed are gone at that commit, or its suite records
-/// elsewhere).
-fn measure(tree: &Worktree, suite: &Suite, commit: &Commit, dir: &Path) -> Result<(), Error> {
+/// Checks `commit` out, clears `dir` and runs each measure of `m` there into it: an error
+/// when memory mode recorded nothing (the benchmarks followed are gone at that commit, or its
+/// suite records elsewhere), or instructions mode counted nothing.
+fn measure(tree: &Worktree, m: &Measures, commit: &Commit, dir: &Path) -> Result<(), Error> {
     tree.checkout(&commit.id)?;
     super::clear(dir)?;
-    suite.run(&tree.dir, dir, &format!("commit {}", commit.short()))?;
-    let recorded = std::fs::read_dir(dir)
-        .map_err(|e| crate::error::io(format!("cannot read {}", dir.display()), e))?
-        .filter_map(Result::ok)
-        .any(|e| e.path().extension().is_some_and(|x| x == "memtrack"));
-    if !recorded {
-        return Err(Error::Command(format!(
-            "its suite recorded no benchmark in {}",
-            dir.display()
-        )));
+    instructions::clear(dir)?;
+    let what = format!("commit {}", commit.short());
+    if let Some(suite) = &m.memory {
+        suite.run(&tree.dir, dir, &what)?;
+        let recorded = std::fs::read_dir(dir)
+            .map_err(|e| crate::error::io(format!("cannot read {}", dir.display()), e))?
+            .filter_map(Result::ok)
+            .any(|e| e.path().extension().is_some_and(|x| x == "memtrack"));
+        if !recorded {
+            return Err(Error::Command(format!(
+                "its suite recorded no benchmark in {}",
+                dir.display()
+            )));
+        }
+    }
+    if let Some(counting) = &m.instructions {
+        counting.run(&tree.dir, dir, &what)?;
     }
     Ok(())
 }
 
-/// The steps of the regressed benchmarks between consecutive measured commits.
-fn follow(outcomes: &[Outcome], regressed: &BTreeSet<String>) -> Result<Vec<Step>, Error> {
+/// The steps of the followed benchmarks between consecutive measured commits.
+fn follow(outcomes: &[Outcome], overall: &Overall) -> Result<Vec<Step>, Error> {
     let measured: Vec<(usize, &PathBuf)> = outcomes
         .iter()
         .enumerate()
@@ -278,22 +386,35 @@ fn follow(outcomes: &[Outcome], regressed: &BTreeSet<String>) -> Result<Vec<Step
             _ => None,
         })
         .collect();
+    let (memory, counted) = (&overall.memory_regressed, &overall.instructions_regressed);
     let mut steps = Vec::new();
     for pair in measured.windows(2) {
         let ((from, a), (to, b)) = (pair[0], pair[1]);
-        let mut loaded = compare::load_pair(a, b)?;
-        loaded.retain(regressed);
         let zero = Threshold::from_ppm(0);
-        let judged = compare::judge(&loaded, &Metric::ALL, zero)?;
-        let changed = judged
-            .cmp
-            .rows
-            .iter()
-            .any(|r| r.verdict != Verdict::Unchanged)
-            || !judged.cmp.added.is_empty()
-            || !judged.cmp.removed.is_empty();
+        let mut step = Step {
+            from,
+            to,
+            memory: None,
+            instructions: None,
+        };
+        if !memory.is_empty() {
+            let mut loaded = compare::load_pair(a, b)?;
+            loaded.retain(memory);
+            step.memory = Some(compare::judge(&loaded, &Metric::ALL, zero)?);
+        }
+        if !counted.is_empty() {
+            step.instructions = Some(instructions::step(a, b, counted)?);
+        }
+        let changed = step.memory.as_ref().is_some_and(|j| {
+            j.cmp.rows.iter().any(|r| r.verdict != Verdict::Unchanged)
+                || !j.cmp.added.is_empty()
+                || !j.cmp.removed.is_empty()
+        }) || step
+            .instructions
+            .as_ref()
+            .is_some_and(|g| !g.moved().is_empty());
         if changed {
-            steps.push(Step { from, to, judged });
+            steps.push(step);
         }
     }
     Ok(steps)
@@ -302,20 +423,19 @@ fn follow(outcomes: &[Outcome], regressed: &BTreeSet<String>) -> Result<Vec<Step
 /// What the chain found, to render.
 struct Report<'a> {
     spec: &'a str,
-    /// The benchmarks that regressed from BASE to HEAD, by name.
+    /// The benchmarks that regressed from BASE to HEAD in a measure, by name.
     regressed: &'a BTreeSet<String>,
     chain: &'a [Commit],
     outcomes: &'a [Outcome],
-    overall: &'a Judged,
+    overall: &'a Overall,
     steps: &'a [Step],
 }
 
-/// The rows of a step that changed.
+/// The memory rows of a step that changed.
 fn changed(step: &Step) -> impl Iterator<Item = &Row> {
-    step.judged
-        .cmp
-        .rows
+    step.memory
         .iter()
+        .flat_map(|j| &j.cmp.rows)
         .filter(|r| r.verdict != Verdict::Unchanged)
 }
 
@@ -363,8 +483,10 @@ impl Report<'_> {
     /// The call sites behind a step's growth of the metrics that regressed from BASE to HEAD
     /// (a step's other changes are in its rows, and all its sites in the JSON).
     fn sites<'s>(&'s self, step: &'s Step) -> impl Iterator<Item = &'s Attributed> {
-        step.judged.attributed.iter().filter(|a| {
-            self.overall.cmp.rows.iter().any(|r| {
+        let overall = self.overall.memory.iter().flat_map(|j| &j.cmp.rows);
+        let attributed = step.memory.iter().flat_map(|j| &j.attributed);
+        attributed.filter(move |a| {
+            overall.clone().any(|r| {
                 r.verdict == Verdict::Regressed
                     && r.benchmark == a.benchmark
                     && r.metric == a.attribution.metric
@@ -384,7 +506,8 @@ impl Report<'_> {
     }
 
     /// The steps: per benchmark and metric that changed at a step, the commit, the figures
-    /// before and after (per iteration when compared so) and the commit's subject.
+    /// before and after (per iteration when compared so; instructions per iteration) and the
+    /// commit's subject.
     fn steps_table(&self) -> Table {
         let mut t = Table::new(vec![
             Column::new("benchmark", "benchmark", Align::Left),
@@ -412,14 +535,58 @@ impl Report<'_> {
                     Cell::Text(self.chain[step.to].subject.clone()),
                 ]);
             }
+            for m in step.instructions.iter().flat_map(Gated::moved) {
+                t.push(vec![
+                    Cell::Text(m.benchmark.clone()),
+                    Cell::Text("instructions".into()),
+                    Cell::Code(self.commit_text(step)),
+                    m.base.clone(),
+                    m.head.clone(),
+                    m.change.clone(),
+                    Cell::Text(self.chain[step.to].subject.clone()),
+                ]);
+            }
         }
         t
     }
 
+    /// BASE compared with HEAD in each measure, rendered as `format` (table or markdown),
+    /// without memory's call sites (the steps have each commit's own).
+    fn overall_text(&self, format: Format) -> String {
+        let mut out = String::new();
+        if let Some(j) = &self.overall.memory {
+            out.push_str(&match format {
+                Format::Markdown => render::markdown(&j.cmp, &[]),
+                _ => render::table(&j.cmp, &[]),
+            });
+        }
+        if let Some(g) = &self.overall.instructions {
+            // Markdown's sections end in a blank line already.
+            if !out.is_empty() && !matches!(format, Format::Markdown) {
+                out.push('\n');
+            }
+            out.push_str(&g.render(format));
+        }
+        out
+    }
+
+    /// The functions whose instructions per iteration grew most at a step, as `format`.
+    fn grown_text(&self, step: &Step, format: Format) -> Option<String> {
+        let grown = step.instructions.as_ref()?.grown(format)?;
+        let at = self.chain[step.to].short();
+        Some(match format {
+            Format::Markdown => format!(
+                "At `{at}`, functions that grew most (inclusive, per iteration):\n\n{grown}\n"
+            ),
+            _ => {
+                format!("\nat {at}: functions that grew most (inclusive, per iteration):\n{grown}")
+            }
+        })
+    }
+
     fn table(&self) -> String {
         let mut out = format!("memtrack: --chain {}: {}\n", self.spec, self.headline());
-        // The sites are the steps': each commit's own.
-        out.push_str(&render::table(&self.overall.cmp, &[]));
+        out.push_str(&self.overall_text(Format::Table));
         if self.steps.is_empty() {
             return out;
         }
@@ -431,6 +598,7 @@ impl Report<'_> {
                 out.push_str(&format!("\nat {}: ", self.chain[step.to].short()));
                 out.push_str(&render::attribution_table(a));
             }
+            out.extend(self.grown_text(step, Format::Table));
         }
         self.failures(&mut out);
         out
@@ -439,10 +607,11 @@ impl Report<'_> {
     /// A benchmark that appears or disappears in a step, one line each.
     fn presence_lines(&self, step: &Step, out: &mut String) {
         let at = self.chain[step.to].short();
-        for b in &step.judged.cmp.added {
+        let Some(j) = &step.memory else { return };
+        for b in &j.cmp.added {
             out.push_str(&format!("{}: first measured at {at}\n", b.name));
         }
-        for b in &step.judged.cmp.removed {
+        for b in &j.cmp.removed {
             out.push_str(&format!("{}: not measured at {at}\n", b.name));
         }
     }
@@ -463,7 +632,7 @@ impl Report<'_> {
             md_escape(self.spec),
             md_escape(&self.headline())
         );
-        out.push_str(&render::markdown(&self.overall.cmp, &[]));
+        out.push_str(&self.overall_text(Format::Markdown));
         if self.steps.is_empty() {
             return out;
         }
@@ -480,6 +649,7 @@ impl Report<'_> {
                 out.push_str(&format!("At `{}`:\n\n", self.chain[step.to].short()));
                 out.push_str(&render::attribution_markdown(a));
             }
+            out.extend(self.grown_text(step, Format::Markdown));
         }
         let mut failed = String::new();
         self.failures(&mut failed);
@@ -513,7 +683,7 @@ impl Report<'_> {
                     "commit": self.chain[s.to].id,
                     "after": self.chain[s.from].id,
                     "subject": self.chain[s.to].subject,
-                    "comparison": render::json(&s.judged.cmp, &s.judged.attributed),
+                    "comparison": comparison_json(s.memory.as_ref(), s.instructions.as_ref()),
                 })
             })
             .collect();
@@ -521,8 +691,24 @@ impl Report<'_> {
             "range": self.spec,
             "regressed": self.regressed,
             "commits": commits,
-            "comparison": render::json(&self.overall.cmp, &self.overall.attributed),
+            "comparison": comparison_json(
+                self.overall.memory.as_ref(),
+                self.overall.instructions.as_ref()
+            ),
             "steps": steps,
         })
     }
+}
+
+/// A comparison's JSON document, `memtrack compare`'s shape: memory's, with the instruction
+/// rows added to it (`--base`'s document); either alone when the other is not measured.
+fn comparison_json(memory: Option<&Judged>, counted: Option<&Gated>) -> serde_json::Value {
+    let mut doc = memory.map_or_else(
+        || serde_json::json!({}),
+        |j| render::json(&j.cmp, &j.attributed),
+    );
+    if let Some(g) = counted {
+        g.add_to(&mut doc);
+    }
+    doc
 }

@@ -5,19 +5,20 @@
 //! Its rows are [`memtrack::render`] tables, as memory's are; in JSON they join memory's
 //! document (`rows`, as `memtrack compare` writes them).
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use memtrack::analysis::Threshold;
 use memtrack::human;
-use memtrack::instructions::compare::{Change, compare};
+use memtrack::instructions::compare::{Change, Row, compare};
 use memtrack::instructions::run::{Callgrind, Measurement, measure};
 use memtrack::instructions::{FILE_SUFFIX, load, save};
 use memtrack::render::{self, Align, Cell, Column, Table, Unit};
 use serde_json::Value;
 
-use super::suite::{add_rustflags, cargo, shown};
+use super::suite::{add_rustflags, benchmark_list, cargo, shown};
 use crate::compare::Format;
 use crate::error::Error;
 
@@ -31,6 +32,9 @@ pub(crate) struct Counting {
     pub runs: usize,
     /// The target directory of this side's instructions-mode build.
     pub target: PathBuf,
+    /// Only these benchmark ids (`MEMTRACK_BENCHMARKS`, as [`super::suite::Suite::only`]),
+    /// or all.
+    pub only: Option<Vec<String>>,
 }
 
 impl Counting {
@@ -46,6 +50,7 @@ impl Counting {
             bench,
             runs,
             target,
+            only: None,
         }
     }
 
@@ -67,6 +72,9 @@ impl Counting {
             .map_err(|e| crate::error::io("cannot make a temporary directory".into(), e))?;
         let mut args = vec![OsString::from("--bench")];
         args.extend(self.bench.iter().cloned());
+        let only = self.only.as_deref().map(benchmark_list);
+        let mut env = vec![("MEMTRACK_SUMMARY", "line")];
+        env.extend(only.as_deref().map(|ids| ("MEMTRACK_BENCHMARKS", ids)));
         let mut runs = Vec::new();
         for run in 0..self.runs {
             eprintln!(
@@ -77,7 +85,6 @@ impl Counting {
             let mut counted = Vec::new();
             for (i, (exe, root)) in exes.iter().enumerate() {
                 let files = scratch.path().join(format!("{run}-{i}"));
-                let env = [("MEMTRACK_SUMMARY", "line")];
                 let (c, status) = callgrind.count(exe, &args, root, &env, &files)?;
                 if !status.success() {
                     return Err(Error::FailedUnderCallgrind {
@@ -300,7 +307,19 @@ pub(crate) struct Gated {
     rows: Table,
     grown: Table,
     threshold: Threshold,
-    regressions: usize,
+    /// The benchmarks that regressed, in the rows' order.
+    regressed: Vec<String>,
+    /// The benchmarks whose count changed at all, or that one side lacks.
+    moved: Vec<Moved>,
+}
+
+/// A benchmark whose Ir per iteration changed from base to head (or that one side lacks:
+/// its figures empty), as a step of `--chain` shows it.
+pub(crate) struct Moved {
+    pub benchmark: String,
+    pub base: Cell,
+    pub head: Cell,
+    pub change: Cell,
 }
 
 /// Compares the measurements in `base` with those in `head`.
@@ -309,9 +328,30 @@ pub(crate) struct Gated {
 /// Counts that do not compare (another rustc, valgrind or CPU feature set), or files that
 /// cannot be read: the caller exits 2.
 pub(crate) fn gate(base: &Path, head: &Path, threshold: Threshold) -> Result<Gated, Error> {
-    let (b, h) = (load(base)?, load(head)?);
+    judge(&load(base)?, &load(head)?, threshold)
+}
+
+/// One step of `--chain`: the benchmarks of `only` in `base` and `head` (two consecutive
+/// measured commits), compared with a threshold of 0 so that every growth names the functions
+/// behind it.
+///
+/// # Errors
+/// As [`gate`]'s.
+pub(crate) fn step(base: &Path, head: &Path, only: &BTreeSet<String>) -> Result<Gated, Error> {
+    let followed = |mut set: Vec<Measurement>| {
+        set.retain(|m| only.contains(&m.benchmark));
+        set
+    };
+    judge(
+        &followed(load(base)?),
+        &followed(load(head)?),
+        Threshold::from_ppm(0),
+    )
+}
+
+fn judge(b: &[Measurement], h: &[Measurement], threshold: Threshold) -> Result<Gated, Error> {
     // Counts of another toolchain are refused (InstructionsError::Incomparable): exit 2.
-    let compared = compare(&b, &h, threshold)?;
+    let compared = compare(b, h, threshold)?;
     let side = |set: &[Measurement], id: &str| set.iter().find(|m| m.benchmark == id).cloned();
     let mut rows = Table::new(crate::compare::render::row_columns(vec![Column::new(
         "not_gated",
@@ -322,14 +362,29 @@ pub(crate) fn gate(base: &Path, head: &Path, threshold: Threshold) -> Result<Gat
         Column::json_only("base_spread_percent"),
         Column::json_only("head_spread_percent"),
     ]);
-    let mut grown = Table::new(vec![
-        Column::new("benchmark", "benchmark", Align::Left),
-        Column::new("function", "function", Align::Left),
-        Column::new("base", "base", Align::Right),
-        Column::new("head", "head", Align::Right),
-    ]);
+    let mut gated = Gated {
+        rows,
+        grown: Table::new(vec![
+            Column::new("benchmark", "benchmark", Align::Left),
+            Column::new("function", "function", Align::Left),
+            Column::new("base", "base", Align::Right),
+            Column::new("head", "head", Align::Right),
+        ]),
+        threshold,
+        regressed: Vec::new(),
+        moved: Vec::new(),
+    };
     for r in &compared {
-        let (mb, mh) = (side(&b, &r.benchmark), side(&h, &r.benchmark));
+        gated.push(r, side(b, &r.benchmark), side(h, &r.benchmark));
+    }
+    shown_when_some(&mut gated.rows, "not_gated");
+    Ok(gated)
+}
+
+impl Gated {
+    /// Adds benchmark `r`'s row, measured `mb` in the base and `mh` in the head, its grown
+    /// functions, and notes whether it regressed and whether it moved.
+    fn push(&mut self, r: &Row, mb: Option<Measurement>, mh: Option<Measurement>) {
         let iterations = |m: &Option<Measurement>| m.as_ref().map_or(1, |m| m.iterations);
         let (nb, nh) = (iterations(&mb), iterations(&mh));
         let (sides, verdict, why) = match &r.change {
@@ -340,7 +395,7 @@ pub(crate) fn gate(base: &Path, head: &Path, threshold: Threshold) -> Result<Gat
                 grown: g,
             } => {
                 for (function, fb, fh) in g {
-                    grown.push(vec![
+                    self.grown.push(vec![
                         Cell::Text(r.benchmark.clone()),
                         Cell::Text(function.clone()),
                         figure(*fb, nb),
@@ -361,12 +416,25 @@ pub(crate) fn gate(base: &Path, head: &Path, threshold: Threshold) -> Result<Gat
             Some((vb, vh)) => (figure(vb, nb), figure(vh, nh), change(vb, vh)),
             None => (Cell::Empty, Cell::Empty, Cell::Empty),
         };
+        if r.regressed() {
+            self.regressed.push(r.benchmark.clone());
+        }
+        // To the tenth of an instruction, the precision compared and shown.
+        let tenths = |v: f64| (v * 10.0).round();
+        if sides.is_none_or(|(vb, vh)| tenths(vb) != tenths(vh)) {
+            self.moved.push(Moved {
+                benchmark: r.benchmark.clone(),
+                base: base.clone(),
+                head: head.clone(),
+                change: change.clone(),
+            });
+        }
         let count = |m: &Option<Measurement>| Cell::Count(m.as_ref().map(|m| m.iterations));
         let spread = |m: &Option<Measurement>| {
             m.as_ref()
                 .map_or(Cell::Empty, |m| Cell::Percent(m.spread_percent))
         };
-        rows.push(vec![
+        self.rows.push(vec![
             Cell::Text(r.benchmark.clone()),
             Cell::Text(METRIC.into()),
             base,
@@ -380,13 +448,6 @@ pub(crate) fn gate(base: &Path, head: &Path, threshold: Threshold) -> Result<Gat
             spread(&mh),
         ]);
     }
-    shown_when_some(&mut rows, "not_gated");
-    Ok(Gated {
-        rows,
-        grown,
-        threshold,
-        regressions: compared.iter().filter(|r| r.regressed()).count(),
-    })
 }
 
 /// Base → head in percent; `None` is growth from 0.
@@ -400,12 +461,30 @@ fn change(base: f64, head: f64) -> Cell {
 impl Gated {
     /// Whether a benchmark regressed.
     pub(crate) fn regressed(&self) -> bool {
-        self.regressions > 0
+        !self.regressed.is_empty()
+    }
+
+    /// The benchmarks that regressed.
+    pub(crate) fn regressed_benchmarks(&self) -> &[String] {
+        &self.regressed
+    }
+
+    /// The benchmarks whose count changed, or that one side lacks.
+    pub(crate) fn moved(&self) -> &[Moved] {
+        &self.moved
+    }
+
+    /// The functions that grew most, as a table or markdown (`None` when none grew).
+    pub(crate) fn grown(&self, format: Format) -> Option<String> {
+        (!self.grown.rows.is_empty()).then(|| match format {
+            Format::Markdown => render::markdown(&self.grown),
+            Format::Table | Format::Json => render::text(&self.grown),
+        })
     }
 
     /// The line under the table: how many regressed at which threshold.
     fn summary(&self) -> String {
-        let head = match self.regressions {
+        let head = match self.regressed.len() {
             0 => "no benchmark regressed".to_string(),
             n => format!(
                 "{} regressed",
@@ -470,7 +549,7 @@ impl Gated {
         metrics.push(METRIC.into());
         doc["metrics"] = metrics.into();
         let before = doc["regressions"].as_u64().unwrap_or(0);
-        doc["regressions"] = (before + self.regressions as u64).into();
+        doc["regressions"] = (before + self.regressed.len() as u64).into();
         doc["grown"] = render::json(&self.grown);
     }
 }

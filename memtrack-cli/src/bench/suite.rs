@@ -264,7 +264,7 @@ fn keep(file: &Path, copy: &Path) -> Result<(), Error> {
 
 /// `ids` as `MEMTRACK_BENCHMARKS` lists them: one per line, a backslash written `\\` and a
 /// line break `\n` (criterion's ids may hold either).
-fn benchmark_list(ids: &[String]) -> String {
+pub(crate) fn benchmark_list(ids: &[String]) -> String {
     let escaped: Vec<String> = ids
         .iter()
         .map(|id| id.replace('\\', "\\\\").replace('\n', "\\n"))
