@@ -71,14 +71,19 @@ fn time_of<'a>(m: &'a Measured, name: &str, notes: &mut Vec<String>) -> Option<&
     if let Some(r) = t.rows.iter().find(|r| r.benchmark == name) {
         return Some(r);
     }
-    let why = if t.added.iter().any(|b| b == name) {
+    let failed = |f: &&time::Failure| f.benchmark.as_deref().is_none_or(|b| b == name);
+    // A side that did not build lists none of its benchmarks: that, not "only in head".
+    let why = if let Some(f) = t.failures.iter().find(failed) {
+        match f.benchmark {
+            Some(_) => format!("the {} run failed", f.side.name()),
+            None => format!("not measured ({} failed)", f.side.name()),
+        }
+    } else if t.added.iter().any(|b| b == name) {
         "only in head".to_string()
     } else if t.removed.iter().any(|b| b == name) {
         "only in base".to_string()
-    } else if let Some(f) = (t.failures.iter()).find(|f| f.benchmark.as_deref() == Some(name)) {
-        format!("the {} run failed", f.side.name())
     } else {
-        "not timed (a build failed)".to_string()
+        "not timed".to_string()
     };
     notes.push(format!("time: {why}"));
     None
@@ -163,7 +168,10 @@ impl<'a> Triage<'a> {
             let instructions = instructions_of(m, &benchmark, &mut notes);
             let memory = memory_of(m, &benchmark, &mut notes);
             for f in &m.failures {
-                notes.push(format!("{}: not measured ({} failed)", f.measure, f.side));
+                notes.push(match f.side {
+                    "both" => format!("{}: not compared (below)", f.measure),
+                    side => format!("{}: not measured ({side} failed)", f.measure),
+                });
             }
             let t = m.threshold;
             let moves = Moves {
