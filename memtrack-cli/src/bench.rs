@@ -3,10 +3,10 @@
 //! run at REF (a git worktree) and gated as `memtrack compare` gates; with `--chain`, the
 //! commits of a range that made each regressed benchmark change; with `--measure time --base
 //! REF`, both sides' wall-clock times in alternating order instead (`time`); with `--measure
-//! all --base REF`, every measure and one triage table, a class per benchmark (`triage`). Beside its
-//! artifacts each run keeps a copy of the executables they recorded (`.build-id/`), so that
-//! they stay named after the suite is rebuilt. Exit 0: done, no regression; 1: a regression;
-//! 2: bad usage, a failed build or run, or an artifact refused.
+//! all --base REF`, every measure and one triage table, a class per benchmark (`triage`).
+//! Beside its artifacts each run keeps a copy of the executables they recorded (`.build-id/`),
+//! so that they stay named after the suite is rebuilt. Exit 0: done, no regression; 1: a
+//! regression; 2: bad usage, a failed build or run, or an artifact refused.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
