@@ -3,9 +3,11 @@
 //! run at REF (a git worktree) and gated as `memtrack compare` gates; with `--chain`, the
 //! commits of a range that made each regressed benchmark change (memory, instructions or
 //! both); with `--measure time --base REF`, both sides' wall-clock times in alternating order
-//! instead (`time`). Beside its artifacts each run keeps a copy of the executables they
-//! recorded (`.build-id/`), so that they stay named after the suite is rebuilt. Exit 0: done, no regression; 1: a regression;
-//! 2: bad usage, a failed build or run, or an artifact refused.
+//! instead (`time`); with `--measure all --base REF`, every measure and one triage table, a
+//! class per benchmark (`triage`). Beside its artifacts each run keeps a copy of the
+//! executables they recorded (`.build-id/`), so that they stay named after the suite is
+//! rebuilt. Exit 0: done, no regression; 1: a regression; 2: bad usage, a failed build or run,
+//! or an artifact refused.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -24,6 +26,7 @@ mod instructions;
 mod render;
 mod suite;
 mod time;
+mod triage;
 
 use suite::{Lock, Repo, Suite, Worktree};
 
@@ -52,8 +55,11 @@ pub enum Measure {
     Memory,
     /// Instructions per iteration under callgrind (instructions mode; needs valgrind).
     Instructions,
-    /// Wall-clock time, base and head in alternating order (needs --base; measured alone).
+    /// Wall-clock time, base and head in alternating order (needs --base; with another
+    /// measure, the triage table).
     Time,
+    /// Time, instructions and memory, with --base: one triage table, a class per benchmark.
+    All,
 }
 
 /// `--gate`'s choices: measures that are reported, and gate only when named.
@@ -65,8 +71,8 @@ pub enum GateArg {
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// What to measure, comma-separated: `memory` (the default), `instructions`; or `time`
-    /// (with --base, alone).
+    /// What to measure, comma-separated: `memory` (the default), `instructions`, `time` (with
+    /// --base); `all`, or time with another, prints one triage table (with --base).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "memory")]
     measure: Vec<Measure>,
     /// Instructions: runs of the suite under callgrind; the median is the figure and the
@@ -128,6 +134,9 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
         )));
     }
     let _lock = Lock::take(&target)?;
+    if triage::asked(&args.measure) {
+        return triage::run(&args, &here, &target, &out);
+    }
     if args.measure.contains(&Measure::Time) {
         return timed(&args, &here, &target, &out);
     }
@@ -203,12 +212,6 @@ fn memory_suite(args: &Args, target: &Path, out: &Path) -> Suite {
 
 /// `--measure time`: alone, and with `--base` (the A/B needs two builds).
 fn timed(args: &Args, here: &Path, target: &Path, out: &Path) -> Result<ExitCode, Error> {
-    if args.measure.len() > 1 {
-        return Err(Error::Usage(
-            "--measure time runs alone: measure time, then memory and instructions, in two runs"
-                .into(),
-        ));
-    }
     match (&args.base, &args.chain) {
         (Some(reference), None) => time::run(&time::Request {
             here,

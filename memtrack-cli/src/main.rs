@@ -72,7 +72,10 @@ enum Cmd {
     /// compares as `compare` does (exit 1 on a regression, 2 if a build, a run or an input
     /// failed). With `--measure time --base REF`: criterion's own timings of both sides, run
     /// in alternating order (base, head, head, base), a change called only beyond the
-    /// threshold with the two sides' ranges apart (exit 1 on it only with `--gate time`).
+    /// threshold with the two sides' ranges apart (exit 1 on it only with `--gate time`). With
+    /// `--measure all --base REF`: time, instructions and memory of both sides, one triage
+    /// table with a class per benchmark (more allocation, more work, layout or noise, faster,
+    /// unchanged) and what grew under each regression.
     Bench(bench::Args),
     /// Draw live heap bytes over time as an SVG.
     ///

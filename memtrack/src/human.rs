@@ -42,6 +42,23 @@ pub fn bytes_f64(v: f64) -> String {
     }
 }
 
+/// A time in nanoseconds for people, to three significant digits: `812 ns`, `51.8 µs`,
+/// `1.20 s`.
+pub fn duration(ns: f64) -> String {
+    let (v, unit) = match ns.abs() {
+        n if n < 1e3 => (ns, "ns"),
+        n if n < 1e6 => (ns / 1e3, "µs"),
+        n if n < 1e9 => (ns / 1e6, "ms"),
+        _ => (ns / 1e9, "s"),
+    };
+    let digits = match v.abs() {
+        a if a < 10.0 => 2,
+        a if a < 100.0 => 1,
+        _ => 0,
+    };
+    format!("{v:.digits$} {unit}")
+}
+
 /// `rows` as aligned columns separated by two spaces, one line each (trailing spaces trimmed);
 /// column `i` is right-aligned when `right[i]` (numbers), else left-aligned. Widths count
 /// `char`s, which is right for the ASCII and Latin text memtrack prints.
@@ -137,6 +154,14 @@ pub fn short_stacks_note(short: u64, in_libc: u64, allocations: u64) -> Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_keep_three_significant_digits() {
+        assert_eq!(duration(812.0), "812 ns");
+        assert_eq!(duration(51_818.0), "51.8 µs");
+        assert_eq!(duration(1_204_000_000.0), "1.20 s");
+        assert_eq!(duration(5.5), "5.50 ns");
+    }
 
     /// For a terminal, every control character but the line break is escaped.
     #[test]

@@ -164,6 +164,20 @@ pub enum Cell {
     /// A duration in nanoseconds, shown in milliseconds with one decimal (`12.3`). JSON: the
     /// nanoseconds.
     Nanos(u64),
+    /// A time per iteration in nanoseconds, measured over runs: their median and range, shown
+    /// to three significant digits, `51.8 µs (51.0 µs – 52.5 µs)`. JSON: the floats under the
+    /// column's key (the median), `<key>_min` and `<key>_max`.
+    Timing {
+        /// The median of the runs.
+        median: f64,
+        /// The fastest run.
+        min: f64,
+        /// The slowest run.
+        max: f64,
+    },
+    /// Times per iteration in nanoseconds, one per run in the order they ran. JSON: an array of
+    /// floats.
+    Durations(Vec<f64>),
     /// A ratio, shown with three decimals (`0.125`). JSON: a float.
     Ratio(f64),
     /// A signed change of a figure, `+1,024 B`, `-3`. JSON: an integer.
@@ -181,6 +195,19 @@ pub enum Cell {
     Percent(f64),
     /// A comparison's verdict. JSON: its [name](Verdict::name).
     Verdict(Verdict),
+    /// A word of a fixed set (a class): shown as `text`, bold in markdown when `loud`. JSON:
+    /// its `name`.
+    Label {
+        /// As the text and markdown tables show it.
+        text: &'static str,
+        /// The JSON name.
+        name: &'static str,
+        /// Whether markdown shows it in bold (a regression).
+        loud: bool,
+    },
+    /// A figure that was not measured (its measure not run, or this benchmark missing on a
+    /// side), never a zero: shown as `absent`. JSON: `null`.
+    Absent,
     /// Nothing (a failed benchmark's figures). JSON: `null`.
     Empty,
 }
@@ -236,6 +263,18 @@ impl Cell {
                 format!("{}{}", if *delta < 0 { "-" } else { "+" }, unit.human(mag))
             }
             Cell::Nanos(ns) => format!("{:.1}", *ns as f64 / 1e6),
+            Cell::Timing { median, min, max } => format!(
+                "{} ({} – {})",
+                human::duration(*median),
+                human::duration(*min),
+                human::duration(*max)
+            ),
+            Cell::Durations(v) => {
+                let each: Vec<String> = v.iter().map(|&ns| human::duration(ns)).collect();
+                each.join(", ")
+            }
+            Cell::Label { text, .. } => (*text).into(),
+            Cell::Absent => "absent".into(),
             Cell::Ratio(r) => format!("{r:.3}"),
             Cell::Share(s) => s.map_or_else(String::new, |s| format!("{:.1}%", s * 100.0)),
             Cell::Change(None) => "from 0".into(),
@@ -247,6 +286,7 @@ impl Cell {
                 Verdict::Improved => "improved",
                 Verdict::WithinThreshold => "ok",
                 Verdict::Regressed => "REGRESSED",
+                Verdict::WithinNoise => "within noise",
             }
             .into(),
             Cell::Empty => String::new(),
@@ -261,8 +301,12 @@ impl Cell {
                 Verdict::Improved => "✅ improved",
                 Verdict::WithinThreshold => "within threshold",
                 Verdict::Regressed => "❌ **regressed**",
+                Verdict::WithinNoise => "within noise",
             }
             .into(),
+            Cell::Label {
+                text, loud: true, ..
+            } => format!("**{text}**"),
             Cell::Text(_) | Cell::Path(_) => md_escape(&self.human()),
             Cell::Code(s) => format!("`{}`", s.replace('`', "'")),
             c => c.human(),
@@ -299,7 +343,14 @@ impl Cell {
             }
             Cell::Share(s) | Cell::Change(s) => put(key.into(), (*s).into()),
             Cell::Verdict(v) => put(key.into(), v.name().into()),
-            Cell::Empty => put(key.into(), Value::Null),
+            Cell::Label { name, .. } => put(key.into(), (*name).into()),
+            Cell::Timing { median, min, max } => {
+                put(key.into(), (*median).into());
+                put(format!("{key}_min"), (*min).into());
+                put(format!("{key}_max"), (*max).into());
+            }
+            Cell::Durations(v) => put(key.into(), v.clone().into()),
+            Cell::Empty | Cell::Absent => put(key.into(), Value::Null),
         }
     }
 }
@@ -629,5 +680,51 @@ mod tests {
         let mut t = Table::new(vec![Column::new("spread_percent", "spread", Align::Right)]);
         t.push(vec![Cell::Percent(0.25)]);
         assert_eq!(json(&t)[0]["spread_percent"], 0.25);
+    }
+
+    /// A timing reads as its median and range; JSON has the exact floats under the column's
+    /// key, `_min` and `_max`; a label is its text, bold in markdown when loud, its name in
+    /// JSON; an absent figure is `absent`, not a zero, and `null`.
+    #[test]
+    fn timings_labels_and_absent_figures() {
+        let mut t = Table::new(vec![
+            Column::new("class", "class", Align::Left),
+            Column::new("base", "base", Align::Right),
+            Column::json_only("base_runs"),
+            Column::new("instructions", "Ir", Align::Right),
+        ]);
+        t.push(vec![
+            Cell::Label {
+                text: "more work",
+                name: "more_work",
+                loud: true,
+            },
+            Cell::Timing {
+                median: 51_818.0,
+                min: 51_000.0,
+                max: 812_000.0,
+            },
+            Cell::Durations(vec![51_818.0, 51_000.0]),
+            Cell::Absent,
+        ]);
+        assert_eq!(
+            text(&t),
+            "class                            base      Ir\n\
+             more work  51.8 µs (51.0 µs – 812 µs)  absent\n"
+        );
+        assert!(markdown(&t).contains("| **more work** | 51.8 µs (51.0 µs – 812 µs) | absent |"));
+        let j = json(&t);
+        assert_eq!(j[0]["class"], "more_work");
+        assert_eq!(
+            (
+                j[0]["base"].as_f64(),
+                j[0]["base_min"].as_f64(),
+                j[0]["base_max"].as_f64()
+            ),
+            (Some(51_818.0), Some(51_000.0), Some(812_000.0))
+        );
+        assert_eq!(j[0]["base_runs"], serde_json::json!([51_818.0, 51_000.0]));
+        assert_eq!(j[0]["instructions"], Value::Null);
+        assert_eq!(Cell::Verdict(Verdict::WithinNoise).human(), "within noise");
     }
 }

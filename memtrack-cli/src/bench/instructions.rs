@@ -229,7 +229,7 @@ pub(crate) fn clear(dir: &Path) -> Result<(), Error> {
 
 /// Ir per iteration as a figure: the Ir of the `iterations` counted (rounded, as the median of
 /// even runs may fall between two counts) and per iteration.
-fn figure(per_iteration: f64, iterations: u64) -> Cell {
+pub(crate) fn figure(per_iteration: f64, iterations: u64) -> Cell {
     Cell::Figure {
         unit: Unit::Instructions,
         total: (per_iteration * iterations as f64).round().max(0.0) as u64,

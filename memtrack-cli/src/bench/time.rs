@@ -23,7 +23,7 @@ use super::suite::{Repo, Worktree};
 use crate::compare::Format;
 use crate::error::Error;
 
-mod render;
+pub(crate) mod render;
 
 /// `--measure time`'s settings of each criterion run.
 #[derive(clap::Args, Clone, Debug)]
@@ -81,28 +81,9 @@ pub(crate) fn order(rounds: u32) -> Vec<Side> {
     (0..rounds).flat_map(|_| round).collect()
 }
 
-/// A time row's verdict.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// The head's median is beyond the threshold above the base's, and every head run was
-    /// slower than every base run.
-    Regressed,
-    /// The mirror: beyond the threshold below, every head run faster than every base run.
-    Improved,
-    /// Anything else: the medians moved less than the threshold, or the ranges overlap.
-    WithinNoise,
-}
-
-impl Verdict {
-    /// The name in JSON.
-    pub(crate) const fn name(self) -> &'static str {
-        match self {
-            Verdict::Regressed => "regressed",
-            Verdict::Improved => "improved",
-            Verdict::WithinNoise => "within_noise",
-        }
-    }
-}
+/// A time row's verdict: the comparisons' own, [`Verdict::WithinNoise`] when no change is
+/// called.
+pub(crate) use memtrack::analysis::Verdict;
 
 /// One side's runs of a benchmark: criterion's median time per iteration of each run, in ns.
 #[derive(Clone, Debug, PartialEq)]
@@ -595,6 +576,17 @@ pub(crate) fn run(r: &Request<'_>) -> crate::error::Result<ExitCode> {
     // The worktree first: a bad REF is refused before anything is built.
     let repo = Repo::find(r.here, "--base")?;
     let tree = Worktree::add(&repo, r.reference, r.target, "--base")?;
+    let report = compare(r, &tree)?;
+    drop(tree);
+    print(&report, r)
+}
+
+/// Builds both sides (the base in `tree`), times every benchmark they share in alternating
+/// order and judges each. What failed to build, list or run is in the report's failures.
+///
+/// # Errors
+/// The run log cannot be written.
+pub(crate) fn compare(r: &Request<'_>, tree: &Worktree) -> crate::error::Result<Report> {
     let dir = r.out.join("time");
     memtrack::artifact::create_dir_all(&dir)?;
     // Cargo's arguments, then criterion's after `--`.
@@ -650,20 +642,17 @@ pub(crate) fn run(r: &Request<'_>) -> crate::error::Result<ExitCode> {
     }
     drop(runner);
     log_out.commit()?;
-    let base_commit = tree.commit.clone();
-    drop(tree);
-    let report = Report {
+    Ok(Report {
         threshold: r.threshold,
         rounds: r.time.rounds,
-        base_commit,
+        base_commit: tree.commit.clone(),
         cpu: pinned.map(|p| p.1),
         added: only_in(&head, &base),
         removed: only_in(&base, &head),
         rows,
         failures,
         log: log_path,
-    };
-    print(&report, r)
+    })
 }
 
 /// The benchmarks of `a` that `b` lacks, in `a`'s order.

@@ -191,6 +191,9 @@ pub enum Verdict {
     WithinThreshold,
     /// Grew past the threshold (or from 0).
     Regressed,
+    /// A measure that varies from run to run (wall-clock time) moved less than the threshold,
+    /// or its two sides' ranges overlap: no change is called.
+    WithinNoise,
 }
 
 impl Verdict {
@@ -201,6 +204,7 @@ impl Verdict {
             Verdict::Improved => "improved",
             Verdict::WithinThreshold => "within_threshold",
             Verdict::Regressed => "regressed",
+            Verdict::WithinNoise => "within_noise",
         }
     }
 }

@@ -1,78 +1,59 @@
-//! `memtrack bench --measure time`'s report as an aligned table, markdown or JSON; the rows
-//! follow `memtrack compare`'s (`benchmark`, `metric`, `base`, `head`, `change_percent`,
-//! `verdict`), with each side's range and runs beside its median.
+//! `memtrack bench --measure time`'s report through the report model ([`memtrack::render`]):
+//! its rows are a comparison's (`benchmark`, `metric`, `base`, `head`, `change_percent`,
+//! `verdict`), each side a [`Cell::Timing`] (median and range, `base_min`, `base_max`), with
+//! its runs beside (JSON only).
 
 use memtrack::human;
+use memtrack::render::{self, Cell, Column, Table, md_escape};
 
-use super::{Report, Row, Runs, Verdict};
-use memtrack::render::md_escape;
+use super::{Report, Row, Runs};
 
-/// A time in ns for people, to three significant digits: `812 ns`, `51.8 µs`, `1.20 s`.
-pub(crate) fn duration(ns: f64) -> String {
-    let (v, unit) = match ns.abs() {
-        n if n < 1e3 => (ns, "ns"),
-        n if n < 1e6 => (ns / 1e3, "µs"),
-        n if n < 1e9 => (ns / 1e6, "ms"),
-        _ => (ns / 1e9, "s"),
-    };
-    let digits = match v.abs() {
-        a if a < 10.0 => 2,
-        a if a < 100.0 => 1,
-        _ => 0,
-    };
-    format!("{v:.digits$} {unit}")
-}
-
-fn range(r: &Runs) -> String {
-    format!("{} – {}", duration(r.min()), duration(r.max()))
-}
-
-fn change(p: f64) -> String {
-    format!("{p:+.2}%")
-}
-
-fn verdict_human(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Regressed => "REGRESSED",
-        Verdict::Improved => "improved",
-        Verdict::WithinNoise => "within noise",
+/// A side's runs as a cell: median and range.
+pub(crate) fn timing(r: &Runs) -> Cell {
+    Cell::Timing {
+        median: r.median(),
+        min: r.min(),
+        max: r.max(),
     }
 }
 
-fn verdict_markdown(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Regressed => "❌ **regressed**",
-        Verdict::Improved => "✅ improved",
-        Verdict::WithinNoise => "within noise",
-    }
+/// A comparison's columns, and the unit and each side's runs (JSON only).
+fn columns() -> Vec<Column> {
+    crate::compare::render::row_columns(vec![
+        Column::json_only("unit"),
+        Column::json_only("base_runs"),
+        Column::json_only("head_runs"),
+    ])
 }
 
-const HEADER: [&str; 8] = [
-    "benchmark",
-    "metric",
-    "base",
-    "base range",
-    "head",
-    "head range",
-    "change",
-    "verdict",
-];
+/// The rows: one per benchmark compared.
+fn rows(c: &Report) -> Table {
+    let mut t = Table::new(columns());
+    for r in &c.rows {
+        t.push(cells(r));
+    }
+    t
+}
 
-fn cells(r: &Row, verdict: &str) -> [String; 8] {
-    [
-        r.benchmark.clone(),
-        "time".into(),
-        duration(r.base.median()),
-        range(&r.base),
-        duration(r.head.median()),
-        range(&r.head),
-        change(r.change_percent),
-        verdict.into(),
+fn cells(r: &Row) -> Vec<Cell> {
+    vec![
+        Cell::Text(r.benchmark.clone()),
+        Cell::Text("time".into()),
+        timing(&r.base),
+        timing(&r.head),
+        Cell::Change(Some(r.change_percent)),
+        Cell::Verdict(r.verdict),
+        Cell::Text("ns".into()),
+        Cell::Durations(r.base.0.clone()),
+        Cell::Durations(r.head.0.clone()),
+        // Criterion picks each run's iterations itself: the figures are per iteration.
+        Cell::Count(None),
+        Cell::Count(None),
     ]
 }
 
 /// The line under the table: what regressed, by which rule, how it was run.
-fn summary(c: &Report) -> String {
+pub(crate) fn summary(c: &Report) -> String {
     let head = match c.regressions() {
         0 => "no benchmark regressed in time".to_string(),
         n => format!(
@@ -94,7 +75,7 @@ fn summary(c: &Report) -> String {
 }
 
 /// What was not compared, one line each.
-fn notes(c: &Report) -> Vec<String> {
+pub(crate) fn notes(c: &Report) -> Vec<String> {
     let mut out = Vec::new();
     for b in &c.added {
         out.push(format!("only in head (not compared): {b}"));
@@ -117,9 +98,7 @@ fn notes(c: &Report) -> Vec<String> {
 
 /// An aligned plain-text table for a terminal, the summary line and what was not compared.
 pub(crate) fn table(c: &Report) -> String {
-    let mut rows = vec![HEADER.map(String::from)];
-    rows.extend(c.rows.iter().map(|r| cells(r, verdict_human(r.verdict))));
-    let mut out = human::table(&rows, &[false, false, true, true, true, true, true, false]);
+    let mut out = render::text(&rows(c));
     out.push('\n');
     out.push_str(&summary(c));
     out.push('\n');
@@ -141,13 +120,7 @@ pub(crate) fn markdown(c: &Report) -> String {
     };
     out.push_str(&format!("{mark} **{}**\n\n", summary(c)));
     if !c.rows.is_empty() {
-        out.push_str(&format!("| {} |\n", HEADER.join(" | ")));
-        out.push_str("|:--|:--|--:|--:|--:|--:|--:|:--|\n");
-        for r in &c.rows {
-            let mut cells = cells(r, verdict_markdown(r.verdict));
-            cells[0] = md_escape(&cells[0]);
-            out.push_str(&format!("| {} |\n", cells.join(" | ")));
-        }
+        out.push_str(&render::markdown(&rows(c)));
         out.push('\n');
     }
     for n in notes(c) {
@@ -172,21 +145,7 @@ pub(crate) fn json(c: &Report) -> String {
         "order": ["base", "head", "head", "base"],
         "cpu": c.cpu,
         "run_log": c.log,
-        "rows": c.rows.iter().map(|r| serde_json::json!({
-            "benchmark": r.benchmark,
-            "metric": "time",
-            "unit": "ns",
-            "base": r.base.median(),
-            "head": r.head.median(),
-            "base_min": r.base.min(),
-            "base_max": r.base.max(),
-            "head_min": r.head.min(),
-            "head_max": r.head.max(),
-            "base_runs": r.base.0,
-            "head_runs": r.head.0,
-            "change_percent": r.change_percent,
-            "verdict": r.verdict.name(),
-        })).collect::<Vec<_>>(),
+        "rows": render::json(&rows(c)),
         "added": c.added.iter().map(name).collect::<Vec<_>>(),
         "removed": c.removed.iter().map(name).collect::<Vec<_>>(),
         "failed": c.failures.iter().map(|f| serde_json::json!({
@@ -201,12 +160,42 @@ pub(crate) fn json(c: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memtrack::analysis::Verdict;
 
+    /// A row in each format: median and range per side, the change and the verdict; JSON the
+    /// keys a comparison's rows have, with each side's range and runs.
     #[test]
-    fn durations_keep_three_significant_digits() {
-        assert_eq!(duration(812.0), "812 ns");
-        assert_eq!(duration(51_818.0), "51.8 µs");
-        assert_eq!(duration(1_204_000_000.0), "1.20 s");
-        assert_eq!(duration(5.5), "5.50 ns");
+    fn a_row_in_three_formats() {
+        let row = Row {
+            benchmark: "render|x".into(),
+            base: Runs(vec![1000.0, 1100.0, 1050.0]),
+            head: Runs(vec![2000.0, 2100.0, 2050.0]),
+            change_percent: 95.238,
+            verdict: Verdict::Regressed,
+        };
+        let mut t = Table::new(columns());
+        t.push(cells(&row));
+        assert_eq!(
+            render::text(&t),
+            "benchmark  metric                         base                         head   change  \
+             verdict\n\
+             render|x   time    1.05 µs (1.00 µs – 1.10 µs)  2.05 µs (2.00 µs – 2.10 µs)  +95.24%  \
+             REGRESSED\n"
+        );
+        let md = render::markdown(&t);
+        assert!(md.contains("| render\\|x | time |"), "{md}");
+        let j = &render::json(&t)[0];
+        for (k, v) in [
+            ("base", 1050.0),
+            ("base_min", 1000.0),
+            ("base_max", 1100.0),
+            ("head", 2050.0),
+            ("change_percent", 95.238),
+        ] {
+            assert_eq!(j[k].as_f64(), Some(v), "{k}: {j}");
+        }
+        assert_eq!(j["verdict"], "regressed");
+        assert_eq!(j["head_runs"], serde_json::json!([2000.0, 2100.0, 2050.0]));
+        assert_eq!(j["unit"], "ns");
     }
 }

@@ -1,0 +1,419 @@
+//! `memtrack bench --measure all --base REF`, the triage, on a real criterion suite:
+//! examples/downstream copied into a git repository whose commits change nothing a benchmark
+//! runs (`noop`), then at once give `tokenize` more work and no allocation (its words counted
+//! twenty times more), `render` one more allocation per iteration, and add a benchmark
+//! (`changes`). One triage of `changes` checks each class, the function or call site named,
+//! the benchmark one side lacks listed and the alternating order of the time runs; the no-op
+//! is triaged five times and never called a regression. Kept cheap: the dev profile, one run
+//! under callgrind, one or two rounds of criterion runs of hundredths of a second. The tests
+//! take turns: they share the repository's checkout and target directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+mod common;
+
+use memtrack_test_support::{Need, requires, run_sequential, test};
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The tests' directory under the workspace's target directory.
+fn tmp() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("memtrack-bench-triage")
+}
+
+/// The target directory of tests/bench.rs, whose memory and instructions builds of the
+/// same suite with the same cargo arguments (dependencies, memtrack-criterion) are reused
+/// here: only the fixture crate and the timing builds are compiled anew.
+fn target() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("memtrack-bench/target")
+}
+
+fn git(dir: &Path, args: &[&str]) -> Output {
+    common::git(dir, &tmp(), args)
+}
+
+/// Replaces `what.0` with `what.1` in `file` of `dir` (which must hold it).
+fn edit(dir: &Path, file: &str, what: (&str, &str)) {
+    let path = dir.join(file);
+    let body = std::fs::read_to_string(&path).unwrap();
+    assert!(body.contains(what.0), "{file} holds no {:?}", what.0);
+    std::fs::write(&path, body.replacen(what.0, what.1, 1)).unwrap();
+}
+
+/// The fixture repository's commits.
+struct Project {
+    dir: PathBuf,
+    /// A comment added after the code.
+    noop: String,
+    /// More work in `tokenize`, one more allocation in `render`, a benchmark added.
+    changes: String,
+    /// A child of `changes` that does not compile.
+    broken: String,
+}
+
+fn project() -> &'static Project {
+    static P: OnceLock<Project> = OnceLock::new();
+    P.get_or_init(|| make_project(&tmp().join("project")))
+}
+
+fn make_project(dir: &Path) -> Project {
+    common::copy_downstream(dir);
+    let head = |dir: &Path| {
+        text(&git(dir, &["rev-parse", "HEAD"]).stdout)
+            .trim()
+            .to_string()
+    };
+    git(dir, &["init", "-q"]);
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "-qm", "base"]);
+    // At the end: no line of the code moves.
+    let note = (
+        "    tokens.join(\" \")\n}\n",
+        "    tokens.join(\" \")\n}\n\n// A note.\n",
+    );
+    edit(dir, "src/lib.rs", note);
+    git(dir, &["commit", "-qam", "a comment"]);
+    let noop = head(dir);
+    // Counting words allocates nothing: more work only.
+    edit(
+        dir,
+        "src/lib.rs",
+        (
+            "    let mut tokens = Vec::with_capacity(words().count());",
+            "    for _ in 0..20 {\n        std::hint::black_box(words().count());\n    }\n    \
+             let mut tokens = Vec::with_capacity(words().count());",
+        ),
+    );
+    edit(
+        dir,
+        "src/lib.rs",
+        (
+            "    tokens.join(\" \")\n}",
+            "    std::hint::black_box(Vec::<u8>::with_capacity(64));\n    tokens.join(\" \")\n}",
+        ),
+    );
+    edit(
+        dir,
+        "benches/tokenize.rs",
+        (
+            "criterion_group!(benches, bench_tokenize, bench_render);",
+            "fn bench_render_twice(c: &mut Criterion) {\n    let tokens = \
+             downstream::tokenize(&source());\n    c.bench_function(\"render_twice\", |b| \
+             b.iter(|| (downstream::render(black_box(&tokens)), \
+             downstream::render(black_box(&tokens)))));\n}\n\n\
+             criterion_group!(benches, bench_tokenize, bench_render, bench_render_twice);",
+        ),
+    );
+    git(
+        dir,
+        &["commit", "-qam", "more work, an allocation, a benchmark"],
+    );
+    let changes = head(dir);
+    edit(
+        dir,
+        "src/lib.rs",
+        ("pub fn render(", "fn broken( {\npub fn render("),
+    );
+    git(dir, &["commit", "-qam", "broken"]);
+    let broken = head(dir);
+    Project {
+        dir: dir.to_path_buf(),
+        noop,
+        changes,
+        broken,
+    }
+}
+
+/// The host's target triple: with `--target`, RUSTFLAGS apply to the suite's crates only, so
+/// the builds of each measure share their build scripts and proc macros.
+fn host() -> String {
+    let out = memtrack_test_support::run_ok(Command::new("rustc").arg("-vV"));
+    let t = text(&out.stdout);
+    t.lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .unwrap()
+        .to_string()
+}
+
+/// Criterion's settings of every timed run: tiny, a tenth of a second a run.
+const QUICK: [&str; 8] = [
+    "--warm-up-time",
+    "0.01",
+    "--measurement-time",
+    "0.02",
+    "--sample-size",
+    "10",
+    "--runs",
+    "1",
+];
+
+/// `memtrack bench --format json --out OUT --backend alloc ARGS -- <cheap cargo args>` with
+/// `commit` checked out, its job summary appended to `summary` if given.
+fn bench(p: &Project, commit: &str, out: &Path, args: &[&str], summary: Option<&Path>) -> Output {
+    git(&p.dir, &["checkout", "-q", "--detach", commit]);
+    let offline = Command::new(env!("CARGO"))
+        .current_dir(&p.dir)
+        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memtrack"));
+    cmd.current_dir(&p.dir)
+        .args(["bench", "--format", "json", "--backend", "alloc", "--out"])
+        .arg(out)
+        .args(QUICK)
+        .args(args)
+        .args(["--", "--profile", "dev", "--bench", "tokenize", "--locked"])
+        .args(["--target", &host()]);
+    if offline {
+        cmd.arg("--offline");
+    }
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "GITHUB_STEP_SUMMARY",
+        "CRITERION_HOME",
+        "MEMTRACK_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("CARGO_TARGET_DIR", target());
+    if let Some(s) = summary {
+        cmd.env("GITHUB_STEP_SUMMARY", s);
+    }
+    cmd.output().expect("run memtrack bench")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\nstderr: {}", text(&out.stdout), text(&out.stderr)))
+}
+
+/// The row of benchmark `id`.
+fn row<'a>(v: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["benchmark"] == id)
+        .unwrap_or_else(|| panic!("no row {id}: {v}"))
+}
+
+/// The sides of the time runs in the run log, by benchmark, in the order they ran.
+fn logged_sides(out: &Path) -> Vec<(String, Vec<String>)> {
+    let log = std::fs::read_to_string(out.join("time/runs.jsonl")).unwrap();
+    let mut by: Vec<(String, Vec<String>)> = Vec::new();
+    for (i, line) in log.lines().enumerate() {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(r["seq"], i + 1, "{r}");
+        let id = r["benchmark"].as_str().unwrap().to_string();
+        if by.last().is_none_or(|(b, _)| *b != id) {
+            by.push((id, Vec::new()));
+        }
+        by.last_mut()
+            .unwrap()
+            .1
+            .push(r["side"].as_str().unwrap().into());
+    }
+    by
+}
+
+/// `changes` against its parent: `render` is `more allocation` with its call site in
+/// `downstream::render`, `tokenize` `more work` with `downstream::tokenize` among the grown
+/// functions, `render_twice` listed as only in the head (absent, not zero); the rows that
+/// regressed come first; the time runs alternate base, head, head, base; exit 1.
+fn each_cause_gets_its_class() {
+    let p = project();
+    let out = tmp().join("changes");
+    let summary = tmp().join("changes.md");
+    std::fs::write(&summary, "").unwrap();
+    let args = ["--measure", "all", "--base", "HEAD~1", "--rounds", "1"];
+    let o = bench(p, &p.changes, &out, &args, Some(&summary));
+    let v = json(&o);
+    assert_eq!(o.status.code(), Some(1), "{v}\n{}", text(&o.stderr));
+    assert_eq!(
+        v["measures"],
+        serde_json::json!(["time", "instructions", "memory"])
+    );
+    let render = row(&v, "render");
+    assert_eq!(render["class"], "more_allocation", "{v}");
+    assert_eq!(render["allocations_verdict"], "regressed", "{render}");
+    let tokenize = row(&v, "tokenize");
+    assert_eq!(tokenize["class"], "more_work", "{v}");
+    assert_eq!(tokenize["instructions_verdict"], "regressed", "{tokenize}");
+    assert_eq!(tokenize["allocations_verdict"], "unchanged", "{tokenize}");
+    assert_eq!(
+        tokenize["bytes_allocated_verdict"], "unchanged",
+        "{tokenize}"
+    );
+    let grown: Vec<&str> = (v["grown"].as_array().unwrap().iter())
+        .filter(|g| g["benchmark"] == "tokenize")
+        .map(|g| g["function"].as_str().unwrap())
+        .collect();
+    assert!(grown.contains(&"downstream::tokenize"), "{grown:?}");
+    let sites = v["attribution"].as_array().unwrap();
+    let named = sites.iter().any(|a| {
+        a["benchmark"] == "render"
+            && a["sites"].as_array().unwrap().iter().any(|s| {
+                s["status"] == "new" && s["frames"].to_string().contains("downstream::render")
+            })
+    });
+    assert!(named, "no new site in downstream::render: {sites:?}");
+    let added = row(&v, "render_twice");
+    assert_eq!(added["class"], "unchanged", "{added}");
+    for key in ["time_base", "instructions_base", "allocations_base"] {
+        assert!(added[key].is_null(), "{key}: {added}");
+    }
+    let note = added["note"].as_str().unwrap();
+    for m in ["time", "instructions", "memory"] {
+        assert!(note.contains(&format!("{m}: only in head")), "{note}");
+    }
+    let classes: Vec<&str> = (v["rows"].as_array().unwrap().iter())
+        .map(|r| r["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        classes[..2],
+        ["more_allocation", "more_work"],
+        "{classes:?}"
+    );
+    let timed = logged_sides(&out);
+    assert_eq!(timed.len(), 2, "{timed:?}");
+    for (_, sides) in &timed {
+        assert_eq!(sides, &["base", "head", "head", "base"], "{timed:?}");
+    }
+    // The job summary: the regressions first, each with its class first; the unchanged
+    // row folded; what grew under each regression.
+    let md = std::fs::read_to_string(&summary).unwrap();
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
+    assert!(
+        rows[1].starts_with("| **more allocation** | render |"),
+        "{md}"
+    );
+    assert!(rows[2].starts_with("| **more work** | tokenize |"), "{md}");
+    let folded = md
+        .split("<details><summary>1 unchanged</summary>")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{md}"));
+    assert!(folded.contains("| unchanged | render\\_twice |"), "{md}");
+    assert!(md.contains("#### tokenize: more work"), "{md}");
+    assert!(md.contains("downstream::tokenize"), "{md}");
+    assert!(md.contains("Call sites behind render allocations"), "{md}");
+}
+
+/// The no-op commit five times: every row `unchanged`, exit 0 even with `--gate time`. The
+/// first triage takes every measure; the four after it time and memory only (instruction
+/// counts do not vary from run to run; time is the noisy one). Two rounds a triage and a 10 %
+/// threshold, as `--measure time`'s own no-op test argues.
+fn a_noop_is_never_a_regression() {
+    let p = project();
+    let out = tmp().join("noop");
+    for i in 0..5 {
+        let measures = if i == 0 { "all" } else { "time,memory" };
+        let args = [
+            "--measure",
+            measures,
+            "--base",
+            "HEAD~1",
+            "--rounds",
+            "2",
+            "--threshold",
+            "10%",
+            "--gate",
+            "time",
+        ];
+        let o = bench(p, &p.noop, &out, &args, None);
+        let v = json(&o);
+        assert_eq!(o.status.code(), Some(0), "{v}\n{}", text(&o.stderr));
+        for r in v["rows"].as_array().unwrap() {
+            assert_eq!(r["class"], "unchanged", "{r}");
+        }
+        assert_eq!(v["rows"].as_array().unwrap().len(), 2, "{v}");
+        assert_eq!(v["regressions"], 0, "{v}");
+    }
+}
+
+/// A base that does not build: every benchmark listed, each measure's note saying the base
+/// failed, its figures absent, what failed in `failed`; exit 2 after the report.
+fn a_side_that_fails_to_build_is_listed() {
+    let p = project();
+    let out = tmp().join("broken");
+    let args = [
+        "--measure",
+        "time,memory",
+        "--base",
+        &p.broken,
+        "--rounds",
+        "1",
+    ];
+    let o = bench(p, &p.changes, &out, &args, None);
+    let v = json(&o);
+    assert_eq!(o.status.code(), Some(2), "{v}\n{}", text(&o.stderr));
+    let failed: Vec<(&str, &str)> = (v["failed"].as_array().unwrap().iter())
+        .map(|f| (f["measure"].as_str().unwrap(), f["side"].as_str().unwrap()))
+        .collect();
+    assert_eq!(failed, [("memory", "base"), ("time", "base")], "{v}");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{v}");
+    for r in rows {
+        assert_eq!(r["class"], "unchanged", "{r}");
+        assert!(
+            r["time_base"].is_null() && r["allocations_base"].is_null(),
+            "{r}"
+        );
+        let note = r["note"].as_str().unwrap();
+        for m in ["time", "memory"] {
+            assert!(
+                note.contains(&format!("{m}: not measured (base failed)")),
+                "{note}"
+            );
+        }
+    }
+}
+
+/// Usage: the triage needs --base, and --chain is refused with a message.
+fn triage_needs_a_base() {
+    let p = project();
+    git(&p.dir, &["checkout", "-q", "--detach", &p.noop]);
+    for (args, says) in [
+        (&["--measure", "all"][..], "give --base REF"),
+        (
+            &["--measure", "time,memory", "--chain", "HEAD~1..HEAD"][..],
+            "--chain follows memory and instructions, not time",
+        ),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_memtrack"))
+            .current_dir(&p.dir)
+            .arg("bench")
+            .args(args)
+            .env("CARGO_TARGET_DIR", target())
+            .output()
+            .unwrap();
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+}
+
+fn main() {
+    run_sequential(vec![
+        requires(
+            "each_cause_gets_its_class",
+            &[Need::Tool("valgrind")],
+            each_cause_gets_its_class,
+        ),
+        requires(
+            "a_noop_is_never_a_regression",
+            &[Need::Tool("valgrind")],
+            a_noop_is_never_a_regression,
+        ),
+        test(
+            "a_side_that_fails_to_build_is_listed",
+            a_side_that_fails_to_build_is_listed,
+        ),
+        test("triage_needs_a_base", triage_needs_a_base),
+    ])
+}
