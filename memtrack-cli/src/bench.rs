@@ -80,7 +80,8 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
     runs: u64,
     /// The artifacts' directory (default: `memtrack/bench` in the target directory), its
-    /// `*.memtrack` of a previous run removed first. With --base: DIR/base and DIR/head; with
+    /// previous run's files of each measure run (`*.memtrack`, `*.instructions.json`) removed
+    /// first, the other measures' kept. With --base: DIR/base and DIR/head; with
     /// --chain, DIR/NN-COMMIT per commit.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -244,8 +245,9 @@ fn measure_here(
     counting: Option<&instructions::Counting>,
     doc: &mut serde_json::Value,
 ) -> Result<(), Error> {
-    clear(out)?;
+    // Each measure clears only its own files: an instructions run keeps memory's artifacts.
     if args.measure.contains(&Measure::Memory) {
+        clear(out)?;
         suite.run(here, out, "head")?;
         report(out, args.format, doc)?;
     }
@@ -283,10 +285,6 @@ fn measure_both(
     let repo = Repo::find(s.here, "--base")?;
     let tree = Worktree::add(&repo, s.reference, s.target, "--base")?;
     let (base, head) = (s.out.join("base"), s.out.join("head"));
-    // The build-id store of both sides is --out's.
-    clear(s.out)?;
-    clear(&base)?;
-    clear(&head)?;
     let side = format!(
         "base {}, {}",
         s.reference,
@@ -294,6 +292,11 @@ fn measure_both(
     );
     let memory = args.measure.contains(&Measure::Memory);
     if memory {
+        // The build-id store of both sides is --out's. Only memory's files: an instructions
+        // run keeps them.
+        clear(s.out)?;
+        clear(&base)?;
+        clear(&head)?;
         suite.run(s.here, &head, "head")?;
         // A target directory of its own: cargo names a workspace's crates the same wherever
         // they are, so in the head's it would take the head's build for the base's.

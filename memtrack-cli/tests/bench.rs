@@ -745,7 +745,8 @@ fn a_copy_that_cannot_be_kept_is_an_error() {
 /// `--measure instructions --base HEAD~1`: the second commit makes `tokenize` do more work
 /// per token and leaves `render` as it was: exactly tokenize regressed, render's count within
 /// 0.01 %, the grown functions name `downstream::tokenize`, exit 1; each side has
-/// one result file per benchmark, with identical counts in its two runs.
+/// one result file per benchmark, with identical counts in its two runs; memory's files in
+/// `--out` are kept.
 fn instructions_base_names_the_regression() {
     let (_turn, dir) = project();
     let out_dir = tmp().join("instructions");
@@ -761,8 +762,16 @@ fn instructions_base_names_the_regression() {
         "--out",
         out_dir.to_str().unwrap(),
     ];
+    // A memory run's artifact, left where this run writes: an instructions run keeps it.
+    let memory = out_dir.join("head").join("earlier.memtrack");
+    std::fs::create_dir_all(memory.parent().unwrap()).unwrap();
+    std::fs::write(&memory, b"a memory run's").unwrap();
     let out = bench(dir, &args, &[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        memory.exists(),
+        "an instructions run removed memory's artifact"
+    );
     let j = json(&out);
     let rows = j["rows"].as_array().unwrap();
     let row = |id: &str| {

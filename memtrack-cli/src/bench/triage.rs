@@ -205,8 +205,7 @@ pub(crate) fn run(args: &Args, here: &Path, target: &Path, out: &Path) -> Result
     }
     let Some(reference) = &args.base else {
         return Err(Error::Usage(
-            "the triage compares two builds: give --base REF"
-                .into(),
+            "the triage compares two builds: give --base REF".into(),
         ));
     };
     let asked = Asked::of(&args.measure);
