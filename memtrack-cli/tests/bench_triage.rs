@@ -264,7 +264,7 @@ fn each_cause_gets_its_class() {
     });
     assert!(named, "no new site in downstream::render: {sites:?}");
     let added = row(&v, "render_twice");
-    assert_eq!(added["class"], "unchanged", "{added}");
+    assert_eq!(added["class"], "not_compared", "{added}");
     for key in ["time_base", "instructions_base", "allocations_base"] {
         assert!(added[key].is_null(), "{key}: {added}");
     }
@@ -285,8 +285,8 @@ fn each_cause_gets_its_class() {
     for (_, sides) in &timed {
         assert_eq!(sides, &["base", "head", "head", "base"], "{timed:?}");
     }
-    // The job summary: the regressions first, each with its class first; the unchanged
-    // row folded; what grew under each regression.
+    // The job summary: the regressions first, each with its class first, then the row not
+    // compared (nothing is unchanged, so nothing folded); what grew under each regression.
     let md = std::fs::read_to_string(&summary).unwrap();
     let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).collect();
     assert!(
@@ -294,24 +294,27 @@ fn each_cause_gets_its_class() {
         "{md}"
     );
     assert!(rows[2].starts_with("| **more work** | tokenize |"), "{md}");
-    let folded = md
-        .split("<details><summary>1 unchanged</summary>")
-        .nth(1)
-        .unwrap_or_else(|| panic!("{md}"));
-    assert!(folded.contains("| unchanged | render\\_twice |"), "{md}");
+    assert!(
+        rows[3].starts_with("| not compared | render\\_twice |"),
+        "{md}"
+    );
+    assert!(!md.contains(" unchanged</summary>"), "{md}");
     assert!(md.contains("#### tokenize: more work"), "{md}");
     assert!(md.contains("downstream::tokenize"), "{md}");
     assert!(md.contains("Call sites behind render allocations"), "{md}");
 }
 
-/// The no-op commit five times: every row `unchanged`, exit 0 even with `--gate time`. The
+/// The no-op commit five times: every row `unchanged` (folded in the job summary), exit 0 even
+/// with `--gate time`. The
 /// first triage takes every measure; the four after it time and memory only (instruction
 /// counts do not vary from run to run; time is the noisy one). Two rounds a triage and a 10 %
 /// threshold, as `--measure time`'s own no-op test argues.
 fn a_noop_is_never_a_regression() {
     let p = project();
     let out = tmp().join("noop");
+    let summary = tmp().join("noop.md");
     for i in 0..5 {
+        std::fs::write(&summary, "").unwrap();
         let measures = if i == 0 { "all" } else { "time,memory" };
         let args = [
             "--measure",
@@ -325,12 +328,19 @@ fn a_noop_is_never_a_regression() {
             "--gate",
             "time",
         ];
-        let o = bench(p, &p.noop, &out, &args, None);
+        let o = bench(p, &p.noop, &out, &args, Some(&summary));
         let v = json(&o);
         assert_eq!(o.status.code(), Some(0), "{v}\n{}", text(&o.stderr));
         for r in v["rows"].as_array().unwrap() {
             assert_eq!(r["class"], "unchanged", "{r}");
         }
+        // The job summary folds the unchanged rows, all of them here.
+        let md = std::fs::read_to_string(&summary).unwrap();
+        let folded = md
+            .split("<details><summary>2 unchanged</summary>")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{md}"));
+        assert!(folded.contains("| unchanged | render |"), "{md}");
         assert_eq!(v["rows"].as_array().unwrap().len(), 2, "{v}");
         assert_eq!(v["regressions"], 0, "{v}");
     }
@@ -359,7 +369,7 @@ fn a_side_that_fails_to_build_is_listed() {
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 3, "{v}");
     for r in rows {
-        assert_eq!(r["class"], "unchanged", "{r}");
+        assert_eq!(r["class"], "not_compared", "{r}");
         assert!(
             r["time_base"].is_null() && r["allocations_base"].is_null(),
             "{r}"

@@ -4,7 +4,8 @@
 //! the row's first word in every format: `more allocation` (allocations or bytes per
 //! iteration grew; first, since allocating adds instructions too), else `more work`
 //! (instructions per iteration grew), else `layout or noise (no added work)` (only the time
-//! moved), `faster` (something improved, nothing regressed), `unchanged`. Under each regressed
+//! moved), `faster` (something improved, nothing regressed), `unchanged`; `not compared` when
+//! no measure has both sides (a benchmark on one side only). Under each regressed
 //! row, the functions whose instructions grew most and the call sites whose allocations did.
 //! A measure that failed, or that one side lacks for a benchmark, is listed, never a zero.
 
@@ -35,6 +36,9 @@ pub(crate) enum Class {
     Faster,
     /// Nothing moved beyond the threshold.
     Unchanged,
+    /// No measure was compared: the benchmark is on one side only, or every measure of it
+    /// failed (the row's note says which).
+    NotCompared,
 }
 
 impl Class {
@@ -46,6 +50,7 @@ impl Class {
             Class::LayoutOrNoise => "layout or noise (no added work)",
             Class::Faster => "faster",
             Class::Unchanged => "unchanged",
+            Class::NotCompared => "not compared",
         }
     }
 
@@ -57,6 +62,7 @@ impl Class {
             Class::LayoutOrNoise => "layout_or_noise",
             Class::Faster => "faster",
             Class::Unchanged => "unchanged",
+            Class::NotCompared => "not_compared",
         }
     }
 
@@ -107,6 +113,9 @@ pub(crate) struct Moves {
 /// for nothing.
 pub(crate) fn classify(m: Moves) -> Class {
     let all = [m.allocations, m.bytes, m.instructions, m.time];
+    if all.iter().all(Option::is_none) {
+        return Class::NotCompared;
+    }
     let grew = |x: Option<Moved>| x == Some(Moved::Grew);
     if grew(m.allocations) || grew(m.bytes) {
         Class::MoreAllocation
@@ -403,7 +412,12 @@ mod tests {
                         };
                         let grew = |x| x == Some(Moved::Grew);
                         let shrank = |x| x == Some(Moved::Shrank);
-                        let expected = if grew(allocations) || grew(bytes) {
+                        let expected = if [allocations, bytes, instructions, time]
+                            .iter()
+                            .all(Option::is_none)
+                        {
+                            Class::NotCompared
+                        } else if grew(allocations) || grew(bytes) {
                             Class::MoreAllocation
                         } else if grew(instructions) {
                             Class::MoreWork
@@ -425,12 +439,14 @@ mod tests {
         }
         // Of 4⁴: allocations or bytes grew in all but 3·3·4·4; of those 144, instructions
         // grew in 3·3·4·4 − 3·3·3·4; of the 108 left, time grew in 3·3·3; of the 81 where
-        // nothing grew, nothing shrank in 2⁴ (each not measured or flat).
+        // nothing grew, nothing shrank in 2⁴ (each not measured or flat), one of which has
+        // nothing measured.
         assert_eq!(seen["more_allocation"], 256 - 144);
         assert_eq!(seen["more_work"], 144 - 108);
         assert_eq!(seen["layout_or_noise"], 27);
         assert_eq!(seen["faster"], 81 - 16);
-        assert_eq!(seen["unchanged"], 16);
+        assert_eq!(seen["unchanged"], 15);
+        assert_eq!(seen["not_compared"], 1);
     }
 
     /// Named cases, as the guide states them.
@@ -444,7 +460,7 @@ mod tests {
             time: flat,
         };
         assert_eq!(classify(all_flat), Class::Unchanged);
-        assert_eq!(classify(Moves::default()), Class::Unchanged);
+        assert_eq!(classify(Moves::default()), Class::NotCompared);
         let more_allocation_and_work = Moves {
             allocations: Some(Moved::Grew),
             instructions: Some(Moved::Grew),

@@ -205,7 +205,8 @@ fn rank(c: Class) -> u8 {
         Class::MoreWork => 1,
         Class::LayoutOrNoise => 2,
         Class::Faster => 3,
-        Class::Unchanged => 4,
+        Class::NotCompared => 4,
+        Class::Unchanged => 5,
     }
 }
 
@@ -342,6 +343,7 @@ impl Triage<'_> {
             Class::MoreWork,
             Class::LayoutOrNoise,
             Class::Faster,
+            Class::NotCompared,
             Class::Unchanged,
         ] {
             let n = self.lines.iter().filter(|l| l.class == class).count();
