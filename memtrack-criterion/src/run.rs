@@ -3,16 +3,16 @@
 //! why it failed, and the one table printed at the end.
 
 use std::collections::BTreeSet;
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 use memtrack::Report;
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 use memtrack::analysis::Benchmark;
 use memtrack::human;
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 use memtrack::render::{self, BenchmarkRow};
 
 use crate::args::{Args, HELP};
@@ -125,12 +125,12 @@ fn exit_with(message: &str) -> ! {
 
 /// What one benchmark's window measured: instructions mode's counts are in callgrind's dump,
 /// read by whoever ran the process under callgrind.
-#[cfg(memtrack_bench = "instructions")]
+#[cfg(memtrack_instructions)]
 #[derive(Debug, Clone)]
 pub(crate) struct Figures;
 
 /// What one benchmark's session measured, per its `iterations`.
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 #[derive(Debug, Clone)]
 pub(crate) struct Figures {
     pub(crate) iterations: u64,
@@ -143,7 +143,7 @@ pub(crate) struct Figures {
     pub(crate) path: Option<PathBuf>,
 }
 
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 impl Figures {
     /// The benchmark `id` with these figures, for the table.
     fn benchmark(&self, id: &str) -> Benchmark {
@@ -212,7 +212,7 @@ pub(crate) fn unique_id(id: String) -> String {
 /// Records what benchmark `id` measured, or why it failed (said now, on one line of stderr).
 pub(crate) fn record(id: &str, outcome: Result<Option<Figures>, String>) {
     let mut run = run();
-    #[cfg(not(memtrack_bench = "instructions"))]
+    #[cfg(not(memtrack_instructions))]
     let outcome = outcome.and_then(|figures| {
         let Some(f) = figures else { return Ok(None) };
         if f.lost_events > 0 {
@@ -257,7 +257,7 @@ fn summary_table() -> bool {
 /// benchmark failed.
 pub(crate) fn summarize(table: bool) {
     let mut run = run();
-    #[cfg(memtrack_bench = "instructions")]
+    #[cfg(memtrack_instructions)]
     if table && !run.summarized && !run.outcomes.is_empty() {
         run.summarized = true;
         let counts = counts();
@@ -274,7 +274,7 @@ pub(crate) fn summarize(table: bool) {
             counts.warmup,
         );
     }
-    #[cfg(not(memtrack_bench = "instructions"))]
+    #[cfg(not(memtrack_instructions))]
     if table && !run.summarized && !run.outcomes.is_empty() {
         run.summarized = true;
         let counts = counts();
@@ -323,7 +323,7 @@ pub(crate) fn summarize(table: bool) {
     }
 }
 
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 /// The table of the benchmarks that ran: the library's table of benchmarks, the one `memtrack
 /// bench` prints ([`memtrack::render::benchmarks`]); a failed one's row says so.
 fn render(outcomes: &[(String, Result<Option<Figures>, String>)]) -> String {
@@ -343,7 +343,7 @@ fn render(outcomes: &[(String, Result<Option<Figures>, String>)]) -> String {
     )))
 }
 
-#[cfg(all(test, not(memtrack_bench = "instructions")))]
+#[cfg(all(test, not(memtrack_instructions)))]
 mod tests {
     use super::*;
 
