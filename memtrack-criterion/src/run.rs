@@ -71,7 +71,7 @@ pub(crate) fn args() -> &'static Args {
 }
 
 /// Whether benchmark `id` is among those `MEMTRACK_BENCHMARKS` names (all when it is unset):
-/// one id per line, a backslash in an id written `\\` and a line break `\n`. `memtrack bench
+/// one id per line, as [`human::escape_line`] writes it. `memtrack bench
 /// --chain` sets it to the benchmarks it follows along a range of commits. An id made unique
 /// with ` #2` is named by its first id. Read once.
 pub(crate) fn chosen(id: &str) -> bool {
@@ -88,32 +88,13 @@ pub(crate) fn chosen(id: &str) -> bool {
 fn chosen_ids(list: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in list.lines().filter(|l| !l.is_empty()) {
-        let line = unescape(line);
+        let line = human::unescape_line(line);
         if let Some((head, n)) = line.rsplit_once(" #") {
             if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
                 out.insert(head.to_string());
             }
         }
         out.insert(line);
-    }
-    out
-}
-
-/// A line of `MEMTRACK_BENCHMARKS` as the id it stands for: `\n` a line break, `\\` a
-/// backslash (another character after a backslash stands for itself).
-fn unescape(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('n') => out.push('\n'),
-            Some(other) => out.push(other),
-            None => out.push('\\'),
-        }
     }
     out
 }
