@@ -147,11 +147,12 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
         ));
     }
     let suite = memory_suite(&args, &target, &out);
+    // Timing mode's target directory: instructions mode builds the same dependencies.
     let counting = args.measure.contains(&Measure::Instructions).then(|| {
         instructions::Counting::new(
             &args.cargo,
             args.runs as usize,
-            target.join("memtrack-instructions"),
+            target.join("memtrack-time"),
         )
     });
     if let Some(spec) = &args.chain {
@@ -309,7 +310,7 @@ fn measure_both(
     if let Some(counting) = counting {
         counting.run(s.here, &head, "head")?;
         let base_counting = instructions::Counting {
-            target: s.target.join("memtrack-instructions-base"),
+            target: s.target.join("memtrack-time-base"),
             ..instructions::Counting::new(&args.cargo, args.runs as usize, PathBuf::new())
         };
         base_counting.run(&tree.dir, &base, &side)?;

@@ -4,14 +4,7 @@
 //! have nothing to do here. Anything else is refused, as criterion refuses it.
 
 // Compiled for its unit tests in timing mode, where nothing else uses it.
-#![cfg_attr(
-    not(any(
-        memtrack_bench,
-        memtrack_bench = "alloc",
-        memtrack_bench = "instructions"
-    )),
-    allow(dead_code)
-)]
+#![cfg_attr(not(memtrack_measured), allow(dead_code))]
 
 /// What a benchmark binary was asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

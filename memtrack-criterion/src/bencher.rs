@@ -4,10 +4,10 @@
 use std::hint::black_box;
 use std::marker::PhantomData;
 
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 use memtrack::{Scope, Session, SessionBuilder};
 
-#[cfg(memtrack_bench = "instructions")]
+#[cfg(memtrack_instructions)]
 use crate::instructions::Window as Session;
 
 use crate::run::{Counts, Figures};
@@ -15,11 +15,11 @@ use crate::upstream::BatchSize;
 use crate::upstream::measurement::{Measurement, WallTime};
 
 /// Why `iter_custom` fails the benchmark.
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 const ITER_CUSTOM: &str = "iter_custom is refused in memory mode: its routine runs and times the \
      iterations itself, so memtrack cannot tell their allocations from its own (use iter or \
      iter_batched)";
-#[cfg(memtrack_bench = "instructions")]
+#[cfg(memtrack_instructions)]
 const ITER_CUSTOM: &str = "iter_custom is refused in instructions mode: its routine runs and \
      times the iterations itself, so memtrack cannot tell their instructions from its own (use \
      iter or iter_batched)";
@@ -101,13 +101,13 @@ impl<'a, M: Measurement> Bencher<'a, M> {
     }
 
     /// Starts the benchmark's session: recording starts when this returns.
-    #[cfg(not(memtrack_bench = "instructions"))]
+    #[cfg(not(memtrack_instructions))]
     fn start(&self, _counts: Counts) -> Result<Session, String> {
         start(self.id).map_err(|e| format!("not recorded: {e}"))
     }
 
     /// Ends the benchmark's session of `counts.iterations` iterations, if it started.
-    #[cfg(not(memtrack_bench = "instructions"))]
+    #[cfg(not(memtrack_instructions))]
     fn finish(&mut self, session: Result<Session, String>, counts: Counts) {
         let outcome = session.and_then(|mut session| {
             session.set_iterations(counts.iterations);
@@ -118,14 +118,14 @@ impl<'a, M: Measurement> Bencher<'a, M> {
     }
 
     /// Opens the benchmark's window: callgrind counts from when this returns.
-    #[cfg(memtrack_bench = "instructions")]
+    #[cfg(memtrack_instructions)]
     #[inline(always)]
     fn start(&self, counts: Counts) -> Result<Session, String> {
         Ok(Session::open(self.id, counts.iterations))
     }
 
     /// Closes the benchmark's window: callgrind writes its counts.
-    #[cfg(memtrack_bench = "instructions")]
+    #[cfg(memtrack_instructions)]
     #[inline(always)]
     fn finish(&mut self, session: Result<Session, String>, _counts: Counts) {
         let outcome = session.map(|window| {
@@ -279,7 +279,7 @@ fn inputs<I>(n: u64, setup: impl FnMut() -> I) -> std::vec::IntoIter<I> {
         .into_iter()
 }
 
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 /// Starts the session of benchmark `id`: quiet (the table says its figures), recording the
 /// benchmark's thread and the threads it spawns, in `$MEMTRACK_DIR` or `memtrack/` in the
 /// target directory. With `memtrack_bench="alloc"` the allocator recorder, unless

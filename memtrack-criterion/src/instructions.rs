@@ -57,10 +57,9 @@ fn ensure_valgrind() {
     CHECKED.call_once(|| {
         if !client::running_on_valgrind() {
             eprintln!(
-                "memtrack: this benchmark was built in instructions mode (--cfg \
-                 memtrack_bench=\"instructions\"), which counts under callgrind: run it with \
-                 `memtrack bench --measure instructions`, or `valgrind --tool=callgrind` on this \
-                 executable"
+                "memtrack: this benchmark was built in instructions mode, which counts under \
+                 callgrind: run it with `memtrack bench --measure instructions`, or \
+                 `valgrind --tool=callgrind` on this executable"
             );
             std::process::exit(2);
         }

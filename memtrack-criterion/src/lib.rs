@@ -6,7 +6,8 @@
 //! memory mode (--cfg memtrack_bench, or memtrack_bench="alloc")
 //!   bench       Criterion, BenchmarkGroup, BenchmarkId: ids, the filter, which mode runs
 //!   bencher     Bencher: warm-up, then N iterations in one memtrack::Session per benchmark
-//! instructions mode (--cfg memtrack_bench="instructions"): the same modules, and
+//! instructions mode (feature `instructions`, or --cfg memtrack_bench="instructions"): the same
+//! modules, and
 //!   instructions  the window of N iterations: callgrind's counters zeroed, then dumped
 //!   run         the process's run: settings (env, arguments), results, the final table
 //!   args        criterion's command line, as memory mode reads it
@@ -31,56 +32,35 @@ use criterion_0_5 as upstream;
 #[cfg(feature = "criterion-0_8")]
 use criterion_0_8 as upstream;
 
+// build.rs derives `memtrack_measured` (memory or instructions mode) and
+// `memtrack_instructions` from the feature and the cfgs.
+#[cfg(all(memtrack_instructions, any(memtrack_bench, memtrack_bench = "alloc")))]
+compile_error!(
+    "memtrack-criterion: instructions mode (feature `instructions`) and memory mode (`--cfg \
+     memtrack_bench`) are both on: build for one"
+);
+
 // Timing mode is criterion itself; memory mode's own items below shadow these names.
 #[cfg(any(feature = "criterion-0_5", feature = "criterion-0_8"))]
 pub use upstream::*;
 
 // Reads no memtrack: its unit tests run in the timing-mode `cargo test` too.
-#[cfg(any(
-    memtrack_bench,
-    memtrack_bench = "alloc",
-    memtrack_bench = "instructions",
-    test
-))]
+#[cfg(any(memtrack_measured, test))]
 mod args;
-#[cfg(any(
-    memtrack_bench,
-    memtrack_bench = "alloc",
-    memtrack_bench = "instructions"
-))]
+#[cfg(memtrack_measured)]
 mod bench;
-#[cfg(any(
-    memtrack_bench,
-    memtrack_bench = "alloc",
-    memtrack_bench = "instructions"
-))]
+#[cfg(memtrack_measured)]
 mod bencher;
-#[cfg(memtrack_bench = "instructions")]
+#[cfg(memtrack_instructions)]
 mod instructions;
-#[cfg(any(
-    memtrack_bench,
-    memtrack_bench = "alloc",
-    memtrack_bench = "instructions"
-))]
+#[cfg(memtrack_measured)]
 mod macros;
-#[cfg(any(
-    memtrack_bench,
-    memtrack_bench = "alloc",
-    memtrack_bench = "instructions"
-))]
+#[cfg(memtrack_measured)]
 mod run;
 
-#[cfg(any(
-    memtrack_bench,
-    memtrack_bench = "alloc",
-    memtrack_bench = "instructions"
-))]
+#[cfg(memtrack_measured)]
 pub use bench::{BenchmarkGroup, BenchmarkId, Criterion, runner};
-#[cfg(any(
-    memtrack_bench,
-    memtrack_bench = "alloc",
-    memtrack_bench = "instructions"
-))]
+#[cfg(memtrack_measured)]
 pub use bencher::Bencher;
 
 /// The allocator recorder, without a source edit: `--cfg memtrack_bench="alloc"`.

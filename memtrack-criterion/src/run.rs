@@ -3,16 +3,16 @@
 //! why it failed, and the one table printed at the end.
 
 use std::collections::BTreeSet;
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 use memtrack::Report;
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 use memtrack::analysis::Benchmark;
 use memtrack::human;
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 use memtrack::render::{self, BenchmarkRow};
 
 use crate::args::{Args, HELP};
@@ -71,7 +71,7 @@ pub(crate) fn args() -> &'static Args {
 }
 
 /// Whether benchmark `id` is among those `MEMTRACK_BENCHMARKS` names (all when it is unset):
-/// one id per line, a backslash in an id written `\\` and a line break `\n`. `memtrack bench
+/// one id per line, as [`human::escape_line`] writes it. `memtrack bench
 /// --chain` sets it to the benchmarks it follows along a range of commits. An id made unique
 /// with ` #2` is named by its first id. Read once.
 pub(crate) fn chosen(id: &str) -> bool {
@@ -88,32 +88,13 @@ pub(crate) fn chosen(id: &str) -> bool {
 fn chosen_ids(list: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in list.lines().filter(|l| !l.is_empty()) {
-        let line = unescape(line);
+        let line = human::unescape_line(line);
         if let Some((head, n)) = line.rsplit_once(" #") {
             if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
                 out.insert(head.to_string());
             }
         }
         out.insert(line);
-    }
-    out
-}
-
-/// A line of `MEMTRACK_BENCHMARKS` as the id it stands for: `\n` a line break, `\\` a
-/// backslash (another character after a backslash stands for itself).
-fn unescape(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('n') => out.push('\n'),
-            Some(other) => out.push(other),
-            None => out.push('\\'),
-        }
     }
     out
 }
@@ -125,12 +106,12 @@ fn exit_with(message: &str) -> ! {
 
 /// What one benchmark's window measured: instructions mode's counts are in callgrind's dump,
 /// read by whoever ran the process under callgrind.
-#[cfg(memtrack_bench = "instructions")]
+#[cfg(memtrack_instructions)]
 #[derive(Debug, Clone)]
 pub(crate) struct Figures;
 
 /// What one benchmark's session measured, per its `iterations`.
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 #[derive(Debug, Clone)]
 pub(crate) struct Figures {
     pub(crate) iterations: u64,
@@ -143,7 +124,7 @@ pub(crate) struct Figures {
     pub(crate) path: Option<PathBuf>,
 }
 
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 impl Figures {
     /// The benchmark `id` with these figures, for the table.
     fn benchmark(&self, id: &str) -> Benchmark {
@@ -212,7 +193,7 @@ pub(crate) fn unique_id(id: String) -> String {
 /// Records what benchmark `id` measured, or why it failed (said now, on one line of stderr).
 pub(crate) fn record(id: &str, outcome: Result<Option<Figures>, String>) {
     let mut run = run();
-    #[cfg(not(memtrack_bench = "instructions"))]
+    #[cfg(not(memtrack_instructions))]
     let outcome = outcome.and_then(|figures| {
         let Some(f) = figures else { return Ok(None) };
         if f.lost_events > 0 {
@@ -257,7 +238,7 @@ fn summary_table() -> bool {
 /// benchmark failed.
 pub(crate) fn summarize(table: bool) {
     let mut run = run();
-    #[cfg(memtrack_bench = "instructions")]
+    #[cfg(memtrack_instructions)]
     if table && !run.summarized && !run.outcomes.is_empty() {
         run.summarized = true;
         let counts = counts();
@@ -274,7 +255,7 @@ pub(crate) fn summarize(table: bool) {
             counts.warmup,
         );
     }
-    #[cfg(not(memtrack_bench = "instructions"))]
+    #[cfg(not(memtrack_instructions))]
     if table && !run.summarized && !run.outcomes.is_empty() {
         run.summarized = true;
         let counts = counts();
@@ -323,7 +304,7 @@ pub(crate) fn summarize(table: bool) {
     }
 }
 
-#[cfg(not(memtrack_bench = "instructions"))]
+#[cfg(not(memtrack_instructions))]
 /// The table of the benchmarks that ran: the library's table of benchmarks, the one `memtrack
 /// bench` prints ([`memtrack::render::benchmarks`]); a failed one's row says so.
 fn render(outcomes: &[(String, Result<Option<Figures>, String>)]) -> String {
@@ -343,7 +324,7 @@ fn render(outcomes: &[(String, Result<Option<Figures>, String>)]) -> String {
     )))
 }
 
-#[cfg(all(test, not(memtrack_bench = "instructions")))]
+#[cfg(all(test, not(memtrack_instructions)))]
 mod tests {
     use super::*;
 

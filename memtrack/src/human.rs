@@ -132,6 +132,43 @@ pub fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `s` (a benchmark's id) on one line, reversibly ([`unescape_line`] reads it back): a
+/// backslash written `\\`, a line break `\n`, a carriage return `\r`, NUL `\0`.
+pub fn escape_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\0' => out.push_str("\\0"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The text [`escape_line`] wrote `line` from: `\n`, `\r` and `\0` undone, another
+/// character after a backslash standing for itself, a backslash at the end for itself.
+pub fn unescape_line(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('0') => out.push('\0'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
 /// The one line said of `short` heap allocations (of `allocations`) whose call stack stops
 /// early, `in_libc` of them made by the C library for itself: how to fix it, or `None` when
 /// those a rebuild can fix are under 1 % of the allocations (a few short stacks change no
@@ -161,6 +198,16 @@ mod tests {
         assert_eq!(duration(51_818.0), "51.8 µs");
         assert_eq!(duration(1_204_000_000.0), "1.20 s");
         assert_eq!(duration(5.5), "5.50 ns");
+    }
+
+    #[test]
+    fn an_escaped_line_reads_back() {
+        for s in ["vec/1024", "a\\b\nc\r\0 #2", "", "end\\", "\\n"] {
+            let line = escape_line(s);
+            assert!(!line.contains(['\n', '\r', '\0']), "{line:?}");
+            assert_eq!(unescape_line(&line), s);
+        }
+        assert_eq!(unescape_line("x\\q\\"), "xq\\");
     }
 
     /// For a terminal, every control character but the line break is escaped.

@@ -228,13 +228,20 @@ impl Cell {
         if !metric.per_iteration() {
             return Cell::whole(Unit::of(metric), total);
         }
+        let per_iteration = b
+            .iterations
+            .filter(|&n| n > 0)
+            .map(|n| total as f64 / n as f64);
+        Cell::metric(metric, total, per_iteration)
+    }
+
+    /// A [`Cell::Figure`] of `metric`: `total`, and its value per iteration when known (a
+    /// comparison's side, a step of a chain).
+    pub const fn metric(metric: Metric, total: u64, per_iteration: Option<f64>) -> Cell {
         Cell::Figure {
             unit: Unit::of(metric),
             total,
-            per_iteration: b
-                .iterations
-                .filter(|&n| n > 0)
-                .map(|n| total as f64 / n as f64),
+            per_iteration,
         }
     }
 

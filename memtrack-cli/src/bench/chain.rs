@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use memtrack::render::{Align, Cell, Column, Table, Unit, md_escape};
+use memtrack::render::{Align, Cell, Column, Table, md_escape};
 use memtrack::{analysis::Metric, analysis::Row, analysis::Threshold, analysis::Verdict, human};
 
 use super::instructions::{self, Counting, Gated};
@@ -234,7 +234,7 @@ pub(crate) fn run(
             ..s
         }),
         instructions: measures.instructions.map(|c| Counting {
-            target: target.join("memtrack-instructions-base"),
+            target: target.join("memtrack-time-base"),
             ..c
         }),
     };
@@ -520,17 +520,12 @@ impl Report<'_> {
         ]);
         for step in self.steps {
             for r in changed(step) {
-                let figure = |total, per_iteration| Cell::Figure {
-                    unit: Unit::of(r.metric),
-                    total,
-                    per_iteration,
-                };
                 t.push(vec![
                     Cell::Text(r.benchmark.clone()),
                     Cell::Text(r.metric.name().into()),
                     Cell::Code(self.commit_text(step)),
-                    figure(r.base, r.base_per_iteration),
-                    figure(r.head, r.head_per_iteration),
+                    Cell::metric(r.metric, r.base, r.base_per_iteration),
+                    Cell::metric(r.metric, r.head, r.head_per_iteration),
                     Cell::Change(r.change_percent),
                     Cell::Text(self.chain[step.to].subject.clone()),
                 ]);

@@ -112,12 +112,16 @@ impl Counting {
     fn build(&self, dir: &Path, what: &str) -> Result<Vec<(PathBuf, PathBuf)>, Error> {
         let mut cmd = cargo();
         cmd.current_dir(dir);
-        add_rustflags(&mut cmd, dir, &["--cfg", "memtrack_bench=\"instructions\""]);
+        let feature = instructions_feature(dir, &self.cargo);
+        if feature.is_none() {
+            add_rustflags(&mut cmd, dir, &["--cfg", "memtrack_bench=\"instructions\""]);
+        }
         cmd.args([
             "bench",
             "--no-run",
             "--message-format=json-render-diagnostics",
         ])
+        .args(feature.iter().flat_map(|f| ["--features", f]))
         .args(&self.cargo)
         .env("CARGO_TARGET_DIR", &self.target)
         .stdin(Stdio::null())
@@ -191,6 +195,51 @@ impl Built {
             }
         }
         built
+    }
+}
+
+/// `NAME/instructions`, NAME being what the packages of the workspace in `dir` call
+/// memtrack-criterion: its feature `instructions` builds the suite's other dependencies as
+/// timing mode does, where `--cfg memtrack_bench="instructions"` in RUSTFLAGS rebuilds them all.
+/// None (the cfg, then) when they call it by more than one name, or its version has no such
+/// feature, or `cargo metadata` fails (the build says why). `cargo_args` are the user's: their
+/// `--offline`, `--frozen` and `--locked` hold for the metadata too.
+fn instructions_feature(dir: &Path, cargo_args: &[OsString]) -> Option<String> {
+    let mut cmd = cargo();
+    cmd.current_dir(dir)
+        .args(["metadata", "--format-version", "1"])
+        .args(
+            cargo_args.iter().filter(|a| {
+                ["--offline", "--frozen", "--locked"].contains(&a.to_str().unwrap_or(""))
+            }),
+        )
+        .stdin(Stdio::null())
+        .stderr(Stdio::null());
+    let out = cmd.output().ok().filter(|o| o.status.success())?;
+    let meta: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let packages = meta["packages"].as_array()?;
+    let ours: Vec<&Value> = packages
+        .iter()
+        .filter(|p| p["name"] == "memtrack-criterion")
+        .collect();
+    if ours.is_empty()
+        || !ours
+            .iter()
+            .all(|p| p["features"].get("instructions").is_some())
+    {
+        return None;
+    }
+    let members = meta["workspace_members"].as_array()?;
+    let names: std::collections::BTreeSet<&str> = packages
+        .iter()
+        .filter(|p| members.contains(&p["id"]))
+        .flat_map(|p| p["dependencies"].as_array().into_iter().flatten())
+        .filter(|d| d["name"] == "memtrack-criterion")
+        .filter_map(|d| d["rename"].as_str().or(d["name"].as_str()))
+        .collect();
+    match names.into_iter().collect::<Vec<_>>()[..] {
+        [name] => Some(format!("{name}/instructions")),
+        _ => None,
     }
 }
 

@@ -262,12 +262,12 @@ fn keep(file: &Path, copy: &Path) -> Result<(), Error> {
     Ok(out.commit().map(drop)?)
 }
 
-/// `ids` as `MEMTRACK_BENCHMARKS` lists them: one per line, a backslash written `\\` and a
-/// line break `\n` (criterion's ids may hold either).
+/// `ids` as `MEMTRACK_BENCHMARKS` lists them: one per line, each escaped
+/// ([`memtrack::human::escape_line`]: criterion's ids may hold line breaks).
 pub(crate) fn benchmark_list(ids: &[String]) -> String {
     let escaped: Vec<String> = ids
         .iter()
-        .map(|id| id.replace('\\', "\\\\").replace('\n', "\\n"))
+        .map(|id| memtrack::human::escape_line(id))
         .collect();
     escaped.join("\n")
 }

@@ -282,10 +282,9 @@ fn count(
 ) -> Option<Counted> {
     let (base, head) = (out.join("base"), out.join("head"));
     let runs = args.runs as usize;
-    let counting =
-        instructions::Counting::new(&args.cargo, runs, target.join("memtrack-instructions"));
+    let counting = instructions::Counting::new(&args.cargo, runs, target.join("memtrack-time"));
     let base_counting =
-        instructions::Counting::new(&args.cargo, runs, target.join("memtrack-instructions-base"));
+        instructions::Counting::new(&args.cargo, runs, target.join("memtrack-time-base"));
     let mut fail = |side, e: Error| {
         failures.push(Failure {
             measure: "instructions",

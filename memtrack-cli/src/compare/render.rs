@@ -34,16 +34,11 @@ pub(crate) fn row_columns(extra: Vec<Column>) -> Vec<Column> {
 pub(crate) fn rows(c: &Comparison) -> Table {
     let mut t = Table::new(row_columns(vec![]));
     for r in &c.rows {
-        let figure = |total, per_iteration| Cell::Figure {
-            unit: Unit::of(r.metric),
-            total,
-            per_iteration,
-        };
         t.push(vec![
             Cell::Text(r.benchmark.clone()),
             Cell::Text(r.metric.name().into()),
-            figure(r.base, r.base_per_iteration),
-            figure(r.head, r.head_per_iteration),
+            Cell::metric(r.metric, r.base, r.base_per_iteration),
+            Cell::metric(r.metric, r.head, r.head_per_iteration),
             Cell::Change(r.change_percent),
             Cell::Verdict(r.verdict),
             Cell::Count(r.base_iterations),

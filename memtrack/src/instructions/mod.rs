@@ -166,7 +166,7 @@ pub fn load(dir: &Path) -> Result<Vec<run::Measurement>, InstructionsError> {
 
 /// The text a harness gives `CALLGRIND_DUMP_STATS_AT` for one benchmark, and reads back from
 /// the dump's `desc: Trigger: Client Request: …` line: `memtrack-bench iterations=N id=ID`,
-/// a line break in the id written `\n` and a backslash `\\`.
+/// the id on one line ([`crate::human::escape_line`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Dump {
     /// The benchmark's id, as its harness names it (criterion's `group/function/parameter`).
@@ -181,16 +181,7 @@ const CLIENT_REQUEST: &str = "Client Request: ";
 impl Dump {
     /// The text to pass to [`client::dump_stats_at`].
     pub fn text(&self) -> CString {
-        let mut id = String::with_capacity(self.id.len());
-        for c in self.id.chars() {
-            match c {
-                '\\' => id.push_str("\\\\"),
-                '\n' => id.push_str("\\n"),
-                '\r' => id.push_str("\\r"),
-                '\0' => id.push_str("\\0"),
-                c => id.push(c),
-            }
-        }
+        let id = crate::human::escape_line(&self.id);
         CString::new(format!("{DUMP_PREFIX}{} id={id}", self.iterations))
             .expect("NUL bytes are escaped")
     }
@@ -203,23 +194,8 @@ impl Dump {
             .strip_prefix(DUMP_PREFIX)?;
         let (n, id) = rest.split_once(" id=")?;
         let iterations = n.parse().ok()?;
-        let mut out = String::with_capacity(id.len());
-        let mut chars = id.chars();
-        while let Some(c) = chars.next() {
-            if c != '\\' {
-                out.push(c);
-                continue;
-            }
-            match chars.next() {
-                Some('n') => out.push('\n'),
-                Some('r') => out.push('\r'),
-                Some('0') => out.push('\0'),
-                Some(other) => out.push(other),
-                None => out.push('\\'),
-            }
-        }
         Some(Dump {
-            id: out,
+            id: crate::human::unescape_line(id),
             iterations,
         })
     }
