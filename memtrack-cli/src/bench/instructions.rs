@@ -230,7 +230,7 @@ fn instructions_feature(dir: &Path, cargo_args: &[OsString]) -> Option<String> {
         return None;
     }
     let members = meta["workspace_members"].as_array()?;
-    let names: std::collections::BTreeSet<&str> = packages
+    let names: BTreeSet<&str> = packages
         .iter()
         .filter(|p| members.contains(&p["id"]))
         .flat_map(|p| p["dependencies"].as_array().into_iter().flatten())
