@@ -212,20 +212,31 @@ fn memory_suite(args: &Args, target: &Path, out: &Path) -> Suite {
     }
 }
 
+/// What `--measure time` (alone or in the triage) is asked, from bench's arguments.
+fn time_request<'a>(
+    args: &'a Args,
+    here: &'a Path,
+    target: &'a Path,
+    out: &'a Path,
+    reference: &'a str,
+) -> time::Request<'a> {
+    time::Request {
+        here,
+        target,
+        out,
+        reference,
+        cargo: &args.cargo,
+        threshold: args.threshold,
+        format: args.format,
+        gate: args.gate.contains(&GateArg::Time),
+        time: &args.time,
+    }
+}
+
 /// `--measure time`: alone, and with `--base` (the A/B needs two builds).
 fn timed(args: &Args, here: &Path, target: &Path, out: &Path) -> Result<ExitCode, Error> {
     match (&args.base, &args.chain) {
-        (Some(reference), None) => time::run(&time::Request {
-            here,
-            target,
-            out,
-            reference,
-            cargo: &args.cargo,
-            threshold: args.threshold,
-            format: args.format,
-            gate: args.gate.contains(&GateArg::Time),
-            time: &args.time,
-        }),
+        (Some(reference), None) => time::run(&time_request(args, here, target, out, reference)),
         (None, Some(_)) => Err(Error::Usage(
             "--chain follows memory and instructions, not time: chain with --measure \
              instructions, then time the commit it names with --measure time --base COMMIT~1"

@@ -73,17 +73,9 @@ fn make_project(dir: &Path) -> PathBuf {
     git(dir, &["init", "-q"]);
     git(dir, &["add", "."]);
     git(dir, &["commit", "-qm", "base"]);
-    edit(dir, "src/lib.rs", GROW);
+    common::edit(dir, "src/lib.rs", GROW);
     git(dir, &["commit", "-qam", "tokenize copies each token"]);
     dir.to_path_buf()
-}
-
-/// Replaces `what.0` with `what.1` in `file` of `dir` (which must hold it).
-fn edit(dir: &Path, file: &str, what: (&str, &str)) {
-    let path = dir.join(file);
-    let body = std::fs::read_to_string(&path).unwrap();
-    assert!(body.contains(what.0), "{file} holds no {:?}", what.0);
-    std::fs::write(&path, body.replacen(what.0, what.1, 1)).unwrap();
 }
 
 /// examples/downstream copied to `dir` ([`common::copy_downstream`]), its input checked to be
@@ -366,16 +358,16 @@ fn a_regression_from_nothing_names_the_function() {
         "name = \"downstream\"\nversion = \"0.1.0\"",
         "name = \"downstream\"\nversion = \"0.1.1\"",
     );
-    edit(dir, "Cargo.toml", version);
-    edit(dir, "Cargo.lock", version);
+    common::edit(dir, "Cargo.toml", version);
+    common::edit(dir, "Cargo.lock", version);
     let lib = dir.join("src/lib.rs");
     let body = std::fs::read_to_string(&lib).unwrap();
     std::fs::write(&lib, body + FIRST_BORROWED).unwrap();
-    edit(dir, "benches/tokenize.rs", FIRST_BENCH);
+    common::edit(dir, "benches/tokenize.rs", FIRST_BENCH);
     git(dir, &["init", "-q"]);
     git(dir, &["add", "."]);
     git(dir, &["commit", "-qm", "first borrows"]);
-    edit(dir, "src/lib.rs", FIRST_OWNED);
+    common::edit(dir, "src/lib.rs", FIRST_OWNED);
     git(dir, &["commit", "-qam", "first copies"]);
 
     let out_dir = tmp().join("from-nothing-out");
@@ -508,21 +500,21 @@ fn make_chain(dir: &Path) -> Vec<String> {
         "//! The code under test",
         "//! The code under test (unchanged)",
     );
-    edit(dir, "src/lib.rs", comment);
+    common::edit(dir, "src/lib.rs", comment);
     git(dir, &["commit", "-qam", "a comment"]);
     let broken = ("pub fn render(", "pub fn render(oops");
-    edit(dir, "src/lib.rs", broken);
+    common::edit(dir, "src/lib.rs", broken);
     git(dir, &["commit", "-qam", "does not build"]);
-    edit(dir, "src/lib.rs", (broken.1, broken.0));
-    edit(dir, "src/lib.rs", GROW);
+    common::edit(dir, "src/lib.rs", (broken.1, broken.0));
+    common::edit(dir, "src/lib.rs", GROW);
     git(dir, &["commit", "-qam", "tokenize copies each token"]);
-    edit(
+    common::edit(
         dir,
         "benches/tokenize.rs",
         ("//! The suite", "//! The suite (a comment)"),
     );
     git(dir, &["commit", "-qam", "another comment"]);
-    edit(dir, "src/lib.rs", GROW_ROOM);
+    common::edit(dir, "src/lib.rs", GROW_ROOM);
     git(dir, &["commit", "-qam", "tokenize makes room for one more"]);
     let log = git(dir, &["log", "--reverse", "--format=%H"]);
     text(&log.stdout).lines().map(String::from).collect()
@@ -852,10 +844,10 @@ fn instructions_chain_names_the_commit() {
     git(&dir, &["init", "-q"]);
     git(&dir, &["add", "."]);
     git(&dir, &["commit", "-qm", "base"]);
-    edit(&dir, "src/lib.rs", LONGER_LOOP);
+    common::edit(&dir, "src/lib.rs", LONGER_LOOP);
     git(&dir, &["commit", "-qam", "tokenize scans twice"]);
     let comment = ("//! The code under test", "//! The code under test (same)");
-    edit(&dir, "src/lib.rs", comment);
+    common::edit(&dir, "src/lib.rs", comment);
     git(&dir, &["commit", "-qam", "a comment"]);
     let log = git(&dir, &["log", "--reverse", "--format=%H"]);
     let ids: Vec<String> = text(&log.stdout).lines().map(String::from).collect();
@@ -970,10 +962,10 @@ fn both_measures_chain_name_the_commit() {
     git(&dir, &["init", "-q"]);
     git(&dir, &["add", "."]);
     git(&dir, &["commit", "-qm", "base"]);
-    edit(&dir, "src/lib.rs", GROW);
+    common::edit(&dir, "src/lib.rs", GROW);
     git(&dir, &["commit", "-qam", "tokenize copies each token"]);
     let comment = ("//! The code under test", "//! The code under test (same)");
-    edit(&dir, "src/lib.rs", comment);
+    common::edit(&dir, "src/lib.rs", comment);
     git(&dir, &["commit", "-qam", "a comment"]);
     let log = git(&dir, &["log", "--reverse", "--format=%H"]);
     let ids: Vec<String> = text(&log.stdout).lines().map(String::from).collect();

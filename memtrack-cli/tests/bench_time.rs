@@ -29,14 +29,6 @@ fn git(dir: &Path, args: &[&str]) -> Output {
     common::git(dir, &tmp(), args)
 }
 
-/// Replaces `what.0` with `what.1` in `file` of `dir` (which must hold it).
-fn edit(dir: &Path, file: &str, what: (&str, &str)) {
-    let path = dir.join(file);
-    let body = std::fs::read_to_string(&path).unwrap();
-    assert!(body.contains(what.0), "{file} holds no {:?}", what.0);
-    std::fs::write(&path, body.replacen(what.0, what.1, 1)).unwrap();
-}
-
 /// The commits of the fixture repository, by what each changes from its parent.
 struct Project {
     dir: PathBuf,
@@ -66,7 +58,7 @@ fn make_project(dir: &Path) -> Project {
     git(dir, &["add", "."]);
     git(dir, &["commit", "-qm", "base"]);
     // At the end: no line of the code moves, so neither do the panic locations compiled in.
-    edit(
+    common::edit(
         dir,
         "src/lib.rs",
         (
@@ -76,7 +68,7 @@ fn make_project(dir: &Path) -> Project {
     );
     git(dir, &["commit", "-qam", "a comment"]);
     let noop = head(dir);
-    edit(
+    common::edit(
         dir,
         "src/lib.rs",
         (
@@ -86,7 +78,7 @@ fn make_project(dir: &Path) -> Project {
     );
     git(dir, &["commit", "-qam", "render joins ten times"]);
     let slow = head(dir);
-    edit(
+    common::edit(
         dir,
         "benches/tokenize.rs",
         (
@@ -100,7 +92,7 @@ fn make_project(dir: &Path) -> Project {
     );
     git(dir, &["commit", "-qam", "a second render benchmark"]);
     let added = head(dir);
-    edit(dir, "src/lib.rs", ("// A note.", "fn broken( {"));
+    common::edit(dir, "src/lib.rs", ("// A note.", "fn broken( {"));
     git(dir, &["commit", "-qam", "render broken"]);
     let broken = head(dir);
     Project {

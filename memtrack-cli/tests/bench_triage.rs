@@ -36,14 +36,6 @@ fn git(dir: &Path, args: &[&str]) -> Output {
     common::git(dir, &tmp(), args)
 }
 
-/// Replaces `what.0` with `what.1` in `file` of `dir` (which must hold it).
-fn edit(dir: &Path, file: &str, what: (&str, &str)) {
-    let path = dir.join(file);
-    let body = std::fs::read_to_string(&path).unwrap();
-    assert!(body.contains(what.0), "{file} holds no {:?}", what.0);
-    std::fs::write(&path, body.replacen(what.0, what.1, 1)).unwrap();
-}
-
 /// The fixture repository's commits.
 struct Project {
     dir: PathBuf,
@@ -75,11 +67,11 @@ fn make_project(dir: &Path) -> Project {
         "    tokens.join(\" \")\n}\n",
         "    tokens.join(\" \")\n}\n\n// A note.\n",
     );
-    edit(dir, "src/lib.rs", note);
+    common::edit(dir, "src/lib.rs", note);
     git(dir, &["commit", "-qam", "a comment"]);
     let noop = head(dir);
     // Counting words allocates nothing: more work only.
-    edit(
+    common::edit(
         dir,
         "src/lib.rs",
         (
@@ -88,7 +80,7 @@ fn make_project(dir: &Path) -> Project {
              let mut tokens = Vec::with_capacity(words().count());",
         ),
     );
-    edit(
+    common::edit(
         dir,
         "src/lib.rs",
         (
@@ -96,7 +88,7 @@ fn make_project(dir: &Path) -> Project {
             "    std::hint::black_box(Vec::<u8>::with_capacity(64));\n    tokens.join(\" \")\n}",
         ),
     );
-    edit(
+    common::edit(
         dir,
         "benches/tokenize.rs",
         (
@@ -113,7 +105,7 @@ fn make_project(dir: &Path) -> Project {
         &["commit", "-qam", "more work, an allocation, a benchmark"],
     );
     let changes = head(dir);
-    edit(
+    common::edit(
         dir,
         "src/lib.rs",
         ("pub fn render(", "fn broken( {\npub fn render("),

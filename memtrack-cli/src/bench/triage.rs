@@ -228,18 +228,10 @@ pub(crate) fn run(args: &Args, here: &Path, target: &Path, out: &Path) -> Result
     let time = asked
         .time
         .then(|| {
-            let request = time::Request {
-                here,
-                target,
-                out,
-                reference,
-                cargo: &args.cargo,
-                threshold: args.threshold,
-                format: args.format,
-                gate: args.gate.contains(&GateArg::Time),
-                time: &args.time,
-            };
-            time::compare(&request, &tree)
+            time::compare(
+                &super::time_request(args, here, target, out, reference),
+                &tree,
+            )
         })
         .transpose()?;
     let side = format!(

@@ -87,3 +87,11 @@ pub fn copy_downstream(dir: &Path) {
     }
     std::fs::write(dir.join(".gitignore"), "/target\n").unwrap();
 }
+
+/// Replaces `what.0` with `what.1` in `file` of `dir` (which must hold it).
+pub fn edit(dir: &Path, file: &str, what: (&str, &str)) {
+    let path = dir.join(file);
+    let body = std::fs::read_to_string(&path).unwrap();
+    assert!(body.contains(what.0), "{file} holds no {:?}", what.0);
+    std::fs::write(&path, body.replacen(what.0, what.1, 1)).unwrap();
+}
