@@ -267,16 +267,20 @@ fn hashbrown_raw(file: &str) -> bool {
 /// machinery ([`RUST_ALLOCATOR`] by path, [`RUST_ALLOCATOR_FILES`] by source file). A frame
 /// that could not be named is not.
 pub fn is_allocator_frame(f: &SymFrame, class: Class) -> bool {
-    let Some(function) = f.function.as_deref() else {
-        return false;
-    };
+    f.function
+        .as_deref()
+        .is_some_and(|function| is_allocator_function(function, f.file.as_deref(), class))
+}
+
+/// [`is_allocator_frame`] of a frame named `function`, in `file` when known.
+pub fn is_allocator_function(function: &str, file: Option<&str>, class: Class) -> bool {
     let path = function.trim_start_matches('<');
     if RUST_ALLOCATOR.iter().any(|p| path.starts_with(p))
         || path.contains(" as core::alloc::global::GlobalAlloc>::")
     {
         return true;
     }
-    if f.file.as_deref().is_some_and(|file| {
+    if file.is_some_and(|file| {
         RUST_ALLOCATOR_FILES.iter().any(|p| file.contains(p)) || hashbrown_raw(file)
     }) {
         return true;

@@ -5,10 +5,11 @@
 use memtrack::render::{self, Align, Cell, Column, Table, Unit, md_escape};
 use memtrack::{
     analysis::Benchmark, analysis::Comparison, analysis::Metric, analysis::SiteDelta,
-    analysis::Verdict, human, symbolize::SiteKey,
+    analysis::Verdict, human, symbolize::KeyFrame, symbolize::SiteKey,
 };
 
 use super::Attributed;
+use crate::callsites::{self, Class};
 
 /// The columns of a comparison's rows, whatever the measure (`extra` after the verdict): the
 /// row every command that compares base with head prints, and `rows` in its JSON.
@@ -59,20 +60,36 @@ const SHOWN_SITES: usize = 10;
 /// Frames shown per site in the table and markdown (JSON has them all).
 const SHOWN_FRAMES: usize = 4;
 
-/// A site's innermost frames, joined by ` ← `, with how many more there are.
+/// A site's innermost frames, joined by ` ← `, with how many more there are. The allocator's
+/// own innermost frames (the allocator recorder's, `__rust_alloc`, `RawVec`'s growth: what
+/// `show` hides by default) are left out, so that the first frame shown is the code that
+/// allocated; JSON keeps every frame.
 fn site_text(k: &SiteKey) -> String {
     if k.0.is_empty() {
         return k.to_string();
     }
-    let mut s: Vec<String> =
-        k.0.iter()
-            .take(SHOWN_FRAMES)
-            .map(|f| f.to_string())
-            .collect();
-    if k.0.len() > SHOWN_FRAMES {
-        s.push(format!("… {} more", k.0.len() - SHOWN_FRAMES));
+    let own = k.0.iter().take_while(|f| allocators(f)).count();
+    let frames = &k.0[own.min(k.0.len() - 1)..];
+    let mut s: Vec<String> = frames
+        .iter()
+        .take(SHOWN_FRAMES)
+        .map(|f| f.to_string())
+        .collect();
+    if frames.len() > SHOWN_FRAMES {
+        s.push(format!("… {} more", frames.len() - SHOWN_FRAMES));
     }
     s.join(" ← ")
+}
+
+/// Whether a site's frame is the allocator's own ([`callsites::is_allocator_function`]; a
+/// frame's module is not in its key, so a C allocator's name counts wherever it is).
+fn allocators(f: &KeyFrame) -> bool {
+    match f {
+        KeyFrame::Function { function, file } => {
+            callsites::is_allocator_function(function, file.as_deref(), Class::Other)
+        }
+        _ => false,
+    }
 }
 
 /// An aligned plain-text table for a terminal, with a summary line and the added and removed
@@ -385,6 +402,30 @@ mod tests {
             a.update(&Event::new(2 * i + 1, 7, 7, EventKind::Free { addr }));
         }
         Benchmark::new(name, format!("{name}.memtrack"), a.totals()).with_iterations(iterations)
+    }
+
+    /// A site shown starts at the code that allocated: the allocator recorder's frames,
+    /// `__rust_alloc` and `RawVec`'s are left out, and counted in none of "… N more"; a
+    /// site of allocator frames only keeps its outermost.
+    #[test]
+    fn sites_show_the_code_that_allocated_first() {
+        let f = |function: &str| KeyFrame::Function {
+            function: function.into(),
+            file: None,
+        };
+        let site = SiteKey(vec![
+            f("memtrack::allocator::walk::Here::now"),
+            f("<memtrack::allocator::Allocator<A> as core::alloc::global::GlobalAlloc>::alloc"),
+            f("__rustc::__rust_alloc"),
+            f("<alloc::raw_vec::RawVecInner>::try_allocate_in"),
+            f("downstream::render"),
+            f("bench::main"),
+        ]);
+        assert_eq!(site_text(&site), "downstream::render ← bench::main");
+        let deep = SiteKey([&site.0[..4], &vec![f("x"); 6]].concat());
+        assert_eq!(site_text(&deep), "x ← x ← x ← x ← … 2 more");
+        let only = SiteKey(site.0[..3].to_vec());
+        assert_eq!(site_text(&only), "__rustc::__rust_alloc");
     }
 
     /// Per-iteration rows print at the precision they are judged at (hundredths per
