@@ -307,8 +307,7 @@ fn each_cause_gets_its_class() {
 /// threshold, as `--measure time`'s own no-op test argues, and four rounds (eight runs a
 /// side): when the two sides differ only by chance, all eight head runs land above all eight
 /// base runs one time in 12,870, so ten such comparisons call a false regression about once in
-/// 1,300 runs of this test however loaded the machine. With two rounds it was one in 70 a
-/// comparison, and a loaded machine hit it.
+/// 1,300 runs of this test however loaded the machine.
 fn a_noop_is_never_a_regression() {
     let p = project();
     let out = tmp().join("noop");
