@@ -30,6 +30,11 @@ mod triage;
 
 use suite::{Lock, Repo, Suite, Worktree};
 
+/// The target directories (under the suite's) of timing mode's builds, the head's and the
+/// base's; instructions mode builds there too, sharing their dependency builds.
+const TIME_TARGET: &str = "memtrack-time";
+const TIME_BASE_TARGET: &str = "memtrack-time-base";
+
 /// `--backend`: a [`BackendChoice`] by its name, each value with its help line.
 fn backend_choice() -> impl clap::builder::TypedValueParser<Value = BackendChoice> {
     use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
@@ -149,11 +154,7 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
     let suite = memory_suite(&args, &target, &out);
     // Timing mode's target directory: instructions mode builds the same dependencies.
     let counting = args.measure.contains(&Measure::Instructions).then(|| {
-        instructions::Counting::new(
-            &args.cargo,
-            args.runs as usize,
-            target.join("memtrack-time"),
-        )
+        instructions::Counting::new(&args.cargo, args.runs as usize, target.join(TIME_TARGET))
     });
     if let Some(spec) = &args.chain {
         let repo = Repo::find(&here, "--chain")?;
@@ -321,7 +322,7 @@ fn measure_both(
     if let Some(counting) = counting {
         counting.run(s.here, &head, "head")?;
         let base_counting = instructions::Counting {
-            target: s.target.join("memtrack-time-base"),
+            target: s.target.join(TIME_BASE_TARGET),
             ..instructions::Counting::new(&args.cargo, args.runs as usize, PathBuf::new())
         };
         base_counting.run(&tree.dir, &base, &side)?;

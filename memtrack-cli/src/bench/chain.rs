@@ -234,7 +234,7 @@ pub(crate) fn run(
             ..s
         }),
         instructions: measures.instructions.map(|c| Counting {
-            target: target.join("memtrack-time-base"),
+            target: target.join(super::TIME_BASE_TARGET),
             ..c
         }),
     };

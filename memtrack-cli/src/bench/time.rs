@@ -598,7 +598,7 @@ pub(crate) fn compare(r: &Request<'_>, tree: &Worktree) -> crate::error::Result<
     let mut failures = Vec::new();
     let head = prepare(
         r.here,
-        &r.target.join("memtrack-time"),
+        &r.target.join(super::TIME_TARGET),
         cargo_args,
         filter,
         Side::Head,
@@ -608,7 +608,7 @@ pub(crate) fn compare(r: &Request<'_>, tree: &Worktree) -> crate::error::Result<
     let short = &tree.commit[..tree.commit.len().min(12)];
     let base = prepare(
         &tree.dir,
-        &r.target.join("memtrack-time-base"),
+        &r.target.join(super::TIME_BASE_TARGET),
         cargo_args,
         filter,
         Side::Base,

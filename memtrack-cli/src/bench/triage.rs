@@ -274,9 +274,9 @@ fn count(
 ) -> Option<Counted> {
     let (base, head) = (out.join("base"), out.join("head"));
     let runs = args.runs as usize;
-    let counting = instructions::Counting::new(&args.cargo, runs, target.join("memtrack-time"));
+    let counting = instructions::Counting::new(&args.cargo, runs, target.join(super::TIME_TARGET));
     let base_counting =
-        instructions::Counting::new(&args.cargo, runs, target.join("memtrack-time-base"));
+        instructions::Counting::new(&args.cargo, runs, target.join(super::TIME_BASE_TARGET));
     let mut fail = |side, e: Error| {
         failures.push(Failure {
             measure: "instructions",
