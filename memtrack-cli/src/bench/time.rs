@@ -10,7 +10,7 @@
 //! overlap; anything else is within noise. Every run is logged, in order, in
 //! `--out`/time/runs.jsonl.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -128,6 +128,7 @@ pub(crate) fn judge(base: &Runs, head: &Runs, threshold: Threshold) -> (f64, Ver
 }
 
 /// One benchmark compared.
+#[derive(Clone)]
 pub(crate) struct Row {
     pub benchmark: String,
     pub base: Runs,
@@ -138,6 +139,7 @@ pub(crate) struct Row {
 
 /// Something that kept part of the suite from being compared: a side's build or listing, or a
 /// benchmark's run.
+#[derive(Clone)]
 pub(crate) struct Failure {
     pub side: Side,
     /// The benchmark, when one run failed; `None` for a build or a listing.
@@ -163,6 +165,28 @@ pub(crate) struct Report {
 }
 
 impl Report {
+    /// The report limited to the benchmarks of `only`.
+    pub(crate) fn only(&self, only: &BTreeSet<String>) -> Report {
+        let kept = |b: &String| only.contains(b);
+        Report {
+            threshold: self.threshold,
+            rounds: self.rounds,
+            base_commit: self.base_commit.clone(),
+            cpu: self.cpu,
+            rows: (self.rows.iter())
+                .filter(|r| kept(&r.benchmark))
+                .cloned()
+                .collect(),
+            added: self.added.iter().filter(|b| kept(b)).cloned().collect(),
+            removed: self.removed.iter().filter(|b| kept(b)).cloned().collect(),
+            failures: (self.failures.iter())
+                .filter(|f| f.benchmark.as_ref().is_some_and(kept))
+                .cloned()
+                .collect(),
+            log: self.log.clone(),
+        }
+    }
+
     pub(crate) fn regressions(&self) -> usize {
         self.rows
             .iter()
@@ -261,7 +285,7 @@ fn list(exe: &Executable, filter: &[OsString]) -> crate::error::Result<Vec<Strin
 }
 
 /// One side built and listed: each benchmark id and the executable that runs it.
-struct Built {
+pub(crate) struct Built {
     benchmarks: BTreeMap<String, usize>,
     /// Ids in the order the executables listed them.
     order: Vec<String>,
@@ -270,7 +294,7 @@ struct Built {
 
 /// Builds and lists one side; what fails is added to `failures` (a failed listing of one
 /// executable drops its benchmarks only).
-fn prepare(
+pub(crate) fn prepare(
     dir: &Path,
     target: &Path,
     cargo_args: &[OsString],
@@ -581,20 +605,21 @@ pub(crate) fn run(r: &Request<'_>) -> crate::error::Result<ExitCode> {
     print(&report, r)
 }
 
+/// Cargo's arguments, then criterion's after `--`.
+pub(crate) fn split(cargo: &[OsString]) -> (&[OsString], &[OsString]) {
+    match cargo.iter().position(|a| a == "--") {
+        Some(i) => (&cargo[..i], &cargo[i + 1..]),
+        None => (cargo, &[][..]),
+    }
+}
+
 /// Builds both sides (the base in `tree`), times every benchmark they share in alternating
 /// order and judges each. What failed to build, list or run is in the report's failures.
 ///
 /// # Errors
 /// The run log cannot be written.
 pub(crate) fn compare(r: &Request<'_>, tree: &Worktree) -> crate::error::Result<Report> {
-    let dir = r.out.join("time");
-    memtrack::artifact::create_dir_all(&dir)?;
-    // Cargo's arguments, then criterion's after `--`.
-    let split = r.cargo.iter().position(|a| a == "--");
-    let (cargo_args, filter) = match split {
-        Some(i) => (&r.cargo[..i], &r.cargo[i + 1..]),
-        None => (r.cargo, &[][..]),
-    };
+    let (cargo_args, filter) = split(r.cargo);
     let mut failures = Vec::new();
     let head = prepare(
         r.here,
@@ -615,44 +640,112 @@ pub(crate) fn compare(r: &Request<'_>, tree: &Worktree) -> crate::error::Result<
         &format!("base {}, {short}", r.reference),
         &mut failures,
     );
-    let log_path = dir.join("runs.jsonl");
-    let log_out = memtrack::artifact::Output::create(&log_path)?;
-    let pinned = pin();
-    let mut runner = Runner {
-        args: r.time,
-        log: log_out.writer()?,
-        dir: dir.clone(),
-        seq: 0,
-        cpu: pinned.as_ref().map(|p| p.1),
-    };
-    let mut rows = Vec::new();
-    let plan = order(r.time.rounds);
-    for id in &head.order {
-        let Some(&b) = base.benchmarks.get(id) else {
-            continue;
+    let mut timer = Timer::start(&r.out.join("time"), r.time, r.threshold)?;
+    let rows = timer.compare((&base, &head), None, &mut failures);
+    timer.finish(tree.commit.clone(), (&base, &head), None, (rows, failures))
+}
+
+/// Timed comparisons of built sides, each benchmark's runs in alternating order, every run
+/// logged in one run log, pinned to one CPU while it lasts.
+pub(crate) struct Timer<'a> {
+    runner: Runner<'a>,
+    log: memtrack::artifact::Output,
+    pinned: Option<(libc::cpu_set_t, usize)>,
+    threshold: Threshold,
+}
+
+impl<'a> Timer<'a> {
+    /// Starts the run log, `dir`/runs.jsonl (each run's criterion directory is made in `dir`
+    /// too), and pins this thread.
+    ///
+    /// # Errors
+    /// `dir` or the run log cannot be made.
+    pub(crate) fn start(
+        dir: &Path,
+        args: &'a TimeArgs,
+        threshold: Threshold,
+    ) -> crate::error::Result<Self> {
+        memtrack::artifact::create_dir_all(dir)?;
+        let log = memtrack::artifact::Output::create(dir.join("runs.jsonl"))?;
+        let pinned = pin();
+        let runner = Runner {
+            args,
+            log: log.writer()?,
+            dir: dir.to_path_buf(),
+            seq: 0,
+            cpu: pinned.as_ref().map(|p| p.1),
         };
-        let h = head.benchmarks[id];
-        match runner.ab(id, (&base.exes[b], &head.exes[h]), &plan, r.threshold) {
-            Ok(row) => rows.push(row),
-            Err(failure) => failures.push(failure),
+        Ok(Timer {
+            runner,
+            log,
+            pinned,
+            threshold,
+        })
+    }
+
+    /// Times each benchmark both sides hold (only those of `only`, if given) in the order the
+    /// head lists them; a benchmark whose run failed is added to `failures`.
+    pub(crate) fn compare(
+        &mut self,
+        (base, head): (&Built, &Built),
+        only: Option<&BTreeSet<String>>,
+        failures: &mut Vec<Failure>,
+    ) -> Vec<Row> {
+        let plan = order(self.runner.args.rounds);
+        let mut rows = Vec::new();
+        for id in &head.order {
+            if only.is_some_and(|o| !o.contains(id)) {
+                continue;
+            }
+            let (Some(&b), Some(&h)) = (base.benchmarks.get(id), head.benchmarks.get(id)) else {
+                continue;
+            };
+            let exes = (&base.exes[b], &head.exes[h]);
+            match self.runner.ab(id, exes, &plan, self.threshold) {
+                Ok(row) => rows.push(row),
+                Err(failure) => failures.push(failure),
+            }
         }
+        rows
     }
-    if let Some((old, _)) = &pinned {
-        unpin(old);
+
+    /// Unpins, closes the run log and makes the report of `rows` and `failures` (the base at
+    /// `base_commit`; the benchmarks one side lacks are listed from `sides`, limited to `only`).
+    ///
+    /// # Errors
+    /// The run log cannot be written.
+    pub(crate) fn finish(
+        self,
+        base_commit: String,
+        (base, head): (&Built, &Built),
+        only: Option<&BTreeSet<String>>,
+        (rows, failures): (Vec<Row>, Vec<Failure>),
+    ) -> crate::error::Result<Report> {
+        if let Some((old, _)) = &self.pinned {
+            unpin(old);
+        }
+        let Timer {
+            runner,
+            log,
+            pinned,
+            threshold,
+        } = self;
+        let rounds = runner.args.rounds;
+        drop(runner);
+        let path = log.commit()?;
+        let followed = |id: &String| only.is_none_or(|o| o.contains(id));
+        Ok(Report {
+            threshold,
+            rounds,
+            base_commit,
+            cpu: pinned.map(|p| p.1),
+            added: only_in(head, base).into_iter().filter(followed).collect(),
+            removed: only_in(base, head).into_iter().filter(followed).collect(),
+            rows,
+            failures,
+            log: path,
+        })
     }
-    drop(runner);
-    log_out.commit()?;
-    Ok(Report {
-        threshold: r.threshold,
-        rounds: r.time.rounds,
-        base_commit: tree.commit.clone(),
-        cpu: pinned.map(|p| p.1),
-        added: only_in(&head, &base),
-        removed: only_in(&base, &head),
-        rows,
-        failures,
-        log: log_path,
-    })
 }
 
 /// The benchmarks of `a` that `b` lacks, in `a`'s order.

@@ -133,8 +133,13 @@ pub(crate) fn markdown(c: &Report) -> String {
 /// Machine-readable form: times in ns per iteration as floats, each side's median, range and
 /// runs (in the order they ran).
 pub(crate) fn json(c: &Report) -> String {
+    serde_json::to_string_pretty(&document(c)).expect("json values serialize") + "\n"
+}
+
+/// [`json`]'s document.
+pub(crate) fn document(c: &Report) -> serde_json::Value {
     let name = |b: &String| serde_json::json!({ "benchmark": b });
-    let v = serde_json::json!({
+    serde_json::json!({
         "measure": "time",
         "threshold": c.threshold.to_string(),
         "threshold_ppm": c.threshold.ppm(),
@@ -153,8 +158,7 @@ pub(crate) fn json(c: &Report) -> String {
             "benchmark": f.benchmark,
             "error": f.error,
         })).collect::<Vec<_>>(),
-    });
-    serde_json::to_string_pretty(&v).expect("json values serialize") + "\n"
+    })
 }
 
 #[cfg(test)]
