@@ -95,9 +95,10 @@ pub(crate) struct Args {
     #[arg(long, value_name = "REF")]
     base: Option<String>,
     /// Which commit of BASE..HEAD made each benchmark that regressed from BASE to HEAD grow,
-    /// in memory or instructions (--measure): runs them at every commit of HEAD's first-parent
-    /// line between (one worktree, builds reused) and names each step with its call sites or
-    /// the functions that grew. Exit 1 when one regressed.
+    /// in memory, instructions or time (--measure): runs them at every commit of HEAD's
+    /// first-parent line between (time: each commit timed against the one before) and names
+    /// each step with its call sites or the functions that grew. Exit 1 when one regressed in
+    /// a gated measure.
     #[arg(long, value_name = "BASE..HEAD", conflicts_with = "base")]
     chain: Option<String>,
     /// Growth allowed before a metric counts as regressed, with its % sign (as `compare`'s).
@@ -140,38 +141,25 @@ pub(crate) fn run(args: Args) -> Result<ExitCode, Error> {
         )));
     }
     let _lock = Lock::take(&target)?;
+    if args.gate.contains(&GateArg::Time) && !triage::Asked::of(&args.measure).time {
+        return Err(Error::Usage(
+            "--gate time gates --measure time: add --measure time".into(),
+        ));
+    }
+    if let Some(spec) = &args.chain {
+        return chained(&args, (&here, &target, &out), spec);
+    }
     if triage::asked(&args.measure) {
         return triage::run(&args, &here, &target, &out);
     }
     if args.measure.contains(&Measure::Time) {
         return timed(&args, &here, &target, &out);
     }
-    if args.gate.contains(&GateArg::Time) {
-        return Err(Error::Usage(
-            "--gate time gates --measure time: add --measure time".into(),
-        ));
-    }
     let suite = memory_suite(&args, &target, &out);
     // Timing mode's target directory: instructions mode builds the same dependencies.
     let counting = args.measure.contains(&Measure::Instructions).then(|| {
         instructions::Counting::new(&args.cargo, args.runs as usize, target.join(TIME_TARGET))
     });
-    if let Some(spec) = &args.chain {
-        let repo = Repo::find(&here, "--chain")?;
-        let measures = chain::Measures {
-            memory: args.measure.contains(&Measure::Memory).then_some(suite),
-            instructions: counting,
-        };
-        return chain::run(
-            &repo,
-            &target,
-            &out,
-            measures,
-            spec,
-            args.threshold,
-            args.format,
-        );
-    }
     // With --format json, one document: memory's, the instruction rows added to it.
     let json = matches!(args.format, Format::Json);
     let mut doc = serde_json::json!({});
@@ -234,19 +222,50 @@ fn time_request<'a>(
     }
 }
 
-/// `--measure time`: alone, and with `--base` (the A/B needs two builds).
+/// `--measure time` alone, with `--base` (the A/B needs two builds).
 fn timed(args: &Args, here: &Path, target: &Path, out: &Path) -> Result<ExitCode, Error> {
-    match (&args.base, &args.chain) {
-        (Some(reference), None) => time::run(&time_request(args, here, target, out, reference)),
-        (None, Some(_)) => Err(Error::Usage(
-            "--chain follows memory and instructions, not time: chain with --measure \
-             instructions, then time the commit it names with --measure time --base COMMIT~1"
-                .into(),
-        )),
-        _ => Err(Error::Usage(
+    match &args.base {
+        Some(reference) => time::run(&time_request(args, here, target, out, reference)),
+        None => Err(Error::Usage(
             "--measure time compares two builds run in alternating order: give --base REF".into(),
         )),
     }
+}
+
+/// `--chain`: each measure asked (`all`: every one) followed along the range.
+fn chained(
+    args: &Args,
+    (here, target, out): (&Path, &Path, &Path),
+    spec: &str,
+) -> Result<ExitCode, Error> {
+    let asked = triage::Asked::of(&args.measure);
+    if asked.instructions {
+        // Before anything is built: without valgrind the chain cannot be whole.
+        memtrack::instructions::run::Callgrind::find()?;
+    }
+    let repo = Repo::find(here, "--chain")?;
+    // Timing mode's target directory: instructions mode builds the same dependencies.
+    let counting = asked.instructions.then(|| {
+        instructions::Counting::new(&args.cargo, args.runs as usize, target.join(TIME_TARGET))
+    });
+    let measures = chain::Measures {
+        memory: asked.memory.then(|| memory_suite(args, target, out)),
+        instructions: counting,
+        time: asked.time.then(|| chain::Timing {
+            cargo: args.cargo.clone(),
+            args: args.time.clone(),
+            gate: args.gate.contains(&GateArg::Time),
+        }),
+    };
+    let c = chain::Chain {
+        repo: &repo,
+        target,
+        out,
+        spec,
+        threshold: args.threshold,
+        format: args.format,
+    };
+    chain::run(&c, measures)
 }
 
 /// Without `--base`: the suite measured here, its table printed (or added to `doc`).

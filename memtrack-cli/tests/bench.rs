@@ -660,21 +660,22 @@ fn chain_refuses_a_bad_range() {
             "the range holds no commit: give BASE older than HEAD",
         ),
     ] {
-        let out = bench(dir, &["--chain", range], &[]);
-        assert_eq!(out.status.code(), Some(2), "{range}: {}", text(&out.stderr));
-        assert_eq!(
-            text(&out.stderr),
-            format!("memtrack: error: --chain {range}: {why}\n")
-        );
+        // Memory's chain, and time's (which keeps two worktrees): refused alike.
+        for measure in ["memory", "time"] {
+            let out = bench(dir, &["--measure", measure, "--chain", range], &[]);
+            assert_eq!(out.status.code(), Some(2), "{range}: {}", text(&out.stderr));
+            assert_eq!(
+                text(&out.stderr),
+                format!("memtrack: error: --chain {range}: {why}\n")
+            );
+        }
     }
-    // Time is not followed along a chain: the way to time a step is named.
-    let out = bench(dir, &["--measure", "time", "--chain", "HEAD~1..HEAD"], &[]);
+    // Time gates only when it is measured.
+    let out = bench(dir, &["--gate", "time", "--chain", "HEAD~1..HEAD"], &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stderr),
-        "memtrack: error: --chain follows memory and instructions, not time: chain with \
-         --measure instructions, then time the commit it names with --measure time --base \
-         COMMIT~1\n"
+        "memtrack: error: --gate time gates --measure time: add --measure time\n"
     );
     // A BASE that HEAD reaches only through a merge's second parent: the chain of HEAD's first
     // parents never passes through it.

@@ -383,16 +383,83 @@ fn a_side_that_fails_to_build_is_listed() {
     }
 }
 
-/// Usage: the triage needs --base, and --chain is refused with a message.
+/// `--measure time,memory --chain` from the first commit to `changes`, through the no-op: the
+/// one step is `changes`, named in each measure (`tokenize`'s time, `render`'s allocations),
+/// the no-op passed over in both (its time within noise, by the verdict's rule: four rounds
+/// and 10 %, as the no-op test argues); time gated; the step's runs alternate in its own run
+/// log, `tokenize` alone. (Instructions along a chain: tests/bench.rs; not here, to keep the
+/// test cheap.)
+fn chain_follows_each_measure() {
+    let p = project();
+    let out = tmp().join("chain");
+    let args = [
+        "--measure",
+        "time,memory",
+        "--chain",
+        "HEAD~2..HEAD",
+        "--rounds",
+        "4",
+        "--threshold",
+        "10%",
+        "--gate",
+        "time",
+    ];
+    let o = bench(p, &p.changes, &out, &args, None);
+    let v = json(&o);
+    assert_eq!(o.status.code(), Some(1), "{v:#}\n{}", text(&o.stderr));
+    let regressed = v["regressed"].as_array().unwrap();
+    for b in ["render", "tokenize"] {
+        assert!(regressed.contains(&b.into()), "{v:#}");
+    }
+    let ends = &v["comparison"]["time"];
+    assert_eq!(ends["regressions"], 1, "{ends:#}");
+    assert_eq!(v["time_crept"], serde_json::json!([]), "{v:#}");
+    let states: Vec<&str> = (v["commits"].as_array().unwrap().iter())
+        .map(|c| c["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["measured"; 3], "{v:#}");
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 1, "{v:#}");
+    assert_eq!(
+        (&steps[0]["commit"], &steps[0]["after"]),
+        (&p.changes.as_str().into(), &p.noop.as_str().into()),
+        "{v:#}"
+    );
+    let c = &steps[0]["comparison"];
+    let moved: Vec<(&str, &str)> = (c["rows"].as_array().unwrap().iter())
+        .chain(c["time"]["rows"].as_array().unwrap())
+        .filter(|r| r["verdict"] == "regressed")
+        .map(|r| {
+            (
+                r["benchmark"].as_str().unwrap(),
+                r["metric"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for m in [("tokenize", "time"), ("render", "allocations")] {
+        assert!(moved.contains(&m), "{m:?}: {c:#}");
+    }
+    let timed: Vec<&str> = (c["time"]["rows"].as_array().unwrap().iter())
+        .map(|r| r["benchmark"].as_str().unwrap())
+        .collect();
+    assert_eq!(timed, ["tokenize"], "{c:#}");
+    let step_out = out.join(format!("02-{}", &p.changes[..12]));
+    let sides = logged_sides(&step_out);
+    assert_eq!(sides.len(), 1, "{sides:?}");
+    assert_eq!(
+        sides[0].1,
+        ["base", "head", "head", "base"].repeat(4),
+        "{sides:?}"
+    );
+}
+
+/// Usage: the triage needs --base.
 fn triage_needs_a_base() {
     let p = project();
     git(&p.dir, &["checkout", "-q", "--detach", &p.noop]);
     for (args, says) in [
         (&["--measure", "all"][..], "give --base REF"),
-        (
-            &["--measure", "time,memory", "--chain", "HEAD~1..HEAD"][..],
-            "--chain follows memory and instructions, not time",
-        ),
+        (&["--measure", "time,memory"][..], "give --base REF"),
     ] {
         let o = Command::new(env!("CARGO_BIN_EXE_memtrack"))
             .current_dir(&p.dir)
@@ -423,6 +490,7 @@ fn main() {
             "a_side_that_fails_to_build_is_listed",
             a_side_that_fails_to_build_is_listed,
         ),
+        test("chain_follows_each_measure", chain_follows_each_measure),
         test("triage_needs_a_base", triage_needs_a_base),
     ])
 }

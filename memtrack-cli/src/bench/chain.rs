@@ -1,11 +1,13 @@
 //! `memtrack bench --chain BASE..HEAD`: which commit of a range made each regressed benchmark
-//! change, for memory, instructions or both. The whole suite runs at BASE and at HEAD and is
-//! compared as `--base` compares; then the benchmarks that regressed in each measure run alone
-//! (`MEMTRACK_BENCHMARKS`) at every commit between, on HEAD's first-parent line, in one
-//! worktree and, per measure, one target directory (`--base`'s), so that each commit rebuilds
-//! only what it changed. Each step, a change between two consecutive measured commits, is
-//! named by its commit, with the call sites behind each growth of memory and the functions
-//! whose inclusive instructions per iteration grew most.
+//! change, for memory, instructions, time or any of them. The whole suite runs at BASE and at
+//! HEAD and is compared as `--base` compares; then the benchmarks that regressed in each
+//! measure run alone (`MEMTRACK_BENCHMARKS`) at every commit between, on HEAD's first-parent
+//! line, in one worktree and, per measure, one target directory (`--base`'s), so that each
+//! commit rebuilds only what it changed. Time, a comparison of two builds, is timed between
+//! consecutive commits instead ([`timed`]). Each step, a change between two consecutive
+//! measured commits, is named by its commit, with the call sites behind each growth of memory,
+//! the functions whose inclusive instructions per iteration grew most, and the time that moved
+//! beyond noise.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -16,8 +18,13 @@ use memtrack::{analysis::Metric, analysis::Row, analysis::Threshold, analysis::V
 
 use super::instructions::{self, Counting, Gated};
 use super::suite::{Repo, Suite, Worktree};
+use super::time;
 use crate::compare::{self, Attributed, Format, Judged, render};
 use crate::error::Error;
+
+mod timed;
+
+pub(crate) use timed::Timing;
 
 /// One commit of the range.
 pub(crate) struct Commit {
@@ -96,10 +103,34 @@ pub(crate) fn commits(repo: &Repo, spec: &str) -> Result<Vec<Commit>, Error> {
 }
 
 /// What the chain measures at each commit, each measure in a target directory of its own: the
-/// suite in memory mode, instructions under callgrind, or both.
+/// suite in memory mode, instructions under callgrind, time in alternating order, or several.
 pub(crate) struct Measures {
     pub memory: Option<Suite>,
     pub instructions: Option<Counting>,
+    pub time: Option<Timing>,
+}
+
+impl Measures {
+    /// Whether memory or instructions are measured (each commit's own figures, in one worktree).
+    fn per_commit(&self) -> bool {
+        self.memory.is_some() || self.instructions.is_some()
+    }
+
+    /// Built in the target directories of `--base`'s builds (under `target`), as the chain's
+    /// worktree is: one set of builds.
+    fn in_worktree(self, target: &Path) -> Measures {
+        Measures {
+            memory: self.memory.map(|s| Suite {
+                target: target.join("memtrack-bench-base"),
+                ..s
+            }),
+            instructions: self.instructions.map(|i| Counting {
+                target: target.join(super::TIME_BASE_TARGET),
+                ..i
+            }),
+            time: self.time,
+        }
+    }
 }
 
 /// What became of one commit of the chain.
@@ -116,15 +147,26 @@ enum Outcome {
 struct Overall {
     memory: Option<Judged>,
     instructions: Option<Gated>,
+    time: Option<time::Report>,
     /// The benchmarks whose memory regressed.
     memory_regressed: BTreeSet<String>,
     /// The benchmarks whose instructions regressed.
     instructions_regressed: BTreeSet<String>,
+    /// The benchmarks whose time regressed.
+    time_regressed: BTreeSet<String>,
+    /// Whether a time regression gates (`--gate time`).
+    time_gate: bool,
 }
 
 impl Overall {
-    /// Compares the ends, measured into `base` and `head`, in each measure of `m`.
-    fn judge(m: &Measures, base: &Path, head: &Path, threshold: Threshold) -> Result<Self, Error> {
+    /// Compares the ends, measured into `base` and `head`, in each measure of `m`; `time`, the
+    /// ends timed.
+    fn judge(
+        m: &Measures,
+        (base, head): (&Path, &Path),
+        time: Option<time::Report>,
+        threshold: Threshold,
+    ) -> Result<Self, Error> {
         let memory = match m.memory {
             Some(_) => {
                 let ends = compare::load_pair(base, head)?;
@@ -149,20 +191,29 @@ impl Overall {
             .flat_map(Gated::regressed_benchmarks)
             .cloned()
             .collect();
+        let time_regressed = time
+            .iter()
+            .flat_map(|t| &t.rows)
+            .filter(|r| r.verdict == Verdict::Regressed)
+            .map(|r| r.benchmark.clone())
+            .collect();
         Ok(Overall {
             memory,
             instructions,
+            time,
             memory_regressed,
             instructions_regressed,
+            time_regressed,
+            time_gate: m.time.as_ref().is_some_and(|t| t.gate),
         })
     }
 
     /// The benchmarks that regressed in a measure, by name.
     fn regressed(&self) -> BTreeSet<String> {
-        self.memory_regressed
-            .union(&self.instructions_regressed)
-            .cloned()
-            .collect()
+        let mut all = self.memory_regressed.clone();
+        all.extend(self.instructions_regressed.iter().cloned());
+        all.extend(self.time_regressed.iter().cloned());
+        all
     }
 
     /// `m` limited to what the chain follows: each measure's regressed benchmarks, and no
@@ -184,16 +235,22 @@ impl Overall {
                     only: list(&self.instructions_regressed),
                     ..c
                 }),
+            time: m.time.filter(|_| !self.time_regressed.is_empty()),
         }
     }
 
-    /// 1 when a benchmark regressed from BASE to HEAD in a measure, else 0.
+    /// 2 when a benchmark of the ends could not be timed; 1 when a benchmark regressed from
+    /// BASE to HEAD in a gated measure (memory, instructions; time with `--gate time`); else 0.
     fn exit_code(&self) -> ExitCode {
+        if self.time.as_ref().is_some_and(|t| !t.failures.is_empty()) {
+            return ExitCode::from(2);
+        }
         let memory = self
             .memory
             .as_ref()
             .is_some_and(|j| j.exit_code() != ExitCode::SUCCESS);
-        if memory || !self.instructions_regressed.is_empty() {
+        let time = self.time_gate && !self.time_regressed.is_empty();
+        if memory || time || !self.instructions_regressed.is_empty() {
             ExitCode::FAILURE
         } else {
             ExitCode::SUCCESS
@@ -212,111 +269,174 @@ struct Step {
     /// Instructions', when they are followed: with a threshold of 0, so that every growth
     /// names its functions.
     instructions: Option<Gated>,
+    /// Time's, when it is followed: the two commits' builds timed in alternating order.
+    time: Option<time::Report>,
 }
 
-/// Runs the chain; see the module docs. Exit 1 when a benchmark regressed from BASE to HEAD.
-pub(crate) fn run(
-    repo: &Repo,
-    target: &Path,
-    out: &Path,
-    measures: Measures,
-    spec: &str,
-    threshold: Threshold,
-    format: Format,
-) -> Result<ExitCode, Error> {
-    let chain = commits(repo, spec)?;
+/// Where the chain runs, and what it runs.
+pub(crate) struct Chain<'a> {
+    pub repo: &'a Repo,
+    pub target: &'a Path,
+    pub out: &'a Path,
+    pub spec: &'a str,
+    pub threshold: Threshold,
+    pub format: Format,
+}
+
+/// Runs the chain; see the module docs. Exit 1 when a benchmark regressed from BASE to HEAD
+/// in a gated measure; 2 when a benchmark of the ends could not be timed.
+pub(crate) fn run(c: &Chain<'_>, measures: Measures) -> Result<ExitCode, Error> {
+    let chain = commits(c.repo, c.spec)?;
     let n = chain.len();
-    let tree = Worktree::add(repo, &chain[0].id, target, "--chain")?;
-    // The target directories of `--base`'s builds, in the same worktree: one set of builds.
-    let measures = Measures {
-        memory: measures.memory.map(|s| Suite {
-            target: target.join("memtrack-bench-base"),
-            ..s
-        }),
-        instructions: measures.instructions.map(|c| Counting {
-            target: target.join(super::TIME_BASE_TARGET),
-            ..c
-        }),
+    // Memory's and instructions' worktree: each commit's own figures, one after the other.
+    let tree = match measures.per_commit() {
+        true => Some(Worktree::add(c.repo, &chain[0].id, c.target, "--chain")?),
+        false => None,
     };
+    let measures = measures.in_worktree(c.target);
     let dirs: Vec<PathBuf> = chain
         .iter()
         .enumerate()
-        .map(|(i, c)| out.join(format!("{i:02}-{}", c.short())))
+        .map(|(i, commit)| c.out.join(format!("{i:02}-{}", commit.short())))
         .collect();
     // One build-id store for the whole chain, and no directory of an earlier range left.
-    super::clear(out)?;
-    clear_old_commits(out, &dirs)?;
+    super::clear(c.out)?;
+    clear_old_commits(c.out, &dirs)?;
     eprintln!(
-        "memtrack: --chain {spec}: {n} commits; the whole suite at {} and {} first",
+        "memtrack: --chain {}: {n} commits; the whole suite at {} and {} first",
+        c.spec,
         chain[0].short(),
         chain[n - 1].short()
     );
-    for i in [0, n - 1] {
-        measure(&tree, &measures, &chain[i], &dirs[i])?;
+    if let Some(tree) = &tree {
+        for i in [0, n - 1] {
+            measure(tree, &measures, &chain[i], &dirs[i])?;
+        }
     }
-    let overall = Overall::judge(&measures, &dirs[0], &dirs[n - 1], threshold)?;
+    // Time's two worktrees, BASE and HEAD built and timed.
+    let (mut trees, ends_timed) = match &measures.time {
+        Some(t) => {
+            let (trees, report) = t.ends(c.repo, c.target, c.out, &chain, c.threshold)?;
+            (Some(trees), Some(report))
+        }
+        None => (None, None),
+    };
+    let overall = Overall::judge(&measures, (&dirs[0], &dirs[n - 1]), ends_timed, c.threshold)?;
     let mut outcomes: Vec<Outcome> = (0..n).map(|_| Outcome::Skipped).collect();
     outcomes[0] = Outcome::Measured(dirs[0].clone());
     outcomes[n - 1] = Outcome::Measured(dirs[n - 1].clone());
     let regressed = overall.regressed();
+    let mut times: Vec<Option<time::Report>> = (0..n).map(|_| None).collect();
     if !regressed.is_empty() {
         let followed = overall.followed(measures);
-        between(
-            &tree,
-            &followed,
-            &chain,
-            &dirs,
-            &mut outcomes,
-            regressed.len(),
-        );
+        let mut along = Along {
+            tree: tree.as_ref(),
+            trees: trees.as_mut(),
+            followed: &followed,
+            chain: &chain,
+            dirs: &dirs,
+            outcomes: &mut outcomes,
+            times: &mut times,
+            threshold: c.threshold,
+        };
+        along.between(&overall, regressed.len())?;
     }
     drop(tree);
-    let steps = follow(&outcomes, &overall)?;
+    drop(trees);
+    let steps = follow(&outcomes, &overall, &mut times)?;
     let report = Report {
-        spec,
+        spec: c.spec,
         regressed: &regressed,
         chain: &chain,
         outcomes: &outcomes,
         overall: &overall,
         steps: &steps,
     };
-    crate::out(&report.render(format))?;
+    crate::out(&report.render(c.format))?;
     super::summary(&report.markdown());
     Ok(overall.exit_code())
 }
 
-/// Measures the commits between the ends (each measure limited to its `count` regressed
-/// benchmarks in all); a commit whose suite does not build or run is noted and passed over.
-fn between(
-    tree: &Worktree,
-    followed: &Measures,
-    chain: &[Commit],
-    dirs: &[PathBuf],
-    outcomes: &mut [Outcome],
-    count: usize,
-) {
-    let n = chain.len();
-    if n <= 2 {
-        return;
-    }
-    eprintln!(
-        "memtrack: following {} along the {} commits between",
-        human::plural(count as u64, "regressed benchmark", "regressed benchmarks"),
-        n - 2
-    );
-    for i in 1..n - 1 {
-        outcomes[i] = match measure(tree, followed, &chain[i], &dirs[i]) {
-            Ok(()) => Outcome::Measured(dirs[i].clone()),
-            Err(e) => {
-                eprintln!(
-                    "memtrack: warning: commit {} not measured: {}; its change counts with the \
-                     next measured commit's",
-                    chain[i].short(),
-                    human::terminal(&e.to_string())
-                );
-                Outcome::Failed(e.to_string())
+/// The commits between the ends, measured: what each measure followed needs, and where the
+/// results go.
+struct Along<'a> {
+    /// Memory's and instructions' worktree, when either is followed.
+    tree: Option<&'a Worktree>,
+    /// Time's two worktrees, when time is measured.
+    trees: Option<&'a mut timed::Trees>,
+    followed: &'a Measures,
+    chain: &'a [Commit],
+    dirs: &'a [PathBuf],
+    outcomes: &'a mut [Outcome],
+    /// Each commit's time step: its build timed against the last measured commit's.
+    times: &'a mut [Option<time::Report>],
+    threshold: Threshold,
+}
+
+impl Along<'_> {
+    /// Measures the commits between the ends (each measure limited to its regressed
+    /// benchmarks, `count` in all), then times HEAD against the last of them; a commit whose
+    /// suite does not build or run is noted and passed over.
+    ///
+    /// # Errors
+    /// Time's step into HEAD failed (HEAD built before, so the run log could not be written).
+    fn between(&mut self, overall: &Overall, count: usize) -> Result<(), Error> {
+        let n = self.chain.len();
+        if n > 2 {
+            eprintln!(
+                "memtrack: following {} along the {} commits between",
+                human::plural(count as u64, "regressed benchmark", "regressed benchmarks"),
+                n - 2
+            );
+        }
+        let mut last = 0;
+        for i in 1..n - 1 {
+            self.outcomes[i] = match self.at(overall, last, i) {
+                Ok(()) => {
+                    last = i;
+                    Outcome::Measured(self.dirs[i].clone())
+                }
+                Err(e) => {
+                    eprintln!(
+                        "memtrack: warning: commit {} not measured: {}; its change counts with \
+                         the next measured commit's",
+                        self.chain[i].short(),
+                        human::terminal(&e.to_string())
+                    );
+                    Outcome::Failed(e.to_string())
+                }
+            };
+        }
+        if self.followed.time.is_none() {
+            return Ok(());
+        }
+        match last {
+            // No commit between measured: the ends' own timing is the one step.
+            0 => {
+                let ends = overall.time.as_ref();
+                self.times[n - 1] = ends.map(|t| t.only(&overall.time_regressed));
             }
+            _ => self.time(overall, last, n - 1)?,
+        }
+        Ok(())
+    }
+
+    /// Measures commit `i` in each measure followed; times it against `last`.
+    fn at(&mut self, overall: &Overall, last: usize, i: usize) -> Result<(), Error> {
+        if let Some(tree) = self.tree.filter(|_| self.followed.per_commit()) {
+            measure(tree, self.followed, &self.chain[i], &self.dirs[i])?;
+        }
+        self.time(overall, last, i)
+    }
+
+    /// Times the benchmarks whose time regressed at `last` against `i`, when time is followed.
+    fn time(&mut self, overall: &Overall, last: usize, i: usize) -> Result<(), Error> {
+        let (Some(t), Some(trees)) = (&self.followed.time, self.trees.as_deref_mut()) else {
+            return Ok(());
         };
+        let only = (&overall.time_regressed, self.threshold);
+        self.times[i] = Some(t.step(trees, (last, i), self.chain, &self.dirs[i], only)?);
+        Ok(())
     }
 }
 
@@ -376,8 +496,13 @@ fn measure(tree: &Worktree, m: &Measures, commit: &Commit, dir: &Path) -> Result
     Ok(())
 }
 
-/// The steps of the followed benchmarks between consecutive measured commits.
-fn follow(outcomes: &[Outcome], overall: &Overall) -> Result<Vec<Step>, Error> {
+/// The steps of the followed benchmarks between consecutive measured commits; `times`, each
+/// commit's time step (taken).
+fn follow(
+    outcomes: &[Outcome],
+    overall: &Overall,
+    times: &mut [Option<time::Report>],
+) -> Result<Vec<Step>, Error> {
     let measured: Vec<(usize, &PathBuf)> = outcomes
         .iter()
         .enumerate()
@@ -396,6 +521,7 @@ fn follow(outcomes: &[Outcome], overall: &Overall) -> Result<Vec<Step>, Error> {
             to,
             memory: None,
             instructions: None,
+            time: times[to].take(),
         };
         if !memory.is_empty() {
             let mut loaded = compare::load_pair(a, b)?;
@@ -412,12 +538,23 @@ fn follow(outcomes: &[Outcome], overall: &Overall) -> Result<Vec<Step>, Error> {
         }) || step
             .instructions
             .as_ref()
-            .is_some_and(|g| !g.moved().is_empty());
+            .is_some_and(|g| !g.moved().is_empty())
+            || step.time.as_ref().is_some_and(|t| {
+                t.rows.iter().any(moved)
+                    || !t.added.is_empty()
+                    || !t.removed.is_empty()
+                    || !t.failures.is_empty()
+            });
         if changed {
             steps.push(step);
         }
     }
     Ok(steps)
+}
+
+/// Whether a time row moved: beyond noise, either way.
+fn moved(r: &time::Row) -> bool {
+    matches!(r.verdict, Verdict::Regressed | Verdict::Improved)
 }
 
 /// What the chain found, to render.
@@ -541,8 +678,53 @@ impl Report<'_> {
                     Cell::Text(self.chain[step.to].subject.clone()),
                 ]);
             }
+            for r in step.time.iter().flat_map(|t| &t.rows).filter(|r| moved(r)) {
+                t.push(vec![
+                    Cell::Text(r.benchmark.clone()),
+                    Cell::Text("time".into()),
+                    Cell::Code(self.commit_text(step)),
+                    time::render::timing(&r.base),
+                    time::render::timing(&r.head),
+                    Cell::Change(Some(r.change_percent)),
+                    Cell::Text(self.chain[step.to].subject.clone()),
+                ]);
+            }
         }
         t
+    }
+
+    /// The benchmarks whose time regressed from BASE to HEAD though no step moved it beyond
+    /// noise: small changes that added up, or noise at the ends.
+    fn crept(&self) -> Vec<&String> {
+        let moved_at_a_step = |b: &String| {
+            (self.steps.iter())
+                .flat_map(|s| s.time.iter().flat_map(|t| &t.rows))
+                .any(|r| &r.benchmark == b && r.verdict == Verdict::Regressed)
+        };
+        (self.overall.time_regressed.iter())
+            .filter(|b| !moved_at_a_step(b))
+            .collect()
+    }
+
+    /// What a step's timing did not compare, one line each, and the benchmarks whose time
+    /// regressed but moved at no single step.
+    fn time_lines(&self, step: Option<&Step>) -> Vec<String> {
+        let Some(step) = step else {
+            return (self.crept().into_iter())
+                .map(|b| {
+                    format!(
+                        "{b}: its time regressed from {} to {}, but at no single step beyond noise",
+                        self.chain[0].short(),
+                        self.chain[self.chain.len() - 1].short()
+                    )
+                })
+                .collect();
+        };
+        let at = self.chain[step.to].short();
+        (step.time.iter())
+            .flat_map(time::render::notes)
+            .map(|n| format!("at {at}, time: {n}"))
+            .collect()
     }
 
     /// BASE compared with HEAD in each measure, rendered as `format` (table or markdown),
@@ -561,6 +743,15 @@ impl Report<'_> {
                 out.push('\n');
             }
             out.push_str(&g.render(format));
+        }
+        if let Some(t) = &self.overall.time {
+            if !out.is_empty() && !matches!(format, Format::Markdown) {
+                out.push('\n');
+            }
+            out.push_str(&match format {
+                Format::Markdown => time::render::markdown(t),
+                _ => time::render::table(t),
+            });
         }
         out
     }
@@ -582,6 +773,10 @@ impl Report<'_> {
     fn table(&self) -> String {
         let mut out = format!("memtrack: --chain {}: {}\n", self.spec, self.headline());
         out.push_str(&self.overall_text(Format::Table));
+        for l in self.time_lines(None) {
+            out.push_str(&l);
+            out.push('\n');
+        }
         if self.steps.is_empty() {
             return out;
         }
@@ -589,6 +784,10 @@ impl Report<'_> {
         out.push_str(&memtrack::render::text(&self.steps_table()));
         for step in self.steps {
             self.presence_lines(step, &mut out);
+            for l in self.time_lines(Some(step)) {
+                out.push_str(&l);
+                out.push('\n');
+            }
             for a in self.sites(step) {
                 out.push_str(&format!("\nat {}: ", self.chain[step.to].short()));
                 out.push_str(&render::attribution_table(a));
@@ -628,6 +827,9 @@ impl Report<'_> {
             md_escape(&self.headline())
         );
         out.push_str(&self.overall_text(Format::Markdown));
+        for l in self.time_lines(None) {
+            out.push_str(&format!("- {}\n", md_escape(&l)));
+        }
         if self.steps.is_empty() {
             return out;
         }
@@ -637,6 +839,7 @@ impl Report<'_> {
         for step in self.steps {
             let mut lines = String::new();
             self.presence_lines(step, &mut lines);
+            lines.extend(self.time_lines(Some(step)).into_iter().map(|l| l + "\n"));
             for l in lines.lines() {
                 out.push_str(&format!("- {}\n", md_escape(l)));
             }
@@ -678,7 +881,11 @@ impl Report<'_> {
                     "commit": self.chain[s.to].id,
                     "after": self.chain[s.from].id,
                     "subject": self.chain[s.to].subject,
-                    "comparison": comparison_json(s.memory.as_ref(), s.instructions.as_ref()),
+                    "comparison": comparison_json(
+                        s.memory.as_ref(),
+                        s.instructions.as_ref(),
+                        s.time.as_ref()
+                    ),
                 })
             })
             .collect();
@@ -688,22 +895,32 @@ impl Report<'_> {
             "commits": commits,
             "comparison": comparison_json(
                 self.overall.memory.as_ref(),
-                self.overall.instructions.as_ref()
+                self.overall.instructions.as_ref(),
+                self.overall.time.as_ref()
             ),
             "steps": steps,
+            "time_crept": self.crept(),
         })
     }
 }
 
 /// A comparison's JSON document, `memtrack compare`'s shape: memory's, with the instruction
-/// rows added to it (`--base`'s document); either alone when the other is not measured.
-fn comparison_json(memory: Option<&Judged>, counted: Option<&Gated>) -> serde_json::Value {
+/// rows added to it (`--base`'s document); either alone when the other is not measured; and
+/// time's, `--measure time`'s document, under `time`.
+fn comparison_json(
+    memory: Option<&Judged>,
+    counted: Option<&Gated>,
+    timed: Option<&time::Report>,
+) -> serde_json::Value {
     let mut doc = memory.map_or_else(
         || serde_json::json!({}),
         |j| render::json(&j.cmp, &j.attributed),
     );
     if let Some(g) = counted {
         g.add_to(&mut doc);
+    }
+    if let Some(t) = timed {
+        doc["time"] = time::render::document(t);
     }
     doc
 }

@@ -173,7 +173,7 @@ pub(crate) struct Asked {
 }
 
 impl Asked {
-    fn of(measures: &[Measure]) -> Asked {
+    pub(crate) fn of(measures: &[Measure]) -> Asked {
         let has = |m| measures.contains(&m) || measures.contains(&Measure::All);
         Asked {
             time: has(Measure::Time),
@@ -205,13 +205,6 @@ pub(crate) fn asked(measures: &[Measure]) -> bool {
 /// Exit 0; 1 when a gated measure regressed (memory and instructions; time with
 /// `--gate time`); 2 when a measure failed (the table, with what failed, is printed first).
 pub(crate) fn run(args: &Args, here: &Path, target: &Path, out: &Path) -> Result<ExitCode, Error> {
-    if args.chain.is_some() {
-        return Err(Error::Usage(
-            "--chain follows memory and instructions, not time: chain with --measure \
-             memory,instructions, then triage the commit it names with --base COMMIT~1"
-                .into(),
-        ));
-    }
     let Some(reference) = &args.base else {
         return Err(Error::Usage(
             "the triage compares two builds: give --base REF".into(),
