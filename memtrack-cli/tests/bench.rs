@@ -455,6 +455,65 @@ fn a_regression_from_nothing_names_the_function() {
 }
 
 /// --base outside a repository, and a REF that names no commit: exit 2 before any build.
+/// A suite on criterion itself (examples/downstream, its criterion line the crate's own): both
+/// measures that need memtrack-criterion refuse it before building anything, saying so and
+/// what to change.
+fn a_suite_on_criterion_itself_is_refused_before_it_is_built() {
+    let dir = tmp().join("on-criterion");
+    copy_downstream(&dir);
+    let manifest = dir.join("Cargo.toml");
+    let body = std::fs::read_to_string(&manifest).unwrap();
+    let lines: Vec<&str> = body
+        .lines()
+        .map(|l| {
+            if l.starts_with("criterion = ") {
+                "criterion = \"0.8\""
+            } else {
+                l
+            }
+        })
+        .collect();
+    assert_ne!(lines.join("\n") + "\n", body, "no criterion line");
+    std::fs::write(&manifest, lines.join("\n") + "\n").unwrap();
+    let target = tmp().join("on-criterion-target");
+    let _ = std::fs::remove_dir_all(&target);
+    for (args, mode) in [
+        (&["--backend", "alloc"][..], "memory"),
+        (&["--measure", "instructions"][..], "instructions"),
+    ] {
+        let out = bench(&dir, args, &[("CARGO_TARGET_DIR", &target)]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stderr),
+            format!(
+                "memtrack: error: the suite (head) is not on memtrack-criterion, so it has no \
+                 {mode} mode: point its criterion line at it (`criterion = {{ package = \
+                 \"memtrack-criterion\", … }}`)\n"
+            )
+        );
+    }
+    // Nothing built: cargo tags every target directory it builds in.
+    let tags: Vec<PathBuf> = walk(&target)
+        .into_iter()
+        .filter(|p| p.ends_with("CACHEDIR.TAG"))
+        .collect();
+    assert_eq!(tags, Vec::<PathBuf>::new());
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 fn base_is_refused_without_a_commit() {
     let (_turn, dir) = project();
     let out = bench(dir, &["--base", "no-such-ref"], &[]);
@@ -1115,6 +1174,10 @@ fn main() {
         test(
             "a_copy_that_cannot_be_kept_is_an_error",
             a_copy_that_cannot_be_kept_is_an_error,
+        ),
+        test(
+            "a_suite_on_criterion_itself_is_refused_before_it_is_built",
+            a_suite_on_criterion_itself_is_refused_before_it_is_built,
         ),
         test(
             "base_is_refused_without_a_commit",
