@@ -70,11 +70,9 @@ fn git(dir: &Path, args: &[&str]) -> Output {
 /// [`GROW`].
 fn make_project(dir: &Path) -> PathBuf {
     copy_downstream(dir);
-    git(dir, &["init", "-q"]);
-    git(dir, &["add", "."]);
-    git(dir, &["commit", "-qm", "base"]);
+    common::init_repo(dir, &tmp(), "base");
     common::edit(dir, "src/lib.rs", GROW);
-    git(dir, &["commit", "-qam", "tokenize copies each token"]);
+    common::commit_all(dir, &tmp(), "tokenize copies each token");
     dir.to_path_buf()
 }
 
@@ -364,11 +362,9 @@ fn a_regression_from_nothing_names_the_function() {
     let body = std::fs::read_to_string(&lib).unwrap();
     std::fs::write(&lib, body + FIRST_BORROWED).unwrap();
     common::edit(dir, "benches/tokenize.rs", FIRST_BENCH);
-    git(dir, &["init", "-q"]);
-    git(dir, &["add", "."]);
-    git(dir, &["commit", "-qm", "first borrows"]);
+    common::init_repo(dir, &tmp(), "first borrows");
     common::edit(dir, "src/lib.rs", FIRST_OWNED);
-    git(dir, &["commit", "-qam", "first copies"]);
+    common::commit_all(dir, &tmp(), "first copies");
 
     let out_dir = tmp().join("from-nothing-out");
     let args = base_json_args(&out_dir);
@@ -552,31 +548,36 @@ const GROW_ROOM: (&str, &str) = (
 fn make_chain(dir: &Path) -> Vec<String> {
     let _ = std::fs::remove_dir_all(dir);
     copy_downstream(dir);
-    git(dir, &["init", "-q"]);
-    git(dir, &["add", "."]);
-    git(dir, &["commit", "-qm", "base"]);
+    let mut ids = vec![common::init_repo(dir, &tmp(), "base")];
     let comment = (
         "//! The code under test",
         "//! The code under test (unchanged)",
     );
     common::edit(dir, "src/lib.rs", comment);
-    git(dir, &["commit", "-qam", "a comment"]);
+    ids.push(common::commit_all(dir, &tmp(), "a comment"));
     let broken = ("pub fn render(", "pub fn render(oops");
     common::edit(dir, "src/lib.rs", broken);
-    git(dir, &["commit", "-qam", "does not build"]);
+    ids.push(common::commit_all(dir, &tmp(), "does not build"));
     common::edit(dir, "src/lib.rs", (broken.1, broken.0));
     common::edit(dir, "src/lib.rs", GROW);
-    git(dir, &["commit", "-qam", "tokenize copies each token"]);
+    ids.push(common::commit_all(
+        dir,
+        &tmp(),
+        "tokenize copies each token",
+    ));
     common::edit(
         dir,
         "benches/tokenize.rs",
         ("//! The suite", "//! The suite (a comment)"),
     );
-    git(dir, &["commit", "-qam", "another comment"]);
+    ids.push(common::commit_all(dir, &tmp(), "another comment"));
     common::edit(dir, "src/lib.rs", GROW_ROOM);
-    git(dir, &["commit", "-qam", "tokenize makes room for one more"]);
-    let log = git(dir, &["log", "--reverse", "--format=%H"]);
-    text(&log.stdout).lines().map(String::from).collect()
+    ids.push(common::commit_all(
+        dir,
+        &tmp(),
+        "tokenize makes room for one more",
+    ));
+    ids
 }
 
 /// --chain over six commits: tokenize regressed from the first to the last, in two steps, each
@@ -900,16 +901,12 @@ fn instructions_chain_names_the_commit() {
     let dir = tmp().join("ir-chain");
     let _ = std::fs::remove_dir_all(&dir);
     copy_downstream(&dir);
-    git(&dir, &["init", "-q"]);
-    git(&dir, &["add", "."]);
-    git(&dir, &["commit", "-qm", "base"]);
+    let mut ids = vec![common::init_repo(&dir, &tmp(), "base")];
     common::edit(&dir, "src/lib.rs", LONGER_LOOP);
-    git(&dir, &["commit", "-qam", "tokenize scans twice"]);
+    ids.push(common::commit_all(&dir, &tmp(), "tokenize scans twice"));
     let comment = ("//! The code under test", "//! The code under test (same)");
     common::edit(&dir, "src/lib.rs", comment);
-    git(&dir, &["commit", "-qam", "a comment"]);
-    let log = git(&dir, &["log", "--reverse", "--format=%H"]);
-    let ids: Vec<String> = text(&log.stdout).lines().map(String::from).collect();
+    ids.push(common::commit_all(&dir, &tmp(), "a comment"));
     let out_dir = tmp().join("ir-chain-out");
     let _ = std::fs::remove_dir_all(&out_dir);
     let summary = tmp().join("ir-chain-summary.md");
@@ -1018,16 +1015,16 @@ fn both_measures_chain_name_the_commit() {
     let dir = tmp().join("both-chain");
     let _ = std::fs::remove_dir_all(&dir);
     copy_downstream(&dir);
-    git(&dir, &["init", "-q"]);
-    git(&dir, &["add", "."]);
-    git(&dir, &["commit", "-qm", "base"]);
+    let mut ids = vec![common::init_repo(&dir, &tmp(), "base")];
     common::edit(&dir, "src/lib.rs", GROW);
-    git(&dir, &["commit", "-qam", "tokenize copies each token"]);
+    ids.push(common::commit_all(
+        &dir,
+        &tmp(),
+        "tokenize copies each token",
+    ));
     let comment = ("//! The code under test", "//! The code under test (same)");
     common::edit(&dir, "src/lib.rs", comment);
-    git(&dir, &["commit", "-qam", "a comment"]);
-    let log = git(&dir, &["log", "--reverse", "--format=%H"]);
-    let ids: Vec<String> = text(&log.stdout).lines().map(String::from).collect();
+    ids.push(common::commit_all(&dir, &tmp(), "a comment"));
     let out_dir = tmp().join("both-chain-out");
     let _ = std::fs::remove_dir_all(&out_dir);
     let args = [
