@@ -148,15 +148,21 @@ pub(crate) enum Error {
         /// Which side.
         side: String,
     },
-    /// A suite whose build has no memtrack-criterion (`bench --measure instructions`): on
-    /// criterion itself it would be timed under callgrind and counted nothing.
+    /// A suite that no package of its workspace builds on memtrack-criterion (`bench
+    /// --measure memory` or `instructions`): on criterion itself it would run its whole timing
+    /// and record or count nothing. Refused before it is built.
     #[error(
-        "the suite ({side}) is not on memtrack-criterion, so it has no instructions mode: point \
-         its criterion line at it (`criterion = {{ package = \"memtrack-criterion\", … }}`)"
+        "the suite ({side}) is not on memtrack-criterion, so it has no {mode} mode: {}",
+        on_memtrack_criterion(.at_head)
     )]
     NotOnMemtrackCriterion {
-        /// Which side.
+        /// Which side ("head", "base main, 0123abcd", "commit 0123abcd").
         side: String,
+        /// The measure refused: "memory" or "instructions".
+        mode: &'static str,
+        /// Whether the side is the user's checkout, which they can change (a base or a commit
+        /// of `--chain` is history: the fix is another commit).
+        at_head: bool,
     },
     /// `bench`'s git worktree is not (or no longer) the one it made; the message names it.
     #[error("{0}")]
@@ -195,6 +201,17 @@ pub(crate) enum Error {
 
 /// `Result` with the command line's [`Error`].
 pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// [`Error::NotOnMemtrackCriterion`]'s fix: the user's checkout they can change; a base or a
+/// commit of a chain is history, so they compare from another.
+fn on_memtrack_criterion(at_head: &bool) -> &'static str {
+    if *at_head {
+        "point its criterion line at it (`criterion = { package = \"memtrack-criterion\", … }`)"
+    } else {
+        "compare from a commit whose criterion line points at it (`criterion = { package = \
+         \"memtrack-criterion\", … }`)"
+    }
+}
 
 /// [`Error::Refused`]'s message on one line.
 fn refused(problems: &[Error], summary: Option<&str>) -> String {

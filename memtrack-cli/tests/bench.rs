@@ -70,11 +70,9 @@ fn git(dir: &Path, args: &[&str]) -> Output {
 /// [`GROW`].
 fn make_project(dir: &Path) -> PathBuf {
     copy_downstream(dir);
-    git(dir, &["init", "-q"]);
-    git(dir, &["add", "."]);
-    git(dir, &["commit", "-qm", "base"]);
+    common::init_repo(dir, &tmp(), "base");
     common::edit(dir, "src/lib.rs", GROW);
-    git(dir, &["commit", "-qam", "tokenize copies each token"]);
+    common::commit_all(dir, &tmp(), "tokenize copies each token");
     dir.to_path_buf()
 }
 
@@ -364,11 +362,9 @@ fn a_regression_from_nothing_names_the_function() {
     let body = std::fs::read_to_string(&lib).unwrap();
     std::fs::write(&lib, body + FIRST_BORROWED).unwrap();
     common::edit(dir, "benches/tokenize.rs", FIRST_BENCH);
-    git(dir, &["init", "-q"]);
-    git(dir, &["add", "."]);
-    git(dir, &["commit", "-qm", "first borrows"]);
+    common::init_repo(dir, &tmp(), "first borrows");
     common::edit(dir, "src/lib.rs", FIRST_OWNED);
-    git(dir, &["commit", "-qam", "first copies"]);
+    common::commit_all(dir, &tmp(), "first copies");
 
     let out_dir = tmp().join("from-nothing-out");
     let args = base_json_args(&out_dir);
@@ -455,6 +451,65 @@ fn a_regression_from_nothing_names_the_function() {
 }
 
 /// --base outside a repository, and a REF that names no commit: exit 2 before any build.
+/// A suite on criterion itself (examples/downstream, its criterion line the crate's own): both
+/// measures that need memtrack-criterion refuse it before building anything, saying so and
+/// what to change.
+fn a_suite_on_criterion_itself_is_refused_before_it_is_built() {
+    let dir = tmp().join("on-criterion");
+    copy_downstream(&dir);
+    let manifest = dir.join("Cargo.toml");
+    let body = std::fs::read_to_string(&manifest).unwrap();
+    let lines: Vec<&str> = body
+        .lines()
+        .map(|l| {
+            if l.starts_with("criterion = ") {
+                "criterion = \"0.8\""
+            } else {
+                l
+            }
+        })
+        .collect();
+    assert_ne!(lines.join("\n") + "\n", body, "no criterion line");
+    std::fs::write(&manifest, lines.join("\n") + "\n").unwrap();
+    let target = tmp().join("on-criterion-target");
+    let _ = std::fs::remove_dir_all(&target);
+    for (args, mode) in [
+        (&["--backend", "alloc"][..], "memory"),
+        (&["--measure", "instructions"][..], "instructions"),
+    ] {
+        let out = bench(&dir, args, &[("CARGO_TARGET_DIR", &target)]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stderr),
+            format!(
+                "memtrack: error: the suite (head) is not on memtrack-criterion, so it has no \
+                 {mode} mode: point its criterion line at it (`criterion = {{ package = \
+                 \"memtrack-criterion\", … }}`)\n"
+            )
+        );
+    }
+    // Nothing built: cargo tags every target directory it builds in.
+    let tags: Vec<PathBuf> = walk(&target)
+        .into_iter()
+        .filter(|p| p.ends_with("CACHEDIR.TAG"))
+        .collect();
+    assert_eq!(tags, Vec::<PathBuf>::new());
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 fn base_is_refused_without_a_commit() {
     let (_turn, dir) = project();
     let out = bench(dir, &["--base", "no-such-ref"], &[]);
@@ -493,31 +548,36 @@ const GROW_ROOM: (&str, &str) = (
 fn make_chain(dir: &Path) -> Vec<String> {
     let _ = std::fs::remove_dir_all(dir);
     copy_downstream(dir);
-    git(dir, &["init", "-q"]);
-    git(dir, &["add", "."]);
-    git(dir, &["commit", "-qm", "base"]);
+    let mut ids = vec![common::init_repo(dir, &tmp(), "base")];
     let comment = (
         "//! The code under test",
         "//! The code under test (unchanged)",
     );
     common::edit(dir, "src/lib.rs", comment);
-    git(dir, &["commit", "-qam", "a comment"]);
+    ids.push(common::commit_all(dir, &tmp(), "a comment"));
     let broken = ("pub fn render(", "pub fn render(oops");
     common::edit(dir, "src/lib.rs", broken);
-    git(dir, &["commit", "-qam", "does not build"]);
+    ids.push(common::commit_all(dir, &tmp(), "does not build"));
     common::edit(dir, "src/lib.rs", (broken.1, broken.0));
     common::edit(dir, "src/lib.rs", GROW);
-    git(dir, &["commit", "-qam", "tokenize copies each token"]);
+    ids.push(common::commit_all(
+        dir,
+        &tmp(),
+        "tokenize copies each token",
+    ));
     common::edit(
         dir,
         "benches/tokenize.rs",
         ("//! The suite", "//! The suite (a comment)"),
     );
-    git(dir, &["commit", "-qam", "another comment"]);
+    ids.push(common::commit_all(dir, &tmp(), "another comment"));
     common::edit(dir, "src/lib.rs", GROW_ROOM);
-    git(dir, &["commit", "-qam", "tokenize makes room for one more"]);
-    let log = git(dir, &["log", "--reverse", "--format=%H"]);
-    text(&log.stdout).lines().map(String::from).collect()
+    ids.push(common::commit_all(
+        dir,
+        &tmp(),
+        "tokenize makes room for one more",
+    ));
+    ids
 }
 
 /// --chain over six commits: tokenize regressed from the first to the last, in two steps, each
@@ -842,16 +902,12 @@ fn instructions_chain_names_the_commit() {
     let dir = tmp().join("ir-chain");
     let _ = std::fs::remove_dir_all(&dir);
     copy_downstream(&dir);
-    git(&dir, &["init", "-q"]);
-    git(&dir, &["add", "."]);
-    git(&dir, &["commit", "-qm", "base"]);
+    let mut ids = vec![common::init_repo(&dir, &tmp(), "base")];
     common::edit(&dir, "src/lib.rs", LONGER_LOOP);
-    git(&dir, &["commit", "-qam", "tokenize scans twice"]);
+    ids.push(common::commit_all(&dir, &tmp(), "tokenize scans twice"));
     let comment = ("//! The code under test", "//! The code under test (same)");
     common::edit(&dir, "src/lib.rs", comment);
-    git(&dir, &["commit", "-qam", "a comment"]);
-    let log = git(&dir, &["log", "--reverse", "--format=%H"]);
-    let ids: Vec<String> = text(&log.stdout).lines().map(String::from).collect();
+    ids.push(common::commit_all(&dir, &tmp(), "a comment"));
     let out_dir = tmp().join("ir-chain-out");
     let _ = std::fs::remove_dir_all(&out_dir);
     let summary = tmp().join("ir-chain-summary.md");
@@ -960,16 +1016,16 @@ fn both_measures_chain_name_the_commit() {
     let dir = tmp().join("both-chain");
     let _ = std::fs::remove_dir_all(&dir);
     copy_downstream(&dir);
-    git(&dir, &["init", "-q"]);
-    git(&dir, &["add", "."]);
-    git(&dir, &["commit", "-qm", "base"]);
+    let mut ids = vec![common::init_repo(&dir, &tmp(), "base")];
     common::edit(&dir, "src/lib.rs", GROW);
-    git(&dir, &["commit", "-qam", "tokenize copies each token"]);
+    ids.push(common::commit_all(
+        &dir,
+        &tmp(),
+        "tokenize copies each token",
+    ));
     let comment = ("//! The code under test", "//! The code under test (same)");
     common::edit(&dir, "src/lib.rs", comment);
-    git(&dir, &["commit", "-qam", "a comment"]);
-    let log = git(&dir, &["log", "--reverse", "--format=%H"]);
-    let ids: Vec<String> = text(&log.stdout).lines().map(String::from).collect();
+    ids.push(common::commit_all(&dir, &tmp(), "a comment"));
     let out_dir = tmp().join("both-chain-out");
     let _ = std::fs::remove_dir_all(&out_dir);
     let args = [
@@ -1116,6 +1172,10 @@ fn main() {
         test(
             "a_copy_that_cannot_be_kept_is_an_error",
             a_copy_that_cannot_be_kept_is_an_error,
+        ),
+        test(
+            "a_suite_on_criterion_itself_is_refused_before_it_is_built",
+            a_suite_on_criterion_itself_is_refused_before_it_is_built,
         ),
         test(
             "base_is_refused_without_a_commit",

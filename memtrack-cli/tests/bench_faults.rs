@@ -15,13 +15,15 @@ mod common;
 
 use memtrack_test_support::{Need, alloc_free_pairs, requires, run, test, write};
 
-/// The stand-in: `cargo metadata` names the target directory; `cargo bench` copies the
-/// artifacts `benches.txt` lists into `$MEMTRACK_DIR` (relative to where it runs, as a bench
-/// binary would resolve it).
+/// The stand-in: `cargo metadata` names the target directory and the packages
+/// `packages.json` lists (where it runs; `null`, which tells nothing, without one); `cargo
+/// bench` copies the artifacts `benches.txt` lists into `$MEMTRACK_DIR` (relative to where it
+/// runs, as a bench binary would resolve it).
 const STAND_IN: &str = r#"#!/bin/sh
 while [ "$1" = --config ]; do shift 2; done
 case "$1" in
-metadata) printf '{"target_directory":"%s"}\n' "$FAKE_TARGET"; exit 0 ;;
+metadata) printf '{"target_directory":"%s","packages":%s}\n' "$FAKE_TARGET" \
+    "$(cat packages.json 2>/dev/null || echo null)"; exit 0 ;;
 bench) ;;
 *) echo "stand-in cargo: unexpected $*" >&2; exit 101 ;;
 esac
@@ -332,6 +334,47 @@ fn a_renamed_base_compares_nothing_and_is_refused() {
     );
 }
 
+/// A base, or the first commit of a chain, whose suite is on criterion itself (its one package
+/// depends on `criterion`): refused before its suite is built or run, naming the side and the
+/// fix; `cargo bench` ran in the head only.
+fn a_base_on_criterion_itself_is_refused_before_it_runs() {
+    let p = Project::new(&[]);
+    let package =
+        |dep: &str| format!(r#"[{{"name":"suite","dependencies":[{{"name":"{dep}"}}]}}]"#);
+    for (dep, grow) in [("criterion", 10), ("memtrack-criterion", 20)] {
+        std::fs::write(p.repo().join("packages.json"), package(dep)).unwrap();
+        p.record(&[("grow", grow)]);
+        p.git(&["add", "."]);
+        p.git(&["commit", "-qm", dep]);
+    }
+    let base = p.git(&["rev-parse", "HEAD~1"]);
+    let fix = "is not on memtrack-criterion, so it has no memory mode: compare from a commit \
+               whose criterion line points at it (`criterion = { package = \"memtrack-criterion\", \
+               … }`)";
+    let out = p.bench(&["--base", "HEAD~1"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "memtrack: error: the suite (base HEAD~1, {}) {fix}\n",
+            &base[..12]
+        )
+    );
+    assert_eq!(p.ran_in(), [p.repo().canonicalize().unwrap()]);
+    let out = p.bench(&["--chain", "HEAD~1..HEAD"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).ends_with(&format!(
+            "memtrack: error: the suite (commit {}) {fix}\n",
+            &base[..12]
+        )),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(p.ran_in().len(), 1, "{:?}", p.ran_in());
+    assert_eq!(p.git(&["worktree", "list"]).lines().count(), 1);
+}
+
 /// A `$GITHUB_STEP_SUMMARY` that cannot be written: the table is printed, the regression's
 /// exit 1 kept, and a warning says the summary lacks it.
 fn an_unwritable_step_summary_keeps_the_result() {
@@ -569,6 +612,19 @@ fn configured_rustflags_are_kept_in_memory_mode() {
     )
     .unwrap();
     std::fs::write(krate.join("benches/b.rs"), FLAGGED).unwrap();
+    // On memtrack-criterion, as `memtrack bench` requires, without building it: the bench
+    // plays the suite.
+    let criterion = Path::new(env!("CARGO_MANIFEST_DIR")).join("../memtrack-criterion");
+    let manifest = krate.join("Cargo.toml");
+    let body = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &manifest,
+        format!(
+            "{body}\n[dependencies]\nmemtrack-criterion = {{ path = {:?}, optional = true }}\n",
+            criterion.canonicalize().unwrap()
+        ),
+    )
+    .unwrap();
     let artifact = p.artifacts().join("b-3.memtrack");
     for table in ["[build]", "[target.'cfg(all())']"] {
         std::fs::write(
@@ -615,6 +671,10 @@ fn main() {
         test(
             "a_renamed_base_compares_nothing_and_is_refused",
             a_renamed_base_compares_nothing_and_is_refused,
+        ),
+        test(
+            "a_base_on_criterion_itself_is_refused_before_it_runs",
+            a_base_on_criterion_itself_is_refused_before_it_runs,
         ),
         test(
             "an_unwritable_step_summary_keeps_the_result",

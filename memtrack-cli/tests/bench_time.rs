@@ -49,14 +49,7 @@ fn project() -> &'static Project {
 
 fn make_project(dir: &Path) -> Project {
     common::copy_downstream(dir);
-    let head = |dir: &Path| {
-        text(&git(dir, &["rev-parse", "HEAD"]).stdout)
-            .trim()
-            .to_string()
-    };
-    git(dir, &["init", "-q"]);
-    git(dir, &["add", "."]);
-    git(dir, &["commit", "-qm", "base"]);
+    common::init_repo(dir, &tmp(), "base");
     // At the end: no line of the code moves, so neither do the panic locations compiled in.
     common::edit(
         dir,
@@ -66,8 +59,7 @@ fn make_project(dir: &Path) -> Project {
             "    tokens.join(\" \")\n}\n\n// A note.\n",
         ),
     );
-    git(dir, &["commit", "-qam", "a comment"]);
-    let noop = head(dir);
+    let noop = common::commit_all(dir, &tmp(), "a comment");
     common::edit(
         dir,
         "src/lib.rs",
@@ -76,8 +68,7 @@ fn make_project(dir: &Path) -> Project {
             "(0..10).map(|_| std::hint::black_box(tokens).join(\" \")).last().unwrap()",
         ),
     );
-    git(dir, &["commit", "-qam", "render joins ten times"]);
-    let slow = head(dir);
+    let slow = common::commit_all(dir, &tmp(), "render joins ten times");
     common::edit(
         dir,
         "benches/tokenize.rs",
@@ -90,11 +81,9 @@ fn make_project(dir: &Path) -> Project {
              criterion_group!(benches, bench_tokenize, bench_render, bench_render_twice);",
         ),
     );
-    git(dir, &["commit", "-qam", "a second render benchmark"]);
-    let added = head(dir);
+    let added = common::commit_all(dir, &tmp(), "a second render benchmark");
     common::edit(dir, "src/lib.rs", ("// A note.", "fn broken( {"));
-    git(dir, &["commit", "-qam", "render broken"]);
-    let broken = head(dir);
+    let broken = common::commit_all(dir, &tmp(), "render broken");
     Project {
         dir: dir.to_path_buf(),
         noop,

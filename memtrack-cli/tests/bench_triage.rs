@@ -54,22 +54,14 @@ fn project() -> &'static Project {
 
 fn make_project(dir: &Path) -> Project {
     common::copy_downstream(dir);
-    let head = |dir: &Path| {
-        text(&git(dir, &["rev-parse", "HEAD"]).stdout)
-            .trim()
-            .to_string()
-    };
-    git(dir, &["init", "-q"]);
-    git(dir, &["add", "."]);
-    git(dir, &["commit", "-qm", "base"]);
+    common::init_repo(dir, &tmp(), "base");
     // At the end: no line of the code moves.
     let note = (
         "    tokens.join(\" \")\n}\n",
         "    tokens.join(\" \")\n}\n\n// A note.\n",
     );
     common::edit(dir, "src/lib.rs", note);
-    git(dir, &["commit", "-qam", "a comment"]);
-    let noop = head(dir);
+    let noop = common::commit_all(dir, &tmp(), "a comment");
     // Counting words allocates nothing: more work only.
     common::edit(
         dir,
@@ -100,18 +92,13 @@ fn make_project(dir: &Path) -> Project {
              criterion_group!(benches, bench_tokenize, bench_render, bench_render_twice);",
         ),
     );
-    git(
-        dir,
-        &["commit", "-qam", "more work, an allocation, a benchmark"],
-    );
-    let changes = head(dir);
+    let changes = common::commit_all(dir, &tmp(), "more work, an allocation, a benchmark");
     common::edit(
         dir,
         "src/lib.rs",
         ("pub fn render(", "fn broken( {\npub fn render("),
     );
-    git(dir, &["commit", "-qam", "broken"]);
-    let broken = head(dir);
+    let broken = common::commit_all(dir, &tmp(), "broken");
     Project {
         dir: dir.to_path_buf(),
         noop,

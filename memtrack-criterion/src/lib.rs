@@ -19,12 +19,13 @@
 #[cfg(all(feature = "criterion-0_5", feature = "criterion-0_8"))]
 compile_error!(
     "memtrack-criterion: features `criterion-0_5` and `criterion-0_8` are both on: for criterion \
-     0.5 write `default-features = false, features = [\"criterion-0_5\"]`"
+     0.5 write `default-features = false, features = [\"criterion-0_5\", \"rayon\", \"plotters\", \
+     \"cargo_bench_support\"]` (the last three: criterion's default features)"
 );
 #[cfg(not(any(feature = "criterion-0_5", feature = "criterion-0_8")))]
 compile_error!(
-    "memtrack-criterion: no criterion version: enable feature `criterion-0_8` (the default) or \
-     `criterion-0_5`"
+    "memtrack-criterion: no criterion version: with `default-features = false`, add feature \
+     `criterion-0_8` or `criterion-0_5`"
 );
 
 #[cfg(all(feature = "criterion-0_5", not(feature = "criterion-0_8")))]

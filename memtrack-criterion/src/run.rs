@@ -220,7 +220,9 @@ pub(crate) fn record(id: &str, outcome: Result<Option<Figures>, String>) {
 
 /// How the run ends its output (`MEMTRACK_SUMMARY`): the table of its benchmarks on stdout
 /// (`table`, the default), or one line on stderr (`line`: `memtrack bench` prints one table
-/// for all the suite's binaries). Another value ends the process (status 2).
+/// for all the suite's binaries). Instructions mode prints its line in both, naming
+/// `memtrack bench` as the dumps' reader only in `table`. Another value ends the process
+/// (status 2).
 fn summary_table() -> bool {
     static TABLE: OnceLock<bool> = OnceLock::new();
     *TABLE.get_or_init(|| match std::env::var("MEMTRACK_SUMMARY") {
@@ -247,9 +249,15 @@ pub(crate) fn summarize(table: bool) {
             .iter()
             .filter(|(_, o)| matches!(o, Ok(Some(_))))
             .count();
+        // Run by hand, the dumps need saying who reads them; `memtrack bench` (`line`) is
+        // that reader.
+        let reader = if summary_table() {
+            ", one callgrind dump each (`memtrack bench --measure instructions` reads them)"
+        } else {
+            ""
+        };
         eprintln!(
-            "memtrack: {} counted, {} iterations each after {} of warm-up, one callgrind dump \
-             each (`memtrack bench --measure instructions` reads them)",
+            "memtrack: {} counted, {} iterations each after {} of warm-up{reader}",
             human::plural(counted as u64, "benchmark", "benchmarks"),
             counts.iterations,
             counts.warmup,

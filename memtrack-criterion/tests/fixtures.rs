@@ -657,6 +657,47 @@ fn instructions_mode_outside_valgrind_says_so() {
     );
 }
 
+/// Run by hand under callgrind, an instructions-mode binary says who reads its dumps; run as
+/// `memtrack bench` runs it (`MEMTRACK_SUMMARY=line`), it says only what it counted.
+fn instructions_mode_names_the_reader_when_run_by_hand() {
+    let scratch = tempfile::tempdir().unwrap();
+    let counted = "memtrack: 1 benchmark counted, 10 iterations each after 2 of warm-up";
+    for (summary, expected) in [
+        (
+            None,
+            format!(
+                "{counted}, one callgrind dump each (`memtrack bench --measure instructions` \
+                 reads them)\n"
+            ),
+        ),
+        (Some("line"), format!("{counted}\n")),
+    ] {
+        let mut cmd = Command::new("valgrind");
+        cmd.args(["--tool=callgrind", "-q"])
+            .arg(format!(
+                "--callgrind-out-file={}",
+                scratch.path().join("callgrind.out.%p").display()
+            ))
+            .arg(built(Build::Instructions).exe)
+            .args(["--bench", "^empty$"])
+            .current_dir(scratch.path())
+            .env("MEMTRACK_ITERATIONS", "10")
+            .env("MEMTRACK_WARMUP", "2")
+            .env_remove("MEMTRACK_BENCHMARKS")
+            .env_remove("MEMTRACK_SUMMARY");
+        if let Some(s) = summary {
+            cmd.env("MEMTRACK_SUMMARY", s);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{summary:?}: {}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            expected,
+            "{summary:?}"
+        );
+    }
+}
+
 fn main() {
     let trials: Vec<Trial> = vec![
         test("timing_mode_is_criterion", timing_mode_is_criterion),
@@ -678,6 +719,11 @@ fn main() {
             "instructions_mode_counts_known_work",
             &[Need::Tool("valgrind")],
             instructions_mode_counts_known_work,
+        ),
+        requires(
+            "instructions_mode_names_the_reader_when_run_by_hand",
+            &[Need::Tool("valgrind")],
+            instructions_mode_names_the_reader_when_run_by_hand,
         ),
         test(
             "instructions_mode_outside_valgrind_says_so",

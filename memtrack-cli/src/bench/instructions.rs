@@ -18,7 +18,7 @@ use memtrack::instructions::{FILE_SUFFIX, load, save};
 use memtrack::render::{self, Align, Cell, Column, Table, Unit};
 use serde_json::Value;
 
-use super::suite::{add_rustflags, benchmark_list, cargo, shown};
+use super::suite::{add_rustflags, benchmark_list, cargo, require_memtrack_criterion, shown};
 use crate::compare::Format;
 use crate::error::Error;
 
@@ -58,9 +58,12 @@ impl Counting {
     /// `what` names the side in messages.
     ///
     /// # Errors
-    /// No valgrind, a build or a bench executable that failed, no benchmark counted, a result
-    /// that cannot be written.
+    /// A suite not on memtrack-criterion (refused before it is built), no valgrind, a build or
+    /// a bench executable that failed, no benchmark counted, a result that cannot be written.
     pub(crate) fn run(&self, dir: &Path, out: &Path, what: &str) -> Result<(), Error> {
+        // A suite on criterion itself would run its whole timing under callgrind (minutes)
+        // and count nothing.
+        require_memtrack_criterion(dir, &self.cargo, what, "instructions")?;
         let callgrind = Callgrind::find()?;
         clear(out)?;
         let exes = self.build(dir, what)?;
@@ -137,65 +140,36 @@ impl Counting {
                 out.status
             )));
         }
-        let built = Built::read(&String::from_utf8_lossy(&out.stdout), dir);
-        if built.exes.is_empty() {
+        let exes = bench_executables(&String::from_utf8_lossy(&out.stdout), dir);
+        if exes.is_empty() {
             return Err(Error::Command(format!(
                 "`{}` built no bench executable ({what})",
                 shown(&cmd)
             )));
         }
-        // A suite on criterion itself would run its whole timing under callgrind (minutes)
-        // and count nothing.
-        if !built.memtrack_criterion {
-            return Err(Error::NotOnMemtrackCriterion {
-                side: what.to_string(),
-            });
-        }
-        Ok(built.exes)
+        Ok(exes)
     }
 }
 
-/// What `cargo bench --no-run --message-format=json` built.
-#[derive(Debug, PartialEq)]
-struct Built {
-    /// Each bench executable and the directory cargo would run it in (its package's).
-    exes: Vec<(PathBuf, PathBuf)>,
-    /// Whether memtrack-criterion's library was among the artifacts (cargo lists fresh ones
-    /// too): without it no benchmark can be counted.
-    memtrack_criterion: bool,
-}
-
-impl Built {
-    /// Reads cargo's messages (`stdout`); `dir` is the root of a bench without a manifest.
-    fn read(stdout: &str, dir: &Path) -> Built {
-        let mut built = Built {
-            exes: Vec::new(),
-            memtrack_criterion: false,
+/// The bench executables among cargo's messages (`cargo bench --no-run
+/// --message-format=json`'s `stdout`), each with the directory cargo would run it in (its
+/// package's; `dir` for a bench without a manifest).
+fn bench_executables(stdout: &str, dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let mut exes = Vec::new();
+    for line in stdout.lines() {
+        let Ok(m) = serde_json::from_str::<Value>(line) else {
+            continue;
         };
-        for line in stdout.lines() {
-            let Ok(m) = serde_json::from_str::<Value>(line) else {
-                continue;
-            };
-            if m["reason"] != "compiler-artifact" {
-                continue;
-            }
-            if m["target"]["name"] == "memtrack_criterion"
-                && m["target"]["kind"]
-                    .as_array()
-                    .is_some_and(|k| k.iter().any(|k| k == "lib"))
-            {
-                built.memtrack_criterion = true;
-            }
-            if m["target"]["kind"] == serde_json::json!(["bench"])
-                && let (Some(exe), Some(manifest)) =
-                    (m["executable"].as_str(), m["manifest_path"].as_str())
-            {
-                let root = Path::new(manifest).parent().unwrap_or(dir).to_path_buf();
-                built.exes.push((PathBuf::from(exe), root));
-            }
+        if m["reason"] == "compiler-artifact"
+            && m["target"]["kind"] == serde_json::json!(["bench"])
+            && let (Some(exe), Some(manifest)) =
+                (m["executable"].as_str(), m["manifest_path"].as_str())
+        {
+            let root = Path::new(manifest).parent().unwrap_or(dir).to_path_buf();
+            exes.push((PathBuf::from(exe), root));
         }
-        built
     }
+    exes
 }
 
 /// `NAME/instructions`, NAME being what the packages of the workspace in `dir` call
@@ -607,15 +581,15 @@ impl Gated {
 mod tests {
     use super::*;
 
-    /// cargo's messages for a suite's bench executable, after its criterion library's (`lib`
-    /// named `lib_name`) and a line that is not JSON.
-    fn messages(lib_name: &str) -> String {
+    /// cargo's messages for a suite's bench executable, after its criterion library's and a
+    /// line that is not JSON.
+    fn messages() -> String {
         let lib = serde_json::json!({
             "reason": "compiler-artifact",
             "package_id": "path+file:///src/memtrack-criterion#0.1.0",
             "manifest_path": "/src/memtrack-criterion/Cargo.toml",
-            "target": { "kind": ["lib"], "crate_types": ["lib"], "name": lib_name },
-            "filenames": [format!("/t/release/deps/lib{lib_name}-0347462a981e0c24.rlib")],
+            "target": { "kind": ["lib"], "crate_types": ["lib"], "name": "memtrack_criterion" },
+            "filenames": ["/t/release/deps/libmemtrack_criterion-0347462a981e0c24.rlib"],
             "executable": null,
             "fresh": true
         });
@@ -633,24 +607,13 @@ mod tests {
     }
 
     #[test]
-    fn a_suite_on_memtrack_criterion_is_counted() {
-        let built = Built::read(&messages("memtrack_criterion"), Path::new("/elsewhere"));
+    fn the_bench_executables_are_read_with_their_packages_directory() {
         assert_eq!(
-            built,
-            Built {
-                exes: vec![(
-                    PathBuf::from("/t/release/deps/parse-b3b580388397a23c"),
-                    PathBuf::from("/tmp/real-semver"),
-                )],
-                memtrack_criterion: true,
-            }
+            bench_executables(&messages(), Path::new("/elsewhere")),
+            [(
+                PathBuf::from("/t/release/deps/parse-b3b580388397a23c"),
+                PathBuf::from("/tmp/real-semver"),
+            )]
         );
-    }
-
-    #[test]
-    fn a_suite_on_criterion_itself_is_told_apart() {
-        let built = Built::read(&messages("criterion"), Path::new("/elsewhere"));
-        assert_eq!(built.exes.len(), 1);
-        assert!(!built.memtrack_criterion);
     }
 }

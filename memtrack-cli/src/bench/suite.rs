@@ -160,11 +160,89 @@ pub(crate) fn target_dir(dir: &Path) -> Result<PathBuf, Error> {
         .ok_or_else(|| Error::Command(format!("`{}` named no target_directory", shown(&cmd))))
 }
 
+/// Refuses, before anything is built, a suite that `mode` ("memory", "instructions") cannot
+/// measure: one where no package of the workspace in `dir` depends on memtrack-criterion (by
+/// any name). On criterion itself it would run criterion's whole timing and record or count
+/// nothing. `cargo_args` are the user's `cargo bench` arguments (their `--manifest-path`
+/// names the workspace); `what` names the side ("head", "base main, 0123abcd", "commit
+/// 0123abcd"). A `cargo metadata` that fails or lists no packages refuses nothing: the build
+/// that follows says what is wrong.
+///
+/// # Errors
+/// [`Error::NotOnMemtrackCriterion`], naming the side and the fix.
+pub(crate) fn require_memtrack_criterion(
+    dir: &Path,
+    cargo_args: &[OsString],
+    what: &str,
+    mode: &'static str,
+) -> Result<(), Error> {
+    let mut cmd = cargo();
+    cmd.current_dir(dir)
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .args(manifest_path(cargo_args))
+        .stdin(Stdio::null())
+        .stderr(Stdio::null());
+    let Some(meta) = cmd
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+    else {
+        return Ok(());
+    };
+    match on_memtrack_criterion(&meta) {
+        Some(false) => Err(Error::NotOnMemtrackCriterion {
+            side: what.to_string(),
+            mode,
+            at_head: what == "head",
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a package of `cargo metadata --no-deps`'s output (the workspace's) depends on
+/// memtrack-criterion, as a dependency of any kind and under any name; None when it lists no
+/// packages.
+fn on_memtrack_criterion(meta: &serde_json::Value) -> Option<bool> {
+    let packages = meta["packages"].as_array()?;
+    Some(
+        packages
+            .iter()
+            .flat_map(|p| p["dependencies"].as_array().into_iter().flatten())
+            .any(|d| d["name"] == "memtrack-criterion"),
+    )
+}
+
+/// The user's `--manifest-path` among `cargo_args` (before a `--`), as arguments for another
+/// cargo command.
+fn manifest_path(cargo_args: &[OsString]) -> Vec<OsString> {
+    let mut args = cargo_args.iter().take_while(|a| *a != "--");
+    while let Some(a) = args.next() {
+        if a == "--manifest-path" {
+            return [a.clone()]
+                .into_iter()
+                .chain(args.next().cloned())
+                .collect();
+        }
+        if a.to_str()
+            .is_some_and(|a| a.starts_with("--manifest-path="))
+        {
+            return vec![a.clone()];
+        }
+    }
+    Vec::new()
+}
+
 impl Suite {
     /// Runs `cargo bench` in `dir`, the artifacts written to `out`. Cargo's standard output
     /// (criterion's own table) goes to stderr with cargo's messages, so that memtrack's
     /// standard output is its table or JSON only. `what` names the side for messages.
+    ///
+    /// # Errors
+    /// A suite not on memtrack-criterion (refused before it is built), a `cargo bench` that
+    /// cannot start or fails, an executable that cannot be kept.
     pub(crate) fn run(&self, dir: &Path, out: &Path, what: &str) -> Result<(), Error> {
+        require_memtrack_criterion(dir, &self.args, what, "memory")?;
         let mut cmd = cargo();
         cmd.current_dir(dir);
         let ours = [
@@ -633,5 +711,63 @@ impl Drop for Worktree {
             );
         }
         let _ = std::fs::remove_file(&self.record);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cargo metadata --no-deps`'s output for a workspace whose one package has these
+    /// dependencies (`name`, `rename`, `kind`), as cargo lists them.
+    fn metadata(deps: &[(&str, Option<&str>, Option<&str>)]) -> serde_json::Value {
+        let deps: Vec<serde_json::Value> = deps
+            .iter()
+            .map(|(name, rename, kind)| {
+                serde_json::json!({ "name": name, "rename": rename, "kind": kind, "req": "*" })
+            })
+            .collect();
+        serde_json::json!({
+            "packages": [{ "name": "semver", "dependencies": deps }],
+            "target_directory": "/t"
+        })
+    }
+
+    #[test]
+    fn a_suite_on_memtrack_criterion_is_told_from_one_on_criterion() {
+        let renamed = metadata(&[
+            ("serde", None, None),
+            ("memtrack-criterion", Some("criterion"), Some("dev")),
+        ]);
+        assert_eq!(on_memtrack_criterion(&renamed), Some(true));
+        let plain = metadata(&[("criterion", None, Some("dev"))]);
+        assert_eq!(on_memtrack_criterion(&plain), Some(false));
+        let none = metadata(&[]);
+        assert_eq!(on_memtrack_criterion(&none), Some(false));
+        // What cannot be told refuses nothing.
+        let unknown = serde_json::json!({ "target_directory": "/t" });
+        assert_eq!(on_memtrack_criterion(&unknown), None);
+    }
+
+    #[test]
+    fn the_users_manifest_path_is_kept() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            manifest_path(&args(&[
+                "--locked",
+                "--manifest-path",
+                "a/Cargo.toml",
+                "-q"
+            ])),
+            args(&["--manifest-path", "a/Cargo.toml"])
+        );
+        assert_eq!(
+            manifest_path(&args(&["--manifest-path=a/Cargo.toml"])),
+            args(&["--manifest-path=a/Cargo.toml"])
+        );
+        assert_eq!(
+            manifest_path(&args(&["--", "--manifest-path", "x"])),
+            Vec::<OsString>::new()
+        );
     }
 }

@@ -63,6 +63,28 @@ pub fn git(dir: &Path, ceiling: &Path, args: &[&str]) -> Output {
     )
 }
 
+/// Makes `dir`, which holds a project's files, a git repository of one commit of them all
+/// (`message`), as [`git`] does: its id.
+pub fn init_repo(dir: &Path, ceiling: &Path, message: &str) -> String {
+    git(dir, ceiling, &["init", "-q"]);
+    git(dir, ceiling, &["add", "."]);
+    git(dir, ceiling, &["commit", "-qm", message]);
+    head(dir, ceiling)
+}
+
+/// Commits every change to the tracked files of the repository at `dir` (`message`): the new
+/// commit's id.
+pub fn commit_all(dir: &Path, ceiling: &Path, message: &str) -> String {
+    git(dir, ceiling, &["commit", "-qam", message]);
+    head(dir, ceiling)
+}
+
+/// The id of the commit checked out in the repository at `dir`.
+pub fn head(dir: &Path, ceiling: &Path) -> String {
+    let out = git(dir, ceiling, &["rev-parse", "HEAD"]);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// examples/downstream (a user's project on memtrack-criterion) copied to `dir`, replacing
 /// what was there, its memtrack-criterion dependency made absolute and its `target/` ignored
 /// by git.
