@@ -19,8 +19,7 @@
 #[cfg(all(feature = "criterion-0_5", feature = "criterion-0_8"))]
 compile_error!(
     "memtrack-criterion: features `criterion-0_5` and `criterion-0_8` are both on: for criterion \
-     0.5 write `default-features = false, features = [\"criterion-0_5\", \"rayon\", \"plotters\", \
-     \"cargo_bench_support\"]` (the last three: criterion's default features)"
+     0.5 write `default-features = false, features = [\"criterion-0_5\"]`"
 );
 #[cfg(not(any(feature = "criterion-0_5", feature = "criterion-0_8")))]
 compile_error!(

@@ -1,6 +1,6 @@
 //! A suite's `default-features` on its memtrack-criterion line does what it does on a criterion
-//! line: criterion's default features (`rayon`, `plotters`, `cargo_bench_support`) on by
-//! default, off with `default-features = false`. Read from cargo's resolve of a project with
+//! 0.8 line: criterion's default features (`rayon`, `plotters`, `cargo_bench_support`) on by
+//! default, off with `default-features = false`; criterion 0.5 keeps its own. Read from cargo's resolve of a project with
 //! that line (`cargo metadata`, offline, from the workspace's lock file).
 
 use std::collections::BTreeSet;
@@ -10,9 +10,9 @@ use std::process::Command;
 /// Criterion's default features, 0.5's and 0.8's alike (`cargo info criterion@0.5`, `@0.8`).
 const DEFAULTS: [&str; 3] = ["cargo_bench_support", "plotters", "rayon"];
 
-/// The features cargo turns on in criterion `version` ("0.5", "0.8") for a project whose
-/// dev-dependency line is `criterion = { package = "memtrack-criterion", path = …, OPTIONS }`.
-fn criterion_features(version: &str, options: &str) -> BTreeSet<String> {
+/// Cargo's resolve (`cargo metadata`) of a project whose dev-dependency line is
+/// `criterion = { package = "memtrack-criterion", path = …, OPTIONS }`.
+fn metadata(options: &str) -> serde_json::Value {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let crate_dir = root.join("memtrack-criterion").canonicalize().unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -36,7 +36,13 @@ fn criterion_features(version: &str, options: &str) -> BTreeSet<String> {
             "1",
             "--offline",
         ]));
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The features cargo turns on in criterion `version` ("0.5", "0.8") for a project with that
+/// line (see [`metadata`]).
+fn criterion_features(version: &str, options: &str) -> BTreeSet<String> {
+    let meta = metadata(options);
     let id = meta["packages"]
         .as_array()
         .unwrap()
@@ -87,21 +93,28 @@ fn criterion_0_8_defaults_follow_the_suites_line() {
 }
 
 #[test]
-fn criterion_0_5_defaults_follow_the_suites_line() {
+fn criterion_0_5_keeps_its_defaults() {
+    // `default-features = false` leaves 0.8 out; 0.5's own defaults stay on.
     assert_eq!(
         criterion_features(
             "0.5",
             ", default-features = false, features = [\"criterion-0_5\"]"
         ),
-        set(&[])
-    );
-    // What the README tells a 0.5 suite to write to keep criterion's defaults.
-    assert_eq!(
-        criterion_features(
-            "0.5",
-            ", default-features = false, features = [\"criterion-0_5\", \"rayon\", \"plotters\", \
-             \"cargo_bench_support\"]"
-        ),
         set(&DEFAULTS)
+    );
+}
+
+/// A 0.8 suite's resolve holds no criterion 0.5: no feature on by default names it, so cargo
+/// does not write it, nor its dependencies, into the suite's lock file.
+#[test]
+fn a_criterion_0_8_suite_resolves_no_criterion_0_5() {
+    let meta = metadata("");
+    let versions: Vec<&str> = (meta["packages"].as_array().unwrap().iter())
+        .filter(|p| p["name"] == "criterion")
+        .map(|p| p["version"].as_str().unwrap())
+        .collect();
+    assert!(
+        versions.iter().all(|v| v.starts_with("0.8.")),
+        "{versions:?}"
     );
 }
