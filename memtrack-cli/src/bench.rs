@@ -323,6 +323,9 @@ fn measure_both(
         &tree.commit[..tree.commit.len().min(12)]
     );
     let memory = args.measure.contains(&Measure::Memory);
+    // A base on criterion itself is refused before the head runs, not after.
+    let mode = if memory { "memory" } else { "instructions" };
+    suite::require_memtrack_criterion(&tree.dir, &args.cargo, &side, mode)?;
     if memory {
         // The build-id store of both sides is --out's. Only memory's files: an instructions
         // run keeps them.
