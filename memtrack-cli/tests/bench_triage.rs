@@ -374,8 +374,8 @@ fn a_side_that_fails_to_build_is_listed() {
 /// one step is `changes`, named in each measure (`tokenize`'s time, `render`'s allocations),
 /// the no-op passed over in both (its time within noise, by the verdict's rule: four rounds
 /// and 10 %, as the no-op test argues); time gated; the step's runs alternate in its own run
-/// log, the benchmarks whose time regressed at the ends alone. (Instructions along a chain: tests/bench.rs; not here, to keep the
-/// test cheap.)
+/// log, the benchmarks whose time regressed at the ends alone. (Instructions along a chain:
+/// tests/bench.rs; not here, to keep the test cheap.)
 fn chain_follows_each_measure() {
     let p = project();
     let out = tmp().join("chain");
