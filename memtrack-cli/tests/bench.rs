@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
-use memtrack_test_support::{Need, requires, run, run_ok, test};
+use memtrack_test_support::{Need, requires, run, test};
 
 /// The input of benches/tokenize.rs, as it spells it.
 const LINE: &str = "fn main() { let x_1 = 42; println!(\"{}\", x_1 + 7); } ";
@@ -87,49 +87,13 @@ fn copy_downstream(dir: &Path) {
     );
 }
 
-/// The host's target triple: with `--target`, RUSTFLAGS apply to the suite's crates only, so
-/// the eBPF and allocator builds share their build scripts and proc macros.
-fn host() -> String {
-    let out = run_ok(Command::new("rustc").arg("-vV"));
-    let t = text(&out.stdout);
-    t.lines()
-        .find_map(|l| l.strip_prefix("host: "))
-        .unwrap()
-        .to_string()
-}
-
 /// `memtrack bench ARGS -- CARGO ARGS` in `dir`, the build cheap: the dev profile, the one
 /// benchmark target, offline when the lock file resolves without the network.
 fn bench(dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Output {
-    let offline = Command::new(env!("CARGO"))
-        .current_dir(dir)
-        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memtrack"));
-    cmd.current_dir(dir).arg("bench").args(args).arg("--");
-    cmd.args([
-        "--profile",
-        "dev",
-        "--bench",
-        "tokenize",
-        "--locked",
-        "--target",
-        &host(),
-    ]);
-    if offline {
-        cmd.arg("--offline");
-    }
-    for var in [
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_BUILD_RUSTFLAGS",
-        "GITHUB_STEP_SUMMARY",
-        "MEMTRACK_DIR",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.env("CARGO_TARGET_DIR", tmp().join("target"));
+    let mut cmd = common::bench_command(dir, &tmp().join("target"));
+    cmd.args(args).arg("--");
+    cmd.args(common::cheap_cargo_args(dir))
+        .args(["--target", &common::host()]);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -119,36 +119,18 @@ fn bench_as(
     filter: Option<&str>,
 ) -> Output {
     git(&p.dir, &["checkout", "-q", "--detach", commit]);
-    let offline = Command::new(env!("CARGO"))
-        .current_dir(&p.dir)
-        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memtrack"));
-    cmd.current_dir(&p.dir)
-        .args(["bench", "--measure", "time", "--format", format, "--out"])
+    let mut cmd = common::bench_command(&p.dir, &tmp().join("target"));
+    cmd.args(["--measure", "time", "--format", format, "--out"])
         .arg(out)
         .args(QUICK)
         .args(args)
-        .args(["--", "--profile", "dev", "--bench", "tokenize", "--locked"]);
-    if offline {
-        cmd.arg("--offline");
-    }
+        .arg("--")
+        .args(common::cheap_cargo_args(&p.dir));
     if let Some(f) = filter {
         cmd.args(["--", f]);
     }
-    for var in [
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_BUILD_RUSTFLAGS",
-        "GITHUB_STEP_SUMMARY",
-        "CRITERION_HOME",
-    ] {
-        cmd.env_remove(var);
-    }
     // No debug info: the two timing builds are most of these tests' time.
-    cmd.env("CARGO_TARGET_DIR", tmp().join("target"))
-        .env("CARGO_PROFILE_DEV_DEBUG", "0");
+    cmd.env("CARGO_PROFILE_DEV_DEBUG", "0");
     cmd.output().expect("run memtrack bench")
 }
 

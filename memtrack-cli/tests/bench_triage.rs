@@ -107,17 +107,6 @@ fn make_project(dir: &Path) -> Project {
     }
 }
 
-/// The host's target triple: with `--target`, RUSTFLAGS apply to the suite's crates only, so
-/// the builds of each measure share their build scripts and proc macros.
-fn host() -> String {
-    let out = memtrack_test_support::run_ok(Command::new("rustc").arg("-vV"));
-    let t = text(&out.stdout);
-    t.lines()
-        .find_map(|l| l.strip_prefix("host: "))
-        .unwrap()
-        .to_string()
-}
-
 /// Criterion's settings of every timed run: tiny, a tenth of a second a run.
 const QUICK: [&str; 8] = [
     "--warm-up-time",
@@ -134,33 +123,14 @@ const QUICK: [&str; 8] = [
 /// `commit` checked out, its job summary appended to `summary` if given.
 fn bench(p: &Project, commit: &str, out: &Path, args: &[&str], summary: Option<&Path>) -> Output {
     git(&p.dir, &["checkout", "-q", "--detach", commit]);
-    let offline = Command::new(env!("CARGO"))
-        .current_dir(&p.dir)
-        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memtrack"));
-    cmd.current_dir(&p.dir)
-        .args(["bench", "--format", "json", "--backend", "alloc", "--out"])
+    let mut cmd = common::bench_command(&p.dir, &target());
+    cmd.args(["--format", "json", "--backend", "alloc", "--out"])
         .arg(out)
         .args(QUICK)
         .args(args)
-        .args(["--", "--profile", "dev", "--bench", "tokenize", "--locked"])
-        .args(["--target", &host()]);
-    if offline {
-        cmd.arg("--offline");
-    }
-    for var in [
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_BUILD_RUSTFLAGS",
-        "GITHUB_STEP_SUMMARY",
-        "CRITERION_HOME",
-        "MEMTRACK_DIR",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.env("CARGO_TARGET_DIR", target());
+        .arg("--")
+        .args(common::cheap_cargo_args(&p.dir))
+        .args(["--target", &common::host()]);
     if let Some(s) = summary {
         cmd.env("GITHUB_STEP_SUMMARY", s);
     }

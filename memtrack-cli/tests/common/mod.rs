@@ -117,3 +117,51 @@ pub fn edit(dir: &Path, file: &str, what: (&str, &str)) {
     assert!(body.contains(what.0), "{file} holds no {:?}", what.0);
     std::fs::write(&path, body.replacen(what.0, what.1, 1)).unwrap();
 }
+
+/// `memtrack bench` in `dir`, builds in `target`, kept from what the environment could change:
+/// no RUSTFLAGS, job summary, criterion or memtrack directory of the caller's.
+pub fn bench_command(dir: &Path, target: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memtrack"));
+    cmd.current_dir(dir).arg("bench");
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "GITHUB_STEP_SUMMARY",
+        "CRITERION_HOME",
+        "MEMTRACK_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("CARGO_TARGET_DIR", target);
+    cmd
+}
+
+/// The cheap `cargo bench` arguments of the downstream suite in `dir`: the dev profile, its
+/// one benchmark target, the lock file as it is, offline when that resolves without the
+/// network.
+pub fn cheap_cargo_args(dir: &Path) -> Vec<String> {
+    let offline = Command::new(env!("CARGO"))
+        .current_dir(dir)
+        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut args: Vec<String> = ["--profile", "dev", "--bench", "tokenize", "--locked"]
+        .map(String::from)
+        .into();
+    if offline {
+        args.push("--offline".into());
+    }
+    args
+}
+
+/// The host's target triple (`rustc -vV`): with `--target`, RUSTFLAGS apply to the suite's
+/// crates only, so builds with different flags share their build scripts and proc macros.
+pub fn host() -> String {
+    let out = memtrack_test_support::run_ok(Command::new("rustc").arg("-vV"));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .unwrap()
+        .to_string()
+}
